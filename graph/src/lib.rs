@@ -1,0 +1,24 @@
+//! kiln-graph: the intermediate representation every other Kiln layer speaks.
+//!
+//! Typed values (a [`DType`] and a [`Shape`] whose dims are fixed or named symbols),
+//! constant [`Tensor`]s, [`Node`]s with [`Attr`]ibutes, and the [`Graph`] that ties them
+//! together, plus a [`GraphBuilder`] to construct graphs in code.
+//!
+//! Invariants: this crate does no I/O (no file formats, no protobuf) and knows nothing
+//! of devices; it depends on no other Kiln crate.
+
+mod attr;
+mod builder;
+mod dtype;
+mod error;
+mod graph;
+mod shape;
+mod tensor;
+
+pub use attr::{Attr, Attributes};
+pub use builder::GraphBuilder;
+pub use dtype::{DType, Element};
+pub use error::{GraphError, Result};
+pub use graph::{Graph, Node, NodeId, ValueId, ValueInfo};
+pub use shape::{Dim, Shape, ValueType};
+pub use tensor::Tensor;

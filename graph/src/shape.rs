@@ -1,0 +1,116 @@
+use crate::DType;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// One dimension of a shape: a fixed size, or a named symbol (`batch`, `sequence`)
+/// bound to a size when a session runs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Dim {
+    Fixed(usize),
+    Sym(String),
+}
+
+impl Dim {
+    pub fn fixed(&self) -> Option<usize> {
+        match self {
+            Dim::Fixed(n) => Some(*n),
+            Dim::Sym(_) => None,
+        }
+    }
+}
+
+impl From<usize> for Dim {
+    fn from(n: usize) -> Self {
+        Dim::Fixed(n)
+    }
+}
+
+impl From<&str> for Dim {
+    fn from(s: &str) -> Self {
+        Dim::Sym(s.to_string())
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Fixed(n) => write!(f, "{n}"),
+            Dim::Sym(s) => f.write_str(s),
+        }
+    }
+}
+
+/// A tensor shape whose dims may be symbolic.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct Shape(pub Vec<Dim>);
+
+impl Shape {
+    pub fn fixed(dims: &[usize]) -> Shape {
+        Shape(dims.iter().map(|&d| Dim::Fixed(d)).collect())
+    }
+
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The concrete dims, if no dim is symbolic.
+    pub fn as_fixed(&self) -> Option<Vec<usize>> {
+        self.0.iter().map(Dim::fixed).collect()
+    }
+
+    pub fn is_fixed(&self) -> bool {
+        self.0.iter().all(|d| d.fixed().is_some())
+    }
+
+    /// Names of the symbolic dims, in order of appearance.
+    pub fn symbols(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().filter_map(|d| match d {
+            Dim::Sym(s) => Some(s.as_str()),
+            Dim::Fixed(_) => None,
+        })
+    }
+}
+
+impl From<Vec<usize>> for Shape {
+    fn from(v: Vec<usize>) -> Self {
+        Shape::fixed(&v)
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(v: &[usize]) -> Self {
+        Shape::fixed(v)
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// Type of a value: its element type and its (possibly symbolic) shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ValueType {
+    pub dtype: DType,
+    pub shape: Shape,
+}
+
+impl ValueType {
+    pub fn new(dtype: DType, shape: impl Into<Shape>) -> Self {
+        ValueType { dtype, shape: shape.into() }
+    }
+}
+
+impl fmt::Display for ValueType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.dtype, self.shape)
+    }
+}

@@ -1,0 +1,214 @@
+use crate::{DType, Element, GraphError, Result};
+use std::fmt;
+use std::sync::Arc;
+
+/// A dense, row-major tensor with concrete dims: a constant of a graph, an input or
+/// output of a session, or a buffer of the CPU backend.
+///
+/// Bytes live in 8-byte aligned storage so that they can be viewed as any element
+/// type without copying. Bool tensors hold one byte (0 or 1) per element.
+/// Cloning is cheap (the storage is shared, copy-on-write).
+#[derive(Clone)]
+pub struct Tensor {
+    dtype: DType,
+    dims: Vec<usize>,
+    data: Arc<Vec<u64>>,
+    len_bytes: usize,
+}
+
+fn words(n_bytes: usize) -> usize {
+    n_bytes.div_ceil(8)
+}
+
+impl Tensor {
+    /// A tensor of zeros.
+    pub fn zeros(dtype: DType, dims: &[usize]) -> Tensor {
+        let n: usize = dims.iter().product();
+        let len_bytes = n * dtype.size();
+        Tensor { dtype, dims: dims.to_vec(), data: Arc::new(vec![0u64; words(len_bytes)]), len_bytes }
+    }
+
+    /// A tensor from typed values.
+    pub fn from_vec<T: Element>(dims: &[usize], values: Vec<T>) -> Result<Tensor> {
+        Tensor::from_slice(dims, &values)
+    }
+
+    pub fn from_slice<T: Element>(dims: &[usize], values: &[T]) -> Result<Tensor> {
+        Tensor::from_bytes(T::DTYPE, dims, bytemuck::cast_slice(values))
+    }
+
+    /// A 0-d tensor.
+    pub fn scalar<T: Element>(v: T) -> Tensor {
+        Tensor::from_slice(&[], &[v]).expect("one element fits a scalar")
+    }
+
+    /// Bool tensor from booleans.
+    pub fn from_bools(dims: &[usize], values: &[bool]) -> Result<Tensor> {
+        let bytes: Vec<u8> = values.iter().map(|&b| b as u8).collect();
+        Tensor::from_bytes(DType::Bool, dims, &bytes)
+    }
+
+    /// A tensor from little-endian raw bytes.
+    pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor> {
+        let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let expected = n.and_then(|n| n.checked_mul(dtype.size()));
+        if expected != Some(bytes.len()) {
+            return Err(GraphError::BadTensor {
+                name: String::new(),
+                what: format!(
+                    "{} bytes given for a {dtype} tensor of shape {dims:?} ({} bytes expected)",
+                    bytes.len(),
+                    expected.map(|e| e.to_string()).unwrap_or_else(|| "overflowing".into())
+                ),
+            });
+        }
+        let mut data = vec![0u64; words(bytes.len())];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..bytes.len()].copy_from_slice(bytes);
+        Ok(Tensor { dtype, dims: dims.to_vec(), data: Arc::new(data), len_bytes: bytes.len() })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<u64, u8>(&self.data)[..self.len_bytes]
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.len_bytes;
+        &mut bytemuck::cast_slice_mut::<u64, u8>(Arc::make_mut(&mut self.data).as_mut_slice())[..n]
+    }
+
+    /// Same bytes, other dims (the element count must match).
+    pub fn reshaped(&self, dims: &[usize]) -> Result<Tensor> {
+        if dims.iter().product::<usize>() != self.len() {
+            return Err(GraphError::BadTensor {
+                name: String::new(),
+                what: format!("cannot reshape {:?} to {:?}", self.dims, dims),
+            });
+        }
+        Ok(Tensor { dims: dims.to_vec(), ..self.clone() })
+    }
+
+    /// Typed view of the elements. Bool tensors can be viewed as `u8`.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        self.check::<T>()?;
+        Ok(bytemuck::cast_slice(self.bytes()))
+    }
+
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        self.check::<T>()?;
+        Ok(bytemuck::cast_slice_mut(self.bytes_mut()))
+    }
+
+    fn check<T: Element>(&self) -> Result<()> {
+        let ok = T::DTYPE == self.dtype || (self.dtype == DType::Bool && T::DTYPE == DType::U8);
+        if ok {
+            Ok(())
+        } else {
+            Err(GraphError::BadTensor {
+                name: String::new(),
+                what: format!("a {} tensor was read as {}", self.dtype, T::DTYPE),
+            })
+        }
+    }
+
+    /// Elements converted to f64 (any dtype); for references and comparisons.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        let b = self.bytes();
+        match self.dtype {
+            DType::F32 => bytemuck::cast_slice::<u8, f32>(b).iter().map(|&v| v as f64).collect(),
+            DType::F64 => bytemuck::cast_slice::<u8, f64>(b).to_vec(),
+            DType::F16 => bytemuck::cast_slice::<u8, half::f16>(b).iter().map(|v| v.to_f64()).collect(),
+            DType::BF16 => bytemuck::cast_slice::<u8, half::bf16>(b).iter().map(|v| v.to_f64()).collect(),
+            DType::I8 => bytemuck::cast_slice::<u8, i8>(b).iter().map(|&v| v as f64).collect(),
+            DType::I16 => bytemuck::cast_slice::<u8, i16>(b).iter().map(|&v| v as f64).collect(),
+            DType::I32 => bytemuck::cast_slice::<u8, i32>(b).iter().map(|&v| v as f64).collect(),
+            DType::I64 => bytemuck::cast_slice::<u8, i64>(b).iter().map(|&v| v as f64).collect(),
+            DType::U8 | DType::Bool => b.iter().map(|&v| v as f64).collect(),
+            DType::U16 => bytemuck::cast_slice::<u8, u16>(b).iter().map(|&v| v as f64).collect(),
+            DType::U32 => bytemuck::cast_slice::<u8, u32>(b).iter().map(|&v| v as f64).collect(),
+            DType::U64 => bytemuck::cast_slice::<u8, u64>(b).iter().map(|&v| v as f64).collect(),
+        }
+    }
+
+    /// Integer elements as i64 (integer and bool dtypes only); for shapes, axes, indices.
+    pub fn to_i64_vec(&self) -> Result<Vec<i64>> {
+        let b = self.bytes();
+        Ok(match self.dtype {
+            DType::I8 => bytemuck::cast_slice::<u8, i8>(b).iter().map(|&v| v as i64).collect(),
+            DType::I16 => bytemuck::cast_slice::<u8, i16>(b).iter().map(|&v| v as i64).collect(),
+            DType::I32 => bytemuck::cast_slice::<u8, i32>(b).iter().map(|&v| v as i64).collect(),
+            DType::I64 => bytemuck::cast_slice::<u8, i64>(b).to_vec(),
+            DType::U8 | DType::Bool => b.iter().map(|&v| v as i64).collect(),
+            DType::U16 => bytemuck::cast_slice::<u8, u16>(b).iter().map(|&v| v as i64).collect(),
+            DType::U32 => bytemuck::cast_slice::<u8, u32>(b).iter().map(|&v| v as i64).collect(),
+            DType::U64 => bytemuck::cast_slice::<u8, u64>(b).iter().map(|&v| v as i64).collect(),
+            d => {
+                return Err(GraphError::BadTensor {
+                    name: String::new(),
+                    what: format!("expected an integer tensor, found {d}"),
+                })
+            }
+        })
+    }
+
+    /// A tensor of `dtype` from f64 values (rounding/casting like a C cast; bool is v != 0).
+    pub fn from_f64(dtype: DType, dims: &[usize], values: &[f64]) -> Result<Tensor> {
+        macro_rules! conv {
+            ($t:ty, $f:expr) => {{
+                let v: Vec<$t> = values.iter().map($f).collect();
+                Tensor::from_bytes(dtype, dims, bytemuck::cast_slice(&v))
+            }};
+        }
+        match dtype {
+            DType::F32 => conv!(f32, |&v| v as f32),
+            DType::F64 => conv!(f64, |&v| v),
+            DType::F16 => conv!(half::f16, |&v| half::f16::from_f64(v)),
+            DType::BF16 => conv!(half::bf16, |&v| half::bf16::from_f64(v)),
+            DType::I8 => conv!(i8, |&v| v as i8),
+            DType::I16 => conv!(i16, |&v| v as i16),
+            DType::I32 => conv!(i32, |&v| v as i32),
+            DType::I64 => conv!(i64, |&v| v as i64),
+            DType::U8 => conv!(u8, |&v| v as u8),
+            DType::U16 => conv!(u16, |&v| v as u16),
+            DType::U32 => conv!(u32, |&v| v as u32),
+            DType::U64 => conv!(u64, |&v| v as u64),
+            DType::Bool => conv!(u8, |&v| (v != 0.0) as u8),
+        }
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor<{}{:?}>", self.dtype, self.dims)?;
+        if self.len() <= 8 {
+            write!(f, "{:?}", self.to_f64_vec())?;
+        }
+        Ok(())
+    }
+}
+
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Self) -> bool {
+        self.dtype == other.dtype && self.dims == other.dims && self.bytes() == other.bytes()
+    }
+}

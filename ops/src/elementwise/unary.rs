@@ -1,0 +1,445 @@
+//! Unary elementwise ops: Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh,
+//! Exp, Log, Sqrt, Neg, Abs, Reciprocal, Floor, Ceil, Sin, Cos, Softplus, Softsign,
+//! Elu, Selu, Sign. One variant per op: its CPU function (for f32 and f64, and for
+//! integers where the op is defined on them) and its WGSL expression of `x`.
+use crate::cpu::{self, CpuKernel};
+use crate::op::{expect_dtype, required};
+use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
+use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{DType, Tensor};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryKind {
+    Relu,
+    LeakyRelu { alpha: f32 },
+    /// min/max come from attributes (opset < 11) or inputs 1 and 2.
+    Clip { min: f32, max: f32 },
+    Sigmoid,
+    HardSigmoid { alpha: f32, beta: f32 },
+    HardSwish,
+    Tanh,
+    Exp,
+    Log,
+    Sqrt,
+    Neg,
+    Abs,
+    Reciprocal,
+    Floor,
+    Ceil,
+    Sin,
+    Cos,
+    Softplus,
+    Softsign,
+    Elu { alpha: f32 },
+    Selu { alpha: f32, gamma: f32 },
+    Sign,
+}
+
+const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
+const NUMBERS: &[DType] = &[
+    DType::F32, DType::F64, DType::F16, DType::BF16, DType::I8, DType::I16, DType::I32, DType::I64,
+    DType::U8, DType::U16, DType::U32, DType::U64,
+];
+
+macro_rules! float_fn {
+    ($kind:expr, $x:ident, $t:ty) => {{
+        match $kind {
+            UnaryKind::Relu => |$x: $t| if $x > 0.0 { $x } else { 0.0 },
+            UnaryKind::Sigmoid => |$x: $t| 1.0 / (1.0 + (-$x).exp()),
+            UnaryKind::HardSwish => |$x: $t| $x * (($x / 6.0 + 0.5).max(0.0).min(1.0)),
+            UnaryKind::Tanh => |$x: $t| $x.tanh(),
+            UnaryKind::Exp => |$x: $t| $x.exp(),
+            UnaryKind::Log => |$x: $t| $x.ln(),
+            UnaryKind::Sqrt => |$x: $t| $x.sqrt(),
+            UnaryKind::Neg => |$x: $t| -$x,
+            UnaryKind::Abs => |$x: $t| $x.abs(),
+            UnaryKind::Reciprocal => |$x: $t| 1.0 / $x,
+            UnaryKind::Floor => |$x: $t| $x.floor(),
+            UnaryKind::Ceil => |$x: $t| $x.ceil(),
+            UnaryKind::Sin => |$x: $t| $x.sin(),
+            UnaryKind::Cos => |$x: $t| $x.cos(),
+            UnaryKind::Softplus => |$x: $t| if $x > 20.0 { $x } else { $x.exp().ln_1p() },
+            UnaryKind::Softsign => |$x: $t| $x / (1.0 + $x.abs()),
+            UnaryKind::Sign => |$x: $t| if $x > 0.0 { 1.0 } else if $x < 0.0 { -1.0 } else { $x },
+            _ => unreachable!("parameterised kinds are handled by the caller"),
+        }
+    }};
+}
+
+impl UnaryKind {
+    fn op_name(&self) -> &'static str {
+        match self {
+            UnaryKind::Relu => "Relu",
+            UnaryKind::LeakyRelu { .. } => "LeakyRelu",
+            UnaryKind::Clip { .. } => "Clip",
+            UnaryKind::Sigmoid => "Sigmoid",
+            UnaryKind::HardSigmoid { .. } => "HardSigmoid",
+            UnaryKind::HardSwish => "HardSwish",
+            UnaryKind::Tanh => "Tanh",
+            UnaryKind::Exp => "Exp",
+            UnaryKind::Log => "Log",
+            UnaryKind::Sqrt => "Sqrt",
+            UnaryKind::Neg => "Neg",
+            UnaryKind::Abs => "Abs",
+            UnaryKind::Reciprocal => "Reciprocal",
+            UnaryKind::Floor => "Floor",
+            UnaryKind::Ceil => "Ceil",
+            UnaryKind::Sin => "Sin",
+            UnaryKind::Cos => "Cos",
+            UnaryKind::Softplus => "Softplus",
+            UnaryKind::Softsign => "Softsign",
+            UnaryKind::Elu { .. } => "Elu",
+            UnaryKind::Selu { .. } => "Selu",
+            UnaryKind::Sign => "Sign",
+        }
+    }
+
+    /// Dtypes the op accepts.
+    fn dtypes(&self) -> &'static [DType] {
+        match self {
+            UnaryKind::Relu | UnaryKind::Neg | UnaryKind::Abs | UnaryKind::Clip { .. } | UnaryKind::Sign => NUMBERS,
+            _ => FLOATS,
+        }
+    }
+
+    /// The f32 function (f64 too, through [`UnaryKind::apply_f64`]).
+    pub fn apply_f32(self, x: f32) -> f32 {
+        self.apply_f64(x as f64) as f32
+    }
+
+    /// Scalar semantics in f64 (the reference; also used for f64, f16 and bf16 tensors).
+    pub fn apply_f64(&self, x: f64) -> f64 {
+        match *self {
+            UnaryKind::LeakyRelu { alpha } => if x >= 0.0 { x } else { alpha as f64 * x },
+            UnaryKind::Clip { min, max } => x.max(min as f64).min(max as f64),
+            UnaryKind::HardSigmoid { alpha, beta } => (alpha as f64 * x + beta as f64).clamp(0.0, 1.0),
+            UnaryKind::Elu { alpha } => if x >= 0.0 { x } else { alpha as f64 * (x.exp() - 1.0) },
+            UnaryKind::Selu { alpha, gamma } => {
+                gamma as f64 * if x > 0.0 { x } else { alpha as f64 * (x.exp() - 1.0) }
+            }
+            k => float_fn!(k, v, f64)(x),
+        }
+    }
+
+    /// Applies the op to an f32 slice in place: the hot path, monomorphised per kind.
+    pub fn apply_slice_f32(&self, xs: &mut [f32]) {
+        fn each(xs: &mut [f32], f: impl Fn(f32) -> f32) {
+            xs.iter_mut().for_each(|v| *v = f(*v));
+        }
+        match *self {
+            UnaryKind::LeakyRelu { alpha } => each(xs, |x| if x >= 0.0 { x } else { alpha * x }),
+            UnaryKind::Clip { min, max } => each(xs, |x| x.max(min).min(max)),
+            UnaryKind::HardSigmoid { alpha, beta } => each(xs, |x| (alpha * x + beta).clamp(0.0, 1.0)),
+            UnaryKind::Elu { alpha } => each(xs, |x| if x >= 0.0 { x } else { alpha * (x.exp() - 1.0) }),
+            UnaryKind::Selu { alpha, gamma } => {
+                each(xs, |x| gamma * if x > 0.0 { x } else { alpha * (x.exp() - 1.0) })
+            }
+            k => each(xs, float_fn!(k, v, f32)),
+        }
+    }
+
+    /// Integer semantics (for the kinds defined on integers).
+    fn apply_i64(&self, x: i64) -> i64 {
+        match *self {
+            UnaryKind::Relu => x.max(0),
+            UnaryKind::Neg => x.wrapping_neg(),
+            UnaryKind::Abs => x.wrapping_abs(),
+            UnaryKind::Sign => x.signum(),
+            UnaryKind::Clip { min, max } => {
+                let lo = if min.is_finite() { min as i64 } else { i64::MIN };
+                let hi = if max.is_finite() { max as i64 } else { i64::MAX };
+                x.max(lo).min(hi)
+            }
+            _ => x,
+        }
+    }
+
+    /// The WGSL expression computing the op of `x`, of element type `ty`.
+    pub fn wgsl_expr(&self, x: &str, ty: &str) -> String {
+        let l = |v: f32| wgsl::literal(ty, v as f64);
+        if ty != "f32" {
+            return match *self {
+                UnaryKind::Relu => format!("max({x}, {})", l(0.0)),
+                UnaryKind::Neg => format!("(-{x})"),
+                UnaryKind::Abs => format!("abs({x})"),
+                UnaryKind::Sign => format!("sign({x})"),
+                UnaryKind::Clip { .. } => format!("min(max({x}, clip_lo), clip_hi)"),
+                _ => x.to_string(),
+            };
+        }
+        match *self {
+            UnaryKind::Relu => format!("max({x}, 0.0)"),
+            UnaryKind::LeakyRelu { alpha } => format!("select({} * {x}, {x}, {x} >= 0.0)", l(alpha)),
+            UnaryKind::Clip { .. } => format!("min(max({x}, clip_lo), clip_hi)"),
+            UnaryKind::Sigmoid => format!("(1.0 / (1.0 + exp(-{x})))"),
+            UnaryKind::HardSigmoid { alpha, beta } => format!("clamp({} * {x} + {}, 0.0, 1.0)", l(alpha), l(beta)),
+            UnaryKind::HardSwish => format!("({x} * clamp({x} / 6.0 + 0.5, 0.0, 1.0))"),
+            // tanh via exp of a clamped argument: WGSL's tanh may return NaN for large |x|.
+            UnaryKind::Tanh => format!("tanh(clamp({x}, -15.0, 15.0))"),
+            UnaryKind::Exp => format!("exp({x})"),
+            UnaryKind::Log => format!("log({x})"),
+            UnaryKind::Sqrt => format!("sqrt({x})"),
+            UnaryKind::Neg => format!("(-{x})"),
+            UnaryKind::Abs => format!("abs({x})"),
+            UnaryKind::Reciprocal => format!("(1.0 / {x})"),
+            UnaryKind::Floor => format!("floor({x})"),
+            UnaryKind::Ceil => format!("ceil({x})"),
+            UnaryKind::Sin => format!("sin({x})"),
+            UnaryKind::Cos => format!("cos({x})"),
+            UnaryKind::Softplus => format!("select(log(1.0 + exp({x})), {x}, {x} > 20.0)"),
+            UnaryKind::Softsign => format!("({x} / (1.0 + abs({x})))"),
+            UnaryKind::Elu { alpha } => format!("select({} * (exp({x}) - 1.0), {x}, {x} >= 0.0)", l(alpha)),
+            UnaryKind::Selu { alpha, gamma } => {
+                format!("({} * select({} * (exp({x}) - 1.0), {x}, {x} > 0.0))", l(gamma), l(alpha))
+            }
+            UnaryKind::Sign => format!("sign({x})"),
+        }
+    }
+}
+
+/// A unary elementwise op application.
+#[derive(Debug)]
+pub struct Unary {
+    pub kind: UnaryKind,
+}
+
+impl Unary {
+    /// Clip's bounds for this run: attributes, or constant/run-time inputs 1 and 2.
+    fn clip_bounds(&self, min_in: Option<&Tensor>, max_in: Option<&Tensor>) -> Result<UnaryKind> {
+        let UnaryKind::Clip { mut min, mut max } = self.kind else { return Ok(self.kind) };
+        for (i, t, slot) in [(1, min_in, &mut min), (2, max_in, &mut max)] {
+            if let Some(t) = t {
+                if t.len() != 1 {
+                    return Err(OpError::input(i, format!("Clip bound must be a scalar, got shape {:?}", t.dims())));
+                }
+                *slot = t.to_f64_vec()[0] as f32;
+            }
+        }
+        Ok(UnaryKind::Clip { min, max })
+    }
+}
+
+impl Op for Unary {
+    fn name(&self) -> &str {
+        self.kind.op_name()
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let dtype = expect_dtype(inputs, 0, self.kind.dtypes())?;
+        for i in 1..inputs.len() {
+            if let Some(a) = inputs[i] {
+                if a.dtype() != dtype {
+                    return Err(OpError::input(i, format!("dtype {} differs from input 0's {dtype}", a.dtype())));
+                }
+            }
+        }
+        Ok(vec![TensorType::new(dtype, required(inputs, 0)?.dims())])
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+impl CpuKernel for Unary {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let x = cpu::input(inputs, 0)?;
+        let kind = self.clip_bounds(inputs.get(1).copied().flatten(), inputs.get(2).copied().flatten())?;
+        let out = &mut outputs[0];
+        match x.dtype() {
+            DType::F32 => {
+                let src = x.as_slice::<f32>()?;
+                let dst = out.as_mut_slice::<f32>()?;
+                cpu::par_chunks_mut(dst, 1, 8, |start, part| {
+                    part.copy_from_slice(&src[start..start + part.len()]);
+                    kind.apply_slice_f32(part);
+                });
+            }
+            d if d.is_float() => {
+                let v: Vec<f64> = x.to_f64_vec().into_iter().map(|v| kind.apply_f64(v)).collect();
+                *out = Tensor::from_f64(d, x.dims(), &v)?;
+            }
+            d => {
+                let v: Vec<f64> = x.to_i64_vec()?.into_iter().map(|v| kind.apply_i64(v) as f64).collect();
+                *out = Tensor::from_f64(d, x.dims(), &v)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl WgslKernel for Unary {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let ty = wgsl::elem(outputs[0].dtype);
+        let wg = tune.get(&wgsl::workgroup_param());
+        let mut buffers = vec![("x", ty, true)];
+        let mut bindings = vec![Binding::Input(0)];
+        let mut prelude = String::new();
+        if let UnaryKind::Clip { min, max } = self.kind {
+            // Bounds: baked when constant, read from their buffers otherwise.
+            for (i, name, default) in [(1usize, "clip_lo", min), (2, "clip_hi", max)] {
+                match inputs.get(i).copied().flatten() {
+                    Some(Arg { value: Some(t), .. }) => {
+                        let v = t.to_f64_vec().first().copied().unwrap_or(default as f64);
+                        prelude += &format!("let {name} = {};\n    ", wgsl::literal(ty, v));
+                    }
+                    Some(_) => {
+                        let buf = if i == 1 { "lo_buf" } else { "hi_buf" };
+                        buffers.push((buf, ty, true));
+                        bindings.push(Binding::Input(i));
+                        prelude += &format!("let {name} = {buf}[0];\n    ");
+                    }
+                    None => {
+                        let v = if ty == "f32" { default as f64 } else if i == 1 { f64::MIN } else { f64::MAX };
+                        prelude += &format!("let {name} = {};\n    ", wgsl::literal(ty, v));
+                    }
+                }
+            }
+        }
+        buffers.push(("y", ty, false));
+        bindings.push(Binding::Output(0));
+        let body = format!("{prelude}let x = x[i];\n    y[i] = {};", self.kind.wgsl_expr("x", ty));
+        Ok(WgslProgram::single(wgsl::simple_kernel(
+            self.name(),
+            outputs[0].len(),
+            wg,
+            &buffers,
+            bindings,
+            "",
+            &body,
+        )))
+    }
+}
+
+fn parse(spec: &NodeSpec, kind: UnaryKind) -> Result<UnaryKind> {
+    Ok(match kind {
+        UnaryKind::LeakyRelu { .. } => UnaryKind::LeakyRelu { alpha: spec.float("alpha", 0.01)? },
+        UnaryKind::HardSigmoid { .. } => {
+            UnaryKind::HardSigmoid { alpha: spec.float("alpha", 0.2)?, beta: spec.float("beta", 0.5)? }
+        }
+        UnaryKind::Elu { .. } => UnaryKind::Elu { alpha: spec.float("alpha", 1.0)? },
+        UnaryKind::Selu { .. } => UnaryKind::Selu {
+            alpha: spec.float("alpha", 1.673_263_2)?,
+            gamma: spec.float("gamma", 1.050_701)?,
+        },
+        UnaryKind::Clip { .. } => UnaryKind::Clip {
+            min: spec.float("min", f32::NEG_INFINITY)?,
+            max: spec.float("max", f32::INFINITY)?,
+        },
+        k => k,
+    })
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    let kinds = [
+        UnaryKind::Relu,
+        UnaryKind::LeakyRelu { alpha: 0.0 },
+        UnaryKind::Clip { min: 0.0, max: 0.0 },
+        UnaryKind::Sigmoid,
+        UnaryKind::HardSigmoid { alpha: 0.0, beta: 0.0 },
+        UnaryKind::HardSwish,
+        UnaryKind::Tanh,
+        UnaryKind::Exp,
+        UnaryKind::Log,
+        UnaryKind::Sqrt,
+        UnaryKind::Neg,
+        UnaryKind::Abs,
+        UnaryKind::Reciprocal,
+        UnaryKind::Floor,
+        UnaryKind::Ceil,
+        UnaryKind::Sin,
+        UnaryKind::Cos,
+        UnaryKind::Softplus,
+        UnaryKind::Softsign,
+        UnaryKind::Elu { alpha: 0.0 },
+        UnaryKind::Selu { alpha: 0.0, gamma: 0.0 },
+        UnaryKind::Sign,
+    ];
+    for kind in kinds {
+        r.register("", kind.op_name(), move |spec| Ok(Box::new(Unary { kind: parse(spec, kind)? })));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_graph::Node;
+
+    fn make(op: &str, attrs: &[(&str, kiln_graph::Attr)]) -> Box<dyn Op> {
+        let node = Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+            inputs: vec![Some(0)],
+            outputs: vec![1],
+        };
+        Registry::builtin().create(&NodeSpec::new(&node, 17)).unwrap()
+    }
+
+    #[test]
+    fn cpu_matches_scalar_reference_and_wgsl_validates() {
+        let xs: Vec<f32> = (0..37).map(|i| (i as f32 - 18.0) * 0.37).collect();
+        let x = Tensor::from_slice(&[37], &xs).unwrap();
+        for (_, op) in Registry::builtin().op_types().filter(|(_, o)| {
+            ["Relu", "Sigmoid", "Tanh", "HardSwish", "Exp", "Neg", "Abs", "Softplus", "Sign", "Floor"].contains(o)
+        }) {
+            let o = make(op, &[]);
+            let ty = TensorType::new(DType::F32, vec![37]);
+            let args = [Some(Arg { ty: &ty, value: None })];
+            let out_ty = o.infer(&args).unwrap();
+            let mut out = vec![Tensor::zeros(DType::F32, &out_ty[0].dims)];
+            o.cpu().unwrap().run(&[Some(&x)], &mut out).unwrap();
+            let got = out[0].as_slice::<f32>().unwrap();
+            for (i, &v) in xs.iter().enumerate() {
+                let want = parse_kind(op).apply_f64(v as f64) as f32;
+                assert!((got[i] - want).abs() <= 1e-6 * want.abs().max(1.0), "{op}({v}) = {} not {want}", got[i]);
+            }
+            let prog = o.wgsl().unwrap().generate(&args, &out_ty, &TuneValues::default()).unwrap();
+            crate::wgsl::testing::validate(&prog.dispatches[0].source);
+        }
+    }
+
+    fn parse_kind(op: &str) -> UnaryKind {
+        let node = Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            attrs: Default::default(),
+            inputs: vec![Some(0)],
+            outputs: vec![1],
+        };
+        parse(&NodeSpec::new(&node, 17), match op {
+            "Relu" => UnaryKind::Relu,
+            "Sigmoid" => UnaryKind::Sigmoid,
+            "Tanh" => UnaryKind::Tanh,
+            "HardSwish" => UnaryKind::HardSwish,
+            "Exp" => UnaryKind::Exp,
+            "Neg" => UnaryKind::Neg,
+            "Abs" => UnaryKind::Abs,
+            "Softplus" => UnaryKind::Softplus,
+            "Sign" => UnaryKind::Sign,
+            "Floor" => UnaryKind::Floor,
+            _ => unreachable!(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn clip_reads_bounds_from_inputs_and_ints_work() {
+        let c = make("Clip", &[]);
+        let x = Tensor::from_slice(&[4], &[-3i64, 0, 5, 9]).unwrap();
+        let lo = Tensor::scalar(0i64);
+        let hi = Tensor::scalar(6i64);
+        let mut out = vec![Tensor::zeros(DType::I64, &[4])];
+        c.cpu().unwrap().run(&[Some(&x), Some(&lo), Some(&hi)], &mut out).unwrap();
+        assert_eq!(out[0].as_slice::<i64>().unwrap(), &[0, 0, 5, 6]);
+        let bad = make("Sqrt", &[]);
+        let ty = TensorType::new(DType::I64, vec![4]);
+        assert!(bad.infer(&[Some(Arg { ty: &ty, value: None })]).is_err());
+    }
+}

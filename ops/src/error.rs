@@ -1,0 +1,28 @@
+use thiserror::Error;
+
+/// Errors from an operator. They do not name the node: the caller (compiler, runtime)
+/// wraps them with the node's name and op type.
+#[derive(Debug, Error)]
+pub enum OpError {
+    #[error("attribute '{attr}': {what}")]
+    Attr { attr: String, what: String },
+    #[error("input {index}: {what}")]
+    Input { index: usize, what: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    #[error(transparent)]
+    Graph(#[from] kiln_graph::GraphError),
+}
+
+impl OpError {
+    pub fn input(index: usize, what: impl Into<String>) -> OpError {
+        OpError::Input { index, what: what.into() }
+    }
+    pub fn invalid(what: impl Into<String>) -> OpError {
+        OpError::Invalid(what.into())
+    }
+}
+
+pub type Result<T, E = OpError> = std::result::Result<T, E>;

@@ -1,0 +1,29 @@
+//! kiln-ops: the operator library. Each operator is defined once, as one type that
+//! implements [`Op`]: attribute parsing (in its factory), shape/type inference, cost,
+//! a CPU kernel ([`CpuKernel`]) and a WGSL kernel generator ([`WgslKernel`]) with its
+//! tunable parameters. The [`Registry`] maps ONNX (domain, op type) to factories; custom
+//! ops register into it the same way.
+//!
+//! Depends on kiln-graph only (plus numeric crates). It knows nothing of wgpu: WGSL is
+//! generated as text, and the runtime compiles and dispatches it.
+
+pub mod broadcast;
+pub mod cpu;
+mod error;
+mod op;
+mod registry;
+mod spec;
+pub mod wgsl;
+
+pub mod elementwise;
+mod linalg;
+mod nn;
+mod reduce;
+mod tensor;
+
+pub use cpu::CpuKernel;
+pub use error::{OpError, Result};
+pub use op::{constant, expect_dtype, norm_axis, required, Arg, Cost, Op, TensorType};
+pub use registry::{OpFactory, Registry};
+pub use spec::NodeSpec;
+pub use wgsl::{Binding, Dispatch, TuneParam, TuneValues, WgslKernel, WgslProgram};

@@ -1,0 +1,124 @@
+use crate::{CpuKernel, OpError, Result, WgslKernel};
+use kiln_graph::{DType, Tensor};
+use std::fmt;
+
+/// A concrete tensor type: dtype and dims (no symbols: sessions specialize shapes
+/// before kernels are chosen).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    pub dtype: DType,
+    pub dims: Vec<usize>,
+}
+
+impl TensorType {
+    pub fn new(dtype: DType, dims: impl Into<Vec<usize>>) -> TensorType {
+        TensorType { dtype, dims: dims.into() }
+    }
+    pub fn len(&self) -> usize {
+        self.dims.iter().product()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+    pub fn bytes(&self) -> usize {
+        self.len() * self.dtype.size()
+    }
+}
+
+impl fmt::Display for TensorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{:?}", self.dtype, self.dims)
+    }
+}
+
+/// One input of an op as seen by inference and kernel generation: its type and, when
+/// the value is a constant (weights, folded shape computations), the value itself.
+#[derive(Clone, Copy, Debug)]
+pub struct Arg<'a> {
+    pub ty: &'a TensorType,
+    pub value: Option<&'a Tensor>,
+}
+
+impl<'a> Arg<'a> {
+    pub fn dims(&self) -> &'a [usize] {
+        &self.ty.dims
+    }
+    pub fn dtype(&self) -> DType {
+        self.ty.dtype
+    }
+    pub fn rank(&self) -> usize {
+        self.ty.dims.len()
+    }
+}
+
+/// Estimated work of one op application.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cost {
+    pub flops: u64,
+    /// Bytes read and written.
+    pub bytes: u64,
+}
+
+/// An operator, with its attributes parsed. Implemented once per op; see the crate docs.
+pub trait Op: Send + Sync + fmt::Debug {
+    /// The op type, as in the ONNX spec (`Conv`, `MatMul`, ...).
+    fn name(&self) -> &str;
+
+    /// Output types for concrete input types. `inputs[i]` is `None` for an omitted
+    /// optional input. Values are given for constant inputs.
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>>;
+
+    /// Work estimate; the default counts one flop per output element and all bytes moved.
+    fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
+        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>()
+            + outputs.iter().map(|o| o.bytes()).sum::<usize>();
+        Cost { flops: outputs.iter().map(|o| o.len() as u64).sum(), bytes: bytes as u64 }
+    }
+
+    /// The CPU kernel, if this op runs on the CPU.
+    fn cpu(&self) -> Option<&dyn CpuKernel>;
+
+    /// The WGSL kernel generator, if this op runs on GPUs.
+    fn wgsl(&self) -> Option<&dyn WgslKernel>;
+
+    /// True when the op only reinterprets its first input (same bytes, new dims):
+    /// Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout. Runtimes may alias.
+    fn is_view(&self) -> bool {
+        false
+    }
+}
+
+/// Required input `i`, or an error saying it is missing.
+pub fn required<'a>(inputs: &[Option<Arg<'a>>], i: usize) -> Result<Arg<'a>> {
+    inputs.get(i).copied().flatten().ok_or_else(|| OpError::input(i, "required input is missing"))
+}
+
+/// The constant value of input `i`, or an error saying it must be constant.
+pub fn constant<'a>(inputs: &[Option<Arg<'a>>], i: usize, what: &str) -> Result<&'a Tensor> {
+    required(inputs, i)?.value.ok_or_else(|| {
+        OpError::input(i, format!("{what} must be a constant (or computable from shapes) when the model is specialized"))
+    })
+}
+
+/// Checks that input `i` has one of the listed dtypes.
+pub fn expect_dtype(inputs: &[Option<Arg>], i: usize, allowed: &[DType]) -> Result<DType> {
+    let a = required(inputs, i)?;
+    if allowed.contains(&a.dtype()) {
+        Ok(a.dtype())
+    } else {
+        let names: Vec<_> = allowed.iter().map(|d| d.name()).collect();
+        Err(OpError::input(i, format!("dtype {} is not supported (expected one of {})", a.dtype(), names.join(", "))))
+    }
+}
+
+/// Normalises a possibly negative axis against `rank`.
+pub fn norm_axis(axis: i64, rank: usize) -> Result<usize> {
+    let r = rank as i64;
+    if axis < -r || axis >= r.max(1) && !(r == 0 && axis == 0) {
+        return Err(OpError::invalid(format!("axis {axis} is out of range for rank {rank}")));
+    }
+    Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
+}

@@ -1,0 +1,203 @@
+//! The GPU side of an op: the [`WgslKernel`] trait, the program it generates, and code
+//! generation helpers shared by kernels.
+//!
+//! Conventions: every GPU buffer holds 4-byte elements. Floats are `f32`; signed
+//! integers (i8..i64) are `i32` (the runtime checks on upload that i64 values fit);
+//! unsigned integers are `u32`; bool is `u32` (0 or 1). Shapes are concrete when code
+//! is generated, so dims and strides are baked into the source as constants.
+use crate::{Arg, Result, TensorType};
+use kiln_graph::DType;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// What a binding of a dispatch refers to. Bindings are numbered 0.. in group 0, in the
+/// order listed; inputs are read-only storage, outputs and scratch read-write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Binding {
+    Input(usize),
+    Output(usize),
+    Scratch(usize),
+}
+
+/// One compute dispatch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Dispatch {
+    pub label: String,
+    pub source: String,
+    pub entry_point: String,
+    pub workgroups: [u32; 3],
+    pub bindings: Vec<Binding>,
+}
+
+/// The dispatches of one op application, run in order, and the scratch buffers
+/// (sizes in bytes) they share.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WgslProgram {
+    pub dispatches: Vec<Dispatch>,
+    pub scratch_bytes: Vec<u64>,
+}
+
+impl WgslProgram {
+    pub fn single(d: Dispatch) -> Self {
+        WgslProgram { dispatches: vec![d], scratch_bytes: vec![] }
+    }
+}
+
+/// A tunable parameter of a WGSL kernel and the values worth trying.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TuneParam {
+    pub name: &'static str,
+    pub default: u32,
+    pub candidates: Vec<u32>,
+}
+
+/// Chosen values of tunable parameters (missing ones take their defaults).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TuneValues(pub BTreeMap<String, u32>);
+
+impl TuneValues {
+    pub fn get(&self, p: &TuneParam) -> u32 {
+        self.0.get(p.name).copied().unwrap_or(p.default)
+    }
+}
+
+/// Generates WGSL for concrete input and output types.
+pub trait WgslKernel: Send + Sync {
+    /// Tunable parameters for these types, with their defaults.
+    fn params(&self, _inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        vec![workgroup_param()]
+    }
+
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram>;
+}
+
+/// The usual 1-D workgroup size parameter.
+pub fn workgroup_param() -> TuneParam {
+    TuneParam { name: "workgroup", default: 64, candidates: vec![32, 64, 128, 256] }
+}
+
+/// WGSL storage element type of a dtype (see the module docs).
+pub fn elem(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 | DType::F64 => "f32",
+        DType::I8 | DType::I16 | DType::I32 | DType::I64 => "i32",
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool => "u32",
+    }
+}
+
+/// A WGSL literal of element type `ty` ("f32", "i32", "u32") for `v`.
+pub fn literal(ty: &str, v: f64) -> String {
+    match ty {
+        "f32" => {
+            if v.is_nan() {
+                "bitcast<f32>(0x7fc00000u)".into()
+            } else if v.is_infinite() {
+                if v > 0.0 { "bitcast<f32>(0x7f800000u)".into() } else { "bitcast<f32>(0xff800000u)".into() }
+            } else {
+                let f = v as f32;
+                if f.is_infinite() {
+                    if f > 0.0 { "bitcast<f32>(0x7f800000u)".into() } else { "bitcast<f32>(0xff800000u)".into() }
+                } else {
+                    format!("bitcast<f32>({}u)", f.to_bits())
+                }
+            }
+        }
+        "i32" => {
+            let i = v.clamp(i32::MIN as f64, i32::MAX as f64) as i64;
+            if i == i32::MIN as i64 { "i32(-2147483648)".into() } else { format!("i32({i})") }
+        }
+        _ => format!("{}u", v.clamp(0.0, u32::MAX as f64) as u64),
+    }
+}
+
+/// Storage declarations for the bindings: `(name, element type, read_only)` in
+/// binding order.
+pub fn declare(buffers: &[(&str, &str, bool)]) -> String {
+    let mut s = String::new();
+    for (i, (name, ty, ro)) in buffers.iter().enumerate() {
+        let access = if *ro { "read" } else { "read_write" };
+        let _ = writeln!(s, "@group(0) @binding({i}) var<storage, {access}> {name}: array<{ty}>;");
+    }
+    s
+}
+
+/// Largest workgroup count per grid dimension (WebGPU's default limit).
+pub const MAX_GROUPS: u32 = 65535;
+
+/// A 1-D launch of `n` invocations in workgroups of `wg`, laid out on a 2-D grid when
+/// the count exceeds [`MAX_GROUPS`]. Returns the grid and the WGSL statements that
+/// compute `let i: u32` (the invocation index) from `gid` and return when `i >= n`.
+pub fn grid_1d(n: usize, wg: u32) -> ([u32; 3], String) {
+    let groups = (n as u64).div_ceil(wg as u64).max(1);
+    let x = groups.min(MAX_GROUPS as u64);
+    let y = groups.div_ceil(x);
+    let code = format!("let i = gid.x + gid.y * {}u;\n    if (i >= {}u) {{ return; }}\n", x * wg as u64, n);
+    ([x as u32, y as u32, 1], code)
+}
+
+/// A WGSL function `fn {name}(i: u32) -> u32` mapping a row-major linear index over
+/// `out` dims to the offset given by `strides` (one per out dim; 0 for broadcast dims).
+pub fn offset_fn(name: &str, out: &[usize], strides: &[usize]) -> String {
+    let mut body = String::new();
+    let contiguous = crate::broadcast::strides(out) == strides;
+    if contiguous {
+        return format!("fn {name}(i: u32) -> u32 {{ return i; }}\n");
+    }
+    let _ = writeln!(body, "fn {name}(i: u32) -> u32 {{\n    var r = i;\n    var o = 0u;");
+    for d in (0..out.len()).rev() {
+        if out[d] == 1 {
+            continue;
+        }
+        if d == 0 {
+            if strides[d] != 0 {
+                let _ = writeln!(body, "    o += r * {}u;", strides[d]);
+            }
+        } else {
+            if strides[d] != 0 {
+                let _ = writeln!(body, "    o += (r % {}u) * {}u;", out[d], strides[d]);
+            }
+            let _ = writeln!(body, "    r = r / {}u;", out[d]);
+        }
+    }
+    body.push_str("    return o;\n}\n");
+    body
+}
+
+/// A complete single-dispatch elementwise-style kernel: one invocation per element of
+/// output 0, `body` computing `out[i]` from the declared buffers. `buffers` are the
+/// bindings in order (as in [`declare`]); `helpers` are extra WGSL functions.
+pub fn simple_kernel(
+    label: &str,
+    n: usize,
+    wg: u32,
+    buffers: &[(&str, &str, bool)],
+    bindings: Vec<Binding>,
+    helpers: &str,
+    body: &str,
+) -> Dispatch {
+    let (grid, index) = grid_1d(n, wg);
+    let source = format!(
+        "{}\n{}\n@compute @workgroup_size({wg})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n    {}    {}\n}}\n",
+        declare(buffers),
+        helpers,
+        index,
+        body
+    );
+    Dispatch { label: label.to_string(), source, entry_point: "main".into(), workgroups: grid, bindings }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Validates generated WGSL with naga so that op tests catch shader errors without
+    //! a GPU.
+    pub fn validate(src: &str) {
+        let module = match naga::front::wgsl::parse_str(src) {
+            Ok(m) => m,
+            Err(e) => panic!("WGSL parse error:\n{}\n--- source ---\n{src}", e.emit_to_string(src)),
+        };
+        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
+        if let Err(e) = v.validate(&module) {
+            panic!("WGSL validation error: {e:?}\n--- source ---\n{src}");
+        }
+    }
+}
