@@ -84,6 +84,12 @@ pub trait Op: Send + Sync + fmt::Debug {
     /// The WGSL kernel generator, if this op runs on GPUs.
     fn wgsl(&self) -> Option<&dyn WgslKernel>;
 
+    /// Outputs that follow from the input *types* alone (Shape, Size), so that the
+    /// compiler can fold them even when the input values are not known.
+    fn eval_from_types(&self, _inputs: &[Option<Arg>]) -> Option<Result<Vec<Tensor>>> {
+        None
+    }
+
     /// True when the op only reinterprets its first input (same bytes, new dims):
     /// Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout. Runtimes may alias.
     fn is_view(&self) -> bool {
