@@ -114,3 +114,9 @@ impl fmt::Display for ValueType {
         write!(f, "{}{}", self.dtype, self.shape)
     }
 }
+
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(v: [usize; N]) -> Self {
+        Shape::fixed(&v)
+    }
+}

@@ -1,0 +1,20 @@
+//! kiln-runtime: runs graphs on devices. A [`Session`] holds a graph, its ops and a
+//! device (the CPU backend, or a GPU through wgpu); each distinct set of input shapes
+//! is specialised once (types inferred, shape computations folded on the host, kernels
+//! generated, buffers allocated) and cached, so later runs only execute.
+//!
+//! Depends on kiln-graph and kiln-ops, wgpu and naga; never on the compiler or on
+//! protobuf, so that applications that run models link this crate alone.
+//! Invariant: only this crate links wgpu.
+
+mod cpu;
+mod device;
+mod error;
+mod gpu;
+mod session;
+mod specialize;
+
+pub use device::{list_devices, AdapterInfo, DeviceChoice, DeviceKind, DevicesReport};
+pub use error::{Result, RuntimeError};
+pub use session::{RunStats, Session, SessionOptions};
+pub use specialize::{Specialized, Step};

@@ -1,0 +1,36 @@
+use kiln_graph::GraphError;
+use kiln_ops::OpError;
+use thiserror::Error;
+
+/// Errors from building or running a session.
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    #[error("node '{node}' ({op}): {source}")]
+    Node { node: String, op: String, source: OpError },
+    #[error("invalid graph: {0}")]
+    Graph(#[from] GraphError),
+    #[error("unknown input '{name}': the model's inputs are {expected}")]
+    UnknownInput { name: String, expected: String },
+    #[error("input '{0}' was given more than once")]
+    DuplicateInput(String),
+    #[error("missing input '{name}' ({ty})")]
+    MissingInput { name: String, ty: String },
+    #[error("input '{name}': expected {expected}, got {got}")]
+    InputMismatch { name: String, expected: String, got: String },
+    #[error("no GPU: {0}")]
+    NoGpu(String),
+    #[error("GPU error: {0}")]
+    Gpu(String),
+    #[error("{node}: {what}")]
+    Unsupported { node: String, what: String },
+    #[error("value out of range for the device: {0}")]
+    OutOfRange(String),
+}
+
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+impl RuntimeError {
+    pub(crate) fn node(node: &kiln_graph::Node, source: OpError) -> RuntimeError {
+        RuntimeError::Node { node: node.name.clone(), op: node.op_type.clone(), source }
+    }
+}

@@ -1,0 +1,247 @@
+//! The wgpu backend: adapter discovery and selection, the device context (limits,
+//! pipeline cache, WGSL validation), and the execution plan of a specialisation.
+mod convert;
+mod plan;
+
+pub(crate) use plan::{GpuPlan, WeightCache};
+
+use crate::{AdapterInfo, DeviceChoice, Result, RuntimeError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+fn instance() -> &'static wgpu::Instance {
+    static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
+    INSTANCE.get_or_init(|| wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env()))
+}
+
+/// All adapters of every backend, in a stable order. Enumerated once per process:
+/// enumerating the GL backend from several threads at once is not safe.
+pub(crate) fn enumerate() -> Vec<wgpu::Adapter> {
+    static ADAPTERS: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
+    ADAPTERS
+        .get_or_init(|| {
+            let mut v = pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()));
+            v.sort_by_key(rank);
+            v
+        })
+        .clone()
+}
+
+/// Lower is better: hardware before software, native APIs before GL.
+fn rank(a: &wgpu::Adapter) -> (u8, u8) {
+    let info = a.get_info();
+    let t = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let b = match info.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    };
+    (t, b)
+}
+
+fn is_software(info: &wgpu::AdapterInfo) -> bool {
+    info.device_type == wgpu::DeviceType::Cpu
+}
+
+pub(crate) fn describe(index: usize, a: &wgpu::Adapter) -> AdapterInfo {
+    let info = a.get_info();
+    let l = a.limits();
+    let f = a.features();
+    let mut features = vec![];
+    for (name, flag) in [
+        ("shader-f16", wgpu::Features::SHADER_F16),
+        ("shader-int64", wgpu::Features::SHADER_INT64),
+        ("shader-f64", wgpu::Features::SHADER_F64),
+        ("subgroup", wgpu::Features::SUBGROUP),
+        ("timestamp-query", wgpu::Features::TIMESTAMP_QUERY),
+        ("timestamp-query-inside-passes", wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+        ("pipeline-cache", wgpu::Features::PIPELINE_CACHE),
+    ] {
+        if f.contains(flag) {
+            features.push(name.to_string());
+        }
+    }
+    AdapterInfo {
+        index,
+        name: info.name.clone(),
+        backend: format!("{:?}", info.backend),
+        device_type: format!("{:?}", info.device_type),
+        driver: info.driver.clone(),
+        driver_info: info.driver_info.clone(),
+        vendor: info.vendor,
+        device: info.device,
+        software: is_software(&info),
+        max_storage_buffer_binding_size: l.max_storage_buffer_binding_size as u64,
+        max_buffer_size: l.max_buffer_size,
+        max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+        max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+        max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+        max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+        features,
+    }
+}
+
+/// Picks the adapter for a choice; `Ok(None)` means "use the CPU" (auto without a
+/// hardware GPU).
+pub(crate) fn select(choice: &DeviceChoice) -> Result<Option<wgpu::Adapter>> {
+    let adapters = enumerate();
+    let names = || {
+        adapters
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("gpu:{i} {} ({:?})", a.get_info().name, a.get_info().backend))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match choice {
+        DeviceChoice::Cpu => Ok(None),
+        DeviceChoice::Auto => Ok(adapters.into_iter().find(|a| !is_software(&a.get_info()))),
+        DeviceChoice::Gpu => match adapters.into_iter().next() {
+            Some(a) => Ok(Some(a)),
+            None => Err(RuntimeError::NoGpu(
+                "no GPU adapter was found (on Linux without a GPU, install Mesa's lavapipe: \
+                 apt-get install -y mesa-vulkan-drivers libvulkan1)"
+                    .into(),
+            )),
+        },
+        DeviceChoice::Adapter(want) => {
+            let w = want.to_ascii_lowercase();
+            if let Some(i) = w.strip_prefix("gpu:").and_then(|n| n.parse::<usize>().ok()) {
+                let listed = names();
+                return adapters.into_iter().nth(i).map(Some).ok_or_else(|| {
+                    RuntimeError::NoGpu(format!("there is no adapter gpu:{i}; adapters: [{listed}]"))
+                });
+            }
+            let listed = names();
+            adapters
+                .into_iter()
+                .find(|a| {
+                    let i = a.get_info();
+                    i.name.to_ascii_lowercase().contains(&w) || format!("{:?}", i.backend).to_ascii_lowercase() == w
+                })
+                .map(Some)
+                .ok_or_else(|| RuntimeError::NoGpu(format!("no adapter matches '{want}'; adapters: [{listed}]")))
+        }
+    }
+}
+
+type PipelineKey = (String, String);
+
+/// An open GPU device: queue, limits, and the pipelines compiled so far.
+pub(crate) struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
+    error: Arc<Mutex<Option<String>>>,
+}
+
+pub(crate) struct Pipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+impl GpuContext {
+    pub fn new(adapter: wgpu::Adapter) -> Result<GpuContext> {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("kiln"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| RuntimeError::Gpu(format!("cannot open {} ({:?}): {e}", info.name, info.backend)))?;
+        let error: Arc<Mutex<Option<String>>> = Arc::default();
+        let sink = error.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            log::error!("wgpu: {e}");
+            if let Ok(mut s) = sink.lock() {
+                s.get_or_insert_with(|| e.to_string());
+            }
+        }));
+        log::info!("GPU: {} ({:?}, {})", info.name, info.backend, info.driver);
+        Ok(GpuContext { device, queue, info, limits, pipelines: Mutex::default(), error })
+    }
+
+    /// The first uncaptured device error since the last call, as an error.
+    pub fn take_error(&self) -> Result<()> {
+        match self.error.lock().ok().and_then(|mut e| e.take()) {
+            Some(e) => Err(RuntimeError::Gpu(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// A pipeline for WGSL `source` (validated with naga first), cached by source.
+    pub fn pipeline(&self, label: &str, source: &str, entry: &str, read_only: &[bool]) -> Result<Arc<Pipeline>> {
+        let key = (source.to_string(), entry.to_string());
+        if let Some(p) = self.pipelines.lock().map_err(|_| poisoned())?.get(&key) {
+            return Ok(p.clone());
+        }
+        let module = naga::front::wgsl::parse_str(source)
+            .map_err(|e| RuntimeError::Gpu(format!("kernel '{label}': invalid WGSL: {}", e.emit_to_string(source))))?;
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+            .validate(&module)
+            .map_err(|e| RuntimeError::Gpu(format!("kernel '{label}': WGSL validation failed: {e:?}")))?;
+        if read_only.len() as u32 > self.limits.max_storage_buffers_per_shader_stage {
+            return Err(RuntimeError::Gpu(format!(
+                "kernel '{label}' binds {} storage buffers; this adapter allows {}",
+                read_only.len(),
+                self.limits.max_storage_buffers_per_shader_stage
+            )));
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let shader = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = read_only
+            .iter()
+            .enumerate()
+            .map(|(i, &ro)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: ro },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(label), entries: &entries });
+        let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(label),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: Some(&pl),
+            module: &shader,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(RuntimeError::Gpu(format!("kernel '{label}': pipeline creation failed: {e}")));
+        }
+        let p = Arc::new(Pipeline { pipeline, layout });
+        self.pipelines.lock().map_err(|_| poisoned())?.insert(key, p.clone());
+        Ok(p)
+    }
+
+    pub fn pipeline_count(&self) -> usize {
+        self.pipelines.lock().map(|p| p.len()).unwrap_or(0)
+    }
+}
+
+pub(crate) fn poisoned() -> RuntimeError {
+    RuntimeError::Gpu("a previous run panicked while holding a lock".into())
+}

@@ -1,0 +1,343 @@
+//! The GPU execution plan of one specialisation: every kernel generated, validated and
+//! compiled once; weights uploaded once per session; per-run buffers and bind groups
+//! allocated once per concurrent runner and reused. A run is one command encoder, one
+//! compute pass and one submit, with no readback before the outputs.
+use super::convert::{from_gpu, to_gpu};
+use super::{poisoned, GpuContext, Pipeline};
+use crate::specialize::Specialized;
+use crate::{Result, RuntimeError};
+use kiln_graph::{Graph, Tensor, ValueId};
+use kiln_ops::{wgsl::Binding, Op, TensorType, TuneValues};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Where a kernel binding's buffer comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Buf {
+    /// A constant uploaded with the plan (index into `GpuPlan::consts`).
+    Const(usize),
+    /// A per-run buffer (index into `ExecState::buffers`).
+    Run(usize),
+}
+
+struct PlannedDispatch {
+    label: String,
+    pipeline: Arc<Pipeline>,
+    bindings: Vec<Buf>,
+    workgroups: [u32; 3],
+}
+
+enum OutputSource {
+    Buffer(usize, TensorType),
+    Const(Tensor),
+    Input(usize),
+}
+
+/// Weights uploaded to one device, shared by every specialisation of a session.
+pub(crate) type WeightCache = Mutex<HashMap<ValueId, Arc<wgpu::Buffer>>>;
+
+pub(crate) struct GpuPlan {
+    ctx: Arc<GpuContext>,
+    consts: Vec<Arc<wgpu::Buffer>>,
+    /// Sizes in bytes of the per-run buffers.
+    run_sizes: Vec<u64>,
+    /// (graph input index, run buffer, name) of every input the kernels read.
+    inputs: Vec<(usize, usize, String)>,
+    dispatches: Vec<PlannedDispatch>,
+    outputs: Vec<OutputSource>,
+    pool: Mutex<Vec<ExecState>>,
+}
+
+struct ExecState {
+    buffers: Vec<wgpu::Buffer>,
+    bind_groups: Vec<wgpu::BindGroup>,
+    staging: Vec<Option<wgpu::Buffer>>,
+}
+
+fn gpu_bytes(t: &TensorType) -> u64 {
+    (t.len() as u64 * 4).max(4)
+}
+
+impl GpuPlan {
+    pub fn build(
+        ctx: Arc<GpuContext>,
+        graph: &Graph,
+        ops: &[Box<dyn Op>],
+        spec: &Specialized,
+        weights: &WeightCache,
+    ) -> Result<GpuPlan> {
+        let max_binding = ctx.limits.max_storage_buffer_binding_size as u64;
+        let mut consts: Vec<Arc<wgpu::Buffer>> = vec![];
+        let mut run_sizes: Vec<u64> = vec![];
+        let mut where_is: HashMap<ValueId, Buf> = HashMap::new();
+        let check_size = |bytes: u64, what: &str| -> Result<()> {
+            if bytes > max_binding {
+                return Err(RuntimeError::Gpu(format!(
+                    "{what} needs a {bytes}-byte buffer; this adapter binds at most {max_binding} bytes \
+                     (max_storage_buffer_binding_size); run it on the CPU"
+                )));
+            }
+            Ok(())
+        };
+        let mut inputs = vec![];
+        for (i, &v) in graph.inputs.iter().enumerate() {
+            let ty = spec.ty(v);
+            check_size(gpu_bytes(ty), &format!("input '{}'", graph.values[v].name))?;
+            where_is.insert(v, Buf::Run(run_sizes.len()));
+            inputs.push((i, run_sizes.len(), graph.values[v].name.clone()));
+            run_sizes.push(gpu_bytes(ty));
+        }
+        let const_buf = |v: ValueId, consts: &mut Vec<Arc<wgpu::Buffer>>| -> Result<Buf> {
+            let t = &spec.constants[&v];
+            let name = &graph.values[v].name;
+            check_size(gpu_bytes(&TensorType::new(t.dtype(), t.dims())), &format!("constant '{name}'"))?;
+            let is_weight = graph.initializers.contains_key(&v);
+            let cached = if is_weight { weights.lock().map_err(|_| poisoned())?.get(&v).cloned() } else { None };
+            let buf = match cached {
+                Some(b) => b,
+                None => {
+                    let mut bytes = to_gpu(t, &format!("constant '{name}'"))?;
+                    if bytes.is_empty() {
+                        bytes = vec![0; 4];
+                    }
+                    let b = Arc::new(wgpu::util::DeviceExt::create_buffer_init(
+                        &ctx.device,
+                        &wgpu::util::BufferInitDescriptor {
+                            label: Some(name),
+                            contents: &bytes,
+                            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                        },
+                    ));
+                    if is_weight {
+                        weights.lock().map_err(|_| poisoned())?.insert(v, b.clone());
+                    }
+                    b
+                }
+            };
+            consts.push(buf);
+            Ok(Buf::Const(consts.len() - 1))
+        };
+        let mut dispatches = vec![];
+        for step in &spec.steps {
+            let node = &graph.nodes[step.node];
+            let op = &ops[step.node];
+            let out_types: Vec<TensorType> = step.outputs.iter().map(|&o| spec.ty(o).clone()).collect();
+            if op.is_view() {
+                let src = step.inputs.first().copied().flatten().ok_or_else(|| {
+                    RuntimeError::node(node, kiln_ops::OpError::input(0, "a view op needs its data input"))
+                })?;
+                let b = match where_is.get(&src) {
+                    Some(b) => *b,
+                    None => const_buf(src, &mut consts)?,
+                };
+                where_is.insert(step.outputs[0], b);
+                // Extra outputs of views (Dropout's mask) are not supported on the GPU.
+                continue;
+            }
+            let kernel = op.wgsl().ok_or_else(|| RuntimeError::Unsupported {
+                node: format!("node '{}' ({})", node.name, node.op_type),
+                what: "this op has no GPU kernel yet; run the model on the CPU (--device cpu)".into(),
+            })?;
+            let args = spec.args(&step.inputs);
+            let program = kernel.generate(&args, &out_types, &TuneValues::default()).map_err(|e| RuntimeError::node(node, e))?;
+            for (k, &o) in step.outputs.iter().enumerate() {
+                check_size(gpu_bytes(&out_types[k]), &format!("output {k} of node '{}' ({})", node.name, node.op_type))?;
+                where_is.insert(o, Buf::Run(run_sizes.len()));
+                run_sizes.push(gpu_bytes(&out_types[k]));
+            }
+            let scratch: Vec<Buf> = program
+                .scratch_bytes
+                .iter()
+                .map(|&b| {
+                    run_sizes.push(b.max(4));
+                    Buf::Run(run_sizes.len() - 1)
+                })
+                .collect();
+            for d in &program.dispatches {
+                let mut bindings = vec![];
+                let mut read_only = vec![];
+                for b in &d.bindings {
+                    let (buf, ro) = match *b {
+                        Binding::Input(i) => {
+                            let v = step.inputs.get(i).copied().flatten().ok_or_else(|| {
+                                RuntimeError::node(node, kiln_ops::OpError::input(i, "the kernel binds an omitted input"))
+                            })?;
+                            let buf = match where_is.get(&v) {
+                                Some(b) => *b,
+                                None => {
+                                    let b = const_buf(v, &mut consts)?;
+                                    where_is.insert(v, b);
+                                    b
+                                }
+                            };
+                            (buf, true)
+                        }
+                        Binding::Output(i) => (where_is[&step.outputs[i]], false),
+                        Binding::Scratch(i) => (
+                            *scratch.get(i).ok_or_else(|| {
+                                RuntimeError::node(node, kiln_ops::OpError::invalid(format!("kernel binds missing scratch {i}")))
+                            })?,
+                            false,
+                        ),
+                    };
+                    bindings.push(buf);
+                    read_only.push(ro);
+                }
+                let label = format!("{} ({}): {}", node.name, node.op_type, d.label);
+                let pipeline = ctx.pipeline(&label, &d.source, &d.entry_point, &read_only)?;
+                if d.workgroups.iter().any(|&w| w > ctx.limits.max_compute_workgroups_per_dimension) {
+                    return Err(RuntimeError::Gpu(format!(
+                        "kernel '{label}' launches {:?} workgroups; this adapter allows {} per dimension",
+                        d.workgroups, ctx.limits.max_compute_workgroups_per_dimension
+                    )));
+                }
+                dispatches.push(PlannedDispatch { label, pipeline, bindings, workgroups: d.workgroups });
+            }
+        }
+        let mut outputs = vec![];
+        for &o in &graph.outputs {
+            if let Some(t) = spec.constants.get(&o) {
+                outputs.push(OutputSource::Const(t.clone()));
+            } else if let Some(i) = graph.inputs.iter().position(|&v| v == o) {
+                outputs.push(OutputSource::Input(i));
+            } else {
+                match where_is.get(&o) {
+                    Some(Buf::Run(b)) => outputs.push(OutputSource::Buffer(*b, spec.ty(o).clone())),
+                    Some(Buf::Const(_)) | None => {
+                        let t = spec.constants.get(&o).cloned().unwrap_or_else(|| Tensor::zeros(spec.ty(o).dtype, &spec.ty(o).dims));
+                        outputs.push(OutputSource::Const(t))
+                    }
+                }
+            }
+        }
+        ctx.take_error()?;
+        Ok(GpuPlan { ctx, consts, run_sizes, inputs, dispatches, outputs, pool: Mutex::default() })
+    }
+
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches.iter().filter(|d| d.workgroups.iter().all(|&w| w > 0)).count()
+    }
+
+    fn new_state(&self) -> ExecState {
+        let dev = &self.ctx.device;
+        let buffers: Vec<wgpu::Buffer> = self
+            .run_sizes
+            .iter()
+            .map(|&size| {
+                dev.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect();
+        let bind_groups = self
+            .dispatches
+            .iter()
+            .map(|d| {
+                let entries: Vec<wgpu::BindGroupEntry> = d
+                    .bindings
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| wgpu::BindGroupEntry {
+                        binding: i as u32,
+                        resource: match b {
+                            Buf::Const(c) => self.consts[*c].as_entire_binding(),
+                            Buf::Run(r) => buffers[*r].as_entire_binding(),
+                        },
+                    })
+                    .collect();
+                dev.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&d.label), layout: &d.pipeline.layout, entries: &entries })
+            })
+            .collect();
+        let staging = self
+            .outputs
+            .iter()
+            .map(|o| match o {
+                OutputSource::Buffer(_, ty) => Some(dev.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("staging"),
+                    size: gpu_bytes(ty),
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })),
+                _ => None,
+            })
+            .collect();
+        ExecState { buffers, bind_groups, staging }
+    }
+
+    /// Runs once: uploads inputs, one pass, one submit, reads outputs back.
+    pub fn run(&self, inputs: &[&Tensor]) -> Result<(Vec<Tensor>, usize)> {
+        let state = self.pool.lock().map_err(|_| poisoned())?.pop();
+        let state = match state {
+            Some(s) => s,
+            None => self.new_state(),
+        };
+        let result = self.run_with(&state, inputs);
+        self.pool.lock().map_err(|_| poisoned())?.push(state);
+        result
+    }
+
+    fn run_with(&self, st: &ExecState, inputs: &[&Tensor]) -> Result<(Vec<Tensor>, usize)> {
+        let ctx = &self.ctx;
+        for (i, buf, name) in &self.inputs {
+            let bytes = to_gpu(inputs[*i], &format!("input '{name}'"))?;
+            if !bytes.is_empty() {
+                ctx.queue.write_buffer(&st.buffers[*buf], 0, &bytes);
+            }
+        }
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes: None });
+            for (d, bg) in self.dispatches.iter().zip(&st.bind_groups) {
+                if d.workgroups.contains(&0) {
+                    continue;
+                }
+                pass.set_pipeline(&d.pipeline.pipeline);
+                pass.set_bind_group(0, bg, &[]);
+                pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
+            }
+        }
+        for (o, staging) in self.outputs.iter().zip(&st.staging) {
+            if let (OutputSource::Buffer(b, ty), Some(s)) = (o, staging) {
+                enc.copy_buffer_to_buffer(&st.buffers[*b], 0, s, 0, gpu_bytes(ty));
+            }
+        }
+        let idx = ctx.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (k, s) in st.staging.iter().enumerate() {
+            if let Some(s) = s {
+                let tx = tx.clone();
+                s.map_async(wgpu::MapMode::Read, .., move |r| {
+                    let _ = tx.send((k, r));
+                });
+            }
+        }
+        drop(tx);
+        ctx.device
+            .poll(wgpu::PollType::Wait { submission_index: Some(idx), timeout: None })
+            .map_err(|e| RuntimeError::Gpu(format!("waiting for the GPU failed: {e}")))?;
+        for (k, r) in rx.iter() {
+            r.map_err(|e| RuntimeError::Gpu(format!("reading output {k} back failed: {e}")))?;
+        }
+        ctx.take_error()?;
+        let mut outs = vec![];
+        for (o, s) in self.outputs.iter().zip(&st.staging) {
+            outs.push(match (o, s) {
+                (OutputSource::Buffer(_, ty), Some(s)) => {
+                    let t = {
+                        let view = s.get_mapped_range(..).map_err(|e| RuntimeError::Gpu(format!("mapping output failed: {e}")))?;
+                        from_gpu(&view, ty.dtype, &ty.dims)?
+                    };
+                    s.unmap();
+                    t
+                }
+                (OutputSource::Const(t), _) => t.clone(),
+                (OutputSource::Input(i), _) => inputs[*i].clone(),
+                _ => unreachable!("staging buffers exist exactly for buffer outputs"),
+            });
+        }
+        Ok((outs, 1))
+    }
+}

@@ -1,0 +1,238 @@
+//! Sessions: a graph bound to a device, run from many threads, specialised per input
+//! shape signature.
+use crate::cpu::CpuPlan;
+use crate::gpu::{self, poisoned, GpuContext, GpuPlan};
+use crate::specialize::{specialize, Specialized};
+use crate::{DeviceChoice, DeviceKind, Result, RuntimeError};
+use kiln_graph::{Dim, Graph, NodeId, Tensor};
+use kiln_ops::{NodeSpec, Op, Registry, TensorType};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// How to build a session.
+#[derive(Clone)]
+pub struct SessionOptions {
+    pub device: DeviceChoice,
+    /// Operators to use (defaults to [`Registry::builtin`]); add custom ops here.
+    pub registry: Option<Registry>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions { device: DeviceChoice::Auto, registry: None }
+    }
+}
+
+impl SessionOptions {
+    pub fn device(device: DeviceChoice) -> Self {
+        SessionOptions { device, registry: None }
+    }
+}
+
+enum Backend {
+    Cpu,
+    Gpu { ctx: Arc<GpuContext>, weights: gpu::WeightCache },
+}
+
+enum Exec {
+    Cpu(CpuPlan),
+    Gpu(GpuPlan),
+}
+
+struct Plan {
+    exec: Exec,
+    folded: usize,
+}
+
+/// What one run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Kernels launched (GPU dispatches or CPU kernel calls).
+    pub kernels: usize,
+    /// Queue submissions (GPU; 0 on the CPU).
+    pub submits: usize,
+    /// Nodes evaluated once on the host when this shape was specialised.
+    pub folded_nodes: usize,
+    /// Whether this run built a new specialisation.
+    pub specialized: bool,
+}
+
+/// A model ready to run on one device. `Send + Sync`: share it between threads
+/// (e.g. in an `Arc`) and call [`Session::run`] concurrently.
+pub struct Session {
+    graph: Graph,
+    ops: Vec<Box<dyn Op>>,
+    order: Vec<NodeId>,
+    backend: Backend,
+    plans: Mutex<HashMap<Vec<TensorType>, Arc<Plan>>>,
+}
+
+impl Session {
+    /// Validates the graph, creates its ops and opens the device.
+    pub fn new(graph: Graph, options: SessionOptions) -> Result<Session> {
+        let order = graph.validate()?;
+        let registry = options.registry.as_ref().unwrap_or_else(|| Registry::builtin());
+        let opset = graph.opset();
+        let mut ops = Vec::with_capacity(graph.nodes.len());
+        let mut errors = vec![];
+        for node in &graph.nodes {
+            let opset = graph.opsets.get(&node.domain).copied().unwrap_or(opset);
+            match registry.create(&NodeSpec::new(node, opset)) {
+                Ok(op) => ops.push(op),
+                Err(e) => errors.push(format!("node '{}' ({}): {e}", node.name, node.op_type)),
+            }
+        }
+        if !errors.is_empty() {
+            let n = errors.len();
+            let shown: Vec<_> = errors.into_iter().take(20).collect();
+            return Err(RuntimeError::Unsupported {
+                node: format!("{n} node(s) cannot run"),
+                what: format!("\n  {}", shown.join("\n  ")),
+            });
+        }
+        for &v in &graph.inputs {
+            if graph.values[v].ty.is_none() {
+                return Err(RuntimeError::InputMismatch {
+                    name: graph.values[v].name.clone(),
+                    expected: "a declared dtype and shape".into(),
+                    got: "none in the model".into(),
+                });
+            }
+        }
+        let backend = match gpu::select(&options.device)? {
+            None => Backend::Cpu,
+            Some(adapter) => Backend::Gpu { ctx: Arc::new(GpuContext::new(adapter)?), weights: Default::default() },
+        };
+        Ok(Session { graph, ops, order, backend, plans: Mutex::default() })
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn device_kind(&self) -> DeviceKind {
+        match self.backend {
+            Backend::Cpu => DeviceKind::Cpu,
+            Backend::Gpu { .. } => DeviceKind::Gpu,
+        }
+    }
+
+    /// A human-readable name of the device, e.g. `cpu (2 threads)` or
+    /// `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)`.
+    pub fn device_name(&self) -> String {
+        match &self.backend {
+            Backend::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
+            Backend::Gpu { ctx, .. } => format!("{} ({:?})", ctx.info.name, ctx.info.backend),
+        }
+    }
+
+    /// Input names and declared types (dims may be symbols).
+    pub fn inputs(&self) -> Vec<(String, kiln_graph::ValueType)> {
+        self.graph
+            .inputs
+            .iter()
+            .map(|&v| (self.graph.values[v].name.clone(), self.graph.values[v].ty.clone().expect("checked in new")))
+            .collect()
+    }
+
+    pub fn output_names(&self) -> Vec<String> {
+        self.graph.outputs.iter().map(|&v| self.graph.values[v].name.clone()).collect()
+    }
+
+    /// Checks names, dtypes and shapes of the inputs against the model; returns them
+    /// in graph input order with their concrete types.
+    fn bind<'a>(&self, inputs: &[(&str, &'a Tensor)]) -> Result<(Vec<&'a Tensor>, Vec<TensorType>)> {
+        let names: Vec<&str> = self.graph.inputs.iter().map(|&v| self.graph.values[v].name.as_str()).collect();
+        let mut bound: Vec<Option<&Tensor>> = vec![None; names.len()];
+        for (name, t) in inputs {
+            let i = names.iter().position(|n| n == name).ok_or_else(|| RuntimeError::UnknownInput {
+                name: name.to_string(),
+                expected: names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", "),
+            })?;
+            if bound[i].replace(t).is_some() {
+                return Err(RuntimeError::DuplicateInput(name.to_string()));
+            }
+        }
+        let mut symbols: HashMap<&str, (usize, &str)> = HashMap::new();
+        let mut out = vec![];
+        let mut types = vec![];
+        for (i, &v) in self.graph.inputs.iter().enumerate() {
+            let ty = self.graph.values[v].ty.as_ref().expect("checked in new");
+            let t = bound[i].ok_or_else(|| RuntimeError::MissingInput { name: names[i].to_string(), ty: ty.to_string() })?;
+            let mismatch = |what: String| RuntimeError::InputMismatch { name: names[i].to_string(), expected: ty.to_string(), got: what };
+            if t.dtype() != ty.dtype {
+                return Err(mismatch(format!("dtype {}", t.dtype())));
+            }
+            if t.rank() != ty.shape.rank() {
+                return Err(mismatch(format!("shape {:?} (rank {} instead of {})", t.dims(), t.rank(), ty.shape.rank())));
+            }
+            for (k, (d, &n)) in ty.shape.0.iter().zip(t.dims()).enumerate() {
+                match d {
+                    Dim::Fixed(f) if *f != n => {
+                        return Err(mismatch(format!("shape {:?} (dim {k} is {n}, not {f})", t.dims())));
+                    }
+                    Dim::Sym(s) => {
+                        if let Some((prev, who)) = symbols.insert(s, (n, names[i])) {
+                            if prev != n {
+                                return Err(mismatch(format!(
+                                    "shape {:?}: dim {k} ('{s}') is {n}, but input '{who}' bound '{s}' to {prev}",
+                                    t.dims()
+                                )));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            out.push(t);
+            types.push(TensorType::new(t.dtype(), t.dims()));
+        }
+        Ok((out, types))
+    }
+
+    fn plan(&self, types: Vec<TensorType>) -> Result<(Arc<Plan>, bool)> {
+        if let Some(p) = self.plans.lock().map_err(|_| poisoned())?.get(&types) {
+            return Ok((p.clone(), false));
+        }
+        let start = Instant::now();
+        let spec: Specialized = specialize(&self.graph, &self.ops, &self.order, &types)?;
+        let exec = match &self.backend {
+            Backend::Cpu => Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, &spec)?),
+            Backend::Gpu { ctx, weights } => Exec::Gpu(GpuPlan::build(ctx.clone(), &self.graph, &self.ops, &spec, weights)?),
+        };
+        let plan = Arc::new(Plan { exec, folded: spec.folded });
+        let shapes: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+        log::info!(
+            "specialised '{}' for inputs [{}] on {} in {:.1} ms ({} steps, {} nodes folded)",
+            self.graph.name,
+            shapes.join(", "),
+            self.device_name(),
+            start.elapsed().as_secs_f64() * 1e3,
+            spec.steps.len(),
+            spec.folded
+        );
+        let mut plans = self.plans.lock().map_err(|_| poisoned())?;
+        let p = plans.entry(types).or_insert(plan).clone();
+        Ok((p, true))
+    }
+
+    /// Runs the model. Inputs by name; outputs in the model's output order.
+    pub fn run(&self, inputs: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
+        Ok(self.run_with_stats(inputs)?.0)
+    }
+
+    /// Like [`Session::run`], also reporting what the run did.
+    pub fn run_with_stats(&self, inputs: &[(&str, &Tensor)]) -> Result<(Vec<Tensor>, RunStats)> {
+        let (tensors, types) = self.bind(inputs)?;
+        let (plan, specialized) = self.plan(types)?;
+        let (outs, kernels, submits) = match &plan.exec {
+            Exec::Cpu(p) => (p.run(&self.graph, &self.ops, &tensors)?, p.kernel_count(), 0),
+            Exec::Gpu(p) => {
+                let (o, submits) = p.run(&tensors)?;
+                (o, p.dispatch_count(), submits)
+            }
+        };
+        Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized }))
+    }
+}

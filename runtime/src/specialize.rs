@@ -1,0 +1,131 @@
+//! Specialisation: concrete input types in, a typed, folded step list out. Every value
+//! gets a concrete type; nodes whose inputs are all known (weights, shape computations
+//! of exported models) run once on the host with their CPU kernels and become
+//! constants; what is left, and needed by an output, are the steps a device runs.
+use crate::{Result, RuntimeError};
+use kiln_graph::{Graph, NodeId, Tensor, ValueId};
+use kiln_ops::{Arg, Op, TensorType};
+use std::collections::HashMap;
+
+/// A node that runs on the device at each run.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub node: NodeId,
+    pub inputs: Vec<Option<ValueId>>,
+    pub outputs: Vec<ValueId>,
+}
+
+/// A graph specialised to concrete input types.
+#[derive(Debug)]
+pub struct Specialized {
+    /// Concrete type of every value that exists in this specialisation.
+    pub types: Vec<Option<TensorType>>,
+    /// Values known before running: weights and folded results.
+    pub constants: HashMap<ValueId, Tensor>,
+    pub steps: Vec<Step>,
+    /// Number of nodes evaluated at specialisation time.
+    pub folded: usize,
+}
+
+impl Specialized {
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        self.types[v].as_ref().expect("every value of a step is typed during specialisation")
+    }
+
+    /// The argument view (type + constant value) of a value.
+    pub fn arg(&self, v: ValueId) -> Arg<'_> {
+        Arg { ty: self.ty(v), value: self.constants.get(&v) }
+    }
+
+    pub fn args(&self, inputs: &[Option<ValueId>]) -> Vec<Option<Arg<'_>>> {
+        inputs.iter().map(|v| v.map(|v| self.arg(v))).collect()
+    }
+}
+
+pub(crate) fn specialize(
+    graph: &Graph,
+    ops: &[Box<dyn Op>],
+    order: &[NodeId],
+    input_types: &[TensorType],
+) -> Result<Specialized> {
+    let mut types: Vec<Option<TensorType>> = vec![None; graph.values.len()];
+    let mut constants: HashMap<ValueId, Tensor> = HashMap::new();
+    for (&v, t) in &graph.initializers {
+        types[v] = Some(TensorType::new(t.dtype(), t.dims()));
+        constants.insert(v, t.clone());
+    }
+    for (&v, t) in graph.inputs.iter().zip(input_types) {
+        types[v] = Some(t.clone());
+    }
+    let mut live = vec![];
+    let mut folded = 0;
+    for &n in order {
+        let node = &graph.nodes[n];
+        let op = &ops[n];
+        let in_types: Vec<Option<TensorType>> =
+            node.inputs.iter().map(|v| v.and_then(|v| types[v].clone())).collect();
+        let args: Vec<Option<Arg>> = node
+            .inputs
+            .iter()
+            .zip(&in_types)
+            .map(|(v, t)| match (v, t) {
+                (Some(v), Some(t)) => Some(Arg { ty: t, value: constants.get(v) }),
+                _ => None,
+            })
+            .collect();
+        let out_types = op.infer(&args).map_err(|e| RuntimeError::node(node, e))?;
+        if out_types.len() < node.outputs.len() {
+            return Err(RuntimeError::node(
+                node,
+                kiln_ops::OpError::invalid(format!(
+                    "the node has {} outputs but the op produces {}",
+                    node.outputs.len(),
+                    out_types.len()
+                )),
+            ));
+        }
+        let all_const = node.inputs.iter().flatten().all(|v| constants.contains_key(v));
+        let mut values: Option<Vec<Tensor>> = match op.eval_from_types(&args) {
+            Some(r) => Some(r.map_err(|e| RuntimeError::node(node, e))?),
+            None => None,
+        };
+        if values.is_none() && all_const {
+            if let Some(k) = op.cpu() {
+                let ins: Vec<Option<&Tensor>> = node.inputs.iter().map(|v| v.and_then(|v| constants.get(&v))).collect();
+                let mut outs: Vec<Tensor> = out_types.iter().map(|t| Tensor::zeros(t.dtype, &t.dims)).collect();
+                k.run(&ins, &mut outs).map_err(|e| RuntimeError::node(node, e))?;
+                values = Some(outs);
+            }
+        }
+        drop(args);
+        for (i, &o) in node.outputs.iter().enumerate() {
+            types[o] = Some(out_types[i].clone());
+        }
+        match values {
+            Some(vals) => {
+                folded += 1;
+                for (&o, t) in node.outputs.iter().zip(vals) {
+                    constants.insert(o, t);
+                }
+            }
+            None => live.push(Step { node: n, inputs: node.inputs.clone(), outputs: node.outputs.clone() }),
+        }
+    }
+    // Keep only the steps an output needs.
+    let mut needed = vec![false; graph.values.len()];
+    for &o in &graph.outputs {
+        needed[o] = true;
+    }
+    let mut steps = vec![];
+    for s in live.into_iter().rev() {
+        if s.outputs.iter().any(|&o| needed[o]) {
+            for v in s.inputs.iter().flatten() {
+                needed[*v] = true;
+            }
+            steps.push(s);
+        }
+    }
+    steps.reverse();
+    constants.retain(|v, _| needed[*v]);
+    Ok(Specialized { types, constants, steps, folded })
+}

@@ -1,0 +1,101 @@
+//! Session behaviour: input validation, specialisation per shape, CPU/GPU agreement.
+mod common;
+use common::*;
+use kiln_graph::{Attr, DType, GraphBuilder, Tensor};
+use kiln_runtime::{DeviceChoice, RuntimeError, Session, SessionOptions};
+
+fn small_graph() -> kiln_graph::Graph {
+    let mut b = GraphBuilder::new("small");
+    let x = b.input("x", DType::F32, kiln_graph::Shape(vec!["batch".into(), 5usize.into()]));
+    let w = b.constant("w", rand_f32(&[5], 1));
+    let y = b.node("Mul", &[x, w], &[]);
+    let z = b.node("Relu", &[y], &[]);
+    let c = b.node("Clip", &[z], &[("min", Attr::Float(0.1)), ("max", Attr::Float(0.4))]);
+    b.rename(c, "y");
+    b.output(c);
+    let mut g = b.finish().unwrap();
+    g.opsets.insert(String::new(), 6);
+    g
+}
+
+#[test]
+fn cpu_and_gpu_agree_and_specialise_per_shape() {
+    gpu_env();
+    let cpu = Session::new(small_graph(), SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+    let gpu = Session::new(small_graph(), SessionOptions::device(DeviceChoice::Gpu)).expect("a GPU adapter (install mesa-vulkan-drivers)");
+    for batch in [1usize, 3, 1] {
+        let x = rand_f32(&[batch, 5], batch as u64);
+        let (a, sa) = cpu.run_with_stats(&[("x", &x)]).unwrap();
+        let (b, sb) = gpu.run_with_stats(&[("x", &x)]).unwrap();
+        assert_eq!(a[0].dims(), &[batch, 5]);
+        assert!(rel_l2(&b[0], &a[0]) < 1e-6);
+        assert_eq!(sb.submits, 1);
+        assert_eq!(sa.kernels, 3);
+        assert_eq!(sa.specialized, sb.specialized);
+    }
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let s = Session::new(small_graph(), SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+    let x = rand_f32(&[2, 5], 0);
+    let e = s.run(&[("nope", &x)]).unwrap_err();
+    assert!(matches!(e, RuntimeError::UnknownInput { .. }), "{e}");
+    assert!(e.to_string().contains("'x'"), "{e}");
+    let e = s.run(&[]).unwrap_err();
+    assert!(e.to_string().contains("missing input 'x'"), "{e}");
+    let e = s.run(&[("x", &Tensor::zeros(DType::I64, &[2, 5]))]).unwrap_err();
+    assert!(e.to_string().contains("dtype i64"), "{e}");
+    let e = s.run(&[("x", &rand_f32(&[2, 4], 0))]).unwrap_err();
+    assert!(e.to_string().contains("dim 1 is 4, not 5"), "{e}");
+    let e = s.run(&[("x", &rand_f32(&[10], 0))]).unwrap_err();
+    assert!(e.to_string().contains("rank 1 instead of 2"), "{e}");
+    let e = s.run(&[("x", &x), ("x", &x)]).unwrap_err();
+    assert!(matches!(e, RuntimeError::DuplicateInput(_)), "{e}");
+}
+
+#[test]
+fn symbol_bound_twice_must_agree() {
+    let mut b = GraphBuilder::new("two");
+    let x = b.input("a", DType::F32, kiln_graph::Shape(vec!["n".into()]));
+    let y = b.input("b", DType::F32, kiln_graph::Shape(vec!["n".into()]));
+    let z = b.node("Add", &[x, y], &[]);
+    b.output(z);
+    let s = Session::new(b.finish().unwrap(), SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+    let e = s.run(&[("a", &rand_f32(&[3], 0)), ("b", &rand_f32(&[4], 0))]).unwrap_err();
+    assert!(e.to_string().contains("bound 'n' to 3"), "{e}");
+}
+
+#[test]
+fn unsupported_ops_are_all_listed() {
+    let mut b = GraphBuilder::new("bad");
+    let x = b.input("x", DType::F32, [2usize]);
+    let y = b.node("FooBar", &[x], &[]);
+    let z = b.node("BazQux", &[y], &[]);
+    b.output(z);
+    let e = Session::new(b.finish().unwrap(), SessionOptions::device(DeviceChoice::Cpu)).err().unwrap().to_string();
+    assert!(e.contains("FooBar") && e.contains("BazQux") && e.contains("2 node(s)"), "{e}");
+}
+
+#[test]
+fn session_is_send_sync_and_runs_concurrently() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Session>();
+    gpu_env();
+    for dev in [DeviceChoice::Cpu, DeviceChoice::Gpu] {
+        let s = std::sync::Arc::new(Session::new(small_graph(), SessionOptions::device(dev)).unwrap());
+        let x = rand_f32(&[4, 5], 9);
+        let want = s.run(&[("x", &x)]).unwrap();
+        std::thread::scope(|sc| {
+            for _ in 0..4 {
+                let (s, x, want) = (s.clone(), x.clone(), want.clone());
+                sc.spawn(move || {
+                    for _ in 0..5 {
+                        let got = s.run(&[("x", &x)]).unwrap();
+                        assert_eq!(got[0], want[0]);
+                    }
+                });
+            }
+        });
+    }
+}
