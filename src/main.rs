@@ -1,1 +1,48 @@
-fn main(){}
+//! The `kiln` command line: demo, devices, run, bench.
+mod commands;
+mod io;
+
+use clap::{Parser, Subcommand};
+
+/// Kiln: compile and run ONNX models on any GPU (WGSL through wgpu) or on the CPU.
+#[derive(Parser)]
+#[command(name = "kiln", version, about)]
+struct Cli {
+    /// More log output (-v: info, -vv: debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build a sample network in code, run it on every available device, compare.
+    Demo(commands::demo::Args),
+    /// List the CPU and the GPU adapters with their limits and features.
+    Devices(commands::devices::Args),
+    /// Run a model once and print (or save) its outputs.
+    Run(commands::run::Args),
+    /// Measure a model's latency.
+    Bench(commands::bench::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).format_timestamp(None).init();
+    let result = match cli.command {
+        Command::Demo(a) => commands::demo::main(a),
+        Command::Devices(a) => commands::devices::main(a),
+        Command::Run(a) => commands::run::main(a),
+        Command::Bench(a) => commands::bench::main(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

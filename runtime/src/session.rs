@@ -102,7 +102,7 @@ impl Session {
         }
         let backend = match gpu::select(&options.device)? {
             None => Backend::Cpu,
-            Some(adapter) => Backend::Gpu { ctx: Arc::new(GpuContext::new(adapter)?), weights: Default::default() },
+            Some(adapter) => Backend::Gpu { ctx: gpu::context_for(adapter)?, weights: Default::default() },
         };
         Ok(Session { graph, ops, order, backend, plans: Mutex::default() })
     }

@@ -147,8 +147,22 @@ pub(crate) struct Pipeline {
     pub layout: wgpu::BindGroupLayout,
 }
 
+/// The open device of an adapter, shared by every session on it (one device per
+/// adapter, so pipelines compiled for one session serve the others).
+pub(crate) fn context_for(adapter: wgpu::Adapter) -> Result<Arc<GpuContext>> {
+    static OPEN: OnceLock<Mutex<Vec<(wgpu::Adapter, Arc<GpuContext>)>>> = OnceLock::new();
+    let open = OPEN.get_or_init(Mutex::default);
+    let mut open = open.lock().map_err(|_| poisoned())?;
+    if let Some((_, ctx)) = open.iter().find(|(a, _)| *a == adapter) {
+        return Ok(ctx.clone());
+    }
+    let ctx = Arc::new(GpuContext::new(adapter.clone())?);
+    open.push((adapter, ctx.clone()));
+    Ok(ctx)
+}
+
 impl GpuContext {
-    pub fn new(adapter: wgpu::Adapter) -> Result<GpuContext> {
+    fn new(adapter: wgpu::Adapter) -> Result<GpuContext> {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -237,9 +251,6 @@ impl GpuContext {
         Ok(p)
     }
 
-    pub fn pipeline_count(&self) -> usize {
-        self.pipelines.lock().map(|p| p.len()).unwrap_or(0)
-    }
 }
 
 pub(crate) fn poisoned() -> RuntimeError {

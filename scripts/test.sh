@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what Kiln's tests need, then runs every test.
+#   - Mesa's lavapipe (software Vulkan), so the GPU path runs for real without a GPU;
+#   - the onnx Python package, whose backend node tests are materialised once into
+#     $KILN_ONNX_TESTS (default .cache/onnx-node-tests);
+#   - the model zoo is expected at $KILN_ZOO (default ../shared/zoo).
+# GPU tests fail (never skip) when no adapter is found.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || ! ldconfig -p | grep -q libvulkan.so.1; then
+  echo "== installing Mesa lavapipe (software Vulkan)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
+
+if ! python3 -c "import onnx, numpy" 2>/dev/null; then
+  echo "== installing the onnx Python package (conformance test data)"
+  python3 -m pip install -q --disable-pip-version-check "onnx==1.23.*" numpy
+fi
+
+export KILN_ONNX_TESTS="${KILN_ONNX_TESTS:-$PWD/.cache/onnx-node-tests}"
+python3 scripts/materialize_onnx_tests.py "$KILN_ONNX_TESTS"
+
+export KILN_ZOO="${KILN_ZOO:-$(cd .. && pwd)/shared/zoo}"
+if [ ! -d "$KILN_ZOO" ]; then
+  echo "!! the model zoo is missing at $KILN_ZOO: the end-to-end tests will fail."
+  echo "!! Put the shared zoo beside this repository (../shared/zoo) or set KILN_ZOO."
+fi
+
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
+  export XDG_RUNTIME_DIR="$(mktemp -d)"
+fi
+
+echo "== unit and integration tests"
+cargo test --release --workspace --exclude kiln
+echo "== end-to-end tests: the zoo and the ONNX conformance suite, on the CPU and the GPU"
+cargo test --release -p kiln -- --nocapture --test-threads 2

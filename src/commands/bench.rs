@@ -1,0 +1,93 @@
+//! `kiln bench`: warm up, then time repeated runs and report latency statistics.
+use crate::io;
+use anyhow::{bail, Result};
+use kiln::runtime::{DeviceChoice, Session};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The model (.onnx).
+    model: PathBuf,
+    /// cpu, gpu, auto, or an adapter name / gpu:N (see `kiln devices`).
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Timed runs (after warm-up).
+    #[arg(long, default_value_t = 50)]
+    iters: usize,
+    /// Warm-up runs (the first also specialises the model).
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// An input as NAME=FILE (.npy or .pb); random values for the rest.
+    #[arg(long = "input", short = 'i')]
+    inputs: Vec<String>,
+    /// Size of a symbolic dim for random inputs, NAME=VALUE (default 1).
+    #[arg(long = "dim")]
+    dims: Vec<String>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Latency statistics of a series of runs, in milliseconds.
+pub struct Stats {
+    pub median: f64,
+    pub p90: f64,
+    pub min: f64,
+    pub mean: f64,
+}
+
+pub fn stats(mut ms: Vec<f64>) -> Stats {
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
+    Stats { median: at(0.5), p90: at(0.9), min: ms[0], mean: ms.iter().sum::<f64>() / ms.len() as f64 }
+}
+
+/// Times `iters` runs after `warmup` runs; returns per-run milliseconds and the last stats.
+pub fn time_runs(session: &Session, inputs: &[(String, kiln::graph::Tensor)], warmup: usize, iters: usize) -> Result<(Vec<f64>, kiln::runtime::RunStats, f64)> {
+    let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let t0 = Instant::now();
+    let (_, mut last) = session.run_with_stats(&refs)?;
+    let first_ms = t0.elapsed().as_secs_f64() * 1e3;
+    for _ in 1..warmup.max(1) {
+        session.run(&refs)?;
+    }
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        let (_, s) = session.run_with_stats(&refs)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        last = s;
+    }
+    Ok((times, last, first_ms))
+}
+
+pub fn main(args: Args) -> Result<()> {
+    if args.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let t0 = Instant::now();
+    let session = io::open_session(&args.model, &args.device)?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let inputs = io::complete_inputs(&session, io::parse_inputs(&args.inputs)?, &io::parse_dims(&args.dims)?);
+    let (times, run, first_ms) = time_runs(&session, &inputs, args.warmup, args.iters)?;
+    let s = stats(times);
+    if args.json {
+        let j = serde_json::json!({
+            "model": args.model, "device": session.device_name(), "iters": args.iters,
+            "median_ms": s.median, "p90_ms": s.p90, "min_ms": s.min, "mean_ms": s.mean,
+            "throughput_per_s": 1e3 / s.median, "load_ms": load_ms, "first_run_ms": first_ms,
+            "kernels_per_run": run.kernels, "submits_per_run": run.submits,
+        });
+        println!("{j}");
+        return Ok(());
+    }
+    println!("{} on {}", args.model.display(), session.device_name());
+    println!("  load {load_ms:.1} ms, first run {first_ms:.1} ms (specialisation + shader compilation)");
+    println!(
+        "  {} runs: median {:.3} ms, p90 {:.3} ms, min {:.3} ms, mean {:.3} ms, {:.1} runs/s",
+        args.iters, s.median, s.p90, s.min, s.mean, 1e3 / s.median
+    );
+    println!("  {} kernels per run, {} submits per run", run.kernels, run.submits);
+    Ok(())
+}

@@ -1,0 +1,4 @@
+pub mod bench;
+pub mod demo;
+pub mod devices;
+pub mod run;

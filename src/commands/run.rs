@@ -1,0 +1,69 @@
+//! `kiln run`: run a model once, print a summary of its outputs, optionally save them.
+use crate::io;
+use anyhow::{Context, Result};
+use kiln::runtime::DeviceChoice;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The model (.onnx).
+    model: PathBuf,
+    /// cpu, gpu, auto, or an adapter name / gpu:N (see `kiln devices`).
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// An input as NAME=FILE (.npy or ONNX TensorProto .pb); random values for the rest.
+    #[arg(long = "input", short = 'i')]
+    inputs: Vec<String>,
+    /// Size of a symbolic dim for random inputs, NAME=VALUE (default 1).
+    #[arg(long = "dim")]
+    dims: Vec<String>,
+    /// Write each output to DIR/NAME.npy.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main(args: Args) -> Result<()> {
+    let session = io::open_session(&args.model, &args.device)?;
+    let given = io::parse_inputs(&args.inputs)?;
+    let inputs = io::complete_inputs(&session, given, &io::parse_dims(&args.dims)?);
+    let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let start = std::time::Instant::now();
+    let (outputs, stats) = session.run_with_stats(&refs)?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    if let Some(dir) = &args.output_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        for (name, t) in session.output_names().iter().zip(&outputs) {
+            let path = dir.join(io::output_file_name(name));
+            kiln::compiler::npy::write_file(&path, t).with_context(|| format!("cannot write {}", path.display()))?;
+        }
+    }
+    if args.json {
+        let outs: Vec<serde_json::Value> = session
+            .output_names()
+            .iter()
+            .zip(&outputs)
+            .map(|(n, t)| {
+                let v = t.to_f64_vec();
+                serde_json::json!({"name": n, "dtype": t.dtype().name(), "shape": t.dims(),
+                    "min": v.iter().copied().fold(f64::INFINITY, f64::min),
+                    "max": v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                    "mean": if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }})
+            })
+            .collect();
+        let j = serde_json::json!({"model": args.model, "device": session.device_name(), "first_run_ms": ms,
+            "kernels": stats.kernels, "submits": stats.submits, "outputs": outs});
+        println!("{j}");
+        return Ok(());
+    }
+    println!("{} on {} ({ms:.1} ms including specialisation; {} kernels, {} submits)", args.model.display(), session.device_name(), stats.kernels, stats.submits);
+    for (name, t) in session.output_names().iter().zip(&outputs) {
+        println!("  {name}: {}{:?}  {}", t.dtype(), t.dims(), io::summary(t));
+    }
+    if let Some(dir) = &args.output_dir {
+        println!("outputs written to {}", dir.display());
+    }
+    Ok(())
+}

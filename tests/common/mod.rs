@@ -1,0 +1,120 @@
+//! Shared helpers for the end-to-end tests: where the zoo and the conformance data
+//! are, reading ONNX test data sets, comparing tensors, choosing devices.
+#![allow(dead_code)]
+use kiln::graph::Tensor;
+use kiln::runtime::DeviceChoice;
+use std::path::{Path, PathBuf};
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The model zoo: $KILN_ZOO, default ../shared/zoo. Panics loudly when missing.
+pub fn zoo() -> PathBuf {
+    let p = std::env::var_os("KILN_ZOO").map(PathBuf::from).unwrap_or_else(|| workspace().join("../shared/zoo"));
+    assert!(
+        p.is_dir(),
+        "\n\n!!! The model zoo is missing at {}.\n!!! Put the shared zoo beside this repository (../shared/zoo) or set KILN_ZOO.\n",
+        p.display()
+    );
+    p
+}
+
+/// The materialised ONNX backend node tests: $KILN_ONNX_TESTS, default
+/// .cache/onnx-node-tests (scripts/test.sh fills it).
+pub fn onnx_tests() -> PathBuf {
+    let p = std::env::var_os("KILN_ONNX_TESTS").map(PathBuf::from).unwrap_or_else(|| workspace().join(".cache/onnx-node-tests"));
+    assert!(
+        p.join(".complete").is_file(),
+        "\n\n!!! The ONNX node tests are missing at {}.\n!!! Run scripts/test.sh (or: python3 scripts/materialize_onnx_tests.py {}).\n",
+        p.display(),
+        p.display()
+    );
+    p
+}
+
+/// One data set: named inputs (in file order) and reference outputs.
+pub struct DataSet {
+    pub dir: PathBuf,
+    pub inputs: Vec<(String, Tensor)>,
+    pub outputs: Vec<Tensor>,
+}
+
+fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut files: Vec<(usize, PathBuf)> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().to_string();
+                    let n = name.strip_prefix(prefix)?.strip_suffix(".pb")?.parse().ok()?;
+                    Some((n, e.path()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Data sets of a test/model folder (test_data_set_*), sorted.
+pub fn data_sets(dir: &Path) -> Vec<DataSet> {
+    let mut sets: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_"))).collect())
+        .unwrap_or_default();
+    sets.sort();
+    sets.into_iter()
+        .map(|d| {
+            let inputs = numbered(&d, "input_")
+                .iter()
+                .map(|p| kiln::compiler::onnx::read_tensor_pb(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+                .collect();
+            let outputs = numbered(&d, "output_")
+                .iter()
+                .map(|p| kiln::compiler::onnx::read_tensor_pb(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).1)
+                .collect();
+            DataSet { dir: d, inputs, outputs }
+        })
+        .collect()
+}
+
+/// Relative L2 error of `got` against `want`.
+pub fn rel_l2(got: &Tensor, want: &Tensor) -> f64 {
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let num: f64 = g.iter().zip(&w).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = w.iter().map(|b| b * b).sum();
+    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+}
+
+/// numpy.allclose-style comparison (NaNs equal); returns a description of the first
+/// mismatch.
+pub fn allclose(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
+    if got.dims() != want.dims() {
+        return Err(format!("shape {:?}, expected {:?}", got.dims(), want.dims()));
+    }
+    if got.dtype() != want.dtype() {
+        return Err(format!("dtype {}, expected {}", got.dtype(), want.dtype()));
+    }
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        let ok = (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= atol + rtol * b.abs();
+        if !ok {
+            return Err(format!("element {i}: {a} vs expected {b}"));
+        }
+    }
+    Ok(())
+}
+
+/// Quiets Mesa's warning about XDG_RUNTIME_DIR.
+pub fn gpu_env() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        let d = std::env::temp_dir().join("kiln-xdg");
+        let _ = std::fs::create_dir_all(&d);
+        std::env::set_var("XDG_RUNTIME_DIR", d);
+    }
+}
+
+/// The two backends every end-to-end test runs on. `gpu` is the best adapter,
+/// software ones included: CI has lavapipe, and a missing adapter is a failure.
+pub fn backends() -> [(&'static str, DeviceChoice); 2] {
+    [("cpu", DeviceChoice::Cpu), ("gpu", DeviceChoice::Gpu)]
+}

@@ -1,0 +1,37 @@
+//! End to end: every zoo model in scope runs on the CPU and on the GPU and matches
+//! onnxruntime's reference outputs (relative L2 error at most 1e-4 on the CPU and 1e-3
+//! on the GPU), on every data set, from one session per model and device.
+mod common;
+use common::*;
+use kiln::runtime::{Session, SessionOptions};
+
+fn check(model: &str) {
+    gpu_env();
+    let dir = zoo().join(model);
+    let sets = data_sets(&dir);
+    assert!(!sets.is_empty(), "{model}: no data sets in {}", dir.display());
+    let graph = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap_or_else(|e| panic!("{model}: import failed: {e}"));
+    for (backend, device) in backends() {
+        let tol = if backend == "cpu" { 1e-4 } else { 1e-3 };
+        let session = Session::new(graph.clone(), SessionOptions::device(device)).unwrap_or_else(|e| panic!("{model} on {backend}: {e}"));
+        for set in &sets {
+            let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+            let t = std::time::Instant::now();
+            let outs = session.run(&inputs).unwrap_or_else(|e| panic!("{model} on {backend}: {e}"));
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            assert_eq!(outs.len(), set.outputs.len(), "{model}: output count");
+            for (k, (got, want)) in outs.iter().zip(&set.outputs).enumerate() {
+                assert_eq!(got.dims(), want.dims(), "{model} on {backend}: output {k} shape");
+                let e = rel_l2(got, want);
+                println!("zoo {model:14} {backend} {:18} output {k}: rel. L2 {e:.2e} (limit {tol:.0e}), first run {ms:.0} ms", set.dir.file_name().unwrap().to_string_lossy());
+                assert!(e <= tol, "{model} on {backend} ({}): output {k} relative L2 error {e:e} > {tol:e}", set.dir.display());
+            }
+        }
+    }
+}
+
+macro_rules! zoo_tests {
+    ($($name:ident),*) => { $( #[test] fn $name() { check(stringify!($name)); } )* };
+}
+
+zoo_tests!(mlp, lenet, resnet18, mobilenet_v2, squeezenet1_1, ppocr_cls);
