@@ -296,7 +296,8 @@ impl Builder {
             .iter()
             .map(|d| match &d.value {
                 Some(DimensionValue::DimValue(n)) if *n >= 0 => Dim::Fixed(*n as usize),
-                Some(DimensionValue::DimParam(p)) if !p.is_empty() => Dim::Sym(p.clone()),
+                // Some exporters write "?" (or "-1") for "unknown": not one shared symbol.
+                Some(DimensionValue::DimParam(p)) if !matches!(p.as_str(), "" | "?" | "-1") => Dim::Sym(p.clone()),
                 _ => self.fresh_symbol(),
             })
             .collect();
