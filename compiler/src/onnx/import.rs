@@ -1,0 +1,325 @@
+//! ModelProto -> [`Graph`]: values by name, nodes with their attributes, initializers,
+//! graph inputs and outputs, value types, opset imports; `Constant` nodes are folded
+//! into initializers. The structure is always validated (dangling inputs, duplicate
+//! producers, cycles); the op checks run against a [`Registry`] unless disabled.
+
+use super::attrs::{constant_value, convert_attr};
+use super::check::check_nodes;
+use super::error::ImportError;
+use super::proto::{DimensionValue, ModelProto, NodeProto, ValueInfoProto};
+use super::tensor::{convert, ExternalFiles};
+use bytes::Bytes;
+use kiln_graph::{Attributes, DType, Dim, GraphError, Graph, Node, NodeId, Shape, ValueId, ValueType};
+use kiln_ops::Registry;
+use prost::Message;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+/// How to import a model.
+#[derive(Clone, Copy)]
+pub struct ImportOptions<'a> {
+    /// The operators to check every node against; `None` skips the op checks (the
+    /// graph is still validated structurally).
+    pub registry: Option<&'a Registry>,
+}
+
+impl Default for ImportOptions<'_> {
+    fn default() -> Self {
+        ImportOptions { registry: Some(Registry::builtin()) }
+    }
+}
+
+impl<'a> ImportOptions<'a> {
+    /// No op checks: for tools that classify models (e.g. a conformance runner).
+    pub fn unchecked() -> Self {
+        ImportOptions { registry: None }
+    }
+
+    /// Checks ops against `registry` (e.g. the builtin one plus custom ops).
+    pub fn with_registry(registry: &'a Registry) -> Self {
+        ImportOptions { registry: Some(registry) }
+    }
+}
+
+/// Imports an .onnx file and checks that Kiln supports every node.
+/// External data is read relative to the file's directory.
+pub fn import_file(path: impl AsRef<Path>) -> Result<Graph, ImportError> {
+    import_file_with(path, &ImportOptions::default())
+}
+
+/// Imports an .onnx file without the op checks.
+pub fn import_file_unchecked(path: impl AsRef<Path>) -> Result<Graph, ImportError> {
+    import_file_with(path, &ImportOptions::unchecked())
+}
+
+pub fn import_file_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Graph, ImportError> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let source_name = path.display().to_string();
+    // Decoding from `Bytes` slices raw_data out of the file buffer instead of copying it.
+    let model = decode_model(Bytes::from(bytes), &source_name)?;
+    let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    build(model, &source_name, base, options)
+}
+
+/// Imports a model from memory and checks that Kiln supports every node. External data,
+/// if any, is read relative to `base_dir`.
+pub fn import_bytes(bytes: &[u8], base_dir: Option<&Path>) -> Result<Graph, ImportError> {
+    import_bytes_with(bytes, base_dir, &ImportOptions::default())
+}
+
+pub fn import_bytes_with(bytes: &[u8], base_dir: Option<&Path>, options: &ImportOptions) -> Result<Graph, ImportError> {
+    let model = decode_model(bytes, "<memory>")?;
+    build(model, "<memory>", base_dir, options)
+}
+
+/// Decodes a ModelProto; `source_name` names the file in errors.
+pub fn decode_model(buf: impl bytes::Buf, source_name: &str) -> Result<ModelProto, ImportError> {
+    ModelProto::decode(buf).map_err(|error| ImportError::Decode {
+        source_name: source_name.to_string(),
+        what: "model",
+        error,
+    })
+}
+
+/// Canonical opset domain: the default domain may be spelled "" or "ai.onnx".
+pub(crate) fn canonical_domain(d: &str) -> &str {
+    if d == "ai.onnx" {
+        ""
+    } else {
+        d
+    }
+}
+
+/// Builds a graph from a decoded model.
+pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, options: &ImportOptions) -> Result<Graph, ImportError> {
+    let gp = model.graph.ok_or_else(|| ImportError::NoGraph(source_name.to_string()))?;
+    let mut b = Builder::new(&gp.name);
+    for o in &model.opset_import {
+        let e = b.graph.opsets.entry(canonical_domain(&o.domain).to_string()).or_insert(o.version);
+        *e = (*e).max(o.version);
+    }
+    b.reserve_symbols(gp.input.iter().chain(&gp.output).chain(&gp.value_info));
+    let mut ext = ExternalFiles::new(base_dir);
+
+    for tp in gp.initializer {
+        if tp.name.is_empty() {
+            return Err(ImportError::Invalid("an initializer has no name".into()));
+        }
+        if b.by_name.contains_key(&tp.name) {
+            return Err(ImportError::Invalid(format!("two initializers are named '{}'", tp.name)));
+        }
+        let t = convert(&tp, &mut ext)?;
+        let v = b.named(&tp.name);
+        b.graph.values[v].ty = Some(ValueType::new(t.dtype(), t.dims()));
+        b.graph.initializers.insert(v, t);
+    }
+
+    for vi in &gp.input {
+        if vi.name.is_empty() {
+            return Err(ImportError::Invalid("a graph input has no name".into()));
+        }
+        if let Some(&v) = b.by_name.get(&vi.name) {
+            if b.graph.initializers.contains_key(&v) {
+                continue; // old opsets list initializers among the inputs
+            }
+            return Err(ImportError::Invalid(format!("two graph inputs are named '{}'", vi.name)));
+        }
+        let ty = b.value_type(vi).map_err(|what| {
+            ImportError::Invalid(format!("graph input '{}' {what}", vi.name))
+        })?;
+        let v = b.named(&vi.name);
+        b.graph.values[v].ty = ty;
+        b.graph.inputs.push(v);
+    }
+
+    let names = node_names(&gp.node);
+    let mut problems: Vec<(NodeId, String)> = Vec::new();
+    for (np, name) in gp.node.iter().zip(names) {
+        if np.op_type.is_empty() {
+            return Err(ImportError::Invalid(format!("node '{name}' has no op_type")));
+        }
+        let mut reported = false;
+        if np.op_type == "Constant" && canonical_domain(&np.domain).is_empty() && np.output.len() == 1 {
+            match constant_value(&np.attribute, &mut ext) {
+                Ok(t) => {
+                    b.fold_constant(np, &name, t)?;
+                    continue;
+                }
+                Err(what) => {
+                    problems.push((b.graph.nodes.len(), what));
+                    reported = true;
+                }
+            }
+        }
+        let mut attrs = Attributes::new();
+        for a in &np.attribute {
+            match convert_attr(a, &mut ext) {
+                Ok(v) => {
+                    attrs.insert(a.name.clone(), v);
+                }
+                Err(what) if !reported => problems.push((b.graph.nodes.len(), what)),
+                Err(_) => {}
+            }
+        }
+        let inputs = np.input.iter().map(|i| (!i.is_empty()).then(|| b.named(i))).collect();
+        // Trailing omitted outputs are dropped; omitted outputs in between get a
+        // private value that nothing can read.
+        let n_out = np.output.iter().rposition(|o| !o.is_empty()).map_or(0, |i| i + 1);
+        let outputs = np.output[..n_out]
+            .iter()
+            .enumerate()
+            .map(|(k, o)| if o.is_empty() { b.graph.add_value(format!("{name}:unused_output_{k}"), None) } else { b.named(o) })
+            .collect();
+        b.graph.nodes.push(Node {
+            name,
+            op_type: np.op_type.clone(),
+            domain: canonical_domain(&np.domain).to_string(),
+            attrs,
+            inputs,
+            outputs,
+        });
+    }
+
+    for vi in &gp.output {
+        if vi.name.is_empty() {
+            return Err(ImportError::Invalid("a graph output has no name".into()));
+        }
+        let v = b.named(&vi.name);
+        if b.graph.values[v].ty.is_none() {
+            b.graph.values[v].ty = b.value_type(vi).unwrap_or(None);
+        }
+        b.graph.outputs.push(v);
+    }
+    for vi in &gp.value_info {
+        if let Some(&v) = b.by_name.get(&vi.name) {
+            if b.graph.values[v].ty.is_none() {
+                b.graph.values[v].ty = b.value_type(vi).unwrap_or(None);
+            }
+        }
+    }
+
+    let graph = b.graph;
+    graph.validate()?;
+    match options.registry {
+        Some(registry) => check_nodes(&graph, registry, problems)?,
+        None => {
+            for (n, what) in problems {
+                log::warn!("node {}: {what}", graph.nodes[n].label());
+            }
+        }
+    }
+    Ok(graph)
+}
+
+/// Node names: the file's, or `{op_type}_{index}` (made unique) for unnamed nodes.
+fn node_names(nodes: &[NodeProto]) -> Vec<String> {
+    let used: HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).filter(|n| !n.is_empty()).collect();
+    let mut generated: HashSet<String> = HashSet::new();
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            if !n.name.is_empty() {
+                return n.name.clone();
+            }
+            let base = format!("{}_{i}", n.op_type);
+            let mut name = base.clone();
+            let mut k = 1;
+            while used.contains(name.as_str()) || generated.contains(&name) {
+                name = format!("{base}_{k}");
+                k += 1;
+            }
+            generated.insert(name.clone());
+            name
+        })
+        .collect()
+}
+
+struct Builder {
+    graph: Graph,
+    by_name: HashMap<String, ValueId>,
+    /// dim_param names used in the file (fresh symbols avoid them).
+    symbols: HashSet<String>,
+    next_unknown: usize,
+}
+
+impl Builder {
+    fn new(name: &str) -> Self {
+        Builder { graph: Graph::new(name), by_name: HashMap::new(), symbols: HashSet::new(), next_unknown: 0 }
+    }
+
+    fn reserve_symbols<'v>(&mut self, infos: impl Iterator<Item = &'v ValueInfoProto>) {
+        for vi in infos {
+            let shape = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()).and_then(|t| t.shape.as_ref());
+            for d in shape.map(|s| s.dim.as_slice()).unwrap_or_default() {
+                if let Some(DimensionValue::DimParam(p)) = &d.value {
+                    self.symbols.insert(p.clone());
+                }
+            }
+        }
+    }
+
+    /// The value named `name`, created (untyped) on first use.
+    fn named(&mut self, name: &str) -> ValueId {
+        if let Some(&v) = self.by_name.get(name) {
+            return v;
+        }
+        let v = self.graph.add_value(name, None);
+        self.by_name.insert(name.to_string(), v);
+        v
+    }
+
+    fn fresh_symbol(&mut self) -> Dim {
+        loop {
+            let s = format!("unk__{}", self.next_unknown);
+            self.next_unknown += 1;
+            if !self.symbols.contains(&s) {
+                return Dim::Sym(s);
+            }
+        }
+    }
+
+    /// The declared type: `None` if the type or the rank is unknown, an error message if
+    /// the element type is one Kiln does not support.
+    fn value_type(&mut self, vi: &ValueInfoProto) -> Result<Option<ValueType>, String> {
+        let Some(tt) = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()) else {
+            return Ok(None);
+        };
+        if tt.elem_type == 0 {
+            return Ok(None);
+        }
+        let dtype: DType = super::tensor::dtype_of(tt.elem_type)?;
+        let Some(shape) = &tt.shape else { return Ok(None) };
+        let dims = shape
+            .dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(DimensionValue::DimValue(n)) if *n >= 0 => Dim::Fixed(*n as usize),
+                // Some exporters write "?" (or "-1") for "unknown": not one shared symbol.
+                Some(DimensionValue::DimParam(p)) if !matches!(p.as_str(), "" | "?" | "-1") => Dim::Sym(p.clone()),
+                _ => self.fresh_symbol(),
+            })
+            .collect();
+        Ok(Some(ValueType { dtype, shape: Shape(dims) }))
+    }
+
+    fn fold_constant(&mut self, np: &NodeProto, name: &str, t: kiln_graph::Tensor) -> Result<(), ImportError> {
+        let out = &np.output[0];
+        if out.is_empty() {
+            return Ok(()); // nobody can read it
+        }
+        let v = self.named(out);
+        if self.graph.initializers.contains_key(&v) || self.graph.inputs.contains(&v) {
+            return Err(GraphError::DuplicateProducer {
+                value: out.clone(),
+                first: "a graph input or initializer".into(),
+                second: format!("'{name}' (Constant)"),
+            }
+            .into());
+        }
+        self.graph.values[v].ty = Some(ValueType::new(t.dtype(), t.dims()));
+        self.graph.initializers.insert(v, t);
+        Ok(())
+    }
+}
