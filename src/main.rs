@@ -29,6 +29,13 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    // Mesa complains on stderr when XDG_RUNTIME_DIR is unset (containers, CI).
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        let dir = std::env::temp_dir().join(format!("kiln-xdg-{}", std::process::id()));
+        if std::fs::create_dir_all(&dir).is_ok() {
+            std::env::set_var("XDG_RUNTIME_DIR", &dir);
+        }
+    }
     let level = match cli.verbose {
         0 => "warn",
         1 => "info",

@@ -5,7 +5,6 @@ use kiln_compiler::onnx::{self, ImportError};
 use kiln_graph::{Dim, Graph};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Instant;
 
 fn zoo() -> PathBuf {
     let dir = std::env::var_os("KILN_ZOO")
@@ -138,16 +137,9 @@ fn truncated_model_gives_a_clean_error() {
 }
 
 #[test]
-fn resnet18_imports_fast() {
+fn resnet18_weights_import_whole() {
     let path = zoo().join("resnet18/model.onnx");
-    onnx::import_file_unchecked(&path).unwrap();
-    let start = Instant::now();
     let g = onnx::import_file_unchecked(&path).unwrap();
-    let took = start.elapsed();
     let bytes: usize = g.initializers.values().map(|t| t.bytes().len()).sum();
-    println!("resnet18: {} MB of weights imported in {took:?}", bytes >> 20);
-    assert!(bytes > 40 << 20);
-    if !cfg!(debug_assertions) {
-        assert!(took.as_secs_f64() < 1.0, "importing resnet18 took {took:?}");
-    }
+    assert!(bytes > 40 << 20, "only {bytes} bytes of weights");
 }

@@ -1,0 +1,144 @@
+//! The `kiln` command line: JSON output, output files, and clear errors (never a
+//! panic) for bad models, bad inputs and missing devices.
+mod common;
+use common::*;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn kiln(args: &[&str]) -> Output {
+    gpu_env();
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("kiln runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kiln-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn model(name: &str) -> PathBuf {
+    zoo().join(name).join("model.onnx")
+}
+
+/// Fails with a message (exit code 1, "error:"), and did not panic.
+fn assert_clean_error(o: &Output, needle: &str) {
+    let e = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success; stderr: {e}");
+    assert_eq!(o.status.code(), Some(1), "exit code; stderr: {e}");
+    assert!(!e.contains("panicked"), "kiln panicked: {e}");
+    assert!(e.contains(needle), "expected '{needle}' in: {e}");
+}
+
+#[test]
+fn run_writes_npy_outputs_and_json() {
+    let dir = tmp("run");
+    let mlp = model("mlp");
+    let input = zoo().join("mlp/test_data_set_0/input_0.pb");
+    let name = kiln::compiler::onnx::read_tensor_pb(&input).unwrap().0;
+    let spec = format!("{name}={}", input.display());
+    let o = kiln(&["run", mlp.to_str().unwrap(), "--device", "cpu", "-i", &spec, "--output-dir", dir.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let out_name = j["outputs"][0]["name"].as_str().unwrap().to_string();
+    let file: String = out_name.chars().map(|c| if c.is_ascii_alphanumeric() || ".-_".contains(c) { c } else { '_' }).collect();
+    let got = kiln::compiler::npy::read_file(dir.join(format!("{file}.npy"))).unwrap();
+    let want = kiln::compiler::onnx::read_tensor_pb(zoo().join("mlp/test_data_set_0/output_0.pb")).unwrap().1;
+    assert!(rel_l2(&got, &want) < 1e-4);
+}
+
+#[test]
+fn bench_json_has_the_promised_fields() {
+    let o = kiln(&["bench", model("mlp").to_str().unwrap(), "--device", "cpu", "--iters", "5", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in ["median_ms", "p90_ms", "min_ms", "iters", "device"] {
+        assert!(!j[k].is_null(), "missing {k} in {j}");
+    }
+    assert_eq!(j["iters"], 5);
+}
+
+#[test]
+fn gpu_run_is_one_submit() {
+    let o = kiln(&["bench", model("mlp").to_str().unwrap(), "--device", "gpu", "--iters", "3", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["submits_per_run"], 1, "{j}");
+}
+
+#[test]
+fn truncated_and_garbage_models_are_clean_errors() {
+    let dir = tmp("bad");
+    let bytes = std::fs::read(model("lenet")).unwrap();
+    let cut = dir.join("cut.onnx");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    assert_clean_error(&kiln(&["run", cut.to_str().unwrap(), "--device", "cpu"]), "cut.onnx");
+    let junk = dir.join("junk.onnx");
+    std::fs::write(&junk, (0..5000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect::<Vec<_>>()).unwrap();
+    assert_clean_error(&kiln(&["run", junk.to_str().unwrap(), "--device", "cpu"]), "junk.onnx");
+    assert_clean_error(&kiln(&["run", dir.join("absent.onnx").to_str().unwrap()]), "absent.onnx");
+}
+
+#[test]
+fn wrong_inputs_are_clean_errors() {
+    let dir = tmp("inputs");
+    let mlp = model("mlp");
+    let m = mlp.to_str().unwrap();
+    let x = kiln::graph::Tensor::zeros(kiln::graph::DType::F32, &[1, 783]);
+    let bad_shape = dir.join("x.npy");
+    kiln::compiler::npy::write_file(&bad_shape, &x).unwrap();
+    let real_name = kiln::compiler::onnx::read_tensor_pb(zoo().join("mlp/test_data_set_0/input_0.pb")).unwrap().0;
+    assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", &format!("{real_name}={}", bad_shape.display())]), "784");
+    assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", &format!("nope={}", bad_shape.display())]), "unknown input 'nope'");
+    let ints = dir.join("i.npy");
+    kiln::compiler::npy::write_file(&ints, &kiln::graph::Tensor::zeros(kiln::graph::DType::I64, &[1, 784])).unwrap();
+    assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", &format!("{real_name}={}", ints.display())]), "dtype i64");
+    assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", "x"]), "NAME=FILE");
+}
+
+#[test]
+fn missing_gpu_is_a_clean_error() {
+    gpu_env();
+    // No adapter exists for a backend this machine lacks.
+    let backend = if cfg!(target_os = "macos") { "dx12" } else { "metal" };
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .env("WGPU_BACKEND", backend)
+        .args(["run", model("mlp").to_str().unwrap(), "--device", "gpu"])
+        .output()
+        .unwrap();
+    assert_clean_error(&o, "no GPU");
+}
+
+#[test]
+fn unsupported_ops_are_listed_together() {
+    let dir = tmp("unsupported");
+    // Rename two op types of lenet so that they are unknown.
+    let bytes = std::fs::read(model("lenet")).unwrap();
+    let mut m = kiln::compiler::onnx::decode_model(bytes.as_slice(), "lenet").unwrap();
+    let g = m.graph.as_mut().unwrap();
+    let mut k = 0;
+    for n in g.node.iter_mut() {
+        if n.op_type == "Relu" {
+            n.op_type = if k % 2 == 0 { "FancyRelu".into() } else { "OtherRelu".into() };
+            k += 1;
+        }
+    }
+    let path = dir.join("weird.onnx");
+    std::fs::write(&path, prost::Message::encode_to_vec(&m)).unwrap();
+    let o = kiln(&["run", path.to_str().unwrap(), "--device", "cpu"]);
+    assert_clean_error(&o, "FancyRelu");
+    assert!(stderr(&o).contains("OtherRelu"), "{}", stderr(&o));
+}
+
+#[test]
+fn devices_json_lists_cpu_and_adapters() {
+    let o = kiln(&["devices", "--json"]);
+    assert!(o.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(j["cpu"]["threads"].as_u64().unwrap() >= 1);
+    assert!(!j["adapters"].as_array().unwrap().is_empty(), "no GPU adapter: install mesa-vulkan-drivers");
+}
+
