@@ -41,6 +41,7 @@ fn run_case(dir: &Path, backend: &str, device: &DeviceChoice) -> Outcome {
     }
     let graph = match kiln::compiler::onnx::import_file_unchecked(&dir.join("model.onnx")) {
         Ok(g) => g,
+        Err(kiln::compiler::onnx::ImportError::UnsupportedDtype(what)) => return Outcome::OutOfScope(what),
         Err(e) => return Outcome::Fail(format!("import: {e}")),
     };
     let registry = kiln::ops::Registry::builtin();

@@ -21,6 +21,10 @@ pub enum ImportError {
     ExternalData { name: String, what: String },
     #[error("invalid model: {0}")]
     Invalid(String),
+    /// A tensor or graph input of an element type Kiln does not represent (string,
+    /// complex, float8, int4, ...).
+    #[error("unsupported data type: {0}")]
+    UnsupportedDtype(String),
     #[error("invalid graph: {0}")]
     Graph(#[from] GraphError),
     #[error("{}", UnsupportedTable(.0))]

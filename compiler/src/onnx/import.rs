@@ -126,7 +126,7 @@ pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, opti
             return Err(ImportError::Invalid(format!("two graph inputs are named '{}'", vi.name)));
         }
         let ty = b.value_type(vi).map_err(|what| {
-            ImportError::Invalid(format!("graph input '{}' {what}", vi.name))
+            ImportError::UnsupportedDtype(format!("graph input '{}' {what}", vi.name))
         })?;
         let v = b.named(&vi.name);
         b.graph.values[v].ty = ty;

@@ -130,7 +130,7 @@ pub fn tensor_from_proto(p: &TensorProto, base_dir: Option<&Path>) -> Result<Ten
 
 pub(crate) fn convert(p: &TensorProto, ext: &mut ExternalFiles) -> Result<Tensor, ImportError> {
     let bad = |what: String| ImportError::Tensor { name: p.name.clone(), what };
-    let dtype = dtype_of(p.data_type).map_err(bad)?;
+    let dtype = dtype_of(p.data_type).map_err(|what| ImportError::UnsupportedDtype(format!("tensor '{}' {what}", p.name)))?;
     let dims = p
         .dims
         .iter()
