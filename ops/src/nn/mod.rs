@@ -1,4 +1,15 @@
-//! (family stub: ops are added here)
+//! Neural-network ops: convolutions (Conv, ConvTranspose), pooling (MaxPool,
+//! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
+//! (BatchNormalization, InstanceNormalization). Sliding-window geometry (pads,
+//! auto_pad, strides, dilations, ceil_mode) is shared in [`window`].
 use crate::Registry;
 
-pub(crate) fn register(_r: &mut Registry) {}
+mod conv;
+mod conv_cpu;
+#[cfg(test)]
+mod testutil;
+mod window;
+
+pub(crate) fn register(r: &mut Registry) {
+    conv::register(r);
+}
