@@ -53,7 +53,12 @@ impl SharedOut {
 /// f32 convolution: `y` (N, M, out..) = conv(`x`, `w`) + `bias`.
 pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
     if p.is_depthwise() {
-        depthwise_f32(p, x, w, bias, y);
+        let g = &p.geo;
+        if g.kernel == [1, 3, 3] && g.dilation[1..] == [1, 1] && g.input[0] == 1 && g.stride[1..].iter().all(|&s| s <= 2) {
+            depthwise_3x3_f32(p, x, w, bias, y);
+        } else {
+            depthwise_f32(p, x, w, bias, y);
+        }
     } else {
         gemm_conv_f32(p, x, w, bias, y);
     }
@@ -233,6 +238,82 @@ fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y:
                                 }
                             }
                         }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Depthwise 3x3 (dilation 1, stride 1 or 2) 2-D convolution: each output row is one
+/// pass over three input rows (rows in the padding read a zero row); the interior,
+/// where all nine taps are inside, runs branch-free.
+fn depthwise_3x3_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+    let g = &p.geo;
+    let (in_size, out_size) = (g.input_size(), g.output_size());
+    let multiplier = p.out_per_group();
+    let [_, oh_n, ow_n] = g.output;
+    let [_, ih_n, iw_n] = g.input;
+    let (sh, sw) = (g.stride[1], g.stride[2]);
+    let (ph, pw) = (g.pad_begin[1], g.pad_begin[2]);
+    // Interior outputs: ow*sw - pw >= 0 and ow*sw - pw + 2 < iw_n.
+    let lo = ((pw.max(0) as usize).div_ceil(sw)).min(ow_n);
+    let last = iw_n as i64 - 3 + pw;
+    let hi = if last < 0 { lo } else { ((last as usize) / sw + 1).clamp(lo, ow_n) };
+    let zeros = vec![0f32; iw_n];
+    cpu::par_chunks_mut(y, out_size, 18, |first, planes| {
+        for (i, out) in planes.chunks_mut(out_size).enumerate() {
+            let plane = first + i;
+            let (img, m) = (plane / p.out_channels, plane % p.out_channels);
+            let c = m / multiplier;
+            let xc = &x[(img * p.in_channels + c) * in_size..][..in_size];
+            let k: &[f32; 9] = w[m * 9..m * 9 + 9].try_into().expect("3x3 weights");
+            let b = bias.map_or(0.0, |b| b[m]);
+            for oh in 0..oh_n {
+                let rows: [&[f32]; 3] = std::array::from_fn(|kh| {
+                    let ih = (oh * sh + kh) as i64 - ph;
+                    if ih < 0 || ih >= ih_n as i64 { &zeros[..] } else { &xc[ih as usize * iw_n..][..iw_n] }
+                });
+                let orow = &mut out[oh * ow_n..][..ow_n];
+                let tap = |ow: usize| {
+                    let mut acc = b;
+                    for kw in 0..3 {
+                        let iw = (ow * sw + kw) as i64 - pw;
+                        if iw >= 0 && iw < iw_n as i64 {
+                            for kh in 0..3 {
+                                acc += k[kh * 3 + kw] * rows[kh][iw as usize];
+                            }
+                        }
+                    }
+                    acc
+                };
+                for ow in (0..lo).chain(hi..ow_n) {
+                    orow[ow] = tap(ow);
+                }
+                if lo >= hi {
+                    continue;
+                }
+                let n = hi - lo;
+                let base = (lo * sw) as i64 - pw;
+                let base = base as usize;
+                let body = &mut orow[lo..hi];
+                if sw == 1 {
+                    let r: [&[f32]; 9] = std::array::from_fn(|t| &rows[t / 3][base + t % 3..][..n]);
+                    for j in 0..n {
+                        body[j] = b
+                            + k[0] * r[0][j] + k[1] * r[1][j] + k[2] * r[2][j]
+                            + k[3] * r[3][j] + k[4] * r[4][j] + k[5] * r[5][j]
+                            + k[6] * r[6][j] + k[7] * r[7][j] + k[8] * r[8][j];
+                    }
+                } else {
+                    let span = (n - 1) * sw + 3;
+                    let r: [&[f32]; 3] = std::array::from_fn(|kh| &rows[kh][base..][..span]);
+                    for (j, o) in body.iter_mut().enumerate() {
+                        let q = j * sw;
+                        *o = b
+                            + k[0] * r[0][q] + k[1] * r[0][q + 1] + k[2] * r[0][q + 2]
+                            + k[3] * r[1][q] + k[4] * r[1][q + 1] + k[5] * r[1][q + 2]
+                            + k[6] * r[2][q] + k[7] * r[2][q + 1] + k[8] * r[2][q + 2];
                     }
                 }
             }

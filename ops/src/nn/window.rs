@@ -220,6 +220,28 @@ impl Geometry {
         self.kernel.iter().product()
     }
 
+    /// WGSL constant declarations of the geometry: input `ID IH IW`, output `OD OH OW`,
+    /// kernel `KD KH KW`, strides `SD SH SW`, dilations `DD DH DW` (u32) and leading pads
+    /// `PD PH PW` (i32).
+    pub(crate) fn wgsl_consts(&self) -> String {
+        let mut s = String::new();
+        for (names, v) in [
+            (["ID", "IH", "IW"], self.input),
+            (["OD", "OH", "OW"], self.output),
+            (["KD", "KH", "KW"], self.kernel),
+            (["SD", "SH", "SW"], self.stride),
+            (["DD", "DH", "DW"], self.dilation),
+        ] {
+            for d in 0..3 {
+                s += &format!("const {}: u32 = {}u;\n", names[d], v[d]);
+            }
+        }
+        for (d, name) in ["PD", "PH", "PW"].iter().enumerate() {
+            s += &format!("const {name}: i32 = {};\n", self.pad_begin[d]);
+        }
+        s
+    }
+
     /// Output positions `o` (in `0..output[d]`) whose tap `k` lands inside the input:
     /// `0 <= o*stride - pad_begin + k*dilation < input`.
     pub(crate) fn valid_outputs(&self, d: usize, k: usize) -> (usize, usize) {
