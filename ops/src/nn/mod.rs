@@ -4,12 +4,22 @@
 //! auto_pad, strides, dilations, ceil_mode) is shared in [`window`].
 use crate::Registry;
 
+mod batch_norm;
 mod conv;
 mod conv_cpu;
+mod conv_transpose;
+mod global_pool;
+mod instance_norm;
+mod pool;
 #[cfg(test)]
 mod testutil;
 mod window;
 
 pub(crate) fn register(r: &mut Registry) {
     conv::register(r);
+    conv_transpose::register(r);
+    pool::register(r);
+    global_pool::register(r);
+    batch_norm::register(r);
+    instance_norm::register(r);
 }
