@@ -1,4 +1,27 @@
-//! (family stub: ops are added here)
+//! Neural-network ops: convolutions (Conv, ConvTranspose), pooling (MaxPool,
+//! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
+//! (BatchNormalization, InstanceNormalization). Sliding-window geometry (pads,
+//! auto_pad, strides, dilations, ceil_mode) is shared in [`window`].
 use crate::Registry;
 
-pub(crate) fn register(_r: &mut Registry) {}
+mod batch_norm;
+mod conv;
+mod conv_cpu;
+mod conv_transpose;
+mod global_pool;
+mod instance_norm;
+#[cfg(test)]
+mod node_tests;
+mod pool;
+#[cfg(test)]
+mod testutil;
+mod window;
+
+pub(crate) fn register(r: &mut Registry) {
+    conv::register(r);
+    conv_transpose::register(r);
+    pool::register(r);
+    global_pool::register(r);
+    batch_norm::register(r);
+    instance_norm::register(r);
+}

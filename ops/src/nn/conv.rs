@@ -1,0 +1,444 @@
+//! Conv (1-D, 2-D, 3-D; groups incl. depthwise, strides, dilations, explicit pads and
+//! auto_pad, optional bias). CPU kernels are in [`super::conv_cpu`]; the WGSL kernel is
+//! a barrier-free direct convolution where each invocation accumulates a register block
+//! of output channels x consecutive output pixels of one row.
+use super::conv_cpu::{self, ConvProblem};
+use super::window::WindowAttrs;
+use crate::cpu::{self, CpuKernel};
+use crate::op::{expect_dtype, required};
+use crate::wgsl::{self, Binding, TuneParam, WgslKernel, WgslProgram};
+use crate::{Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{DType, Tensor};
+use std::fmt::Write;
+
+pub(crate) const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
+
+#[derive(Debug)]
+pub struct Conv {
+    window: WindowAttrs,
+    group: usize,
+}
+
+impl Conv {
+    fn parse(spec: &NodeSpec) -> Result<Conv> {
+        let group = spec.int("group", 1)?;
+        if group < 1 {
+            return Err(spec.bad("group", format!("must be >= 1, found {group}")));
+        }
+        Ok(Conv { window: WindowAttrs::parse(spec)?, group: group as usize })
+    }
+
+    /// Checks input/weight shapes and resolves the geometry.
+    fn problem(&self, x: &[usize], w: &[usize]) -> Result<ConvProblem> {
+        if x.len() < 3 || x.len() > 5 {
+            return Err(OpError::input(0, format!("expected N x C x D1 [x D2 [x D3]] (rank 3 to 5), found shape {x:?}")));
+        }
+        if w.len() != x.len() {
+            return Err(OpError::input(1, format!("weights of shape {w:?} do not match the rank of input {x:?}")));
+        }
+        if w.iter().any(|&d| d == 0) {
+            return Err(OpError::input(1, format!("weights of shape {w:?} have a zero dim")));
+        }
+        let (c, m) = (x[1], w[0]);
+        if w[1] * self.group != c {
+            return Err(OpError::input(
+                1,
+                format!("weights have {} input channels per group; input has {c} channels for group {}", w[1], self.group),
+            ));
+        }
+        if m % self.group != 0 {
+            return Err(OpError::input(1, format!("{m} output channels are not divisible by group {}", self.group)));
+        }
+        let n = x.len() - 2;
+        let kernel = self.window.kernel(n, Some(&w[2..]))?;
+        let geo = self.window.resolve(&x[2..], &kernel, false)?;
+        Ok(ConvProblem { batch: x[0], in_channels: c, out_channels: m, group: self.group, geo })
+    }
+}
+
+impl Op for Conv {
+    fn name(&self) -> &str {
+        "Conv"
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let dtype = expect_dtype(inputs, 0, FLOATS)?;
+        let (x, w) = (required(inputs, 0)?, required(inputs, 1)?);
+        if w.dtype() != dtype {
+            return Err(OpError::input(1, format!("dtype {} differs from the input's {dtype}", w.dtype())));
+        }
+        let p = self.problem(x.dims(), w.dims())?;
+        if let Some(b) = inputs.get(2).copied().flatten() {
+            if b.dims() != [p.out_channels] || b.dtype() != dtype {
+                return Err(OpError::input(2, format!("bias must be {dtype}[{}], found {}", p.out_channels, b.ty)));
+            }
+        }
+        let mut dims = vec![p.batch, p.out_channels];
+        dims.extend(p.geo.output_dims());
+        Ok(vec![TensorType::new(dtype, dims)])
+    }
+
+    fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
+        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>() + outputs[0].bytes();
+        let flops = match (inputs.first().copied().flatten(), inputs.get(1).copied().flatten()) {
+            (Some(x), Some(w)) => self.problem(x.dims(), w.dims()).map_or(0, |p| 2 * p.macs()),
+            _ => 0,
+        };
+        Cost { flops, bytes: bytes as u64 }
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+impl CpuKernel for Conv {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let (x, w) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
+        let bias = inputs.get(2).copied().flatten();
+        let p = self.problem(x.dims(), w.dims())?;
+        let y = &mut outputs[0];
+        if x.dtype() == DType::F32 {
+            let b = bias.map(|b| b.as_slice::<f32>()).transpose()?;
+            conv_cpu::conv_f32(&p, x.as_slice()?, w.as_slice()?, b, y.as_mut_slice()?);
+        } else {
+            let b = bias.map(|b| b.to_f64_vec());
+            let mut out = vec![0.0; y.len()];
+            conv_cpu::conv_f64(&p, &x.to_f64_vec(), &w.to_f64_vec(), b.as_deref(), &mut out);
+            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+        }
+        Ok(())
+    }
+}
+
+fn oc_block_param() -> TuneParam {
+    TuneParam { name: "oc_block", default: 4, candidates: vec![1, 2, 4, 8] }
+}
+
+fn px_block_param() -> TuneParam {
+    TuneParam { name: "px_block", default: 4, candidates: vec![1, 2, 4, 8] }
+}
+
+impl WgslKernel for Conv {
+    fn params(&self, _inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        vec![wgsl::workgroup_param(), oc_block_param(), px_block_param()]
+    }
+
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let (x, w) = (required(inputs, 0)?, required(inputs, 1)?);
+        let p = self.problem(x.dims(), w.dims())?;
+        let has_bias = inputs.get(2).copied().flatten().is_some();
+        let wg = tune.get(&wgsl::workgroup_param()).max(1);
+        let (mg, cg) = (p.out_channels / p.group, p.in_channels / p.group);
+        let ocb = (tune.get(&oc_block_param()).max(1) as usize).min(mg);
+        let pxb = (tune.get(&px_block_param()).max(1) as usize).min(p.geo.output[2]);
+        let g = &p.geo;
+        let (m_blocks, w_blocks) = (mg.div_ceil(ocb), g.output[2].div_ceil(pxb));
+        let invocations = p.batch * p.group * m_blocks * g.output[0] * g.output[1] * w_blocks;
+        let (grid, index) = wgsl::grid_1d(invocations, wg);
+
+        let mut buffers = vec![("x", "f32", true), ("w", "f32", true)];
+        let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
+        if has_bias {
+            buffers.push(("b", "f32", true));
+            bindings.push(Binding::Input(2));
+        }
+        buffers.push(("y", "f32", false));
+        bindings.push(Binding::Output(0));
+
+        let mut s = String::new();
+        let _ = writeln!(s, "{}", wgsl::declare(&buffers));
+        let consts = [
+            ("C", p.in_channels),
+            ("M", p.out_channels),
+            ("CG", cg),
+            ("MG", mg),
+            ("GROUPS", p.group),
+            ("MB", m_blocks),
+            ("WB", w_blocks),
+            ("ID", g.input[0]),
+            ("IH", g.input[1]),
+            ("IW", g.input[2]),
+            ("OD", g.output[0]),
+            ("OH", g.output[1]),
+            ("OW", g.output[2]),
+            ("KD", g.kernel[0]),
+            ("KH", g.kernel[1]),
+            ("KW", g.kernel[2]),
+            ("KSIZE", g.kernel_size()),
+            ("SD", g.stride[0]),
+            ("SH", g.stride[1]),
+            ("SW", g.stride[2]),
+            ("DD", g.dilation[0]),
+            ("DH", g.dilation[1]),
+            ("DW", g.dilation[2]),
+        ];
+        for (name, v) in consts {
+            let _ = writeln!(s, "const {name}: u32 = {v}u;");
+        }
+        for (name, v) in [("PD", g.pad_begin[0]), ("PH", g.pad_begin[1]), ("PW", g.pad_begin[2])] {
+            let _ = writeln!(s, "const {name}: i32 = {v};");
+        }
+        let _ = writeln!(s, "\n@compute @workgroup_size({wg})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>) {{");
+        let _ = write!(s, "    {index}");
+        s += "    let wb = i % WB;\n    var r = i / WB;\n    let oh = r % OH;\n    r = r / OH;\n    let od = r % OD;\n";
+        s += "    r = r / OD;\n    let mb = r % MB;\n    r = r / MB;\n    let g = r % GROUPS;\n    let n = r / GROUPS;\n";
+        let _ = writeln!(s, "    let ow0 = wb * {pxb}u;\n    let mo0 = mb * {ocb}u;");
+        for o in 0..ocb {
+            let _ = writeln!(s, "    let wrow{o} = (g * MG + min(mo0 + {o}u, MG - 1u)) * CG * KSIZE;");
+            for q in 0..pxb {
+                let _ = writeln!(s, "    var acc{o}_{q} = 0.0;");
+            }
+        }
+        s += "    for (var c = 0u; c < CG; c++) {\n";
+        s += "        let xplane = (n * C + g * CG + c) * ID * IH * IW;\n        let wc = c * KSIZE;\n";
+        s += "        for (var kd = 0u; kd < KD; kd++) {\n";
+        s += "            let id = i32(od * SD + kd * DD) - PD;\n            if (id < 0 || id >= i32(ID)) { continue; }\n";
+        s += "            for (var kh = 0u; kh < KH; kh++) {\n";
+        s += "                let ih = i32(oh * SH + kh * DH) - PH;\n                if (ih < 0 || ih >= i32(IH)) { continue; }\n";
+        s += "                let xrow = xplane + (u32(id) * IH + u32(ih)) * IW;\n";
+        s += "                for (var kw = 0u; kw < KW; kw++) {\n";
+        s += "                    let k = wc + (kd * KH + kh) * KW + kw;\n";
+        s += "                    let iwb = i32(ow0 * SW + kw * DW) - PW;\n";
+        for q in 0..pxb {
+            let _ = writeln!(s, "                    let iw{q} = iwb + {};", q * g.stride[2]);
+            let _ = writeln!(
+                s,
+                "                    let x{q} = select(0.0, x[xrow + u32(clamp(iw{q}, 0, i32(IW) - 1))], iw{q} >= 0 && iw{q} < i32(IW));"
+            );
+        }
+        for o in 0..ocb {
+            let _ = writeln!(s, "                    let w{o} = w[wrow{o} + k];");
+            for q in 0..pxb {
+                let _ = writeln!(s, "                    acc{o}_{q} = fma(w{o}, x{q}, acc{o}_{q});");
+            }
+        }
+        s += "                }\n            }\n        }\n    }\n";
+        s += "    let orow = (od * OH + oh) * OW;\n";
+        for o in 0..ocb {
+            let _ = writeln!(s, "    if (mo0 + {o}u < MG) {{");
+            let _ = writeln!(s, "        let m = g * MG + mo0 + {o}u;");
+            let _ = writeln!(s, "        let ybase = (n * M + m) * OD * OH * OW + orow + ow0;");
+            let bias = if has_bias { "b[m]" } else { "0.0" };
+            let _ = writeln!(s, "        let bias = {bias};");
+            for q in 0..pxb {
+                let _ = writeln!(s, "        if (ow0 + {q}u < OW) {{ y[ybase + {q}u] = acc{o}_{q} + bias; }}");
+            }
+            s += "    }\n";
+        }
+        s += "}\n";
+        let _ = outputs;
+        Ok(WgslProgram::single(wgsl::Dispatch {
+            label: format!("Conv[{ocb}oc x {pxb}px]"),
+            source: s,
+            entry_point: "main".into(),
+            workgroups: grid,
+            bindings,
+        }))
+    }
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("", "Conv", |spec| Ok(Box::new(Conv::parse(spec)?)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{assert_close, data, ints, make, run, tensor, tune};
+    use kiln_graph::{Attr, Tensor};
+
+    /// Naive f64 convolution over 1..3 spatial dims with explicit pads.
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        group: usize,
+        strides: &[usize],
+        dil: &[usize],
+        pb: &[i64],
+        out_sp: &[usize],
+    ) -> Vec<f64> {
+        let (xd, wd) = (x.dims(), w.dims());
+        let (xv, wv) = (x.to_f64_vec(), w.to_f64_vec());
+        let bv = b.map(|b| b.to_f64_vec());
+        let nsp = xd.len() - 2;
+        let (n, c, m) = (xd[0], xd[1], wd[0]);
+        let (cg, mg) = (c / group, m / group);
+        let osize: usize = out_sp.iter().product();
+        let ksize: usize = wd[2..].iter().product();
+        let isize: usize = xd[2..].iter().product();
+        let mut y = vec![0.0; n * m * osize];
+        let unravel = |mut i: usize, dims: &[usize]| {
+            let mut idx = vec![0; dims.len()];
+            for d in (0..dims.len()).rev() {
+                idx[d] = i % dims[d];
+                i /= dims[d];
+            }
+            idx
+        };
+        for img in 0..n {
+            for mm in 0..m {
+                let grp = mm / mg;
+                for op in 0..osize {
+                    let o = unravel(op, out_sp);
+                    let mut acc = bv.as_ref().map_or(0.0, |b| b[mm]);
+                    for ci in 0..cg {
+                        for kp in 0..ksize {
+                            let k = unravel(kp, &wd[2..]);
+                            let mut flat = 0usize;
+                            let mut inside = true;
+                            for d in 0..nsp {
+                                let i = (o[d] * strides[d]) as i64 - pb[d] + (k[d] * dil[d]) as i64;
+                                inside &= i >= 0 && i < xd[2 + d] as i64;
+                                flat = flat * xd[2 + d] + i.max(0) as usize;
+                            }
+                            if inside {
+                                acc += xv[(img * c + grp * cg + ci) * isize + flat] * wv[(mm * cg + ci) * ksize + kp];
+                            }
+                        }
+                    }
+                    y[(img * m + mm) * osize + op] = acc;
+                }
+            }
+        }
+        y
+    }
+
+    struct Case {
+        x: Vec<usize>,
+        w: Vec<usize>,
+        group: usize,
+        strides: Vec<usize>,
+        dil: Vec<usize>,
+        pads: Vec<i64>,
+        bias: bool,
+    }
+
+    fn check(case: &Case) {
+        let nsp = case.x.len() - 2;
+        let x = tensor(&case.x, 1);
+        let w = tensor(&case.w, 2);
+        let b = tensor(&[case.w[0]], 3);
+        let attrs = vec![
+            ("group", Attr::Int(case.group as i64)),
+            ("strides", ints(&case.strides.iter().map(|&v| v as i64).collect::<Vec<_>>())),
+            ("dilations", ints(&case.dil.iter().map(|&v| v as i64).collect::<Vec<_>>())),
+            ("pads", ints(&case.pads)),
+        ];
+        let op = make("Conv", 3, 1, &attrs).unwrap();
+        let inputs = [Some(&x), Some(&w), case.bias.then_some(&b)];
+        let tunes = [tune(&[("oc_block", 1), ("px_block", 1)]), tune(&[("oc_block", 8), ("px_block", 3), ("workgroup", 32)])];
+        let y = run(op.as_ref(), &inputs, &tunes).unwrap().remove(0);
+        let out_sp = &y.dims()[2..];
+        for d in 0..nsp {
+            let span = (case.w[2 + d] - 1) * case.dil[d] + 1;
+            let padded = case.x[2 + d] as i64 + case.pads[d] + case.pads[nsp + d];
+            assert_eq!(out_sp[d] as i64, (padded - span as i64) / case.strides[d] as i64 + 1);
+        }
+        let want = reference(&x, &w, case.bias.then_some(&b), case.group, &case.strides, &case.dil, &case.pads[..nsp], out_sp);
+        assert_close(&y, &want, 1e-4, &format!("x{:?} w{:?} g{} s{:?} d{:?} p{:?}", case.x, case.w, case.group, case.strides, case.dil, case.pads));
+    }
+
+    #[test]
+    fn conv2d_matches_reference_on_odd_shapes() {
+        let mut n = 0;
+        for k in 1..=5usize {
+            for (hw, stride, dil, pads, group, cin, cout) in [
+                (7usize, 1usize, 1usize, [0i64, 0, 0, 0], 1usize, 3usize, 5usize),
+                (9, 2, 1, [1, 2, 0, 1], 1, 3, 4),
+                (11, 1, 2, [2, 2, 2, 2], 3, 3, 6),
+                (13, 3, 2, [0, 1, 2, 0], 1, 4, 3),
+                (8, 1, 1, [1, 1, 1, 1], 4, 4, 4),   // depthwise
+                (10, 2, 2, [2, 1, 1, 2], 3, 3, 6),  // depthwise, multiplier 2
+                (12, 1, 1, [0, 0, 0, 0], 2, 6, 4),
+            ] {
+                if (k - 1) * dil + 1 > hw + (pads[0] + pads[2]) as usize {
+                    continue;
+                }
+                check(&Case {
+                    x: vec![2, cin, hw, hw - 1],
+                    w: vec![cout, cin / group, k, if k > 1 { k - 1 } else { 1 }],
+                    group,
+                    strides: vec![stride, if stride > 1 { stride - 1 } else { 1 }],
+                    dil: vec![dil, 1],
+                    pads: pads.to_vec(),
+                    bias: (k + hw) % 2 == 0,
+                });
+                n += 1;
+            }
+        }
+        assert!(n > 25);
+    }
+
+    #[test]
+    fn conv1d_and_conv3d_match_reference() {
+        check(&Case { x: vec![1, 3, 17], w: vec![4, 3, 3], group: 1, strides: vec![2], dil: vec![2], pads: vec![1, 2], bias: true });
+        check(&Case { x: vec![2, 4, 9], w: vec![4, 1, 5], group: 4, strides: vec![1], dil: vec![1], pads: vec![2, 2], bias: false });
+        check(&Case {
+            x: vec![1, 2, 5, 6, 7],
+            w: vec![3, 2, 2, 3, 3],
+            group: 1,
+            strides: vec![1, 2, 1],
+            dil: vec![2, 1, 1],
+            pads: vec![1, 0, 1, 0, 1, 1],
+            bias: true,
+        });
+        check(&Case {
+            x: vec![1, 3, 4, 5, 6],
+            w: vec![3, 1, 3, 3, 3],
+            group: 3,
+            strides: vec![1, 1, 2],
+            dil: vec![1, 1, 1],
+            pads: vec![1, 1, 1, 1, 1, 1],
+            bias: false,
+        });
+    }
+
+    #[test]
+    fn large_pointwise_and_im2col_paths_match_reference() {
+        // Big enough to take the tiled / parallel paths.
+        check(&Case { x: vec![1, 16, 37, 41], w: vec![24, 16, 1, 1], group: 1, strides: vec![1, 1], dil: vec![1, 1], pads: vec![0; 4], bias: true });
+        check(&Case { x: vec![2, 8, 33, 35], w: vec![16, 8, 3, 3], group: 1, strides: vec![1, 1], dil: vec![1, 1], pads: vec![1; 4], bias: false });
+        check(&Case { x: vec![1, 32, 9, 9], w: vec![64, 16, 3, 3], group: 2, strides: vec![1, 1], dil: vec![1, 1], pads: vec![1; 4], bias: true });
+    }
+
+    #[test]
+    fn auto_pad_and_kernel_shape() {
+        let x = tensor(&[1, 1, 6, 5], 4);
+        let w = tensor(&[1, 1, 3, 3], 5);
+        for (mode, begin) in [("SAME_UPPER", [0i64, 1]), ("SAME_LOWER", [1, 1]), ("VALID", [0, 0])] {
+            let op = make("Conv", 2, 1, &[("auto_pad", Attr::String(mode.into())), ("strides", ints(&[2, 1])), ("kernel_shape", ints(&[3, 3]))]).unwrap();
+            let y = run(op.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap().remove(0);
+            let out: Vec<usize> = y.dims()[2..].to_vec();
+            let want = reference(&x, &w, None, 1, &[2, 1], &[1, 1], &begin, &out);
+            assert_close(&y, &want, 1e-5, mode);
+            let expect = if mode == "VALID" { vec![2, 3] } else { vec![3, 5] };
+            assert_eq!(out, expect, "{mode}");
+        }
+    }
+
+    #[test]
+    fn f64_and_bad_inputs() {
+        let xs = data(2 * 3 * 6 * 6, 9);
+        let x = Tensor::from_vec(&[2, 3, 6, 6], xs.iter().map(|&v| v as f64).collect()).unwrap();
+        let w = Tensor::from_vec(&[2, 3, 3, 3], data(54, 8).iter().map(|&v| v as f64).collect()).unwrap();
+        let op = make("Conv", 2, 1, &[("pads", ints(&[1, 1, 1, 1]))]).unwrap();
+        let y = run(op.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap().remove(0);
+        let want = reference(&x, &w, None, 1, &[1, 1], &[1, 1], &[1, 1], &[6, 6]);
+        for (g, w) in y.to_f64_vec().iter().zip(&want) {
+            assert!((g - w).abs() < 1e-12);
+        }
+        let xf = tensor(&[1, 4, 5, 5], 1);
+        let wf = tensor(&[2, 3, 3, 3], 1);
+        assert!(run(make("Conv", 2, 1, &[]).unwrap().as_ref(), &[Some(&xf), Some(&wf)], &[]).is_err());
+        let wf = tensor(&[2, 4, 7, 7], 1);
+        assert!(run(make("Conv", 2, 1, &[]).unwrap().as_ref(), &[Some(&xf), Some(&wf)], &[]).is_err());
+        assert!(make("Conv", 2, 1, &[("auto_pad", Attr::String("BOGUS".into()))]).is_err());
+        assert!(make("Conv", 2, 1, &[("strides", ints(&[0, 1]))]).is_err());
+    }
+}

@@ -1,0 +1,355 @@
+//! CPU convolution kernels. f32: pointwise (1x1, stride 1, no padding) convolutions are
+//! one GEMM straight on the input; depthwise convolutions use a direct row-vectorised
+//! loop parallel over channel planes; everything else is im2col into per-thread scratch
+//! tiles + GEMM. Other float dtypes take a direct f64 loop.
+use super::window::Geometry;
+use crate::cpu;
+
+/// The shape of one convolution: NC(D)(H)W input, [M, C/group, k..] weights.
+#[derive(Clone, Debug)]
+pub(crate) struct ConvProblem {
+    pub batch: usize,
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub group: usize,
+    pub geo: Geometry,
+}
+
+impl ConvProblem {
+    fn in_per_group(&self) -> usize {
+        self.in_channels / self.group
+    }
+    fn out_per_group(&self) -> usize {
+        self.out_channels / self.group
+    }
+    /// Length of one im2col column (reduction size of the GEMM).
+    fn reduction(&self) -> usize {
+        self.in_per_group() * self.geo.kernel_size()
+    }
+    pub(crate) fn macs(&self) -> u64 {
+        (self.batch * self.out_channels * self.geo.output_size()) as u64 * self.reduction() as u64
+    }
+    fn is_pointwise(&self) -> bool {
+        let g = &self.geo;
+        g.kernel == [1; 3] && g.stride == [1; 3] && g.pad_begin == [0; 3] && g.pad_end == [0; 3]
+    }
+    fn is_depthwise(&self) -> bool {
+        self.group > 1 && self.group == self.in_channels
+    }
+}
+
+/// A raw output pointer that parallel tasks write through at disjoint places.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// f32 convolution: `y` (N, M, out..) = conv(`x`, `w`) + `bias`.
+pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+    if p.is_depthwise() {
+        let g = &p.geo;
+        if g.kernel == [1, 3, 3] && g.dilation[1..] == [1, 1] && g.input[0] == 1 && g.stride[1..].iter().all(|&s| s <= 2) {
+            depthwise_3x3_f32(p, x, w, bias, y);
+        } else {
+            depthwise_f32(p, x, w, bias, y);
+        }
+    } else {
+        gemm_conv_f32(p, x, w, bias, y);
+    }
+}
+
+/// Splits `pixels` output pixels into balanced tiles of about `target` each.
+fn tiles(pixels: usize, target: usize) -> (usize, usize) {
+    let count = pixels.div_ceil(target.max(1)).max(1);
+    let size = pixels.div_ceil(count).next_multiple_of(8).min(pixels);
+    (pixels.div_ceil(size), size)
+}
+
+fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+    let (cg, mg, kc) = (p.in_per_group(), p.out_per_group(), p.reduction());
+    let (in_size, out_size) = (p.geo.input_size(), p.geo.output_size());
+    let pointwise = p.is_pointwise();
+    let threads = rayon::current_num_threads().max(1);
+    // Tiles keep an im2col block (kc x tile) around half a megabyte.
+    let (mut n_tiles, mut tile) = tiles(out_size, (1 << 17) / kc.max(1));
+    let mut tasks = p.batch * p.group * n_tiles;
+    let flops = 2 * p.macs() as usize;
+    // Few large tasks: one tile per image and group, GEMM parallel on its own.
+    let inner_parallel = threads > 1 && tasks < 2 * threads && flops > (1 << 22);
+    if inner_parallel {
+        (n_tiles, tile) = (1, out_size);
+        tasks = p.batch * p.group;
+    }
+    let par = if inner_parallel { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    let out = SharedOut(y.as_mut_ptr());
+    let run_task = |t: usize| {
+        let (img_group, ti) = (t / n_tiles, t % n_tiles);
+        let (img, g) = (img_group / p.group, img_group % p.group);
+        let p0 = ti * tile;
+        let p1 = (p0 + tile).min(out_size);
+        let cols = p1 - p0;
+        let xg = &x[(img * p.in_channels + g * cg) * in_size..][..cg * in_size];
+        let wg = &w[g * mg * kc..][..mg * kc];
+        let dst_offset = (img * p.out_channels + g * mg) * out_size + p0;
+        // SAFETY: each task owns rows [g*mg, (g+1)*mg) x columns [p0, p1) of image img.
+        let dst = unsafe { out.ptr().add(dst_offset) };
+        let has_bias = bias.is_some();
+        if let Some(b) = bias {
+            for r in 0..mg {
+                let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
+                row.fill(b[g * mg + r]);
+            }
+        }
+        let gemm_into = |rhs: *const f32, rhs_rs: usize| unsafe {
+            gemm::gemm(
+                mg, cols, kc, dst, 1, out_size as isize, has_bias, wg.as_ptr(), 1, kc as isize, rhs, 1,
+                rhs_rs as isize, 1.0, 1.0, false, false, false, par,
+            )
+        };
+        if pointwise {
+            gemm_into(xg[p0..].as_ptr(), in_size);
+        } else {
+            cpu::with_scratch(kc * cols, |col| {
+                im2col(&p.geo, xg, cg, p0, p1, col);
+                gemm_into(col.as_ptr(), cols);
+            });
+        }
+    };
+    if inner_parallel || threads == 1 || tasks == 1 {
+        (0..tasks).for_each(run_task);
+    } else {
+        cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
+    }
+}
+
+/// Writes the im2col block of output pixels `p0..p1` for the `channels` input planes of
+/// `x`: row `(c, kd, kh, kw)`, column `p - p0` holds the input value under that tap
+/// (zero in padding).
+pub(crate) fn im2col(g: &Geometry, x: &[f32], channels: usize, p0: usize, p1: usize, col: &mut [f32]) {
+    let cols = p1 - p0;
+    let [_, oh_n, ow_n] = g.output;
+    let [id_n, ih_n, iw_n] = g.input;
+    let plane = id_n * ih_n * iw_n;
+    let (first_row, last_row) = (p0 / ow_n, (p1 - 1) / ow_n);
+    let mut row_index = 0;
+    for c in 0..channels {
+        let xc = &x[c * plane..][..plane];
+        for kd in 0..g.kernel[0] {
+            for kh in 0..g.kernel[1] {
+                for kw in 0..g.kernel[2] {
+                    let dst = &mut col[row_index * cols..][..cols];
+                    row_index += 1;
+                    let (w_lo, w_hi) = g.valid_outputs(2, kw);
+                    let w_off = kw as i64 * g.dilation[2] as i64 - g.pad_begin[2];
+                    for r in first_row..=last_row {
+                        let (od, oh) = (r / oh_n, r % oh_n);
+                        let seg_lo = p0.max(r * ow_n) - r * ow_n;
+                        let seg_hi = p1.min((r + 1) * ow_n) - r * ow_n;
+                        let out = &mut dst[r * ow_n + seg_lo - p0..r * ow_n + seg_hi - p0];
+                        let id = (od * g.stride[0]) as i64 - g.pad_begin[0] + (kd * g.dilation[0]) as i64;
+                        let ih = (oh * g.stride[1]) as i64 - g.pad_begin[1] + (kh * g.dilation[1]) as i64;
+                        if id < 0 || id >= id_n as i64 || ih < 0 || ih >= ih_n as i64 {
+                            out.fill(0.0);
+                            continue;
+                        }
+                        let src = &xc[(id as usize * ih_n + ih as usize) * iw_n..][..iw_n];
+                        let lo = w_lo.clamp(seg_lo, seg_hi);
+                        let hi = w_hi.clamp(lo, seg_hi);
+                        out[..lo - seg_lo].fill(0.0);
+                        out[hi - seg_lo..].fill(0.0);
+                        let body = &mut out[lo - seg_lo..hi - seg_lo];
+                        if body.is_empty() {
+                            continue;
+                        }
+                        let start = (lo * g.stride[2]) as i64 + w_off;
+                        let start = start as usize;
+                        if g.stride[2] == 1 {
+                            body.copy_from_slice(&src[start..start + body.len()]);
+                        } else {
+                            let s = g.stride[2];
+                            for (j, v) in body.iter_mut().enumerate() {
+                                *v = src[start + j * s];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Depthwise (group == C) convolution, parallel over output channel planes; each
+/// output row accumulates whole input rows, which vectorises for stride 1.
+fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+    let g = &p.geo;
+    let (in_size, out_size, ksize) = (g.input_size(), g.output_size(), g.kernel_size());
+    let multiplier = p.out_per_group();
+    let [od_n, oh_n, ow_n] = g.output;
+    let [id_n, ih_n, iw_n] = g.input;
+    let kw_ranges: Vec<(usize, usize, i64)> = (0..g.kernel[2])
+        .map(|kw| {
+            let (lo, hi) = g.valid_outputs(2, kw);
+            (lo, hi, kw as i64 * g.dilation[2] as i64 - g.pad_begin[2])
+        })
+        .collect();
+    cpu::par_chunks_mut(y, out_size, ksize * 2, |first, planes| {
+        for (i, out) in planes.chunks_mut(out_size).enumerate() {
+            let plane = first + i;
+            let (img, m) = (plane / p.out_channels, plane % p.out_channels);
+            let c = m / multiplier;
+            let xc = &x[(img * p.in_channels + c) * in_size..][..in_size];
+            let wm = &w[m * ksize..][..ksize];
+            out.fill(bias.map_or(0.0, |b| b[m]));
+            for od in 0..od_n {
+                for oh in 0..oh_n {
+                    let orow = &mut out[(od * oh_n + oh) * ow_n..][..ow_n];
+                    for kd in 0..g.kernel[0] {
+                        let id = (od * g.stride[0]) as i64 - g.pad_begin[0] + (kd * g.dilation[0]) as i64;
+                        if id < 0 || id >= id_n as i64 {
+                            continue;
+                        }
+                        for kh in 0..g.kernel[1] {
+                            let ih = (oh * g.stride[1]) as i64 - g.pad_begin[1] + (kh * g.dilation[1]) as i64;
+                            if ih < 0 || ih >= ih_n as i64 {
+                                continue;
+                            }
+                            let irow = &xc[(id as usize * ih_n + ih as usize) * iw_n..][..iw_n];
+                            let wrow = &wm[(kd * g.kernel[1] + kh) * g.kernel[2]..][..g.kernel[2]];
+                            for (&wv, &(lo, hi, off)) in wrow.iter().zip(&kw_ranges) {
+                                if lo >= hi {
+                                    continue;
+                                }
+                                let start = (lo as i64 * g.stride[2] as i64 + off) as usize;
+                                if g.stride[2] == 1 {
+                                    for (o, &v) in orow[lo..hi].iter_mut().zip(&irow[start..start + hi - lo]) {
+                                        *o += wv * v;
+                                    }
+                                } else {
+                                    let s = g.stride[2];
+                                    for (j, o) in orow[lo..hi].iter_mut().enumerate() {
+                                        *o += wv * irow[start + j * s];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Depthwise 3x3 (dilation 1, stride 1 or 2) 2-D convolution: each output row is one
+/// pass over three input rows (rows in the padding read a zero row); the interior,
+/// where all nine taps are inside, runs branch-free.
+fn depthwise_3x3_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+    let g = &p.geo;
+    let (in_size, out_size) = (g.input_size(), g.output_size());
+    let multiplier = p.out_per_group();
+    let [_, oh_n, ow_n] = g.output;
+    let [_, ih_n, iw_n] = g.input;
+    let (sh, sw) = (g.stride[1], g.stride[2]);
+    let (ph, pw) = (g.pad_begin[1], g.pad_begin[2]);
+    // Interior outputs: ow*sw - pw >= 0 and ow*sw - pw + 2 < iw_n.
+    let lo = ((pw.max(0) as usize).div_ceil(sw)).min(ow_n);
+    let last = iw_n as i64 - 3 + pw;
+    let hi = if last < 0 { lo } else { ((last as usize) / sw + 1).clamp(lo, ow_n) };
+    let zeros = vec![0f32; iw_n];
+    cpu::par_chunks_mut(y, out_size, 18, |first, planes| {
+        for (i, out) in planes.chunks_mut(out_size).enumerate() {
+            let plane = first + i;
+            let (img, m) = (plane / p.out_channels, plane % p.out_channels);
+            let c = m / multiplier;
+            let xc = &x[(img * p.in_channels + c) * in_size..][..in_size];
+            let k: &[f32; 9] = w[m * 9..m * 9 + 9].try_into().expect("3x3 weights");
+            let b = bias.map_or(0.0, |b| b[m]);
+            for oh in 0..oh_n {
+                let rows: [&[f32]; 3] = std::array::from_fn(|kh| {
+                    let ih = (oh * sh + kh) as i64 - ph;
+                    if ih < 0 || ih >= ih_n as i64 { &zeros[..] } else { &xc[ih as usize * iw_n..][..iw_n] }
+                });
+                let orow = &mut out[oh * ow_n..][..ow_n];
+                let tap = |ow: usize| {
+                    let mut acc = b;
+                    for kw in 0..3 {
+                        let iw = (ow * sw + kw) as i64 - pw;
+                        if iw >= 0 && iw < iw_n as i64 {
+                            for kh in 0..3 {
+                                acc += k[kh * 3 + kw] * rows[kh][iw as usize];
+                            }
+                        }
+                    }
+                    acc
+                };
+                for ow in (0..lo).chain(hi..ow_n) {
+                    orow[ow] = tap(ow);
+                }
+                if lo >= hi {
+                    continue;
+                }
+                let n = hi - lo;
+                let base = (lo * sw) as i64 - pw;
+                let base = base as usize;
+                let body = &mut orow[lo..hi];
+                if sw == 1 {
+                    let r: [&[f32]; 9] = std::array::from_fn(|t| &rows[t / 3][base + t % 3..][..n]);
+                    for j in 0..n {
+                        body[j] = b
+                            + k[0] * r[0][j] + k[1] * r[1][j] + k[2] * r[2][j]
+                            + k[3] * r[3][j] + k[4] * r[4][j] + k[5] * r[5][j]
+                            + k[6] * r[6][j] + k[7] * r[7][j] + k[8] * r[8][j];
+                    }
+                } else {
+                    let span = (n - 1) * sw + 3;
+                    let r: [&[f32]; 3] = std::array::from_fn(|kh| &rows[kh][base..][..span]);
+                    for (j, o) in body.iter_mut().enumerate() {
+                        let q = j * sw;
+                        *o = b
+                            + k[0] * r[0][q] + k[1] * r[0][q + 1] + k[2] * r[0][q + 2]
+                            + k[3] * r[1][q] + k[4] * r[1][q + 1] + k[5] * r[1][q + 2]
+                            + k[6] * r[2][q] + k[7] * r[2][q + 1] + k[8] * r[2][q + 2];
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Direct convolution in f64 (for f64, f16 and bf16 tensors).
+pub(crate) fn conv_f64(p: &ConvProblem, x: &[f64], w: &[f64], bias: Option<&[f64]>, y: &mut [f64]) {
+    let g = &p.geo;
+    let (cg, mg) = (p.in_per_group(), p.out_per_group());
+    let (in_size, out_size, ksize) = (g.input_size(), g.output_size(), g.kernel_size());
+    let [_, oh_n, ow_n] = g.output;
+    cpu::par_chunks_mut(y, out_size, cg * ksize * 2, |first, planes| {
+        for (i, out) in planes.chunks_mut(out_size).enumerate() {
+            let plane = first + i;
+            let (img, m) = (plane / p.out_channels, plane % p.out_channels);
+            let grp = m / mg;
+            for (pix, o) in out.iter_mut().enumerate() {
+                let (od, oh, ow) = (pix / (oh_n * ow_n), pix / ow_n % oh_n, pix % ow_n);
+                let mut acc = bias.map_or(0.0, |b| b[m]);
+                for c in 0..cg {
+                    let xc = &x[(img * p.in_channels + grp * cg + c) * in_size..][..in_size];
+                    for k in 0..ksize {
+                        let (kd, kh, kw) = (k / (g.kernel[1] * g.kernel[2]), k / g.kernel[2] % g.kernel[1], k % g.kernel[2]);
+                        let pos = [(od, kd, 0), (oh, kh, 1), (ow, kw, 2)].map(|(o, k, d)| {
+                            (o * g.stride[d]) as i64 - g.pad_begin[d] + (k * g.dilation[d]) as i64
+                        });
+                        if (0..3).all(|d| pos[d] >= 0 && pos[d] < g.input[d] as i64) {
+                            let idx = (pos[0] as usize * g.input[1] + pos[1] as usize) * g.input[2] + pos[2] as usize;
+                            acc += xc[idx] * w[(m * cg + c) * ksize + k];
+                        }
+                    }
+                }
+                *o = acc;
+            }
+        }
+    });
+}

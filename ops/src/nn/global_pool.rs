@@ -1,0 +1,133 @@
+//! GlobalAveragePool and GlobalMaxPool: one value per (n, c) plane over all spatial
+//! dims (N x C x D1.. -> N x C x 1..).
+use super::conv::FLOATS;
+use crate::cpu::{self, CpuKernel};
+use crate::op::{expect_dtype, required};
+use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
+use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{DType, Tensor};
+
+#[derive(Debug)]
+pub struct GlobalPool {
+    max: bool,
+}
+
+fn plane_size(dims: &[usize]) -> Result<usize> {
+    if dims.len() < 3 {
+        return Err(OpError::input(0, format!("expected N x C x D1 .., found shape {dims:?}")));
+    }
+    Ok(dims[2..].iter().product())
+}
+
+impl Op for GlobalPool {
+    fn name(&self) -> &str {
+        if self.max { "GlobalMaxPool" } else { "GlobalAveragePool" }
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let dtype = expect_dtype(inputs, 0, FLOATS)?;
+        let x = required(inputs, 0)?;
+        plane_size(x.dims())?;
+        let mut dims = x.dims().to_vec();
+        dims[2..].iter_mut().for_each(|d| *d = 1);
+        Ok(vec![TensorType::new(dtype, dims)])
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+impl CpuKernel for GlobalPool {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let x = cpu::input(inputs, 0)?;
+        let size = plane_size(x.dims())?;
+        let y = &mut outputs[0];
+        if x.dtype() == DType::F32 {
+            let xs = x.as_slice::<f32>()?;
+            let max = self.max;
+            cpu::par_chunks_mut(y.as_mut_slice::<f32>()?, 1, size, |first, out| {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let plane = &xs[(first + i) * size..][..size];
+                    *o = if max {
+                        plane.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+                    } else {
+                        // Eight partial sums: vectorises and keeps rounding error low.
+                        let mut acc = [0f32; 8];
+                        let chunks = plane.chunks_exact(8);
+                        let tail: f32 = chunks.remainder().iter().sum();
+                        for c in chunks {
+                            for k in 0..8 {
+                                acc[k] += c[k];
+                            }
+                        }
+                        (acc.iter().sum::<f32>() + tail) / size as f32
+                    };
+                }
+            });
+        } else {
+            let xs = x.to_f64_vec();
+            let out: Vec<f64> = xs
+                .chunks(size.max(1))
+                .map(|p| {
+                    if self.max { p.iter().copied().fold(f64::NEG_INFINITY, f64::max) } else { p.iter().sum::<f64>() / size as f64 }
+                })
+                .collect();
+            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+        }
+        Ok(())
+    }
+}
+
+impl WgslKernel for GlobalPool {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let size = plane_size(required(inputs, 0)?.dims())?;
+        let wg = tune.get(&wgsl::workgroup_param());
+        let body = if self.max {
+            format!("var acc = bitcast<f32>(0xff800000u);\n    for (var j = 0u; j < {size}u; j++) {{ acc = max(acc, x[i * {size}u + j]); }}\n    y[i] = acc;")
+        } else {
+            format!("var acc = 0.0;\n    for (var j = 0u; j < {size}u; j++) {{ acc += x[i * {size}u + j]; }}\n    y[i] = acc / {}.0;", size)
+        };
+        Ok(WgslProgram::single(wgsl::simple_kernel(
+            self.name(),
+            outputs[0].len(),
+            wg,
+            &[("x", "f32", true), ("y", "f32", false)],
+            vec![Binding::Input(0), Binding::Output(0)],
+            "",
+            &body,
+        )))
+    }
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("", "GlobalAveragePool", |_: &NodeSpec| Ok(Box::new(GlobalPool { max: false })));
+    r.register("", "GlobalMaxPool", |_: &NodeSpec| Ok(Box::new(GlobalPool { max: true })));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{assert_close, make, run, tensor};
+
+    #[test]
+    fn global_pools_match_reference() {
+        for dims in [vec![2, 3, 7, 5], vec![1, 4, 13], vec![1, 2, 3, 4, 5], vec![3, 5, 1, 1]] {
+            let x = tensor(&dims, 11);
+            let size: usize = dims[2..].iter().product();
+            let xv = x.to_f64_vec();
+            for (op, max) in [("GlobalAveragePool", false), ("GlobalMaxPool", true)] {
+                let y = run(make(op, 1, 1, &[]).unwrap().as_ref(), &[Some(&x)], &[]).unwrap().remove(0);
+                assert_eq!(&y.dims()[..2], &dims[..2]);
+                let want: Vec<f64> = xv
+                    .chunks(size)
+                    .map(|p| if max { p.iter().cloned().fold(f64::MIN, f64::max) } else { p.iter().sum::<f64>() / size as f64 })
+                    .collect();
+                assert_close(&y, &want, 1e-5, op);
+            }
+        }
+    }
+}

@@ -1,0 +1,445 @@
+//! Sliding-window pooling: MaxPool (with the optional Indices output, storage_order),
+//! AveragePool (count_include_pad) and LpPool; all with strides, pads, auto_pad,
+//! dilations and ceil_mode over 1 to 3 spatial dims.
+//!
+//! Padding semantics (as onnxruntime): windows start at `o*stride - pad_begin`; padded
+//! positions never win a max; with `count_include_pad` the average divides by the taps
+//! inside the padded extent `[-pad_begin, input + pad_end)`, otherwise by the taps
+//! inside the input.
+use super::window::{Geometry, WindowAttrs};
+use crate::cpu::{self, CpuKernel};
+use crate::op::{expect_dtype, required};
+use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
+use crate::{Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{DType, Tensor};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PoolKind {
+    Max { storage_order: i64 },
+    Average { count_include_pad: bool },
+    Lp { p: i64 },
+}
+
+#[derive(Debug)]
+pub struct Pool {
+    kind: PoolKind,
+    window: WindowAttrs,
+    ceil_mode: bool,
+    with_indices: bool,
+}
+
+const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
+const MAX_TYPES: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16, DType::I8, DType::U8];
+
+impl Pool {
+    fn parse(spec: &NodeSpec, kind: PoolKind) -> Result<Pool> {
+        let kind = match kind {
+            PoolKind::Max { .. } => {
+                let storage_order = spec.int("storage_order", 0)?;
+                if !(0..=1).contains(&storage_order) {
+                    return Err(spec.bad("storage_order", format!("must be 0 or 1, found {storage_order}")));
+                }
+                PoolKind::Max { storage_order }
+            }
+            PoolKind::Average { .. } => PoolKind::Average { count_include_pad: spec.int("count_include_pad", 0)? != 0 },
+            PoolKind::Lp { .. } => {
+                let p = spec.int("p", 2)?;
+                if p < 1 {
+                    return Err(spec.bad("p", format!("must be >= 1, found {p}")));
+                }
+                PoolKind::Lp { p }
+            }
+        };
+        let window = WindowAttrs::parse(spec)?;
+        if window.kernel.is_none() {
+            return Err(spec.bad("kernel_shape", "is required"));
+        }
+        let with_indices = matches!(kind, PoolKind::Max { .. }) && spec.n_outputs() > 1;
+        Ok(Pool { kind, window, ceil_mode: spec.int("ceil_mode", 0)? != 0, with_indices })
+    }
+
+    fn geometry(&self, x: &[usize]) -> Result<Geometry> {
+        if x.len() < 3 || x.len() > 5 {
+            return Err(OpError::input(0, format!("expected N x C x D1 [x D2 [x D3]] (rank 3 to 5), found shape {x:?}")));
+        }
+        let n = x.len() - 2;
+        let kernel = self.window.kernel(n, None)?;
+        let g = self.window.resolve(&x[2..], &kernel, self.ceil_mode)?;
+        if self.with_indices && self.kind == (PoolKind::Max { storage_order: 1 }) && n != 2 {
+            return Err(OpError::Unsupported("MaxPool Indices with storage_order=1 on other than 2-D input".into()));
+        }
+        Ok(g)
+    }
+
+    /// Number of taps the average divides by, for output position `o` on dim `d`.
+    fn divisor_taps(&self, g: &Geometry, d: usize, o: usize) -> usize {
+        let start = (o * g.stride[d]) as i64 - g.pad_begin[d];
+        let (lo, hi) = match self.kind {
+            PoolKind::Average { count_include_pad: true } => (-g.pad_begin[d], g.input[d] as i64 + g.pad_end[d]),
+            _ => (0, g.input[d] as i64),
+        };
+        (0..g.kernel[d]).filter(|&k| (lo..hi).contains(&(start + (k * g.dilation[d]) as i64))).count()
+    }
+}
+
+/// Arithmetic the CPU pooling loop needs, for f32 (fast path) and f64 (other dtypes).
+trait PoolFloat: Copy + PartialOrd + Send + Sync + std::ops::Add<Output = Self> {
+    const NEG_INF: Self;
+    const ZERO: Self;
+    fn lp_term(self, p: i64) -> Self;
+    fn lp_root(self, p: i64) -> Self;
+    fn div_count(self, n: usize) -> Self;
+}
+
+macro_rules! pool_float {
+    ($t:ty) => {
+        impl PoolFloat for $t {
+            const NEG_INF: Self = <$t>::NEG_INFINITY;
+            const ZERO: Self = 0.0;
+            fn lp_term(self, p: i64) -> Self {
+                match p {
+                    1 => self.abs(),
+                    2 => self * self,
+                    _ => self.abs().powi(p as i32),
+                }
+            }
+            fn lp_root(self, p: i64) -> Self {
+                match p {
+                    1 => self,
+                    2 => self.sqrt(),
+                    _ => self.powf(1.0 / p as $t),
+                }
+            }
+            fn div_count(self, n: usize) -> Self {
+                self / n as $t
+            }
+        }
+    };
+}
+pool_float!(f32);
+pool_float!(f64);
+
+impl Pool {
+    /// Pools every (n, c) plane of `x` into `y`; `indices` receives MaxPool argmaxes.
+    fn run_typed<T: PoolFloat>(&self, g: &Geometry, x: &[T], y: &mut [T], indices: Option<&mut [i64]>) {
+        let (in_size, out_size) = (g.input_size(), g.output_size());
+        let [_, oh_n, ow_n] = g.output;
+        // Per-dim tap ranges and divisors, precomputed per output coordinate.
+        let ranges: Vec<Vec<(i64, usize, usize)>> = (0..3)
+            .map(|d| {
+                (0..g.output[d])
+                    .map(|o| {
+                        let start = (o * g.stride[d]) as i64 - g.pad_begin[d];
+                        let (klo, khi) = tap_range(g, d, start);
+                        (start, klo, khi)
+                    })
+                    .collect()
+            })
+            .collect();
+        let divisors: Vec<Vec<usize>> =
+            (0..3).map(|d| (0..g.output[d]).map(|o| self.divisor_taps(g, d, o)).collect()).collect();
+        let kind = self.kind;
+        let plane_job = |plane: usize, out: &mut [T], mut idx: Option<&mut [i64]>| {
+            let xc = &x[plane * in_size..][..in_size];
+            for (pix, o) in out.iter_mut().enumerate() {
+                let (od, oh, ow) = (pix / (oh_n * ow_n), pix / ow_n % oh_n, pix % ow_n);
+                let [(sd, d0, d1), (sh, h0, h1), (sw, w0, w1)] = [ranges[0][od], ranges[1][oh], ranges[2][ow]];
+                let mut acc = if matches!(kind, PoolKind::Max { .. }) { T::NEG_INF } else { T::ZERO };
+                let mut arg = 0usize;
+                for kd in d0..d1 {
+                    let id = (sd + (kd * g.dilation[0]) as i64) as usize;
+                    for kh in h0..h1 {
+                        let ih = (sh + (kh * g.dilation[1]) as i64) as usize;
+                        let row = (id * g.input[1] + ih) * g.input[2];
+                        for kw in w0..w1 {
+                            let iw = (sw + (kw * g.dilation[2]) as i64) as usize;
+                            let v = xc[row + iw];
+                            match kind {
+                                PoolKind::Max { .. } => {
+                                    if v > acc {
+                                        acc = v;
+                                        arg = row + iw;
+                                    }
+                                }
+                                PoolKind::Average { .. } => acc = acc + v,
+                                PoolKind::Lp { p } => acc = acc + v.lp_term(p),
+                            }
+                        }
+                    }
+                }
+                *o = match kind {
+                    PoolKind::Max { .. } => acc,
+                    PoolKind::Average { .. } => {
+                        acc.div_count(divisors[0][od] * divisors[1][oh] * divisors[2][ow])
+                    }
+                    PoolKind::Lp { p } => acc.lp_root(p),
+                };
+                if let Some(idx) = idx.as_deref_mut() {
+                    let local = if kind == (PoolKind::Max { storage_order: 1 }) {
+                        let (h, w) = (arg / g.input[2], arg % g.input[2]);
+                        w * g.input[1] + h
+                    } else {
+                        arg
+                    };
+                    idx[pix] = (plane * in_size + local) as i64;
+                }
+            }
+        };
+        match indices {
+            Some(idx) => {
+                for (plane, (out, ix)) in y.chunks_mut(out_size).zip(idx.chunks_mut(out_size)).enumerate() {
+                    plane_job(plane, out, Some(ix));
+                }
+            }
+            None => cpu::par_chunks_mut(y, out_size, g.kernel_size(), |first, part| {
+                for (i, out) in part.chunks_mut(out_size).enumerate() {
+                    plane_job(first + i, out, None);
+                }
+            }),
+        }
+    }
+}
+
+/// Taps `k` of dim `d` whose position `start + k*dilation` is inside the input.
+fn tap_range(g: &Geometry, d: usize, start: i64) -> (usize, usize) {
+    let dil = g.dilation[d] as i64;
+    let lo = if start >= 0 { 0 } else { (-start + dil - 1) / dil };
+    let last = g.input[d] as i64 - 1 - start;
+    let hi = if last < 0 { 0 } else { (last / dil + 1).min(g.kernel[d] as i64) };
+    (lo.min(hi.max(0)) as usize, hi.max(0) as usize)
+}
+
+impl Op for Pool {
+    fn name(&self) -> &str {
+        match self.kind {
+            PoolKind::Max { .. } => "MaxPool",
+            PoolKind::Average { .. } => "AveragePool",
+            PoolKind::Lp { .. } => "LpPool",
+        }
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let allowed = if matches!(self.kind, PoolKind::Max { .. }) { MAX_TYPES } else { FLOATS };
+        let dtype = expect_dtype(inputs, 0, allowed)?;
+        let x = required(inputs, 0)?;
+        let g = self.geometry(x.dims())?;
+        let mut dims = x.dims()[..2].to_vec();
+        dims.extend(g.output_dims());
+        let mut out = vec![TensorType::new(dtype, dims.clone())];
+        if self.with_indices {
+            out.push(TensorType::new(DType::I64, dims));
+        }
+        Ok(out)
+    }
+
+    fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
+        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>()
+            + outputs.iter().map(|o| o.bytes()).sum::<usize>();
+        let taps = inputs
+            .first()
+            .copied()
+            .flatten()
+            .and_then(|x| self.geometry(x.dims()).ok())
+            .map_or(1, |g| g.kernel_size());
+        Cost { flops: (outputs[0].len() * taps) as u64, bytes: bytes as u64 }
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+impl CpuKernel for Pool {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let x = cpu::input(inputs, 0)?;
+        let g = self.geometry(x.dims())?;
+        let (y, rest) = outputs.split_first_mut().ok_or_else(|| OpError::invalid("missing output"))?;
+        let mut idx = match (self.with_indices, rest.first_mut()) {
+            (true, Some(t)) => Some(t.as_mut_slice::<i64>()?),
+            _ => None,
+        };
+        if x.dtype() == DType::F32 {
+            self.run_typed(&g, x.as_slice::<f32>()?, y.as_mut_slice()?, idx.as_deref_mut());
+        } else {
+            let mut out = vec![0.0; y.len()];
+            self.run_typed(&g, &x.to_f64_vec(), &mut out, idx.as_deref_mut());
+            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+        }
+        Ok(())
+    }
+}
+
+impl WgslKernel for Pool {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let x = required(inputs, 0)?;
+        let g = self.geometry(x.dims())?;
+        let ty = wgsl::elem(x.dtype());
+        let wg = tune.get(&wgsl::workgroup_param());
+        let mut buffers = vec![("x", ty, true), ("y", ty, false)];
+        let mut bindings = vec![Binding::Input(0), Binding::Output(0)];
+        if self.with_indices {
+            buffers.push(("idx", "i32", false));
+            bindings.push(Binding::Output(1));
+        }
+        let include_pad = self.kind == PoolKind::Average { count_include_pad: true };
+        let init = match self.kind {
+            PoolKind::Max { .. } if ty == "f32" => "bitcast<f32>(0xff800000u)".to_string(),
+            PoolKind::Max { .. } => format!("{ty}({})", if ty == "i32" { "-2147483647 - 1" } else { "0u" }),
+            _ => "0.0".into(),
+        };
+        let accumulate = match self.kind {
+            PoolKind::Max { .. } => "if (v > acc) { acc = v; arg = j; }".to_string(),
+            PoolKind::Average { .. } => "acc += v;".into(),
+            PoolKind::Lp { p } => format!("acc += pow(abs(v), {p}.0);"),
+        };
+        let finish = match self.kind {
+            PoolKind::Max { .. } => "acc".to_string(),
+            PoolKind::Average { .. } => "acc / f32(count)".into(),
+            PoolKind::Lp { p } => format!("pow(acc, {})", wgsl::literal("f32", 1.0 / p as f64)),
+        };
+        let ends = [("ID", 0), ("IH", 1), ("IW", 2)]
+            .map(|(n, d)| if include_pad { format!("i32({n}) + {}", g.pad_end[d]) } else { format!("i32({n})") });
+        let index_out = if !self.with_indices {
+            String::new()
+        } else if self.kind == (PoolKind::Max { storage_order: 1 }) {
+            "let ah = (arg / IW) % IH;\n    let aw = arg % IW;\n    idx[i] = i32(plane * IH * IW + aw * IH + ah);".into()
+        } else {
+            "idx[i] = i32(plane * ID * IH * IW + arg);".into()
+        };
+        let helpers = g.wgsl_consts();
+        let body = format!(
+            "let ow = i % OW;
+    let oh = (i / OW) % OH;
+    let od = (i / (OW * OH)) % OD;
+    let plane = i / (OW * OH * OD);
+    let xbase = plane * ID * IH * IW;
+    var acc: {ty} = {init};
+    var arg = 0u;
+    var count = 0u;
+    for (var kd = 0u; kd < KD; kd++) {{
+        let id = i32(od * SD + kd * DD) - PD;
+        for (var kh = 0u; kh < KH; kh++) {{
+            let ih = i32(oh * SH + kh * DH) - PH;
+            for (var kw = 0u; kw < KW; kw++) {{
+                let iw = i32(ow * SW + kw * DW) - PW;
+                if (id >= -PD && id < {e0} && ih >= -PH && ih < {e1} && iw >= -PW && iw < {e2}) {{ count += 1u; }}
+                if (id < 0 || id >= i32(ID) || ih < 0 || ih >= i32(IH) || iw < 0 || iw >= i32(IW)) {{ continue; }}
+                let j = (u32(id) * IH + u32(ih)) * IW + u32(iw);
+                let v = x[xbase + j];
+                {accumulate}
+            }}
+        }}
+    }}
+    y[i] = {finish};
+    {index_out}",
+            e0 = ends[0],
+            e1 = ends[1],
+            e2 = ends[2],
+        );
+        let n = outputs[0].len();
+        Ok(WgslProgram::single(wgsl::simple_kernel(self.name(), n, wg, &buffers, bindings, &helpers, &body)))
+    }
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("", "MaxPool", |spec| Ok(Box::new(Pool::parse(spec, PoolKind::Max { storage_order: 0 })?)));
+    r.register("", "AveragePool", |spec| {
+        Ok(Box::new(Pool::parse(spec, PoolKind::Average { count_include_pad: false })?))
+    });
+    r.register("", "LpPool", |spec| Ok(Box::new(Pool::parse(spec, PoolKind::Lp { p: 2 })?)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{assert_close, ints, make, run, tensor};
+    use kiln_graph::{Attr, Tensor};
+
+    /// Naive 2-D pooling reference with explicit pads (begin, end) per dim.
+    #[allow(clippy::too_many_arguments)]
+    fn reference(x: &Tensor, kind: &str, k: [usize; 2], s: [usize; 2], d: [usize; 2], pb: [i64; 2], pe: [i64; 2], out: [usize; 2], include_pad: bool) -> Vec<f64> {
+        let xd = x.dims();
+        let xv = x.to_f64_vec();
+        let (h, w) = (xd[2], xd[3]);
+        let mut y = vec![];
+        for plane in 0..xd[0] * xd[1] {
+            for oh in 0..out[0] {
+                for ow in 0..out[1] {
+                    let mut vals = vec![];
+                    let mut padded_count = 0;
+                    for kh in 0..k[0] {
+                        for kw in 0..k[1] {
+                            let ih = (oh * s[0] + kh * d[0]) as i64 - pb[0];
+                            let iw = (ow * s[1] + kw * d[1]) as i64 - pb[1];
+                            if ih >= -pb[0] && ih < h as i64 + pe[0] && iw >= -pb[1] && iw < w as i64 + pe[1] {
+                                padded_count += 1;
+                            }
+                            if ih >= 0 && ih < h as i64 && iw >= 0 && iw < w as i64 {
+                                vals.push(xv[plane * h * w + ih as usize * w + iw as usize]);
+                            }
+                        }
+                    }
+                    y.push(match kind {
+                        "MaxPool" => vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                        "AveragePool" => vals.iter().sum::<f64>() / if include_pad { padded_count } else { vals.len() } as f64,
+                        _ => vals.iter().map(|v| v * v).sum::<f64>().sqrt(),
+                    });
+                }
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn pools_match_reference() {
+        let x = tensor(&[2, 3, 11, 9], 7);
+        for kind in ["MaxPool", "AveragePool", "LpPool"] {
+            for (k, s, d, pads, ceil, include) in [
+                ([3, 3], [2, 2], [1, 1], [1i64, 1, 1, 1], false, false),
+                ([3, 2], [2, 3], [1, 1], [0, 1, 2, 0], true, false),
+                ([2, 2], [1, 1], [2, 2], [1, 0, 0, 1], false, true),
+                ([3, 3], [3, 2], [2, 1], [2, 2, 2, 2], true, true),
+                ([1, 4], [1, 2], [1, 1], [0, 0, 0, 0], true, false),
+            ] {
+                let attrs = vec![
+                    ("kernel_shape", ints(&k.map(|v| v as i64))),
+                    ("strides", ints(&s.map(|v| v as i64))),
+                    ("dilations", ints(&d.map(|v| v as i64))),
+                    ("pads", ints(&pads)),
+                    ("ceil_mode", Attr::Int(ceil as i64)),
+                    ("count_include_pad", Attr::Int(include as i64)),
+                ];
+                let op = make(kind, 1, 1, &attrs).unwrap();
+                let y = run(op.as_ref(), &[Some(&x)], &[]).unwrap().remove(0);
+                let out = [y.dims()[2], y.dims()[3]];
+                let want = reference(&x, kind, k, s, d, [pads[0], pads[1]], [pads[2], pads[3]], out, include);
+                assert_close(&y, &want, 1e-5, &format!("{kind} k{k:?} s{s:?} d{d:?} p{pads:?} ceil{ceil}"));
+            }
+        }
+    }
+
+    #[test]
+    fn maxpool_indices_and_ceil_rules() {
+        // test_maxpool_with_argmax_2d_precomputed_strides: 5x5, k2 s2, storage_order 1.
+        let x = Tensor::from_vec(&[1, 1, 5, 5], (1..=25).map(|v| v as f32).collect()).unwrap();
+        let op = make("MaxPool", 1, 2, &[("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2])), ("storage_order", Attr::Int(1))]).unwrap();
+        let out = run(op.as_ref(), &[Some(&x)], &[]).unwrap();
+        assert_eq!(out[0].as_slice::<f32>().unwrap(), &[7.0, 9.0, 17.0, 19.0]);
+        assert_eq!(out[1].as_slice::<i64>().unwrap(), &[6, 16, 8, 18]);
+        // test_maxpool_2d_ceil_output_size_reduce_by_one: 2x2, k1 s2 ceil -> 1x1.
+        let x = tensor(&[1, 1, 2, 2], 1);
+        let op = make("MaxPool", 1, 1, &[("kernel_shape", ints(&[1, 1])), ("strides", ints(&[2, 2])), ("ceil_mode", Attr::Int(1))]).unwrap();
+        assert_eq!(run(op.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[1, 1, 1, 1]);
+        // uint8 max pooling, 1-D and 3-D shapes.
+        let x = Tensor::from_vec(&[1, 1, 6], vec![3u8, 9, 1, 200, 4, 4]).unwrap();
+        let op = make("MaxPool", 1, 1, &[("kernel_shape", ints(&[2])), ("strides", ints(&[2]))]).unwrap();
+        assert_eq!(run(op.as_ref(), &[Some(&x)], &[]).unwrap()[0].as_slice::<u8>().unwrap(), &[9, 200, 4]);
+        let x = tensor(&[1, 2, 4, 5, 6], 3);
+        let op = make("AveragePool", 1, 1, &[("kernel_shape", ints(&[2, 2, 2])), ("auto_pad", Attr::String("SAME_UPPER".into()))]).unwrap();
+        assert_eq!(run(op.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[1, 2, 4, 5, 6]);
+        assert!(make("MaxPool", 1, 1, &[]).is_err());
+    }
+}
