@@ -9,6 +9,7 @@ mod product_wgsl;
 
 pub use gemm::Gemm;
 pub use matmul::MatMul;
+pub(crate) use product::write_i64;
 
 pub(crate) fn register(r: &mut Registry) {
     r.register("", "MatMul", |_| Ok(Box::new(MatMul)));

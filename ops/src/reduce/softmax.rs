@@ -1,0 +1,238 @@
+//! Softmax and LogSoftmax. Before opset 13 the input is coerced to 2-D at `axis`
+//! (default 1) and each row of `prod(dims[axis..])` elements is normalised; from 13 on
+//! the op normalises along the single `axis` (default -1). Both are numerically stable
+//! (the row max is subtracted before `exp`). CPU: parallel over rows. WGSL: one
+//! invocation per row, or one workgroup per row (`lanes` > 1) with a strided loop and
+//! a shared-memory tree reduction.
+use super::layout::split_at_axis;
+use crate::cpu::{self, CpuKernel};
+use crate::op::{expect_dtype, required};
+use crate::wgsl::{self, Binding, Dispatch, TuneParam, WgslKernel, WgslProgram, MAX_GROUPS};
+use crate::{norm_axis, Arg, Cost, NodeSpec, Op, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{DType, Tensor};
+use std::fmt::Write;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Softmax {
+    pub log: bool,
+    pub axis: i64,
+    /// Opset < 13: coerce to 2-D at `axis`.
+    pub coerce_2d: bool,
+}
+
+const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
+
+impl Softmax {
+    pub fn parse(spec: &NodeSpec, log: bool) -> Result<Softmax> {
+        let coerce_2d = spec.opset < 13;
+        Ok(Softmax { log, axis: spec.int("axis", if coerce_2d { 1 } else { -1 })?, coerce_2d })
+    }
+
+    /// `(outer, d, inner)`: rows of `d` elements `inner` apart.
+    fn rows(&self, dims: &[usize]) -> Result<(usize, usize, usize)> {
+        let axis = norm_axis(self.axis, dims.len())?;
+        if dims.is_empty() {
+            return Ok((1, 1, 1));
+        }
+        Ok(if self.coerce_2d {
+            (dims[..axis].iter().product(), dims[axis..].iter().product(), 1)
+        } else {
+            split_at_axis(dims, axis)
+        })
+    }
+}
+
+impl Op for Softmax {
+    fn name(&self) -> &str {
+        if self.log { "LogSoftmax" } else { "Softmax" }
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let dtype = expect_dtype(inputs, 0, FLOATS)?;
+        let x = required(inputs, 0)?;
+        self.rows(x.dims())?;
+        Ok(vec![TensorType::new(dtype, x.dims())])
+    }
+
+    fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
+        let n = outputs.first().map(|o| o.len()).unwrap_or(0) as u64;
+        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>() + outputs.iter().map(|o| o.bytes()).sum::<usize>();
+        Cost { flops: 4 * n, bytes: bytes as u64 }
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+/// The float math the CPU kernel needs, for f32 and f64.
+trait Real: Copy + Send + Sync + PartialOrd + std::ops::Sub<Output = Self> + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> {
+    const NEG_INF: Self;
+    const ZERO: Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn maxv(self, o: Self) -> Self;
+    fn recip(self) -> Self;
+}
+
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            const NEG_INF: $t = <$t>::NEG_INFINITY;
+            const ZERO: $t = 0.0;
+            fn exp(self) -> $t {
+                <$t>::exp(self)
+            }
+            fn ln(self) -> $t {
+                <$t>::ln(self)
+            }
+            fn maxv(self, o: $t) -> $t {
+                <$t>::max(self, o)
+            }
+            fn recip(self) -> $t {
+                1.0 / self
+            }
+        }
+    };
+}
+real!(f32);
+real!(f64);
+
+/// Normalises rows of `d` elements at stride `inner`, in parallel over outer blocks.
+fn softmax_rows<T: Real>(x: &[T], out: &mut [T], (outer, d, inner): (usize, usize, usize), log: bool) {
+    let block = d * inner;
+    if block == 0 || outer == 0 || x.len() != out.len() {
+        return;
+    }
+    cpu::par_chunks_mut(out, block, block * 8, |first, part| {
+        for (q, ob) in part.chunks_mut(block).enumerate() {
+            let xb = &x[(first + q) * block..(first + q + 1) * block];
+            for j in 0..inner {
+                let mut m = T::NEG_INF;
+                for k in 0..d {
+                    m = m.maxv(xb[k * inner + j]);
+                }
+                let mut sum = T::ZERO;
+                for k in 0..d {
+                    let e = (xb[k * inner + j] - m).exp();
+                    ob[k * inner + j] = e;
+                    sum = sum + e;
+                }
+                if log {
+                    let shift = m + sum.ln();
+                    for k in 0..d {
+                        ob[k * inner + j] = xb[k * inner + j] - shift;
+                    }
+                } else {
+                    let r = sum.recip();
+                    for k in 0..d {
+                        ob[k * inner + j] = ob[k * inner + j] * r;
+                    }
+                }
+            }
+        }
+    });
+}
+
+impl CpuKernel for Softmax {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let x = cpu::input(inputs, 0)?;
+        let rows = self.rows(x.dims())?;
+        let out = &mut outputs[0];
+        match x.dtype() {
+            DType::F32 => softmax_rows(x.as_slice::<f32>()?, out.as_mut_slice::<f32>()?, rows, self.log),
+            DType::F64 => softmax_rows(x.as_slice::<f64>()?, out.as_mut_slice::<f64>()?, rows, self.log),
+            _ => {
+                let xs: Vec<f32> = x.to_f64_vec().into_iter().map(|v| v as f32).collect();
+                let mut res = vec![0f32; xs.len()];
+                softmax_rows(&xs, &mut res, rows, self.log);
+                let res: Vec<f64> = res.into_iter().map(|v| v as f64).collect();
+                *out = Tensor::from_f64(out.dtype(), &out.dims().to_vec(), &res)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn lanes_param(rows: usize, d: usize) -> TuneParam {
+    // Barrier-free (one invocation per row) unless there are few, long rows.
+    let default = if rows < 64 && d >= 1024 { 64 } else { 1 };
+    TuneParam { name: "lanes", default, candidates: vec![1, 32, 64, 128, 256] }
+}
+
+impl WgslKernel for Softmax {
+    fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        match required(inputs, 0).and_then(|x| self.rows(x.dims())) {
+            Ok((outer, d, inner)) => vec![wgsl::workgroup_param(), lanes_param(outer * inner, d)],
+            Err(_) => vec![wgsl::workgroup_param()],
+        }
+    }
+
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let (outer, d, inner) = self.rows(required(inputs, 0)?.dims())?;
+        let rows = outer * inner;
+        let lanes = tune.get(&lanes_param(rows, d)).clamp(1, 256).next_power_of_two();
+        let bufs = wgsl::declare(&[("x", "f32", true), ("out", "f32", false)]);
+        // Row r starts at (r / inner) * d * inner + r % inner; elements are `inner` apart.
+        let start = format!("(row / {inner}u) * {}u + row % {inner}u", d * inner);
+        let at = |k: &str| format!("start + ({k}) * {inner}u");
+        let finish = if self.log {
+            format!("let shift = m + log(s);\n    for (var k = FIRST; k < {d}u; k = k + STEP) {{ out[{}] = x[{}] - shift; }}\n", at("k"), at("k"))
+        } else {
+            format!("let inv = 1.0 / s;\n    for (var k = FIRST; k < {d}u; k = k + STEP) {{ out[{}] = exp(x[{}] - m) * inv; }}\n", at("k"), at("k"))
+        };
+        let neg_inf = wgsl::literal("f32", f64::NEG_INFINITY);
+        let dispatch = if lanes == 1 {
+            let wg = tune.get(&wgsl::workgroup_param());
+            let (grid, index) = wgsl::grid_1d(rows, wg);
+            let mut s = bufs;
+            let _ = writeln!(s, "\n@compute @workgroup_size({wg})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n    {index}    let row = i;");
+            let _ = writeln!(s, "    let start = {start};\n    var m = {neg_inf};");
+            let _ = writeln!(s, "    for (var k = 0u; k < {d}u; k = k + 1u) {{ m = max(m, x[{}]); }}", at("k"));
+            let _ = writeln!(s, "    var s = 0.0;\n    for (var k = 0u; k < {d}u; k = k + 1u) {{ s = s + exp(x[{}] - m); }}", at("k"));
+            s += "    ";
+            s += &finish.replace("FIRST", "0u").replace("STEP", "1u");
+            s += "}\n";
+            Dispatch { label: self.name().into(), source: s, entry_point: "main".into(), workgroups: grid, bindings: vec![Binding::Input(0), Binding::Output(0)] }
+        } else {
+            let gx = rows.clamp(1, MAX_GROUPS as usize);
+            let gy = rows.div_ceil(gx).max(1);
+            let mut s = bufs;
+            let _ = writeln!(s, "var<workgroup> red: array<f32, {lanes}>;\n");
+            let _ = writeln!(s, "@compute @workgroup_size({lanes})\nfn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{");
+            let _ = writeln!(s, "    let row = wid.x + wid.y * {gx}u;\n    if (row >= {rows}u) {{ return; }}\n    let start = {start};");
+            let tree = |op: &str| {
+                format!(
+                    "    red[lid.x] = t;\n    workgroupBarrier();\n    for (var w = {}u; w > 0u; w = w >> 1u) {{\n        if (lid.x < w) {{ red[lid.x] = {op}; }}\n        workgroupBarrier();\n    }}\n",
+                    lanes / 2
+                )
+            };
+            let _ = writeln!(s, "    var t = {neg_inf};\n    for (var k = lid.x; k < {d}u; k = k + {lanes}u) {{ t = max(t, x[{}]); }}", at("k"));
+            s += &tree("max(red[lid.x], red[lid.x + w])");
+            s += "    let m = red[0];\n    workgroupBarrier();\n";
+            let _ = writeln!(s, "    t = 0.0;\n    for (var k = lid.x; k < {d}u; k = k + {lanes}u) {{ t = t + exp(x[{}] - m); }}", at("k"));
+            s += &tree("red[lid.x] + red[lid.x + w]");
+            s += "    let s = red[0];\n    ";
+            s += &finish.replace("FIRST", "lid.x").replace("STEP", &format!("{lanes}u"));
+            s += "}\n";
+            Dispatch {
+                label: self.name().into(),
+                source: s,
+                entry_point: "main".into(),
+                workgroups: [gx as u32, gy as u32, 1],
+                bindings: vec![Binding::Input(0), Binding::Output(0)],
+            }
+        };
+        let _ = outputs;
+        Ok(WgslProgram::single(dispatch))
+    }
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("", "Softmax", |spec| Ok(Box::new(Softmax::parse(spec, false)?)));
+    r.register("", "LogSoftmax", |spec| Ok(Box::new(Softmax::parse(spec, true)?)));
+}
