@@ -155,3 +155,53 @@ pub(crate) fn register(r: &mut Registry) {
     r.register("", "ArgMax", |spec| Ok(Box::new(ArgExtreme::parse(spec, true)?)));
     r.register("", "ArgMin", |spec| Ok(Box::new(ArgExtreme::parse(spec, false)?)));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{make, run};
+    use super::*;
+    use kiln_graph::Attr;
+
+    fn reference(x: &Tensor, axis: usize, max: bool, last: bool) -> Vec<i64> {
+        let (outer, d, inner) = split_at_axis(x.dims(), axis);
+        let v = x.to_f64_vec();
+        let mut out = vec![];
+        for o in 0..outer {
+            for j in 0..inner {
+                let vals: Vec<f64> = (0..d).map(|k| v[o * d * inner + k * inner + j]).collect();
+                let best = vals.iter().cloned().fold(if max { f64::NEG_INFINITY } else { f64::INFINITY }, |a, b| if max { a.max(b) } else { a.min(b) });
+                let pos = if last { vals.iter().rposition(|&x| x == best) } else { vals.iter().position(|&x| x == best) };
+                out.push(pos.unwrap() as i64);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn axes_keepdims_and_last_index() {
+        // Small integers, so ties are common.
+        let x = Tensor::from_f64(DType::F32, &[3, 4, 5], &crate::linalg::testing::rand_tensor(DType::I64, &[3, 4, 5], 3).to_f64_vec()).unwrap();
+        for (name, max) in [("ArgMax", true), ("ArgMin", false)] {
+            for axis in [0i64, 1, 2, -1] {
+                for keep in [0i64, 1] {
+                    for last in [0i64, 1] {
+                        let op = make(name, &[("axis", Attr::Int(axis)), ("keepdims", Attr::Int(keep)), ("select_last_index", Attr::Int(last))], 13, 1);
+                        for xt in [x.clone(), Tensor::from_f64(DType::I64, x.dims(), &x.to_f64_vec()).unwrap()] {
+                            let got = run(&*op, &[xt], &[]).unwrap();
+                            let a = norm_axis(axis, 3).unwrap();
+                            let mut dims = vec![3, 4, 5];
+                            if keep == 1 { dims[a] = 1 } else { dims.remove(a); }
+                            assert_eq!(got.dims(), dims.as_slice());
+                            assert_eq!(got.as_slice::<i64>().unwrap(), reference(&x, a, max, last == 1).as_slice(), "{name} axis {axis} last {last}");
+                        }
+                    }
+                }
+            }
+        }
+        let nan = Tensor::from_slice(&[4], &[1f32, f32::NAN, 5., f32::NAN]).unwrap();
+        assert_eq!(run(&*make("ArgMax", &[], 13, 1), &[nan.clone()], &[]).unwrap().as_slice::<i64>().unwrap(), &[1]);
+        assert_eq!(run(&*make("ArgMin", &[("select_last_index", Attr::Int(1))], 13, 1), &[nan], &[]).unwrap().as_slice::<i64>().unwrap(), &[3]);
+        assert!(run(&*make("ArgMax", &[("axis", Attr::Int(1))], 13, 1), &[Tensor::zeros(DType::F32, &[2, 0])], &[]).is_err());
+        assert!(run(&*make("ArgMax", &[("axis", Attr::Int(2))], 13, 1), &[Tensor::zeros(DType::F32, &[2, 3])], &[]).is_err());
+    }
+}

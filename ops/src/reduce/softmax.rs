@@ -123,9 +123,9 @@ fn softmax_rows<T: Real>(x: &[T], out: &mut [T], (outer, d, inner): (usize, usiz
                     sum = sum + e;
                 }
                 if log {
-                    let shift = m + sum.ln();
+                    let ls = sum.ln();
                     for k in 0..d {
-                        ob[k * inner + j] = xb[k * inner + j] - shift;
+                        ob[k * inner + j] = (xb[k * inner + j] - m) - ls;
                     }
                 } else {
                     let r = sum.recip();
@@ -181,7 +181,7 @@ impl WgslKernel for Softmax {
         let start = format!("(row / {inner}u) * {}u + row % {inner}u", d * inner);
         let at = |k: &str| format!("start + ({k}) * {inner}u");
         let finish = if self.log {
-            format!("let shift = m + log(s);\n    for (var k = FIRST; k < {d}u; k = k + STEP) {{ out[{}] = x[{}] - shift; }}\n", at("k"), at("k"))
+            format!("let ls = log(s);\n    for (var k = FIRST; k < {d}u; k = k + STEP) {{ out[{}] = (x[{}] - m) - ls; }}\n", at("k"), at("k"))
         } else {
             format!("let inv = 1.0 / s;\n    for (var k = FIRST; k < {d}u; k = k + STEP) {{ out[{}] = exp(x[{}] - m) * inv; }}\n", at("k"), at("k"))
         };
@@ -235,4 +235,65 @@ impl WgslKernel for Softmax {
 pub(crate) fn register(r: &mut Registry) {
     r.register("", "Softmax", |spec| Ok(Box::new(Softmax::parse(spec, false)?)));
     r.register("", "LogSoftmax", |spec| Ok(Box::new(Softmax::parse(spec, true)?)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{make, run, tune};
+    use super::*;
+    use crate::linalg::testing::{assert_close, rand_tensor};
+    use kiln_graph::Attr;
+
+    /// Reference: normalise each group of elements sharing all indices outside
+    /// `axes_from..=axes_to`, in f64 (naive exp; inputs are small).
+    fn reference(x: &Tensor, from: usize, to: usize, log: bool) -> Tensor {
+        let dims = x.dims();
+        let (outer, d, inner): (usize, usize, usize) = (dims[..from].iter().product(), dims[from..=to].iter().product(), dims[to + 1..].iter().product());
+        let v = x.to_f64_vec();
+        let mut out = vec![0.0; v.len()];
+        for o in 0..outer {
+            for j in 0..inner {
+                let at = |k: usize| o * d * inner + k * inner + j;
+                let sum: f64 = (0..d).map(|k| v[at(k)].exp()).sum();
+                for k in 0..d {
+                    out[at(k)] = if log { v[at(k)] - sum.ln() } else { v[at(k)].exp() / sum };
+                }
+            }
+        }
+        Tensor::from_f64(x.dtype(), dims, &out).unwrap()
+    }
+
+    #[test]
+    fn opsets_axes_and_variants() {
+        let x = rand_tensor(DType::F32, &[3, 4, 5], 11);
+        let tunes = [TuneValues::default(), tune("lanes", 64), tune("lanes", 32)];
+        for (name, log) in [("Softmax", false), ("LogSoftmax", true)] {
+            // opset 13+: a single axis.
+            for (axis, a) in [(0i64, 0), (1, 1), (2, 2), (-1, 2), (-2, 1)] {
+                let got = run(&*make(name, &[("axis", Attr::Int(axis))], 13, 1), &[x.clone()], &tunes).unwrap();
+                assert_close(&got, &reference(&x, a, a, log), &format!("{name} axis {axis} v13"));
+            }
+            let got = run(&*make(name, &[], 13, 1), &[x.clone()], &tunes).unwrap();
+            assert_close(&got, &reference(&x, 2, 2, log), &format!("{name} default v13"));
+            // opset < 13: coerced to 2-D at axis (default 1).
+            for (axis, a) in [(0i64, 0), (1, 1), (2, 2), (-1, 2)] {
+                let got = run(&*make(name, &[("axis", Attr::Int(axis))], 11, 1), &[x.clone()], &tunes).unwrap();
+                assert_close(&got, &reference(&x, a, 2, log), &format!("{name} axis {axis} v11"));
+            }
+            let got = run(&*make(name, &[], 11, 1), &[x.clone()], &tunes).unwrap();
+            assert_close(&got, &reference(&x, 1, 2, log), &format!("{name} default v11"));
+            // Large values stay finite (max subtraction).
+            let big = Tensor::from_slice(&[2, 4], &[0f32, 1., 2., 3., 10000., 10001., 10002., 10003.]).unwrap();
+            let got = run(&*make(name, &[], 13, 1), &[big.clone()], &[]).unwrap().to_f64_vec();
+            assert!(got.iter().all(|v| v.is_finite()), "{got:?}");
+            assert!((got[0] - got[4]).abs() < 1e-5);
+            // f64, and a big parallel case.
+            let xd = rand_tensor(DType::F64, &[2, 7, 3], 5);
+            assert_close(&run(&*make(name, &[("axis", Attr::Int(1))], 13, 1), &[xd.clone()], &[]).unwrap(), &reference(&xd, 1, 1, log), name);
+            let xl = rand_tensor(DType::F32, &[333, 129], 5);
+            assert_close(&run(&*make(name, &[], 13, 1), &[xl.clone()], &tunes).unwrap(), &reference(&xl, 1, 1, log), name);
+        }
+        assert!(run(&*make("Softmax", &[("axis", Attr::Int(3))], 13, 1), &[x.clone()], &[]).is_err());
+        assert!(run(&*make("Softmax", &[], 13, 1), &[rand_tensor(DType::I64, &[3], 1)], &[]).is_err());
+    }
 }
