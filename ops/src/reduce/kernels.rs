@@ -93,6 +93,36 @@ impl ReduceKind {
         }
     }
 
+    /// Combines two partial accumulators (of disjoint parts of one reduction).
+    pub fn merge_f64(self, x: Acc, y: Acc) -> Acc {
+        match self {
+            ReduceKind::Max => Acc { a: nan_max(x.a, y.a), m: x.m },
+            ReduceKind::Min => Acc { a: nan_min(x.a, y.a), m: x.m },
+            ReduceKind::Prod => Acc { a: x.a * y.a, m: x.m },
+            ReduceKind::LogSumExp => {
+                if y.m == f64::NEG_INFINITY {
+                    return x;
+                }
+                if x.m == f64::NEG_INFINITY {
+                    return y;
+                }
+                let m = x.m.max(y.m);
+                let scale = |v: f64| if v == m { 1.0 } else { (v - m).exp() };
+                Acc { a: x.a * scale(x.m) + y.a * scale(y.m), m }
+            }
+            _ => Acc { a: x.a + y.a, m: x.m },
+        }
+    }
+
+    pub fn merge_i64(self, x: i64, y: i64) -> i64 {
+        match self {
+            ReduceKind::Max => x.max(y),
+            ReduceKind::Min => x.min(y),
+            ReduceKind::Prod => x.wrapping_mul(y),
+            _ => x.wrapping_add(y),
+        }
+    }
+
     pub fn finish_f64(self, acc: Acc, count: usize) -> f64 {
         match self {
             ReduceKind::Mean => acc.a / count as f64,
@@ -192,6 +222,7 @@ pub fn reduce_rows<A: Copy + Send + Sync, O: Send>(
     out: &mut [O],
     init: A,
     fold: impl Fn(A, usize) -> A + Sync + Send,
+    merge: impl Fn(A, A) -> A + Sync + Send,
     finish: impl Fn(A) -> O + Sync + Send,
 ) {
     let count = layout.reduced_len();
@@ -202,12 +233,19 @@ pub fn reduce_rows<A: Copy + Send + Sync, O: Send>(
     if layout.contiguous_rows() {
         cpu::par_chunks_mut(out, 1, count, |first, part| {
             for (q, o) in part.iter_mut().enumerate() {
+                // Four independent accumulators, merged at the end.
                 let base = layout.base(first + q);
-                let mut acc = init;
-                for i in base..base + count {
-                    acc = fold(acc, i);
+                let mut accs = [init; 4];
+                let whole = count / 4 * 4;
+                for c in (base..base + whole).step_by(4) {
+                    for (l, acc) in accs.iter_mut().enumerate() {
+                        *acc = fold(*acc, c + l);
+                    }
                 }
-                *o = finish(acc);
+                for i in base + whole..base + count {
+                    accs[0] = fold(accs[0], i);
+                }
+                *o = finish(merge(merge(accs[0], accs[1]), merge(accs[2], accs[3])));
             }
         });
         return;

@@ -113,37 +113,54 @@ impl CpuKernel for Reduce {
         let out = &mut outputs[0];
         let kind = self.kind;
         let count = layout.reduced_len();
+        let merge = |a, b| kind.merge_f64(a, b);
         match x.dtype() {
-            DType::F32 => {
-                let xs = x.as_slice::<f32>()?;
-                reduce_rows(&layout, out.as_mut_slice::<f32>()?, kind.init_f64(), |a, i| kind.fold_f64(a, xs[i] as f64), |a| kind.finish_f64(a, count) as f32);
-            }
+            DType::F32 => run_f32(kind, &layout, x.as_slice::<f32>()?, out.as_mut_slice::<f32>()?),
             DType::F64 => {
                 let xs = x.as_slice::<f64>()?;
-                reduce_rows(&layout, out.as_mut_slice::<f64>()?, kind.init_f64(), |a, i| kind.fold_f64(a, xs[i]), |a| kind.finish_f64(a, count));
+                reduce_rows(&layout, out.as_mut_slice::<f64>()?, kind.init_f64(), |a, i| kind.fold_f64(a, xs[i]), merge, |a| kind.finish_f64(a, count));
             }
-            DType::F16 | DType::BF16 => {
-                let xs = x.to_f64_vec();
-                let mut res = vec![0f64; out.len()];
-                reduce_rows(&layout, &mut res, kind.init_f64(), |a, i| kind.fold_f64(a, xs[i]), |a| kind.finish_f64(a, count));
-                *out = Tensor::from_f64(out.dtype(), &out.dims().to_vec(), &res)?;
-            }
-            d if kind.exact_on_ints() => {
+            d if (d.is_int() || d == DType::Bool) && kind.exact_on_ints() => {
                 let xs = x.to_i64_vec()?;
                 let mut res = vec![0i64; out.len()];
                 let init = kind.init_i64(d);
-                reduce_rows(&layout, &mut res, init, |a, i| kind.fold_i64(a, xs[i]), |a| kind.finish_i64(a, count));
+                reduce_rows(&layout, &mut res, init, |a, i| kind.fold_i64(a, xs[i]), |a, b| kind.merge_i64(a, b), |a| kind.finish_i64(a, count));
                 write_i64(out, &res)?;
             }
             _ => {
-                // L2, LogSum, LogSumExp of integers: in f64, cast back.
+                // f16/bf16, and L2, LogSum, LogSumExp of integers: in f64, cast back.
                 let xs = x.to_f64_vec();
                 let mut res = vec![0f64; out.len()];
-                reduce_rows(&layout, &mut res, kind.init_f64(), |a, i| kind.fold_f64(a, xs[i]), |a| kind.finish_f64(a, count));
+                reduce_rows(&layout, &mut res, kind.init_f64(), |a, i| kind.fold_f64(a, xs[i]), merge, |a| kind.finish_f64(a, count));
                 *out = Tensor::from_f64(out.dtype(), &out.dims().to_vec(), &res)?;
             }
         }
         Ok(())
+    }
+}
+
+/// f32 input: one monomorphic fold per kind on an f64 accumulator (LogSumExp keeps the
+/// general two-field accumulator).
+fn run_f32(kind: ReduceKind, layout: &ReduceLayout, xs: &[f32], out: &mut [f32]) {
+    let count = layout.reduced_len();
+    macro_rules! go {
+        ($init:expr, $fold:expr, $merge:expr, $finish:expr) => {
+            reduce_rows(layout, out, $init, |a: f64, i: usize| $fold(a, xs[i] as f64), $merge, $finish)
+        };
+    }
+    let add = |a: f64, b: f64| a + b;
+    match kind {
+        ReduceKind::Sum => go!(0.0, add, add, |a: f64| a as f32),
+        ReduceKind::Mean => go!(0.0, add, add, |a: f64| (a / count as f64) as f32),
+        ReduceKind::LogSum => go!(0.0, add, add, |a: f64| a.ln() as f32),
+        ReduceKind::L1 => go!(0.0, |a: f64, x: f64| a + x.abs(), add, |a: f64| a as f32),
+        ReduceKind::SumSquare => go!(0.0, |a: f64, x: f64| a + x * x, add, |a: f64| a as f32),
+        ReduceKind::L2 => go!(0.0, |a: f64, x: f64| a + x * x, add, |a: f64| a.sqrt() as f32),
+        ReduceKind::Prod => go!(1.0, |a: f64, x: f64| a * x, |a: f64, b: f64| a * b, |a: f64| a as f32),
+        ReduceKind::Max | ReduceKind::Min | ReduceKind::LogSumExp => {
+            let merge = |a, b| kind.merge_f64(a, b);
+            reduce_rows(layout, out, kind.init_f64(), |a, i| kind.fold_f64(a, xs[i] as f64), merge, |a| kind.finish_f64(a, count) as f32)
+        }
     }
 }
 
@@ -320,7 +337,7 @@ mod tests {
     #[test]
     fn integers_and_bools() {
         let x = rand_tensor(DType::I64, &[4, 3, 5], 9);
-        for kind in [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min, ReduceKind::Prod, ReduceKind::SumSquare, ReduceKind::L1] {
+        for kind in [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min, ReduceKind::Prod, ReduceKind::SumSquare, ReduceKind::L1, ReduceKind::L2] {
             for dtype in [DType::I64, DType::I32, DType::U32] {
                 let xi = if dtype == DType::U32 { rand_tensor(DType::U32, &[4, 3, 5], 9) } else { Tensor::from_f64(dtype, &[4, 3, 5], &x.to_f64_vec()).unwrap() };
                 let got = run(&*make(kind.op_name(), &[("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(0))], 11, 1), &[xi.clone()], &[]).unwrap();
