@@ -1,4 +1,19 @@
-//! (family stub: ops are added here)
+//! Reductions: the ReduceX family, Softmax/LogSoftmax and ArgMax/ArgMin, sharing one
+//! index layout ([`layout::ReduceLayout`]) between CPU kernels and WGSL generators.
 use crate::Registry;
 
-pub(crate) fn register(_r: &mut Registry) {}
+mod argminmax;
+mod kernels;
+mod layout;
+mod reduce;
+mod softmax;
+
+#[cfg(test)]
+mod testing;
+
+
+pub(crate) fn register(r: &mut Registry) {
+    reduce::register(r);
+    softmax::register(r);
+    argminmax::register(r);
+}

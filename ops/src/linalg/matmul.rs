@@ -1,0 +1,154 @@
+//! MatMul with numpy semantics: 1-D operands get a dim prepended (A) or appended (B)
+//! that is removed from the result; leading (batch) dims broadcast. Runs as a
+//! [`BatchedProduct`] on the CPU (gemm crate for floats) and the register-blocked
+//! product kernel in WGSL.
+use super::product::BatchedProduct;
+use super::product_wgsl::{self, Epilogue};
+use crate::cpu::{self, CpuKernel};
+use crate::op::{expect_dtype, required};
+use crate::wgsl::{self, TuneParam, WgslKernel, WgslProgram};
+use crate::{Arg, Cost, Op, OpError, Result, TensorType, TuneValues};
+use kiln_graph::{DType, Tensor};
+
+pub(crate) const PRODUCT_DTYPES: &[DType] = &[
+    DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U32, DType::U64,
+    DType::I8, DType::I16, DType::U8, DType::U16,
+];
+
+#[derive(Debug, Default)]
+pub struct MatMul;
+
+/// The product plan and output dims for operand dims `a` and `b`.
+pub fn plan(a: &[usize], b: &[usize]) -> Result<(BatchedProduct, Vec<usize>)> {
+    if a.is_empty() || b.is_empty() {
+        return Err(OpError::invalid(format!("MatMul operands must have rank >= 1, got A {a:?} and B {b:?}")));
+    }
+    let (m, ka, a_batch) = if a.len() == 1 { (1, a[0], &a[..0]) } else { (a[a.len() - 2], a[a.len() - 1], &a[..a.len() - 2]) };
+    let (kb, n, b_batch) = if b.len() == 1 { (b[0], 1, &b[..0]) } else { (b[b.len() - 2], b[b.len() - 1], &b[..b.len() - 2]) };
+    if ka != kb {
+        return Err(OpError::invalid(format!(
+            "MatMul inner dimensions differ: A {a:?} has {ka} columns but B {b:?} has {kb} rows"
+        )));
+    }
+    let p = BatchedProduct::broadcast(a, b, a_batch, b_batch, m, n, ka)?;
+    let mut dims = p.batch.clone();
+    if a.len() > 1 {
+        dims.push(m);
+    }
+    if b.len() > 1 {
+        dims.push(n);
+    }
+    Ok((p, dims))
+}
+
+impl Op for MatMul {
+    fn name(&self) -> &str {
+        "MatMul"
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let dtype = expect_dtype(inputs, 0, PRODUCT_DTYPES)?;
+        let b = required(inputs, 1)?;
+        if b.dtype() != dtype {
+            return Err(OpError::input(1, format!("dtype {} differs from A's {dtype}", b.dtype())));
+        }
+        let (_, dims) = plan(required(inputs, 0)?.dims(), b.dims())?;
+        Ok(vec![TensorType::new(dtype, dims)])
+    }
+
+    fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
+        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>() + outputs.iter().map(|o| o.bytes()).sum::<usize>();
+        let flops = match (required(inputs, 0), required(inputs, 1)) {
+            (Ok(a), Ok(b)) => plan(a.dims(), b.dims()).map(|(p, _)| 2 * p.macs()).unwrap_or(0),
+            _ => 0,
+        };
+        Cost { flops, bytes: bytes as u64 }
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+impl CpuKernel for MatMul {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let (a, b) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
+        let (p, _) = plan(a.dims(), b.dims())?;
+        p.run(a, b, &mut outputs[0], 1.0, false)
+    }
+}
+
+impl WgslKernel for MatMul {
+    fn params(&self, _inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        product_wgsl::params()
+    }
+
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let (a, b) = (required(inputs, 0)?, required(inputs, 1)?);
+        let (p, _) = plan(a.dims(), b.dims())?;
+        product_wgsl::generate("MatMul", &p, wgsl::elem(outputs[0].dtype), &Epilogue::NONE, tune)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linalg::testing::{assert_close, naive_product, rand_tensor};
+
+    fn check(a_dims: &[usize], b_dims: &[usize], want_dims: &[usize], dtype: DType) {
+        let (a, b) = (rand_tensor(dtype, a_dims, 1), rand_tensor(dtype, b_dims, 2));
+        let (ta, tb) = (TensorType::new(dtype, a_dims), TensorType::new(dtype, b_dims));
+        let args = [Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tb, value: None })];
+        let ty = MatMul.infer(&args).unwrap();
+        assert_eq!(ty[0].dims, want_dims, "{a_dims:?} x {b_dims:?}");
+        let mut out = vec![Tensor::zeros(dtype, &ty[0].dims)];
+        MatMul.run(&[Some(&a), Some(&b)], &mut out).unwrap();
+        let want = naive_product(&a, &b);
+        assert_close(&out[0], &want, &format!("{a_dims:?} x {b_dims:?} {dtype}"));
+        for rows in [1, 4, 8] {
+            let mut tune = TuneValues::default();
+            tune.0.insert("rows_per_thread".into(), rows);
+            let prog = MatMul.generate(&args, &ty, &tune).unwrap();
+            crate::wgsl::testing::validate(&prog.dispatches[0].source);
+        }
+    }
+
+    #[test]
+    fn shapes_and_values_match_the_reference() {
+        for &(m, n, k) in &[(1, 1, 1), (7, 33, 65), (33, 7, 1), (65, 65, 33), (1, 65, 7), (4, 8, 16), (64, 64, 64)] {
+            check(&[m, k], &[k, n], &[m, n], DType::F32);
+        }
+        check(&[3], &[3], &[], DType::F32);
+        check(&[3], &[2, 3, 5], &[2, 5], DType::F32);
+        check(&[2, 4, 3], &[3], &[2, 4], DType::F32);
+        check(&[2, 1, 5, 3], &[4, 3, 7], &[2, 4, 5, 7], DType::F32);
+        check(&[2, 3, 5, 4], &[4, 6], &[2, 3, 5, 6], DType::F32);
+        check(&[5, 4], &[2, 3, 4, 6], &[2, 3, 5, 6], DType::F32);
+        check(&[1, 2, 128, 64], &[1, 2, 64, 128], &[1, 2, 128, 128], DType::F32);
+        check(&[6, 33, 17], &[6, 17, 9], &[6, 33, 9], DType::F32);
+        check(&[2, 7, 5], &[2, 5, 3], &[2, 7, 3], DType::F64);
+        check(&[2, 7, 5], &[5, 3], &[2, 7, 3], DType::I64);
+        check(&[7, 5], &[5, 3], &[7, 3], DType::I32);
+        check(&[3, 8], &[8, 4], &[3, 4], DType::U32);
+        check(&[3, 0], &[0, 4], &[3, 4], DType::F32);
+        check(&[3, 5], &[5, 0], &[3, 0], DType::F32);
+    }
+
+    #[test]
+    fn mismatches_are_clear_errors() {
+        let (ta, tb) = (TensorType::new(DType::F32, vec![2, 5, 3]), TensorType::new(DType::F32, vec![4, 7]));
+        let err = MatMul.infer(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tb, value: None })]).unwrap_err().to_string();
+        assert!(err.contains("[2, 5, 3]") && err.contains("[4, 7]"), "{err}");
+        let (ta, tb) = (TensorType::new(DType::F32, vec![2, 5, 3]), TensorType::new(DType::F32, vec![4, 3, 7]));
+        let err = MatMul.infer(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tb, value: None })]).unwrap_err().to_string();
+        assert!(err.contains("[2, 5, 3]") && err.contains("[4, 3, 7]"), "{err}");
+        let tc = TensorType::new(DType::I64, vec![3, 7]);
+        assert!(MatMul.infer(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tc, value: None })]).is_err());
+        let cost = MatMul.cost(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &TensorType::new(DType::F32, vec![3, 7]), value: None })], &[]);
+        assert_eq!(cost.flops, 2 * 2 * 5 * 7 * 3);
+    }
+}
