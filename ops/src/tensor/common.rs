@@ -23,6 +23,15 @@ pub(crate) fn opt_const_ints(inputs: &[Option<Arg>], i: usize, what: &str) -> Re
     }
 }
 
+/// Calls `f` with `inputs` seen as [`Arg`]s whose values are all known (at run time
+/// every input is concrete), so a CPU kernel can reuse the op's planning code.
+pub(crate) fn tensor_args<R>(inputs: &[Option<&Tensor>], f: impl FnOnce(&[Option<Arg>]) -> R) -> R {
+    let types: Vec<Option<TensorType>> = inputs.iter().map(|t| t.map(|t| TensorType::new(t.dtype(), t.dims()))).collect();
+    let args: Vec<Option<Arg>> =
+        inputs.iter().zip(&types).map(|(t, ty)| ty.as_ref().map(|ty| Arg { ty, value: *t })).collect();
+    f(&args)
+}
+
 /// Normalises a list of possibly negative axes against `rank`, rejecting duplicates.
 pub(crate) fn norm_axes(axes: &[i64], rank: usize) -> Result<Vec<usize>> {
     let mut out = Vec::with_capacity(axes.len());
