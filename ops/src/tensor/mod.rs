@@ -1,4 +1,47 @@
-//! (family stub: ops are added here)
+//! Data-movement and tensor-manipulation operators: views (Reshape, Flatten, Squeeze,
+//! Unsqueeze, Identity, Dropout), constants and shape queries (Constant,
+//! ConstantOfShape, Shape, Size, Range), Cast/CastLike, and copies that rearrange
+//! elements (Concat, Split, Slice, Pad, Transpose, Gather, Expand, Tile, Where, Resize,
+//! Upsample). Element rearrangement is byte-level, so every op works for every dtype.
 use crate::Registry;
 
-pub(crate) fn register(_r: &mut Registry) {}
+mod common;
+mod index_map;
+
+mod cast;
+mod concat;
+mod constant;
+mod expand;
+mod gather;
+mod identity;
+mod pad;
+mod range;
+mod reshape;
+mod resize;
+mod shape;
+mod slice;
+mod split;
+mod squeeze;
+mod tile;
+mod transpose;
+mod where_op;
+
+pub(crate) fn register(r: &mut Registry) {
+    reshape::register(r);
+    squeeze::register(r);
+    identity::register(r);
+    constant::register(r);
+    shape::register(r);
+    cast::register(r);
+    concat::register(r);
+    split::register(r);
+    slice::register(r);
+    pad::register(r);
+    transpose::register(r);
+    gather::register(r);
+    expand::register(r);
+    tile::register(r);
+    where_op::register(r);
+    range::register(r);
+    resize::register(r);
+}

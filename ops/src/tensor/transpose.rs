@@ -1,0 +1,126 @@
+//! Transpose: permutes dims (`perm`, default reversed).
+use super::common::tensor_args;
+use super::index_map::{DimMap, IndexMap};
+use crate::cpu::{self, CpuKernel};
+use crate::op::required;
+use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
+use crate::{Arg, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::Tensor;
+
+#[derive(Debug)]
+pub struct Transpose {
+    perm: Option<Vec<i64>>,
+}
+
+impl Transpose {
+    fn plan(&self, inputs: &[Option<Arg>]) -> Result<IndexMap> {
+        let x = required(inputs, 0)?;
+        let rank = x.rank();
+        let perm: Vec<i64> = self.perm.clone().unwrap_or_else(|| (0..rank as i64).rev().collect());
+        let mut seen = vec![false; rank];
+        let ok = perm.len() == rank
+            && perm.iter().all(|&p| p >= 0 && (p as usize) < rank && !std::mem::replace(&mut seen[p as usize], true));
+        if !ok {
+            return Err(OpError::invalid(format!(
+                "perm {perm:?} is not a permutation of 0..{rank} (input shape {:?})",
+                x.dims()
+            )));
+        }
+        let st = crate::broadcast::strides(x.dims());
+        Ok(IndexMap {
+            out_dims: perm.iter().map(|&p| x.dims()[p as usize]).collect(),
+            maps: vec![DimMap::id(); rank],
+            strides: perm.iter().map(|&p| st[p as usize]).collect(),
+            base: 0,
+        })
+    }
+}
+
+impl Op for Transpose {
+    fn name(&self) -> &str {
+        "Transpose"
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        Ok(vec![TensorType::new(required(inputs, 0)?.dtype(), self.plan(inputs)?.out_dims)])
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+impl CpuKernel for Transpose {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let map = tensor_args(inputs, |a| self.plan(a))?;
+        let x = cpu::input(inputs, 0)?;
+        map.run(x, &mut outputs[0], &vec![0; x.dtype().size()])
+    }
+}
+
+impl WgslKernel for Transpose {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let map = self.plan(inputs)?;
+        let ty = wgsl::elem(outputs[0].dtype);
+        let wg = tune.get(&wgsl::workgroup_param());
+        Ok(WgslProgram::single(map.dispatch("Transpose", ty, wg, Binding::Input(0), Binding::Output(0), &wgsl::literal(ty, 0.0), &[])))
+    }
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("", "Transpose", |spec| Ok(Box::new(Transpose { perm: spec.ints_opt("perm")? })));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::common::testing::*;
+    use kiln_graph::Tensor;
+
+    /// Naive transpose of row-major `dims` by `perm`.
+    fn reference(x: &[f64], dims: &[usize], perm: &[usize]) -> Vec<f64> {
+        let out: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+        let st = crate::broadcast::strides(dims);
+        let n: usize = out.iter().product();
+        (0..n)
+            .map(|mut i| {
+                let mut off = 0;
+                for d in (0..out.len()).rev() {
+                    off += (i % out[d]) * st[perm[d]];
+                    i /= out[d];
+                }
+                x[off]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn transpose_odd_shapes_all_dtypes() {
+        let dims = [3usize, 1, 5, 7];
+        for perm in [[3usize, 1, 0, 2], [0, 2, 1, 3], [3, 2, 1, 0]] {
+            let op = make("Transpose", 13, &[("perm", ints(&perm.map(|p| p as i64)))], 1, 1).unwrap();
+            let xf = iota_f32(&dims);
+            let want = reference(&xf.to_f64_vec(), &dims, &perm);
+            assert_eq!(run(op.as_ref(), &[Some(&xf)], &[]).unwrap()[0].to_f64_vec(), want);
+            let xi = iota_i64(&dims);
+            assert_eq!(run(op.as_ref(), &[Some(&xi)], &[]).unwrap()[0].to_f64_vec(), want);
+            let bools: Vec<bool> = (0..105).map(|i| i % 3 == 0).collect();
+            let xb = Tensor::from_bools(&dims, &bools).unwrap();
+            let wb = reference(&xb.to_f64_vec(), &dims, &perm);
+            assert_eq!(run(op.as_ref(), &[Some(&xb)], &[]).unwrap()[0].to_f64_vec(), wb);
+            let xh = Tensor::from_f64(kiln_graph::DType::F16, &dims, &xf.to_f64_vec()).unwrap();
+            assert_eq!(run(op.as_ref(), &[Some(&xh)], &[]).unwrap()[0].to_f64_vec(), want);
+        }
+        let default = make("Transpose", 13, &[], 1, 1).unwrap();
+        let x = iota_f32(&[2, 3]);
+        assert_eq!(run(default.as_ref(), &[Some(&x)], &[]).unwrap()[0], f32s(&[3, 2], &[0., 3., 1., 4., 2., 5.]));
+        for bad in [vec![0i64, 0], vec![0], vec![0, 2]] {
+            let op = make("Transpose", 13, &[("perm", ints(&bad))], 1, 1).unwrap();
+            let e = run(op.as_ref(), &[Some(&x)], &[]).unwrap_err().to_string();
+            assert!(e.contains("not a permutation"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Where: `cond ? x : y` elementwise with numpy broadcasting of all three inputs.
+use crate::broadcast::{broadcast_shapes, broadcast_strides, for_each_offset_in};
+use crate::cpu::{self, CpuKernel};
+use crate::op::required;
+use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
+use crate::{Arg, Op, OpError, Registry, Result, TensorType, TuneValues};
+use bytemuck::Pod;
+use kiln_graph::{DType, Tensor};
+
+#[derive(Debug)]
+pub struct Where;
+
+impl Op for Where {
+    fn name(&self) -> &str {
+        "Where"
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let (c, x, y) = (required(inputs, 0)?, required(inputs, 1)?, required(inputs, 2)?);
+        if c.dtype() != DType::Bool {
+            return Err(OpError::input(0, format!("condition must be bool, found {}", c.dtype())));
+        }
+        if x.dtype() != y.dtype() {
+            return Err(OpError::input(2, format!("dtype {} differs from input 1's {}", y.dtype(), x.dtype())));
+        }
+        Ok(vec![TensorType::new(x.dtype(), broadcast_shapes(&[c.dims(), x.dims(), y.dims()])?)])
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+fn select<T: Pod + Send + Sync>(c: &Tensor, x: &Tensor, y: &Tensor, out: &mut Tensor) {
+    let dims = out.dims().to_vec();
+    let (cv, xv, yv): (&[u8], &[T], &[T]) = (c.bytes(), bytemuck::cast_slice(x.bytes()), bytemuck::cast_slice(y.bytes()));
+    let dst: &mut [T] = bytemuck::cast_slice_mut(out.bytes_mut());
+    if c.dims() == dims.as_slice() && x.dims() == dims.as_slice() && y.dims() == dims.as_slice() {
+        cpu::par_chunks_mut(dst, 1, 1, |s, part| {
+            for (k, o) in part.iter_mut().enumerate() {
+                *o = if cv[s + k] != 0 { xv[s + k] } else { yv[s + k] };
+            }
+        });
+        return;
+    }
+    let st = [broadcast_strides(c.dims(), &dims), broadcast_strides(x.dims(), &dims), broadcast_strides(y.dims(), &dims)];
+    cpu::par_chunks_mut(dst, 1, 2, |s, part| {
+        for_each_offset_in(&dims, &st, s, s + part.len(), &mut |o, offs| {
+            part[o - s] = if cv[offs[0]] != 0 { xv[offs[1]] } else { yv[offs[2]] };
+        });
+    });
+}
+
+impl CpuKernel for Where {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let (c, x, y) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?, cpu::input(inputs, 2)?);
+        let out = &mut outputs[0];
+        match out.dtype().size() {
+            1 => select::<u8>(c, x, y, out),
+            2 => select::<u16>(c, x, y, out),
+            4 => select::<u32>(c, x, y, out),
+            _ => select::<u64>(c, x, y, out),
+        }
+        Ok(())
+    }
+}
+
+impl WgslKernel for Where {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let out = &outputs[0];
+        let ty = wgsl::elem(out.dtype);
+        let mut helpers = String::new();
+        for (i, name) in ["off_c", "off_x", "off_y"].iter().enumerate() {
+            helpers += &wgsl::offset_fn(name, &out.dims, &broadcast_strides(required(inputs, i)?.dims(), &out.dims));
+        }
+        Ok(WgslProgram::single(wgsl::simple_kernel(
+            "Where",
+            out.len(),
+            tune.get(&wgsl::workgroup_param()),
+            &[("cond", "u32", true), ("x", ty, true), ("y", ty, true), ("dst", ty, false)],
+            vec![Binding::Input(0), Binding::Input(1), Binding::Input(2), Binding::Output(0)],
+            &helpers,
+            "dst[i] = select(y[off_y(i)], x[off_x(i)], cond[off_c(i)] != 0u);",
+        )))
+    }
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("", "Where", |_| Ok(Box::new(Where)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::common::testing::*;
+    use kiln_graph::Tensor;
+
+    #[test]
+    fn where_broadcasts_any_dtype() {
+        let op = make("Where", 16, &[], 3, 1).unwrap();
+        let c = Tensor::from_bools(&[2, 1], &[true, false]).unwrap();
+        let x = iota_f32(&[3]);
+        let y = f32s(&[2, 3], &[10., 11., 12., 13., 14., 15.]);
+        let out = run(op.as_ref(), &[Some(&c), Some(&x), Some(&y)], &[]).unwrap();
+        assert_eq!(out[0], f32s(&[2, 3], &[0., 1., 2., 13., 14., 15.]));
+        let ci = Tensor::from_bools(&[5], &[true, false, false, true, true]).unwrap();
+        let (xi, yi) = (iota_i64(&[5]), Tensor::scalar(-1i64));
+        let out = run(op.as_ref(), &[Some(&ci), Some(&xi), Some(&yi)], &[]).unwrap();
+        assert_eq!(out[0], i64s(&[5], &[0, -1, -1, 3, 4]));
+        let (xb, yb) = (Tensor::from_bools(&[5], &[true; 5]).unwrap(), Tensor::from_bools(&[1], &[false]).unwrap());
+        let out = run(op.as_ref(), &[Some(&ci), Some(&xb), Some(&yb)], &[]).unwrap();
+        assert_eq!(out[0].bytes(), &[1, 0, 0, 1, 1]);
+        assert!(run(op.as_ref(), &[Some(&x), Some(&x), Some(&y)], &[]).unwrap_err().to_string().contains("bool"));
+        assert!(run(op.as_ref(), &[Some(&c), Some(&x), Some(&yi)], &[]).is_err());
+    }
+}
