@@ -207,6 +207,16 @@ impl fmt::Debug for Tensor {
     }
 }
 
+impl Eq for Tensor {}
+
+impl std::hash::Hash for Tensor {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.dtype.hash(state);
+        self.dims.hash(state);
+        self.bytes().hash(state);
+    }
+}
+
 impl PartialEq for Tensor {
     fn eq(&self, other: &Self) -> bool {
         self.dtype == other.dtype && self.dims == other.dims && self.bytes() == other.bytes()

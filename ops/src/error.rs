@@ -8,6 +8,11 @@ pub enum OpError {
     Attr { attr: String, what: String },
     #[error("input {index}: {what}")]
     Input { index: usize, what: String },
+    /// The op needs the *value* of an input (a shape, axes, pads) to infer its outputs,
+    /// and the value is not known. Sessions react by binding the graph inputs it comes
+    /// from by value.
+    #[error("input {index}: {what} must be known when the model is specialized (a constant, computable from shapes, or a small integer graph input)")]
+    NeedsValue { index: usize, what: String },
     #[error("{0}")]
     Invalid(String),
     #[error("not supported: {0}")]

@@ -104,9 +104,7 @@ pub fn required<'a>(inputs: &[Option<Arg<'a>>], i: usize) -> Result<Arg<'a>> {
 
 /// The constant value of input `i`, or an error saying it must be constant.
 pub fn constant<'a>(inputs: &[Option<Arg<'a>>], i: usize, what: &str) -> Result<&'a Tensor> {
-    required(inputs, i)?.value.ok_or_else(|| {
-        OpError::input(i, format!("{what} must be a constant (or computable from shapes) when the model is specialized"))
-    })
+    required(inputs, i)?.value.ok_or_else(|| OpError::NeedsValue { index: i, what: what.to_string() })
 }
 
 /// Checks that input `i` has one of the listed dtypes.

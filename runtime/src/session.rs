@@ -2,7 +2,7 @@
 //! shape signature.
 use crate::cpu::CpuPlan;
 use crate::gpu::{self, poisoned, GpuContext, GpuPlan};
-use crate::specialize::{specialize, Specialized};
+use crate::specialize::{specialize, SpecializeError, Specialized};
 use crate::{DeviceChoice, DeviceKind, Result, RuntimeError};
 use kiln_graph::{Dim, Graph, NodeId, Tensor};
 use kiln_ops::{NodeSpec, Op, Registry, TensorType};
@@ -65,8 +65,23 @@ pub struct Session {
     ops: Vec<Box<dyn Op>>,
     order: Vec<NodeId>,
     backend: Backend,
-    plans: Mutex<HashMap<Vec<TensorType>, Arc<Plan>>>,
+    plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    /// Graph inputs whose values (not only types) specialise the model: small integer
+    /// inputs that feed shapes, axes or pads. Found on the first run that needs them.
+    by_value: Mutex<Vec<usize>>,
 }
+
+/// What a specialisation depends on: input types, and the values of inputs bound by value.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PlanKey {
+    types: Vec<TensorType>,
+    values: Vec<(usize, Tensor)>,
+}
+
+/// Largest integer graph input (elements) that is bound by value.
+const MAX_VALUE_INPUT: usize = 4096;
+/// Largest float graph input bound by value (scalars such as Range's start and delta).
+const MAX_FLOAT_VALUE_INPUT: usize = 16;
 
 impl Session {
     /// Validates the graph, creates its ops and opens the device.
@@ -104,7 +119,7 @@ impl Session {
             None => Backend::Cpu,
             Some(adapter) => Backend::Gpu { ctx: gpu::context_for(adapter)?, weights: Default::default() },
         };
-        Ok(Session { graph, ops, order, backend, plans: Mutex::default() })
+        Ok(Session { graph, ops, order, backend, plans: Mutex::default(), by_value: Mutex::default() })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -191,30 +206,60 @@ impl Session {
         Ok((out, types))
     }
 
-    fn plan(&self, types: Vec<TensorType>) -> Result<(Arc<Plan>, bool)> {
-        if let Some(p) = self.plans.lock().map_err(|_| poisoned())?.get(&types) {
-            return Ok((p.clone(), false));
+    fn plan(&self, tensors: &[&Tensor], types: Vec<TensorType>) -> Result<(Arc<Plan>, bool)> {
+        loop {
+            let bound = self.by_value.lock().map_err(|_| poisoned())?.clone();
+            let key = PlanKey { types: types.clone(), values: bound.iter().map(|&i| (i, tensors[i].clone())).collect() };
+            if let Some(p) = self.plans.lock().map_err(|_| poisoned())?.get(&key) {
+                return Ok((p.clone(), false));
+            }
+            let start = Instant::now();
+            let mut values: Vec<Option<&Tensor>> = vec![None; tensors.len()];
+            for &i in &bound {
+                values[i] = Some(tensors[i]);
+            }
+            let spec: Specialized = match specialize(&self.graph, &self.ops, &self.order, &types, &values) {
+                Ok(s) => s,
+                Err(SpecializeError::Other(e)) => return Err(e),
+                Err(SpecializeError::NeedsValue { inputs: found, error }) => {
+                    // Bind the small graph inputs this value comes from, and retry.
+                    let small = |i: usize| {
+                        let max = if types[i].dtype.is_float() { MAX_FLOAT_VALUE_INPUT } else { MAX_VALUE_INPUT };
+                        types[i].len() <= max
+                    };
+                    let bindable = !found.is_empty() && found.iter().all(|&i| !bound.contains(&i) && small(i));
+                    if !bindable {
+                        return Err(error);
+                    }
+                    let mut by_value = self.by_value.lock().map_err(|_| poisoned())?;
+                    for i in found {
+                        log::info!("input '{}' feeds a shape argument: sessions specialise on its value", self.graph.values[self.graph.inputs[i]].name);
+                        if !by_value.contains(&i) {
+                            by_value.push(i);
+                        }
+                    }
+                    continue;
+                }
+            };
+            let exec = match &self.backend {
+                Backend::Cpu => Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, &spec)?),
+                Backend::Gpu { ctx, weights } => Exec::Gpu(GpuPlan::build(ctx.clone(), &self.graph, &self.ops, &spec, weights)?),
+            };
+            let plan = Arc::new(Plan { exec, folded: spec.folded });
+            let shapes: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+            log::info!(
+                "specialised '{}' for inputs [{}] on {} in {:.1} ms ({} steps, {} nodes folded)",
+                self.graph.name,
+                shapes.join(", "),
+                self.device_name(),
+                start.elapsed().as_secs_f64() * 1e3,
+                spec.steps.len(),
+                spec.folded
+            );
+            let mut plans = self.plans.lock().map_err(|_| poisoned())?;
+            let p = plans.entry(key).or_insert(plan).clone();
+            return Ok((p, true));
         }
-        let start = Instant::now();
-        let spec: Specialized = specialize(&self.graph, &self.ops, &self.order, &types)?;
-        let exec = match &self.backend {
-            Backend::Cpu => Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, &spec)?),
-            Backend::Gpu { ctx, weights } => Exec::Gpu(GpuPlan::build(ctx.clone(), &self.graph, &self.ops, &spec, weights)?),
-        };
-        let plan = Arc::new(Plan { exec, folded: spec.folded });
-        let shapes: Vec<String> = types.iter().map(|t| t.to_string()).collect();
-        log::info!(
-            "specialised '{}' for inputs [{}] on {} in {:.1} ms ({} steps, {} nodes folded)",
-            self.graph.name,
-            shapes.join(", "),
-            self.device_name(),
-            start.elapsed().as_secs_f64() * 1e3,
-            spec.steps.len(),
-            spec.folded
-        );
-        let mut plans = self.plans.lock().map_err(|_| poisoned())?;
-        let p = plans.entry(types).or_insert(plan).clone();
-        Ok((p, true))
     }
 
     /// Runs the model. Inputs by name; outputs in the model's output order.
@@ -225,7 +270,7 @@ impl Session {
     /// Like [`Session::run`], also reporting what the run did.
     pub fn run_with_stats(&self, inputs: &[(&str, &Tensor)]) -> Result<(Vec<Tensor>, RunStats)> {
         let (tensors, types) = self.bind(inputs)?;
-        let (plan, specialized) = self.plan(types)?;
+        let (plan, specialized) = self.plan(&tensors, types)?;
         let (outs, kernels, submits) = match &plan.exec {
             Exec::Cpu(p) => (p.run(&self.graph, &self.ops, &tensors)?, p.kernel_count(), 0),
             Exec::Gpu(p) => {

@@ -42,12 +42,29 @@ impl Specialized {
     }
 }
 
+/// Why a specialisation could not be built.
+pub(crate) enum SpecializeError {
+    /// A node needs the value of one of its inputs, which is not known; `inputs` are
+    /// the graph inputs (by index) that the value is computed from.
+    NeedsValue { inputs: Vec<usize>, error: RuntimeError },
+    Other(RuntimeError),
+}
+
+impl From<RuntimeError> for SpecializeError {
+    fn from(e: RuntimeError) -> Self {
+        SpecializeError::Other(e)
+    }
+}
+
+/// Specialises for concrete input types; `input_values[i]` is the value of graph input
+/// `i` when it is bound by value (inputs that feed shapes, axes, pads).
 pub(crate) fn specialize(
     graph: &Graph,
     ops: &[Box<dyn Op>],
     order: &[NodeId],
     input_types: &[TensorType],
-) -> Result<Specialized> {
+    input_values: &[Option<&Tensor>],
+) -> Result<Specialized, SpecializeError> {
     let mut types: Vec<Option<TensorType>> = vec![None; graph.values.len()];
     let mut constants: HashMap<ValueId, Tensor> = HashMap::new();
     for (&v, t) in &graph.initializers {
@@ -56,6 +73,11 @@ pub(crate) fn specialize(
     }
     for (&v, t) in graph.inputs.iter().zip(input_types) {
         types[v] = Some(t.clone());
+    }
+    for (&v, t) in graph.inputs.iter().zip(input_values) {
+        if let Some(t) = t {
+            constants.insert(v, (*t).clone());
+        }
     }
     let mut live = vec![];
     let mut folded = 0;
@@ -73,7 +95,15 @@ pub(crate) fn specialize(
                 _ => None,
             })
             .collect();
-        let out_types = op.infer(&args).map_err(|e| RuntimeError::node(node, e))?;
+        let out_types = match op.infer(&args) {
+            Ok(t) => t,
+            Err(kiln_ops::OpError::NeedsValue { index, what }) => {
+                let error = RuntimeError::node(node, kiln_ops::OpError::NeedsValue { index, what });
+                let inputs = node.inputs.get(index).copied().flatten().map(|v| unknown_sources(graph, &constants, v)).unwrap_or_default();
+                return Err(SpecializeError::NeedsValue { inputs, error });
+            }
+            Err(e) => return Err(RuntimeError::node(node, e).into()),
+        };
         if out_types.len() < node.outputs.len() {
             return Err(RuntimeError::node(
                 node,
@@ -82,7 +112,8 @@ pub(crate) fn specialize(
                     node.outputs.len(),
                     out_types.len()
                 )),
-            ));
+            )
+            .into());
         }
         let all_const = node.inputs.iter().flatten().all(|v| constants.contains_key(v));
         let mut values: Option<Vec<Tensor>> = match op.eval_from_types(&args) {
@@ -111,6 +142,7 @@ pub(crate) fn specialize(
             None => live.push(Step { node: n, inputs: node.inputs.clone(), outputs: node.outputs.clone() }),
         }
     }
+    // Graph inputs bound by value are constants of this specialisation, not steps.
     // Keep only the steps an output needs.
     let mut needed = vec![false; graph.values.len()];
     for &o in &graph.outputs {
@@ -128,4 +160,22 @@ pub(crate) fn specialize(
     steps.reverse();
     constants.retain(|v, _| needed[*v]);
     Ok(Specialized { types, constants, steps, folded })
+}
+
+/// The graph inputs (indices) that value `v` depends on through values not yet known.
+fn unknown_sources(graph: &Graph, constants: &HashMap<ValueId, Tensor>, v: ValueId) -> Vec<usize> {
+    let mut found = vec![];
+    let mut stack = vec![v];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(v) = stack.pop() {
+        if constants.contains_key(&v) || !seen.insert(v) {
+            continue;
+        }
+        if let Some(i) = graph.inputs.iter().position(|&x| x == v) {
+            found.push(i);
+        } else if let Some(n) = graph.nodes.iter().find(|n| n.outputs.contains(&v)) {
+            stack.extend(n.inputs.iter().flatten());
+        }
+    }
+    found
 }
