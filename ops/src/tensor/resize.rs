@@ -118,7 +118,7 @@ impl Resize {
         let present = |i: usize| -> Result<Option<&Tensor>> {
             match inputs.get(i).copied().flatten() {
                 None => Ok(None),
-                Some(a) if a.ty.len() == 0 => Ok(None),
+                Some(a) if a.ty.is_empty() => Ok(None),
                 Some(_) => Ok(Some(crate::constant(inputs, i, "Resize's scales/sizes/roi")?)),
             }
         };
@@ -171,7 +171,7 @@ impl Resize {
                 }
             }
             (Some(scales), None) => {
-                if scales.len() != k || scales.iter().any(|&s| !(s > 0.0) || !s.is_finite()) {
+                if scales.len() != k || scales.iter().any(|&s| s.is_nan() || s <= 0.0 || !s.is_finite()) {
                     return Err(OpError::input(
                         if self.source == Source::Full { 2 } else { 1 },
                         format!("scales {scales:?} must give {k} positive scales (input shape {:?})", x.dims()),
