@@ -71,7 +71,7 @@ impl CpuKernel for Concat {
             return Ok(());
         }
         let dst = out.bytes_mut();
-        if dst.len() % row != 0 || xs.iter().zip(&chunks).any(|(x, c)| x.bytes().len() != c * (dst.len() / row)) {
+        if !dst.len().is_multiple_of(row) || xs.iter().zip(&chunks).any(|(x, c)| x.bytes().len() != c * (dst.len() / row)) {
             return Err(OpError::invalid("Concat: input sizes do not match the output"));
         }
         cpu::par_chunks_mut(dst, row, 1, |r0, part| {
@@ -100,7 +100,7 @@ impl WgslKernel for Concat {
         for i in 0..inputs.len() {
             let a = required(inputs, i)?;
             let row = a.dims()[axis] * inner;
-            if a.ty.len() > 0 {
+            if !a.ty.is_empty() {
                 let body = format!("dst[(i / {row}u) * {out_row}u + {offset}u + i % {row}u] = src[i];");
                 let d: Dispatch = wgsl::simple_kernel(
                     &format!("Concat[{i}]"),

@@ -89,6 +89,7 @@ impl WgslKernel for Gather {
         let k = required(inputs, 1)?.ty.len();
         let axis = norm_axis(self.axis, data.rank())?;
         let (_, n, inner) = split_dims(data.dims(), axis);
+        let (k, inner) = (k.max(1), inner.max(1));
         let ty = wgsl::elem(data.dtype());
         let wg = tune.get(&wgsl::workgroup_param());
         let body = format!(

@@ -114,16 +114,6 @@ pub(crate) struct IndexMap {
 const FILL: i64 = i64::MIN;
 
 impl IndexMap {
-    /// A plain copy of `dims` (row-major, same layout).
-    pub fn copy(dims: &[usize]) -> IndexMap {
-        IndexMap {
-            out_dims: dims.to_vec(),
-            maps: vec![DimMap::id(); dims.len()],
-            strides: crate::broadcast::strides(dims),
-            base: 0,
-        }
-    }
-
     /// Whether any output element takes the fill value.
     pub fn may_fill(&self) -> bool {
         self.maps.iter().zip(&self.out_dims).any(|(m, &n)| match m {
@@ -242,6 +232,7 @@ impl IndexMap {
             if d == 0 {
                 let _ = writeln!(code, "    let {c} = i32({prefix}_r);");
             } else {
+                let n = n.max(1);
                 let _ = writeln!(code, "    let {c} = i32({prefix}_r % {n}u);\n    {prefix}_r = {prefix}_r / {n}u;");
             }
             let x = format!("{prefix}_x{d}");
@@ -307,6 +298,10 @@ impl IndexMap {
         }
         buffers.push(("dst", ty, false));
         bindings.push(dst);
+        if n == 0 {
+            // nothing to write (the grid bounds check returns at once)
+            return wgsl::simple_kernel(label, 0, wg, &buffers, bindings, "", "");
+        }
         let contiguous = self.base == 0
             && self.strides == crate::broadcast::strides(&self.out_dims)
             && self.maps.iter().all(|m| *m == DimMap::id());
@@ -321,11 +316,6 @@ impl IndexMap {
         };
         wgsl::simple_kernel(label, n, wg, &buffers, bindings, "", &body)
     }
-}
-
-/// Bytes of one element of `t`'s dtype holding the f64 value `v` (cast like C).
-pub(crate) fn scalar_bytes(dtype: kiln_graph::DType, v: f64) -> Result<Vec<u8>> {
-    Ok(Tensor::from_f64(dtype, &[], &[v])?.bytes().to_vec())
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ pub(crate) fn reshape_dims(input: &[usize], shape: &[i64], allowzero: bool) -> R
                 return Err(bad("-1 cannot be inferred next to a 0 dim".into()));
             }
             out[i] = 0;
-        } else if total % known != 0 {
+        } else if !total.is_multiple_of(known) {
             return Err(bad(format!("{total} elements are not a multiple of {known}")));
         } else {
             out[i] = total / known;
