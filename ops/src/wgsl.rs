@@ -201,3 +201,23 @@ pub(crate) mod testing {
         }
     }
 }
+
+/// Most loop iterations one invocation may run on every driver: Mesa's
+/// llvmpipe/lavapipe counts the iterations of all loops of an invocation together and
+/// silently leaves every loop after 65535 of them (measured here: a 70000-element sum
+/// stopped at 65535, also split into nested or consecutive loops). Kernels whose
+/// per-invocation loops can be longer spread the work over a workgroup
+/// ([`lanes_for`]) or fail with a clear error.
+pub const MAX_LOOP_ITERATIONS: usize = 65535;
+
+/// The fewest lanes (a power of two, at most 256) that keep `iterations` of loop work,
+/// shared evenly between lanes, under [`MAX_LOOP_ITERATIONS`] per invocation; `None`
+/// when even 256 lanes are not enough.
+pub fn lanes_for(iterations: usize) -> Option<u32> {
+    (0..=8).map(|p| 1u32 << p).find(|&l| iterations.div_ceil(l as usize) <= MAX_LOOP_ITERATIONS)
+}
+
+/// WGSL for `for (var {var} = {start}; {var} < {end}; {var} += {step}) { body }`.
+pub fn for_loop(var: &str, start: &str, end: &str, step: &str, body: &str) -> String {
+    format!("for (var {var} = {start}; {var} < {end}; {var} = {var} + {step}) {{\n{body}\n}}\n")
+}

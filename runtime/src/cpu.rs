@@ -74,13 +74,14 @@ impl CpuPlan {
         self.steps.iter().filter(|s| !s.view).count()
     }
 
-    pub fn run(&self, graph: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    /// Runs once; with `profile`, records each step's wall time (node index, seconds).
+    pub fn run(&self, graph: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor], profile: Option<&mut Vec<(usize, f64)>>) -> Result<Vec<Tensor>> {
         let temps = self.pool.lock().map_err(|_| poisoned())?.pop();
         let mut temps = match temps {
             Some(t) => t,
             None => self.temps.iter().map(|(d, dims)| Tensor::zeros(*d, dims)).collect(),
         };
-        let result = self.run_with(graph, ops, inputs, &mut temps);
+        let result = self.run_with(graph, ops, inputs, &mut temps, profile);
         // Views alias their inputs: point them back at their own (unused) storage so
         // that the next run's kernels write in place instead of copying on write.
         for s in self.steps.iter().filter(|s| s.view) {
@@ -92,8 +93,16 @@ impl CpuPlan {
         result
     }
 
-    fn run_with(&self, graph: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor], temps: &mut [Tensor]) -> Result<Vec<Tensor>> {
+    fn run_with(
+        &self,
+        graph: &Graph,
+        ops: &[Box<dyn Op>],
+        inputs: &[&Tensor],
+        temps: &mut [Tensor],
+        mut profile: Option<&mut Vec<(usize, f64)>>,
+    ) -> Result<Vec<Tensor>> {
         for s in &self.steps {
+            let started = profile.as_ref().map(|_| std::time::Instant::now());
             let node = &graph.nodes[s.node];
             // A step's outputs are consecutive temps after every temp it reads.
             let first = s.outputs[0];
@@ -122,6 +131,9 @@ impl CpuPlan {
                 }
             };
             r.map_err(|e| RuntimeError::node(node, e))?;
+            if let (Some(p), Some(t)) = (profile.as_deref_mut(), started) {
+                p.push((s.node, t.elapsed().as_secs_f64()));
+            }
         }
         Ok(self
             .outputs

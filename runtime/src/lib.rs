@@ -16,5 +16,5 @@ mod specialize;
 
 pub use device::{list_devices, AdapterInfo, DeviceChoice, DeviceKind, DevicesReport};
 pub use error::{Result, RuntimeError};
-pub use session::{RunStats, Session, SessionOptions};
+pub use session::{NodeProfile, RunStats, Session, SessionOptions};
 pub use specialize::{Specialized, Step};

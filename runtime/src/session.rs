@@ -272,12 +272,48 @@ impl Session {
         let (tensors, types) = self.bind(inputs)?;
         let (plan, specialized) = self.plan(&tensors, types)?;
         let (outs, kernels, submits) = match &plan.exec {
-            Exec::Cpu(p) => (p.run(&self.graph, &self.ops, &tensors)?, p.kernel_count(), 0),
+            Exec::Cpu(p) => (p.run(&self.graph, &self.ops, &tensors, None)?, p.kernel_count(), 0),
             Exec::Gpu(p) => {
                 let (o, submits) = p.run(&tensors)?;
                 (o, p.dispatch_count(), submits)
             }
         };
         Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized }))
+    }
+}
+
+/// Time spent per node over profiled runs.
+#[derive(Clone, Debug)]
+pub struct NodeProfile {
+    pub node: String,
+    pub op: String,
+    /// Mean seconds per run.
+    pub seconds: f64,
+}
+
+impl Session {
+    /// Runs `runs` times timing every step (CPU backend; on a GPU, where a run is one
+    /// submit, per-node times need timestamp queries and are not measured yet).
+    pub fn profile(&self, inputs: &[(&str, &Tensor)], runs: usize) -> Result<Vec<NodeProfile>> {
+        let (tensors, types) = self.bind(inputs)?;
+        let (plan, _) = self.plan(&tensors, types)?;
+        let Exec::Cpu(p) = &plan.exec else {
+            return Err(RuntimeError::Unsupported { node: "profile".into(), what: "per-node profiles are measured on the CPU backend only".into() });
+        };
+        let mut times: HashMap<usize, f64> = HashMap::new();
+        let mut samples = vec![];
+        for _ in 0..runs.max(1) {
+            samples.clear();
+            p.run(&self.graph, &self.ops, &tensors, Some(&mut samples))?;
+            for &(n, t) in &samples {
+                *times.entry(n).or_default() += t;
+            }
+        }
+        let mut out: Vec<NodeProfile> = times
+            .into_iter()
+            .map(|(n, t)| NodeProfile { node: self.graph.nodes[n].name.clone(), op: self.graph.nodes[n].op_type.clone(), seconds: t / runs.max(1) as f64 })
+            .collect();
+        out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        Ok(out)
     }
 }

@@ -24,6 +24,9 @@ pub struct Args {
     /// Size of a symbolic dim for random inputs, NAME=VALUE (default 1).
     #[arg(long = "dim")]
     dims: Vec<String>,
+    /// Also time every node (CPU) and print the slowest nodes and op types.
+    #[arg(long)]
+    profile: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -89,5 +92,26 @@ pub fn main(args: Args) -> Result<()> {
         args.iters, s.median, s.p90, s.min, s.mean, 1e3 / s.median
     );
     println!("  {} kernels per run, {} submits per run", run.kernels, run.submits);
+    if args.profile {
+        let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let prof = session.profile(&refs, args.iters)?;
+        let total: f64 = prof.iter().map(|p| p.seconds).sum();
+        let mut by_op: std::collections::BTreeMap<&str, (f64, usize)> = Default::default();
+        for p in &prof {
+            let e = by_op.entry(p.op.as_str()).or_default();
+            e.0 += p.seconds;
+            e.1 += 1;
+        }
+        let mut ops: Vec<_> = by_op.into_iter().collect();
+        ops.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        println!("  per op type (sum of node times {:.3} ms):", total * 1e3);
+        for (op, (t, n)) in ops {
+            println!("    {op:24} {:8.3} ms {:5.1}%  ({n} nodes)", t * 1e3, 100.0 * t / total);
+        }
+        println!("  slowest nodes:");
+        for p in prof.iter().take(15) {
+            println!("    {:40} {:16} {:8.3} ms", p.node, p.op, p.seconds * 1e3);
+        }
+    }
     Ok(())
 }

@@ -138,10 +138,18 @@ impl WgslKernel for ArgExtreme {
             (false, false) => "<",
             (false, true) => "<=",
         };
+        if d > wgsl::MAX_LOOP_ITERATIONS {
+            return Err(OpError::Unsupported(format!("{} over {d} elements exceeds the GPU loop budget ({} per invocation)", self.name(), wgsl::MAX_LOOP_ITERATIONS)));
+        }
+        let scan = wgsl::for_loop(
+            "k",
+            "1u",
+            &format!("{d}u"),
+            "1u",
+            &format!("let v = x[base + k * {inner}u];\n        if (v {cmp} best) {{ best = v; at = k; }}"),
+        );
         let body = format!(
-            "let base = (i / {inner}u) * {}u + i % {inner}u;\n    var best = x[base];\n    var at = 0u;\n    \
-             for (var k = 1u; k < {d}u; k = k + 1u) {{\n        let v = x[base + k * {inner}u];\n        \
-             if (v {cmp} best) {{ best = v; at = k; }}\n    }}\n    out[i] = i32(at);",
+            "let base = (i / {inner}u) * {}u + i % {inner}u;\n    var best = x[base];\n    var at = 0u;\n    {scan}    out[i] = i32(at);",
             d * inner
         );
         let wg = tune.get(&wgsl::workgroup_param());

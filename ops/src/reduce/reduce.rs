@@ -9,7 +9,7 @@ use super::layout::{normalize_axes, ReduceLayout};
 use crate::cpu::{self, CpuKernel};
 use crate::linalg::write_i64;
 use crate::op::{expect_dtype, required};
-use crate::wgsl::{self, Binding, TuneParam, WgslKernel, WgslProgram};
+use crate::wgsl::{self, Binding, Dispatch, TuneParam, WgslKernel, WgslProgram};
 use crate::{constant, Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
 use kiln_graph::{DType, Tensor};
 use std::fmt::Write;
@@ -176,45 +176,95 @@ impl WgslKernel for Reduce {
         let ty = wgsl::elem(x.dtype());
         // Float math for floats and for the reductions that leave the integers.
         let acc_ty = if ty == "f32" || !self.kind.exact_on_ints() { "f32" } else { ty };
-        let wg = tune.get(&wgsl::workgroup_param());
-        let mut body = String::new();
-        let _ = writeln!(body, "let o = i / {}u;\n    let j = i % {}u;", layout.inner, layout.inner);
-        let _ = writeln!(body, "    let base = outer_base(o) + j;");
-        let read = |idx: &str| if acc_ty == ty { format!("x[{idx}]") } else { format!("{acc_ty}(x[{idx}])") };
-        // Nested loops over the reduced groups; `r` is the offset from base.
-        let loops = |inner_stmt: &str| -> String {
-            let mut s = String::new();
-            let mut off = String::from("base");
-            for (g, &(size, stride)) in layout.reduced.iter().enumerate() {
-                let _ = writeln!(s, "    for (var r{g} = 0u; r{g} < {size}u; r{g} = r{g} + 1u) {{");
-                off = format!("{off} + r{g} * {stride}u");
-            }
-            let _ = writeln!(s, "    let v = {};\n    {inner_stmt}", read(&off));
-            for _ in &layout.reduced {
-                s += "    }\n";
-            }
-            s
-        };
         let k = self.kind;
-        if k == ReduceKind::LogSumExp {
-            let _ = writeln!(body, "    var m = {};", wgsl::literal("f32", f64::NEG_INFINITY));
-            body += &loops("m = max(m, v);");
-            let _ = writeln!(body, "    var acc = 0.0;");
-            body += &loops("acc = acc + exp(v - m);");
-            let _ = writeln!(body, "    var res = select(m + log(acc), m, abs(m) > 3.0e38);");
-        } else {
-            let _ = writeln!(body, "    var acc = {};", k.wgsl_init(acc_ty));
-            body += &loops(&format!("acc = {};", k.wgsl_fold("acc", "v")));
-            let _ = writeln!(body, "    var res = {};", k.wgsl_finish("acc", layout.reduced_len(), acc_ty));
+        // One flat loop over the reduced groups; `r` indexes them, `off` is the offset.
+        let total: usize = layout.reduced.iter().map(|g| g.0).product();
+        let mut off = String::from("base");
+        let mut div = 1usize;
+        for &(size, stride) in layout.reduced.iter().rev().filter(|_| total > 0) {
+            let idx = if div == 1 { format!("(r % {size}u)") } else { format!("((r / {div}u) % {size}u)") };
+            off = format!("{off} + {idx} * {stride}u");
+            div *= size;
         }
-        let store = if acc_ty == ty { "res".to_string() } else { format!("{ty}(res)") };
-        let _ = writeln!(body, "    out[i] = {store};");
-        let helpers = wgsl::offset_fn("outer_base_lin", &layout.outer.iter().map(|g| g.0).collect::<Vec<_>>(), &layout.outer.iter().map(|g| g.1).collect::<Vec<_>>())
-            + "fn outer_base(o: u32) -> u32 { return outer_base_lin(o); }\n";
-        let buffers = [("x", ty, true), ("out", wgsl::elem(outputs[0].dtype), false)];
+        let read = if acc_ty == ty { format!("x[{off}]") } else { format!("{acc_ty}(x[{off}])") };
+        // Loop passes over the reduced elements, and the lanes (invocations per output)
+        // that keep each invocation within the driver's loop budget.
+        let passes = if k == ReduceKind::LogSumExp { 2 } else { 1 };
+        let lanes = wgsl::lanes_for(passes * total).ok_or_else(|| {
+            OpError::Unsupported(format!("{} over {total} elements per output exceeds the GPU loop budget", self.name()))
+        })?;
+        let lanes = if lanes == 1 && total >= 4096 && outputs[0].len() < 256 { 64 } else { lanes };
+        let store = |res: &str| if acc_ty == ty { res.to_string() } else { format!("{ty}({res})") };
+        let out_ty = wgsl::elem(outputs[0].dtype);
         let n = outputs[0].len();
-        let d = wgsl::simple_kernel(self.name(), n, wg, &buffers, vec![Binding::Input(0), Binding::Output(0)], &helpers, &body);
-        Ok(WgslProgram::single(d))
+        let helpers = wgsl::offset_fn("outer_base", &layout.outer.iter().map(|g| g.0).collect::<Vec<_>>(), &layout.outer.iter().map(|g| g.1).collect::<Vec<_>>());
+        let prologue = format!("let base = outer_base(i / {inner}u) + i % {inner}u;\n", inner = layout.inner);
+        if lanes == 1 {
+            let wg = tune.get(&wgsl::workgroup_param());
+            let lp = |stmt: &str| wgsl::for_loop("r", "0u", &format!("{total}u"), "1u", &format!("let v = {read};\n{stmt}"));
+            let mut body = prologue;
+            if k == ReduceKind::LogSumExp {
+                let _ = writeln!(body, "var m = {};", wgsl::literal("f32", f64::NEG_INFINITY));
+                body += &lp("m = max(m, v);");
+                body += "var acc = 0.0;\n";
+                body += &lp("acc = acc + exp(v - m);");
+                body += "let res = select(m + log(acc), m, abs(m) > 3.0e38);\n";
+            } else {
+                let _ = writeln!(body, "var acc = {};", k.wgsl_init(acc_ty));
+                body += &lp(&format!("acc = {};", k.wgsl_fold("acc", "v")));
+                let _ = writeln!(body, "let res = {};", k.wgsl_finish("acc", total, acc_ty));
+            }
+            let _ = writeln!(body, "out[i] = {};", store("res"));
+            let buffers = [("x", ty, true), ("out", out_ty, false)];
+            let d = wgsl::simple_kernel(self.name(), n, wg, &buffers, vec![Binding::Input(0), Binding::Output(0)], &helpers, &body);
+            return Ok(WgslProgram::single(d));
+        }
+        // A workgroup of `lanes` invocations per output: strided partial folds, then a
+        // tree combine in workgroup memory.
+        let gx = n.clamp(1, wgsl::MAX_GROUPS as usize);
+        let gy = n.div_ceil(gx).max(1);
+        let lp = |stmt: &str| wgsl::for_loop("r", "lid.x", &format!("{total}u"), &format!("{lanes}u"), &format!("let v = {read};\n{stmt}"));
+        let tree = |combine: &str| {
+            format!(
+                "red[lid.x] = t;\nworkgroupBarrier();\nfor (var w = {}u; w > 0u; w = w >> 1u) {{\n    if (lid.x < w) {{ red[lid.x] = {combine}; }}\n    workgroupBarrier();\n}}\n",
+                lanes / 2
+            )
+        };
+        let combine = match k {
+            ReduceKind::Max => "max(red[lid.x], red[lid.x + w])",
+            ReduceKind::Min => "min(red[lid.x], red[lid.x + w])",
+            ReduceKind::Prod => "red[lid.x] * red[lid.x + w]",
+            _ => "red[lid.x] + red[lid.x + w]",
+        };
+        let mut body = prologue;
+        if k == ReduceKind::LogSumExp {
+            let _ = writeln!(body, "var t = {};", wgsl::literal("f32", f64::NEG_INFINITY));
+            body += &lp("t = max(t, v);");
+            body += &tree("max(red[lid.x], red[lid.x + w])");
+            body += "let m = red[0];\nworkgroupBarrier();\nt = 0.0;\n";
+            body += &lp("t = t + exp(v - m);");
+            body += &tree(combine);
+            body += "let acc = red[0];\nlet res = select(m + log(acc), m, abs(m) > 3.0e38);\n";
+        } else {
+            let _ = writeln!(body, "var t = {};", k.wgsl_init(acc_ty));
+            body += &lp(&format!("t = {};", k.wgsl_fold("t", "v")));
+            body += &tree(combine);
+            let _ = writeln!(body, "let res = {};", k.wgsl_finish("red[0]", total, acc_ty));
+        }
+        let _ = writeln!(body, "if (lid.x == 0u) {{ out[i] = {}; }}", store("res"));
+        let source = format!(
+            "{}\nvar<workgroup> red: array<{acc_ty}, {lanes}>;\n{helpers}\n@compute @workgroup_size({lanes})\n\
+             fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{\n\
+             let i = wid.x + wid.y * {gx}u;\nif (i >= {n}u) {{ return; }}\n{body}}}\n",
+            wgsl::declare(&[("x", ty, true), ("out", out_ty, false)])
+        );
+        Ok(WgslProgram::single(Dispatch {
+            label: self.name().into(),
+            source,
+            entry_point: "main".into(),
+            workgroups: [gx as u32, gy as u32, 1],
+            bindings: vec![Binding::Input(0), Binding::Output(0)],
+        }))
     }
 }
 

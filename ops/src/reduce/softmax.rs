@@ -8,7 +8,7 @@ use super::layout::split_at_axis;
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, Dispatch, TuneParam, WgslKernel, WgslProgram, MAX_GROUPS};
-use crate::{norm_axis, Arg, Cost, NodeSpec, Op, Registry, Result, TensorType, TuneValues};
+use crate::{norm_axis, Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
 use kiln_graph::{DType, Tensor};
 use std::fmt::Write;
 
@@ -230,15 +230,22 @@ impl WgslKernel for Softmax {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (outer, d, inner) = self.rows(required(inputs, 0)?.dims())?;
         let rows = outer * inner;
-        let lanes = tune.get(&lanes_param(rows, d)).clamp(1, 256).next_power_of_two();
+        // Three passes over each row per invocation must fit the driver's loop budget.
+        let min_lanes = wgsl::lanes_for(3 * d)
+            .ok_or_else(|| OpError::Unsupported(format!("a softmax row of {d} elements exceeds the GPU loop budget")))?;
+        let lanes = tune.get(&lanes_param(rows, d)).clamp(1, 256).next_power_of_two().max(min_lanes);
         let bufs = wgsl::declare(&[("x", "f32", true), ("out", "f32", false)]);
         // Row r starts at (r / inner) * d * inner + r % inner; elements are `inner` apart.
         let start = format!("(row / {inner}u) * {}u + row % {inner}u", d * inner);
         let at = |k: &str| format!("start + ({k}) * {inner}u");
-        let finish = if self.log {
-            format!("let ls = log(s);\n    for (var k = FIRST; k < {d}u; k = k + STEP) {{ out[{}] = (x[{}] - m) - ls; }}\n", at("k"), at("k"))
-        } else {
-            format!("let inv = 1.0 / s;\n    for (var k = FIRST; k < {d}u; k = k + STEP) {{ out[{}] = exp(x[{}] - m) * inv; }}\n", at("k"), at("k"))
+        let dend = format!("{d}u");
+        // `lanes` keeps each invocation within the driver loop budget (wgsl::lanes_for).
+        let finish = |first: &str, step: &str| {
+            if self.log {
+                format!("let ls = log(s);\n    {}", wgsl::for_loop("k", first, &dend, step, &format!("out[{}] = (x[{}] - m) - ls;", at("k"), at("k"))))
+            } else {
+                format!("let inv = 1.0 / s;\n    {}", wgsl::for_loop("k", first, &dend, step, &format!("out[{}] = exp(x[{}] - m) * inv;", at("k"), at("k"))))
+            }
         };
         let neg_inf = wgsl::literal("f32", f64::NEG_INFINITY);
         let dispatch = if lanes == 1 {
@@ -247,10 +254,11 @@ impl WgslKernel for Softmax {
             let mut s = bufs;
             let _ = writeln!(s, "\n@compute @workgroup_size({wg})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n    {index}    let row = i;");
             let _ = writeln!(s, "    let start = {start};\n    var m = {neg_inf};");
-            let _ = writeln!(s, "    for (var k = 0u; k < {d}u; k = k + 1u) {{ m = max(m, x[{}]); }}", at("k"));
-            let _ = writeln!(s, "    var s = 0.0;\n    for (var k = 0u; k < {d}u; k = k + 1u) {{ s = s + exp(x[{}] - m); }}", at("k"));
+            s += &wgsl::for_loop("k", "0u", &dend, "1u", &format!("m = max(m, x[{}]);", at("k")));
+            s += "    var s = 0.0;\n";
+            s += &wgsl::for_loop("k", "0u", &dend, "1u", &format!("s = s + exp(x[{}] - m);", at("k")));
             s += "    ";
-            s += &finish.replace("FIRST", "0u").replace("STEP", "1u");
+            s += &finish("0u", "1u");
             s += "}\n";
             Dispatch { label: self.name().into(), source: s, entry_point: "main".into(), workgroups: grid, bindings: vec![Binding::Input(0), Binding::Output(0)] }
         } else {
@@ -266,13 +274,16 @@ impl WgslKernel for Softmax {
                     lanes / 2
                 )
             };
-            let _ = writeln!(s, "    var t = {neg_inf};\n    for (var k = lid.x; k < {d}u; k = k + {lanes}u) {{ t = max(t, x[{}]); }}", at("k"));
+            let lane_step = format!("{lanes}u");
+            let _ = writeln!(s, "    var t = {neg_inf};");
+            s += &wgsl::for_loop("k", "lid.x", &dend, &lane_step, &format!("t = max(t, x[{}]);", at("k")));
             s += &tree("max(red[lid.x], red[lid.x + w])");
             s += "    let m = red[0];\n    workgroupBarrier();\n";
-            let _ = writeln!(s, "    t = 0.0;\n    for (var k = lid.x; k < {d}u; k = k + {lanes}u) {{ t = t + exp(x[{}] - m); }}", at("k"));
+            s += "    t = 0.0;\n";
+            s += &wgsl::for_loop("k", "lid.x", &dend, &lane_step, &format!("t = t + exp(x[{}] - m);", at("k")));
             s += &tree("red[lid.x] + red[lid.x + w]");
             s += "    let s = red[0];\n    ";
-            s += &finish.replace("FIRST", "lid.x").replace("STEP", &format!("{lanes}u"));
+            s += &finish("lid.x", &lane_step);
             s += "}\n";
             Dispatch {
                 label: self.name().into(),

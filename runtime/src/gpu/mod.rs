@@ -198,6 +198,12 @@ impl GpuContext {
         if let Some(p) = self.pipelines.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(p.clone());
         }
+        if let Some(dir) = std::env::var_os("KILN_DUMP_WGSL") {
+            // Debugging aid: every generated kernel, named after its node.
+            let name: String = label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::write(std::path::Path::new(&dir).join(format!("{name}.wgsl")), source);
+        }
         let module = naga::front::wgsl::parse_str(source)
             .map_err(|e| RuntimeError::Gpu(format!("kernel '{label}': invalid WGSL: {}", e.emit_to_string(source))))?;
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())

@@ -73,6 +73,16 @@ pub fn cross_check(op: &str, inputs: &[In], attrs: &[(&str, Attr)], n_outputs: u
     let (g, feeds) = single_op(op, inputs, attrs, n_outputs, opset);
     let cpu = run_on(DeviceChoice::Cpu, g.clone(), &feeds).unwrap_or_else(|e| panic!("{op} on the CPU: {e}"));
     let gpu = run_on(DeviceChoice::Gpu, g, &feeds).unwrap_or_else(|e| panic!("{op} on the GPU: {e}"));
+    let shapes: Vec<String> = inputs
+        .iter()
+        .map(|i| match i {
+            In::Data(t) => format!("data {}{:?}", t.dtype(), t.dims()),
+            In::Const(t) => format!("const {}{:?}", t.dtype(), t.dims()),
+            In::None => "none".into(),
+        })
+        .collect();
+    let op = format!("{op} [{}] {:?} opset {opset}", shapes.join(", "), attrs);
+    let op = op.as_str();
     for (k, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
         assert_eq!(c.dtype(), g.dtype(), "{op} output {k} dtype");
         assert_eq!(c.dims(), g.dims(), "{op} output {k} dims");

@@ -1,0 +1,78 @@
+//! CPU vs GPU on Conv, ConvTranspose, pooling and normalisation: odd spatial sizes,
+//! groups, depthwise, dilations, strides, asymmetric pads, auto_pad.
+mod common;
+use common::*;
+use kiln_graph::Attr;
+
+fn ints(v: &[i64]) -> Attr {
+    Attr::Ints(v.to_vec())
+}
+
+#[test]
+fn conv_agrees_across_attributes() {
+    // (N, C, H, W, M, K, group, stride, dilation, pads)
+    let cases: [(usize, usize, usize, usize, usize, usize, usize, i64, i64, [i64; 4]); 8] = [
+        (1, 3, 13, 11, 5, 3, 1, 1, 1, [1, 1, 1, 1]),
+        (2, 4, 9, 9, 6, 3, 2, 2, 1, [0, 1, 2, 0]),
+        (1, 8, 15, 15, 8, 3, 8, 1, 1, [1, 1, 1, 1]),
+        (1, 8, 15, 15, 8, 3, 8, 2, 1, [1, 1, 1, 1]),
+        (1, 5, 17, 7, 7, 1, 1, 1, 1, [0, 0, 0, 0]),
+        (1, 3, 20, 20, 4, 3, 1, 1, 2, [2, 2, 2, 2]),
+        (1, 3, 29, 29, 16, 7, 1, 2, 1, [3, 3, 3, 3]),
+        (1, 16, 7, 7, 33, 1, 1, 1, 1, [0, 0, 0, 0]),
+    ];
+    for (i, &(n, c, h, w, m, k, g, s, d, p)) in cases.iter().enumerate() {
+        let x = rand_f32(&[n, c, h, w], i as u64);
+        let wt = rand_f32(&[m, c / g, k, k], 100 + i as u64);
+        let b = rand_f32(&[m], 200 + i as u64);
+        let attrs = [("group", Attr::Int(g as i64)), ("strides", ints(&[s, s])), ("dilations", ints(&[d, d])), ("pads", ints(&p))];
+        cross_check("Conv", &[In::Data(x.clone()), In::Const(wt.clone()), In::Const(b)], &attrs, 1, 11, 1e-5);
+        cross_check("Conv", &[In::Data(x), In::Const(wt)], &attrs, 1, 11, 1e-5);
+    }
+    for pad in ["SAME_UPPER", "SAME_LOWER", "VALID"] {
+        cross_check(
+            "Conv",
+            &[In::Data(rand_f32(&[1, 2, 10, 9], 1)), In::Const(rand_f32(&[3, 2, 4, 3], 2))],
+            &[("auto_pad", Attr::String(pad.into())), ("strides", ints(&[2, 2]))],
+            1,
+            11,
+            1e-5,
+        );
+    }
+    cross_check("Conv", &[In::Data(rand_f32(&[2, 3, 31], 1)), In::Const(rand_f32(&[4, 3, 5], 2))], &[("pads", ints(&[2, 1]))], 1, 11, 1e-5);
+}
+
+#[test]
+fn conv_transpose_agrees() {
+    let x = rand_f32(&[1, 4, 7, 6], 1);
+    cross_check("ConvTranspose", &[In::Data(x.clone()), In::Const(rand_f32(&[4, 3, 3, 3], 2)), In::Const(rand_f32(&[3], 3))], &[("strides", ints(&[2, 2])), ("pads", ints(&[1, 0, 1, 1]))], 1, 11, 1e-5);
+    cross_check("ConvTranspose", &[In::Data(x.clone()), In::Const(rand_f32(&[4, 2, 2, 2], 2))], &[("strides", ints(&[2, 2])), ("group", Attr::Int(2)), ("output_padding", ints(&[1, 1]))], 1, 11, 1e-5);
+    cross_check("ConvTranspose", &[In::Data(x), In::Const(rand_f32(&[4, 5, 3, 3], 2))], &[("dilations", ints(&[2, 2]))], 1, 11, 1e-5);
+}
+
+#[test]
+fn pooling_and_norms_agree() {
+    let x = rand_f32(&[2, 3, 15, 14], 5);
+    for ceil in [0i64, 1] {
+        let a = [("kernel_shape", ints(&[3, 3])), ("strides", ints(&[2, 2])), ("pads", ints(&[1, 0, 1, 1])), ("ceil_mode", Attr::Int(ceil))];
+        cross_check("MaxPool", &[In::Data(x.clone())], &a, 1, 12, 0.0);
+        cross_check("AveragePool", &[In::Data(x.clone())], &a, 1, 19, 1e-6);
+        let mut b = a.to_vec();
+        b.push(("count_include_pad", Attr::Int(1)));
+        cross_check("AveragePool", &[In::Data(x.clone())], &b, 1, 19, 1e-6);
+    }
+    cross_check("MaxPool", &[In::Data(x.clone())], &[("kernel_shape", ints(&[2, 2])), ("dilations", ints(&[2, 2])), ("auto_pad", Attr::String("SAME_UPPER".into()))], 1, 12, 0.0);
+    cross_check("AveragePool", &[In::Data(x.clone())], &[("kernel_shape", ints(&[3, 2])), ("auto_pad", Attr::String("SAME_LOWER".into()))], 1, 19, 1e-6);
+    cross_check("GlobalAveragePool", &[In::Data(x.clone())], &[], 1, 13, 1e-6);
+    cross_check("GlobalMaxPool", &[In::Data(x.clone())], &[], 1, 13, 0.0);
+    let c = 3;
+    cross_check(
+        "BatchNormalization",
+        &[In::Data(x.clone()), In::Const(rand_f32(&[c], 1)), In::Const(rand_f32(&[c], 2)), In::Const(rand_f32(&[c], 3)), In::Const(kiln_graph::Tensor::from_slice(&[c], &[0.5f32, 1.0, 2.0]).unwrap())],
+        &[("epsilon", Attr::Float(1e-3))],
+        1,
+        15,
+        1e-6,
+    );
+    cross_check("InstanceNormalization", &[In::Data(x), In::Const(rand_f32(&[c], 1)), In::Const(rand_f32(&[c], 2))], &[], 1, 6, 1e-5);
+}

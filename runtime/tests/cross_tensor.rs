@@ -1,0 +1,54 @@
+//! CPU vs GPU on data movement: Transpose, Concat, Split, Slice, Pad, Gather, Expand,
+//! Tile, Where, Cast, Resize; odd sizes, size-1 dims, negative axes and indices.
+mod common;
+use common::*;
+use kiln_graph::{Attr, Tensor};
+
+fn i64s(v: &[i64]) -> Tensor {
+    Tensor::from_slice(&[v.len()], v).unwrap()
+}
+
+#[test]
+fn movement_ops_agree() {
+    let x = rand_f32(&[2, 3, 5, 7], 1);
+    cross_check("Transpose", &[In::Data(x.clone())], &[("perm", Attr::Ints(vec![0, 2, 3, 1]))], 1, 13, 0.0);
+    cross_check("Transpose", &[In::Data(x.clone())], &[], 1, 13, 0.0);
+    cross_check("Concat", &[In::Data(x.clone()), In::Data(rand_f32(&[2, 1, 5, 7], 2)), In::Const(rand_f32(&[2, 4, 5, 7], 3))], &[("axis", Attr::Int(1))], 1, 13, 0.0);
+    cross_check("Concat", &[In::Data(x.clone()), In::Data(rand_f32(&[2, 3, 5, 2], 2))], &[("axis", Attr::Int(-1))], 1, 13, 0.0);
+    cross_check("Split", &[In::Data(x.clone()), In::Const(i64s(&[2, 4, 1]))], &[("axis", Attr::Int(3))], 3, 13, 0.0);
+    cross_check("Split", &[In::Data(x.clone())], &[("axis", Attr::Int(1))], 3, 13, 0.0);
+    cross_check("Slice", &[In::Data(x.clone()), In::Const(i64s(&[1, -1])), In::Const(i64s(&[4, -8])), In::Const(i64s(&[2, 3])), In::Const(i64s(&[2, -3]))], &[], 1, 13, 0.0);
+    cross_check("Slice", &[In::Data(x.clone()), In::Const(i64s(&[0])), In::Const(i64s(&[i64::MAX])), In::Const(i64s(&[1]))], &[], 1, 13, 0.0);
+    for mode in ["constant", "reflect", "edge"] {
+        cross_check("Pad", &[In::Data(x.clone()), In::Const(i64s(&[0, 1, 2, 1, 0, 0, 1, 3]))], &[("mode", Attr::String(mode.into()))], 1, 13, 0.0);
+    }
+    let idx = Tensor::from_slice(&[2, 3], &[0i64, -1, 2, 1, 1, 0]).unwrap();
+    cross_check("Gather", &[In::Data(x.clone()), In::Const(idx.clone())], &[("axis", Attr::Int(1))], 1, 13, 0.0);
+    cross_check("Gather", &[In::Data(x.clone()), In::Data(idx)], &[("axis", Attr::Int(1))], 1, 13, 0.0);
+    cross_check("Expand", &[In::Data(rand_f32(&[3, 1], 4)), In::Const(i64s(&[2, 1, 6]))], &[], 1, 13, 0.0);
+    cross_check("Tile", &[In::Data(rand_f32(&[3, 2], 4)), In::Const(i64s(&[2, 3]))], &[], 1, 13, 0.0);
+    let cond = Tensor::from_bools(&[5, 1], &[true, false, true, true, false]).unwrap();
+    cross_check("Where", &[In::Data(cond), In::Data(rand_f32(&[5, 7], 5)), In::Data(rand_f32(&[7], 6))], &[], 1, 13, 0.0);
+    cross_check("Cast", &[In::Data(rand_f32(&[70], 7))], &[("to", Attr::Int(7))], 1, 13, 0.0);
+    cross_check("Cast", &[In::Data(Tensor::from_slice(&[4], &[3i64, -2, 0, 7]).unwrap())], &[("to", Attr::Int(1))], 1, 13, 0.0);
+    cross_check("Cast", &[In::Data(Tensor::from_slice(&[4], &[3i64, -2, 0, 7]).unwrap())], &[("to", Attr::Int(9))], 1, 13, 0.0);
+}
+
+#[test]
+fn resize_agrees() {
+    let x = rand_f32(&[1, 2, 5, 7], 8);
+    let scales = Tensor::from_slice(&[4], &[1.0f32, 1.0, 2.0, 1.5]).unwrap();
+    let empty = Tensor::from_slice::<f32>(&[0], &[]).unwrap();
+    for (mode, ctm) in [("nearest", "asymmetric"), ("nearest", "half_pixel"), ("linear", "half_pixel"), ("linear", "align_corners"), ("linear", "pytorch_half_pixel")] {
+        cross_check(
+            "Resize",
+            &[In::Data(x.clone()), In::Const(empty.clone()), In::Const(scales.clone())],
+            &[("mode", Attr::String(mode.into())), ("coordinate_transformation_mode", Attr::String(ctm.into()))],
+            1,
+            13,
+            1e-6,
+        );
+    }
+    let sizes = Tensor::from_slice(&[4], &[1i64, 2, 9, 4]).unwrap();
+    cross_check("Resize", &[In::Data(x), In::None, In::None, In::Const(sizes)], &[("mode", Attr::String("linear".into()))], 1, 13, 1e-6);
+}
