@@ -5,12 +5,18 @@ use kiln::runtime::{DeviceChoice, Session, SessionOptions};
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Imports a model file (.onnx) and opens a session on `device`.
-pub fn open_session(model: &Path, device: &DeviceChoice) -> Result<Session> {
-    let graph = match model.extension().and_then(|e| e.to_str()) {
+/// Imports a model file (.onnx), runs the graph passes (unless `no_passes`) and opens
+/// a session on `device`.
+pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool) -> Result<Session> {
+    let mut graph = match model.extension().and_then(|e| e.to_str()) {
         Some("onnx") | None => kiln::compiler::onnx::import_file(model).with_context(|| format!("cannot import {}", model.display()))?,
         Some(ext) => bail!("{}: unknown model format '.{ext}' (expected .onnx)", model.display()),
     };
+    if !no_passes {
+        for r in kiln::compiler::passes::optimize(&mut graph) {
+            log::info!("pass {}: {} change(s)", r.name, r.changes);
+        }
+    }
     Session::new(graph, SessionOptions::device(device.clone())).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))
 }
 

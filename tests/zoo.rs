@@ -1,6 +1,7 @@
 //! End to end: every zoo model in scope runs on the CPU and on the GPU and matches
 //! onnxruntime's reference outputs (relative L2 error at most 1e-4 on the CPU and 1e-3
-//! on the GPU), on every data set, from one session per model and device.
+//! on the GPU), on every data set, from one session per model and device, with the
+//! graph passes and without them.
 mod common;
 use common::*;
 use kiln::runtime::{Session, SessionOptions};
@@ -10,8 +11,10 @@ fn check(model: &str) {
     let dir = zoo().join(model);
     let sets = data_sets(&dir);
     assert!(!sets.is_empty(), "{model}: no data sets in {}", dir.display());
-    let graph = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap_or_else(|e| panic!("{model}: import failed: {e}"));
-    for (backend, device) in backends() {
+    let raw = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap_or_else(|e| panic!("{model}: import failed: {e}"));
+    let mut optimized = raw.clone();
+    kiln::compiler::passes::optimize(&mut optimized);
+    for ((backend, device), (passes, graph)) in backends().into_iter().flat_map(|b| [(b.clone(), ("passes", optimized.clone())), (b, ("raw", raw.clone()))]) {
         let tol = if backend == "cpu" { 1e-4 } else { 1e-3 };
         let session = Session::new(graph.clone(), SessionOptions::device(device)).unwrap_or_else(|e| panic!("{model} on {backend}: {e}"));
         for set in &sets {
@@ -23,8 +26,8 @@ fn check(model: &str) {
             for (k, (got, want)) in outs.iter().zip(&set.outputs).enumerate() {
                 assert_eq!(got.dims(), want.dims(), "{model} on {backend}: output {k} shape");
                 let e = rel_l2(got, want);
-                println!("zoo {model:14} {backend} {:18} output {k}: rel. L2 {e:.2e} (limit {tol:.0e}), first run {ms:.0} ms", set.dir.file_name().unwrap().to_string_lossy());
-                assert!(e <= tol, "{model} on {backend} ({}): output {k} relative L2 error {e:e} > {tol:e}", set.dir.display());
+                println!("zoo {model:14} {backend} {passes:6} {:18} output {k}: rel. L2 {e:.2e} (limit {tol:.0e}), first run {ms:.0} ms", set.dir.file_name().unwrap().to_string_lossy());
+                assert!(e <= tol, "{model} on {backend} ({passes}, {}): output {k} relative L2 error {e:e} > {tol:e}", set.dir.display());
             }
         }
     }

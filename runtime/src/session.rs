@@ -90,21 +90,27 @@ impl Session {
         let registry = options.registry.as_ref().unwrap_or_else(|| Registry::builtin());
         let opset = graph.opset();
         let mut ops = Vec::with_capacity(graph.nodes.len());
-        let mut errors = vec![];
+        let mut errors: Vec<(String, String)> = vec![];
         for node in &graph.nodes {
             let opset = graph.opsets.get(&node.domain).copied().unwrap_or(opset);
             match registry.create(&NodeSpec::new(node, opset)) {
                 Ok(op) => ops.push(op),
-                Err(e) => errors.push(format!("node '{}' ({}): {e}", node.name, node.op_type)),
+                Err(e) => errors.push((format!("node '{}' ({})", node.name, node.op_type), e.to_string())),
             }
         }
-        if !errors.is_empty() {
-            let n = errors.len();
-            let shown: Vec<_> = errors.into_iter().take(20).collect();
-            return Err(RuntimeError::Unsupported {
-                node: format!("{n} node(s) cannot run"),
-                what: format!("\n  {}", shown.join("\n  ")),
-            });
+        match errors.len() {
+            0 => {}
+            1 => {
+                let (node, what) = errors.remove(0);
+                return Err(RuntimeError::Unsupported { node, what });
+            }
+            n => {
+                let shown: Vec<String> = errors.iter().take(20).map(|(n, w)| format!("{n}: {w}")).collect();
+                return Err(RuntimeError::Unsupported {
+                    node: format!("{n} nodes cannot run"),
+                    what: format!("\n  {}{}", shown.join("\n  "), if n > 20 { "\n  ..." } else { "" }),
+                });
+            }
         }
         for &v in &graph.inputs {
             if graph.values[v].ty.is_none() {

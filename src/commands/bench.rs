@@ -27,6 +27,9 @@ pub struct Args {
     /// Also time every node (CPU) and print the slowest nodes and op types.
     #[arg(long)]
     profile: bool,
+    /// Run the imported graph as is, without the graph passes (fusion, ...).
+    #[arg(long)]
+    no_passes: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -70,7 +73,7 @@ pub fn main(args: Args) -> Result<()> {
         bail!("--iters must be at least 1");
     }
     let t0 = Instant::now();
-    let session = io::open_session(&args.model, &args.device)?;
+    let session = io::open_session(&args.model, &args.device, args.no_passes)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = io::complete_inputs(&session, io::parse_inputs(&args.inputs)?, &io::parse_dims(&args.dims)?);
     let (times, run, first_ms) = time_runs(&session, &inputs, args.warmup, args.iters)?;

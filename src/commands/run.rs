@@ -20,13 +20,16 @@ pub struct Args {
     /// Write each output to DIR/NAME.npy.
     #[arg(long)]
     output_dir: Option<PathBuf>,
+    /// Run the imported graph as is, without the graph passes (fusion, ...).
+    #[arg(long)]
+    no_passes: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn main(args: Args) -> Result<()> {
-    let session = io::open_session(&args.model, &args.device)?;
+    let session = io::open_session(&args.model, &args.device, args.no_passes)?;
     let given = io::parse_inputs(&args.inputs)?;
     let inputs = io::complete_inputs(&session, given, &io::parse_dims(&args.dims)?);
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();

@@ -7,7 +7,7 @@ mod binary;
 mod unary;
 
 pub use binary::BinaryKind;
-pub use unary::UnaryKind;
+pub use unary::{activation_wgsl, apply_activation, fused_activation, unary_kind_of, UnaryKind, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
 
 pub(crate) fn register(r: &mut Registry) {
     unary::register(r);

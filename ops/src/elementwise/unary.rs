@@ -67,7 +67,8 @@ macro_rules! float_fn {
 }
 
 impl UnaryKind {
-    fn op_name(&self) -> &'static str {
+    /// The ONNX op type of this kind.
+    pub fn op_name(&self) -> &'static str {
         match self {
             UnaryKind::Relu => "Relu",
             UnaryKind::LeakyRelu { .. } => "LeakyRelu",
@@ -92,6 +93,52 @@ impl UnaryKind {
             UnaryKind::Selu { .. } => "Selu",
             UnaryKind::Sign => "Sign",
         }
+    }
+
+    /// The kind's parameters, in a fixed order (see [`UnaryKind::from_name_params`]).
+    pub fn params(&self) -> Vec<f32> {
+        match *self {
+            UnaryKind::LeakyRelu { alpha } | UnaryKind::Elu { alpha } => vec![alpha],
+            UnaryKind::Clip { min, max } => vec![min, max],
+            UnaryKind::HardSigmoid { alpha, beta } => vec![alpha, beta],
+            UnaryKind::Selu { alpha, gamma } => vec![alpha, gamma],
+            _ => vec![],
+        }
+    }
+
+    /// The kind of op type `name` with `params` (as [`UnaryKind::params`] gives them).
+    pub fn from_name_params(name: &str, params: &[f32]) -> Option<UnaryKind> {
+        let p = |i: usize| params.get(i).copied();
+        Some(match name {
+            "Relu" => UnaryKind::Relu,
+            "LeakyRelu" => UnaryKind::LeakyRelu { alpha: p(0)? },
+            "Clip" => UnaryKind::Clip { min: p(0)?, max: p(1)? },
+            "Sigmoid" => UnaryKind::Sigmoid,
+            "HardSigmoid" => UnaryKind::HardSigmoid { alpha: p(0)?, beta: p(1)? },
+            "HardSwish" => UnaryKind::HardSwish,
+            "Tanh" => UnaryKind::Tanh,
+            "Elu" => UnaryKind::Elu { alpha: p(0)? },
+            "Selu" => UnaryKind::Selu { alpha: p(0)?, gamma: p(1)? },
+            "Softplus" => UnaryKind::Softplus,
+            _ => return None,
+        })
+    }
+
+    /// Whether the kind can be fused as an epilogue activation (f32, no extra inputs).
+    pub fn is_activation(&self) -> bool {
+        matches!(
+            self,
+            UnaryKind::Relu
+                | UnaryKind::LeakyRelu { .. }
+                | UnaryKind::Clip { .. }
+                | UnaryKind::Sigmoid
+                | UnaryKind::HardSigmoid { .. }
+                | UnaryKind::HardSwish
+                | UnaryKind::Tanh
+                | UnaryKind::Elu { .. }
+                | UnaryKind::Selu { .. }
+                | UnaryKind::Softplus
+        )
     }
 
     /// Dtypes the op accepts.
@@ -313,6 +360,57 @@ impl WgslKernel for Unary {
             &body,
         )))
     }
+}
+
+/// The attributes that carry an activation fused into a producer's epilogue.
+pub const ACTIVATION_ATTR: &str = "kiln_activation";
+pub const ACTIVATION_PARAMS_ATTR: &str = "kiln_activation_params";
+
+/// The fused epilogue activation of a node (Conv, Gemm, MatMul), if the graph compiler
+/// put one there.
+pub fn fused_activation(spec: &NodeSpec) -> Result<Option<UnaryKind>> {
+    let Some(name) = spec.string_opt(ACTIVATION_ATTR)? else { return Ok(None) };
+    let params = spec.floats_opt(ACTIVATION_PARAMS_ATTR)?.unwrap_or_default();
+    match UnaryKind::from_name_params(&name, &params) {
+        Some(k) if k.is_activation() => Ok(Some(k)),
+        _ => Err(spec.bad(ACTIVATION_ATTR, format!("'{name}' with parameters {params:?} is not a fusible activation"))),
+    }
+}
+
+/// WGSL functions `kiln_act(x: f32) -> f32` and `kiln_act4(v: vec4<f32>)` applying a
+/// fused activation (the identity when there is none).
+pub fn activation_wgsl(act: Option<UnaryKind>) -> String {
+    let body = match act {
+        Some(UnaryKind::Clip { min, max }) => {
+            format!("min(max(x, {}), {})", crate::wgsl::literal("f32", min as f64), crate::wgsl::literal("f32", max as f64))
+        }
+        Some(k) => k.wgsl_expr("x", "f32"),
+        None => "x".to_string(),
+    };
+    format!(
+        "fn kiln_act(x: f32) -> f32 {{ return {body}; }}\n\
+         fn kiln_act4(v: vec4<f32>) -> vec4<f32> {{ return vec4<f32>(kiln_act(v.x), kiln_act(v.y), kiln_act(v.z), kiln_act(v.w)); }}\n"
+    )
+}
+
+/// Applies an optional fused activation to a tensor in place (f32 fast, others via f64).
+pub fn apply_activation(act: Option<UnaryKind>, t: &mut Tensor) -> Result<()> {
+    let Some(k) = act else { return Ok(()) };
+    if t.dtype() == DType::F32 {
+        let xs = t.as_mut_slice::<f32>()?;
+        crate::cpu::par_chunks_mut(xs, 1, 4, |_, part| k.apply_slice_f32(part));
+    } else {
+        let d = t.dims().to_vec();
+        let v: Vec<f64> = t.to_f64_vec().into_iter().map(|x| k.apply_f64(x)).collect();
+        *t = Tensor::from_f64(t.dtype(), &d, &v)?;
+    }
+    Ok(())
+}
+
+/// The kind of a unary node (attributes parsed; Clip's input bounds are not read).
+pub fn unary_kind_of(spec: &NodeSpec) -> Result<Option<UnaryKind>> {
+    let Some(kind) = UnaryKind::from_name_params(&spec.node.op_type, &[0.0, 0.0]) else { return Ok(None) };
+    Ok(Some(parse(spec, kind)?))
 }
 
 fn parse(spec: &NodeSpec, kind: UnaryKind) -> Result<UnaryKind> {

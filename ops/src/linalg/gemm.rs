@@ -16,6 +16,8 @@ pub struct Gemm {
     pub beta: f32,
     pub trans_a: bool,
     pub trans_b: bool,
+    /// Activation fused by the graph compiler (see `elementwise::fused_activation`).
+    pub activation: Option<crate::elementwise::UnaryKind>,
 }
 
 impl Gemm {
@@ -25,6 +27,7 @@ impl Gemm {
             beta: spec.float("beta", 1.0)?,
             trans_a: spec.int("transA", 0)? != 0,
             trans_b: spec.int("transB", 0)? != 0,
+            activation: crate::elementwise::fused_activation(spec)?,
         })
     }
 
@@ -149,7 +152,8 @@ impl CpuKernel for Gemm {
             }
             _ => false,
         };
-        p.run(a, b, out, self.alpha as f64, accumulate)
+        p.run(a, b, out, self.alpha as f64, accumulate)?;
+        crate::elementwise::apply_activation(self.activation, out)
     }
 }
 
@@ -160,7 +164,7 @@ impl WgslKernel for Gemm {
 
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (p, bias) = self.plan(required(inputs, 0)?.dims(), required(inputs, 1)?.dims(), dims_of(inputs, 2))?;
-        let epi = Epilogue { alpha: self.alpha as f64, beta: self.beta as f64, bias };
+        let epi = Epilogue { alpha: self.alpha as f64, beta: self.beta as f64, bias, activation: self.activation };
         product_wgsl::generate("Gemm", &p, wgsl::elem(outputs[0].dtype), &epi, tune)
     }
 }
@@ -216,7 +220,7 @@ mod tests {
     fn all_attribute_and_bias_variants() {
         for (alpha, beta) in [(1.0, 1.0), (0.25, 0.35), (2.0, 0.0)] {
             for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-                let g = Gemm { alpha, beta, trans_a: ta, trans_b: tb };
+                let g = Gemm { alpha, beta, trans_a: ta, trans_b: tb, activation: None };
                 for (m, n, k) in [(7, 33, 65), (1, 8, 4), (33, 7, 1), (4, 4, 8)] {
                     for c in [None, Some(&[][..]), Some(&[n][..]), Some(&[1, n][..]), Some(&[m, 1][..]), Some(&[m, n][..]), Some(&[1][..])] {
                         check(&g, m, n, k, c, DType::F32);
@@ -225,13 +229,13 @@ mod tests {
                 check(&g, 5, 3, 7, Some(&[5, 3]), DType::F64);
             }
         }
-        check(&Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true }, 5, 3, 7, Some(&[3]), DType::I64);
-        check(&Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: false }, 1, 256, 784, Some(&[256]), DType::F32);
+        check(&Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true, activation: None }, 5, 3, 7, Some(&[3]), DType::I64);
+        check(&Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: false, activation: None }, 1, 256, 784, Some(&[256]), DType::F32);
     }
 
     #[test]
     fn bad_shapes_are_errors() {
-        let g = Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: false };
+        let g = Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: false, activation: None };
         let t = |d: &[usize]| TensorType::new(DType::F32, d.to_vec());
         let (a, b, c) = (t(&[3, 4]), t(&[5, 6]), t(&[3, 6]));
         let err = g.infer(&[Some(Arg { ty: &a, value: None }), Some(Arg { ty: &b, value: None })]).unwrap_err().to_string();

@@ -16,7 +16,10 @@ pub(crate) const PRODUCT_DTYPES: &[DType] = &[
 ];
 
 #[derive(Debug, Default)]
-pub struct MatMul;
+pub struct MatMul {
+    /// Activation fused by the graph compiler (see `elementwise::fused_activation`).
+    pub activation: Option<crate::elementwise::UnaryKind>,
+}
 
 /// The product plan and output dims for operand dims `a` and `b`.
 pub fn plan(a: &[usize], b: &[usize]) -> Result<(BatchedProduct, Vec<usize>)> {
@@ -78,7 +81,8 @@ impl CpuKernel for MatMul {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let (a, b) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let (p, _) = plan(a.dims(), b.dims())?;
-        p.run(a, b, &mut outputs[0], 1.0, false)
+        p.run(a, b, &mut outputs[0], 1.0, false)?;
+        crate::elementwise::apply_activation(self.activation, &mut outputs[0])
     }
 }
 
@@ -90,7 +94,7 @@ impl WgslKernel for MatMul {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (a, b) = (required(inputs, 0)?, required(inputs, 1)?);
         let (p, _) = plan(a.dims(), b.dims())?;
-        product_wgsl::generate("MatMul", &p, wgsl::elem(outputs[0].dtype), &Epilogue::NONE, tune)
+        product_wgsl::generate("MatMul", &p, wgsl::elem(outputs[0].dtype), &Epilogue { activation: self.activation, ..Epilogue::NONE }, tune)
     }
 }
 
@@ -103,16 +107,16 @@ mod tests {
         let (a, b) = (rand_tensor(dtype, a_dims, 1), rand_tensor(dtype, b_dims, 2));
         let (ta, tb) = (TensorType::new(dtype, a_dims), TensorType::new(dtype, b_dims));
         let args = [Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tb, value: None })];
-        let ty = MatMul.infer(&args).unwrap();
+        let ty = MatMul::default().infer(&args).unwrap();
         assert_eq!(ty[0].dims, want_dims, "{a_dims:?} x {b_dims:?}");
         let mut out = vec![Tensor::zeros(dtype, &ty[0].dims)];
-        MatMul.run(&[Some(&a), Some(&b)], &mut out).unwrap();
+        MatMul::default().run(&[Some(&a), Some(&b)], &mut out).unwrap();
         let want = naive_product(&a, &b);
         assert_close(&out[0], &want, &format!("{a_dims:?} x {b_dims:?} {dtype}"));
         for rows in [1, 4, 8] {
             let mut tune = TuneValues::default();
             tune.0.insert("rows_per_thread".into(), rows);
-            let prog = MatMul.generate(&args, &ty, &tune).unwrap();
+            let prog = MatMul::default().generate(&args, &ty, &tune).unwrap();
             crate::wgsl::testing::validate(&prog.dispatches[0].source);
         }
     }
@@ -141,14 +145,14 @@ mod tests {
     #[test]
     fn mismatches_are_clear_errors() {
         let (ta, tb) = (TensorType::new(DType::F32, vec![2, 5, 3]), TensorType::new(DType::F32, vec![4, 7]));
-        let err = MatMul.infer(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tb, value: None })]).unwrap_err().to_string();
+        let err = MatMul::default().infer(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tb, value: None })]).unwrap_err().to_string();
         assert!(err.contains("[2, 5, 3]") && err.contains("[4, 7]"), "{err}");
         let (ta, tb) = (TensorType::new(DType::F32, vec![2, 5, 3]), TensorType::new(DType::F32, vec![4, 3, 7]));
-        let err = MatMul.infer(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tb, value: None })]).unwrap_err().to_string();
+        let err = MatMul::default().infer(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tb, value: None })]).unwrap_err().to_string();
         assert!(err.contains("[2, 5, 3]") && err.contains("[4, 3, 7]"), "{err}");
         let tc = TensorType::new(DType::I64, vec![3, 7]);
-        assert!(MatMul.infer(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tc, value: None })]).is_err());
-        let cost = MatMul.cost(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &TensorType::new(DType::F32, vec![3, 7]), value: None })], &[]);
+        assert!(MatMul::default().infer(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tc, value: None })]).is_err());
+        let cost = MatMul::default().cost(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &TensorType::new(DType::F32, vec![3, 7]), value: None })], &[]);
         assert_eq!(cost.flops, 2 * 2 * 5 * 7 * 3);
     }
 }

@@ -12,7 +12,7 @@ pub use matmul::MatMul;
 pub(crate) use product::write_i64;
 
 pub(crate) fn register(r: &mut Registry) {
-    r.register("", "MatMul", |_| Ok(Box::new(MatMul)));
+    r.register("", "MatMul", |spec| Ok(Box::new(MatMul { activation: crate::elementwise::fused_activation(spec)? })));
     r.register("", "Gemm", |spec| Ok(Box::new(Gemm::parse(spec)?)));
 }
 

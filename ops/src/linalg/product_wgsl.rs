@@ -16,10 +16,12 @@ pub struct Epilogue {
     pub alpha: f64,
     pub beta: f64,
     pub bias: Option<(usize, usize)>,
+    /// A fused activation applied last (f32 only).
+    pub activation: Option<crate::elementwise::UnaryKind>,
 }
 
 impl Epilogue {
-    pub const NONE: Epilogue = Epilogue { alpha: 1.0, beta: 0.0, bias: None };
+    pub const NONE: Epilogue = Epilogue { alpha: 1.0, beta: 0.0, bias: None, activation: None };
 }
 
 pub fn rows_param() -> TuneParam {
@@ -79,6 +81,9 @@ pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune:
     let decl: Vec<(&str, &str, bool)> = buffers.iter().map(|(nm, t, r)| (*nm, t.as_str(), *r)).collect();
 
     let mut s = wgsl::declare(&decl);
+    if epi.activation.is_some() && ty == "f32" {
+        s += &crate::elementwise::activation_wgsl(epi.activation);
+    }
     s += &wgsl::offset_fn("a_batch", &p.batch, &p.a_batch_strides);
     s += &wgsl::offset_fn("b_batch", &p.batch, &p.b_batch_strides);
     let _ = writeln!(s, "\n@compute @workgroup_size({wx}, {wy}, 1)");
@@ -140,6 +145,9 @@ pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune:
             let cols: Vec<String> = (0..4).map(|c| format!("c[{ci} + min(col + {c}u, {last_col}u) * {ccs}u]")).collect();
             let cv = format!("{v4}({})", cols.join(", "));
             v = if epi.beta == 1.0 { format!("{v} + {cv}") } else { format!("{v} + {} * {cv}", lit(epi.beta)) };
+        }
+        if epi.activation.is_some() && ty == "f32" {
+            v = format!("kiln_act4({v})");
         }
         let _ = writeln!(s, "    let v{r} = {v};");
         if out_vec {
