@@ -6,7 +6,23 @@ mod common;
 use common::*;
 use kiln::runtime::{Session, SessionOptions};
 
+/// How outputs are compared with the reference.
+#[derive(Clone, Copy)]
+enum Compare {
+    /// Relative L2 error at most 1e-4 on the CPU, 1e-3 on the GPU.
+    RelL2,
+    /// Largest absolute difference at most this: for outputs so small that the
+    /// reference's own error dominates (ppocr_det's sigmoid outputs are below 5e-5, and
+    /// onnxruntime's approximate sigmoid is off by ~1e-7 there: Kiln's result matches an
+    /// f64 sigmoid of the same logits better than the reference does).
+    Abs(f64),
+}
+
 fn check(model: &str) {
+    check_with(model, Compare::RelL2)
+}
+
+fn check_with(model: &str, compare: Compare) {
     gpu_env();
     let dir = zoo().join(model);
     let sets = data_sets(&dir);
@@ -25,9 +41,16 @@ fn check(model: &str) {
             assert_eq!(outs.len(), set.outputs.len(), "{model}: output count");
             for (k, (got, want)) in outs.iter().zip(&set.outputs).enumerate() {
                 assert_eq!(got.dims(), want.dims(), "{model} on {backend}: output {k} shape");
-                let e = rel_l2(got, want);
-                println!("zoo {model:14} {backend} {passes:6} {:18} output {k}: rel. L2 {e:.2e} (limit {tol:.0e}), first run {ms:.0} ms", set.dir.file_name().unwrap().to_string_lossy());
-                assert!(e <= tol, "{model} on {backend} ({passes}, {}): output {k} relative L2 error {e:e} > {tol:e}", set.dir.display());
+                let set_name = set.dir.file_name().unwrap().to_string_lossy().to_string();
+                let (what, e, limit) = match compare {
+                    Compare::RelL2 => ("rel. L2", rel_l2(got, want), tol),
+                    Compare::Abs(limit) => {
+                        let d = got.to_f64_vec().iter().zip(want.to_f64_vec()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                        ("max abs diff", d, limit)
+                    }
+                };
+                println!("zoo {model:14} {backend} {passes:6} {set_name:18} output {k}: {what} {e:.2e} (limit {limit:.0e}), first run {ms:.0} ms");
+                assert!(e <= limit, "{model} on {backend} ({passes}, {set_name}): output {k} {what} {e:e} > {limit:e}");
             }
         }
     }
@@ -37,4 +60,9 @@ macro_rules! zoo_tests {
     ($($name:ident),*) => { $( #[test] fn $name() { check(stringify!($name)); } )* };
 }
 
-zoo_tests!(mlp, lenet, resnet18, mobilenet_v2, squeezenet1_1, ppocr_cls);
+zoo_tests!(mlp, lenet, resnet18, mobilenet_v2, squeezenet1_1, ppocr_cls, magika);
+
+#[test]
+fn ppocr_det() {
+    check_with("ppocr_det", Compare::Abs(1e-6));
+}
