@@ -376,6 +376,30 @@ mod tests {
     }
 
     #[test]
+    fn depthwise_strides_dilations_and_pads_match_reference() {
+        for (hw, k, strides, dil, pads, mult) in [
+            ([9usize, 11usize], [3usize, 3usize], [2usize, 2usize], [1usize, 1usize], [1i64, 1, 1, 1], 1usize),
+            ([14, 14], [3, 3], [2, 2], [1, 1], [0, 0, 1, 1], 1),
+            ([13, 12], [3, 3], [3, 3], [1, 2], [2, 0, 1, 2], 1),
+            ([7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 2),
+            ([10, 9], [5, 4], [1, 2], [2, 1], [2, 1, 0, 3], 1),
+            ([8, 13], [2, 5], [2, 3], [1, 1], [0, 2, 1, 0], 1),
+            ([5, 6], [3, 3], [1, 1], [1, 1], [0, 0, 0, 0], 1),
+        ] {
+            let c = 3;
+            check(&Case {
+                x: vec![2, c, hw[0], hw[1]],
+                w: vec![c * mult, 1, k[0], k[1]],
+                group: c,
+                strides: strides.to_vec(),
+                dil: dil.to_vec(),
+                pads: pads.to_vec(),
+                bias: mult == 1,
+            });
+        }
+    }
+
+    #[test]
     fn conv1d_and_conv3d_match_reference() {
         check(&Case { x: vec![1, 3, 17], w: vec![4, 3, 3], group: 1, strides: vec![2], dil: vec![2], pads: vec![1, 2], bias: true });
         check(&Case { x: vec![2, 4, 9], w: vec![4, 1, 5], group: 4, strides: vec![1], dil: vec![1], pads: vec![2, 2], bias: false });
