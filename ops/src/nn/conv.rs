@@ -426,8 +426,9 @@ mod tests {
     #[test]
     fn large_pointwise_and_im2col_paths_match_reference() {
         // Big enough to take the tiled / parallel paths.
-        check(&Case { x: vec![1, 16, 37, 41], w: vec![24, 16, 1, 1], group: 1, strides: vec![1, 1], dil: vec![1, 1], pads: vec![0; 4], bias: true });
+        check(&Case { x: vec![2, 16, 37, 41], w: vec![24, 16, 1, 1], group: 1, strides: vec![1, 1], dil: vec![1, 1], pads: vec![0; 4], bias: true });
         check(&Case { x: vec![2, 8, 33, 35], w: vec![16, 8, 3, 3], group: 1, strides: vec![1, 1], dil: vec![1, 1], pads: vec![1; 4], bias: false });
+        check(&Case { x: vec![1, 8, 70, 9], w: vec![16, 8, 1, 1], group: 1, strides: vec![2, 1], dil: vec![1, 1], pads: vec![0; 4], bias: true });
         check(&Case { x: vec![1, 32, 9, 9], w: vec![64, 16, 3, 3], group: 2, strides: vec![1, 1], dil: vec![1, 1], pads: vec![1; 4], bias: true });
     }
 

@@ -200,6 +200,104 @@ impl Pool {
     }
 }
 
+/// Pooling over one axis of a plane viewed as `outer x n_in x inner` (window along
+/// the middle axis) into `outer x n_out x inner`; rows of `inner` elements are
+/// combined whole, so the H and D passes vectorise.
+fn pool_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, d: usize, outer: usize, inner: usize, src: &[T], dst: &mut [T]) {
+    let (n_in, n_out) = (g.input[d], g.output[d]);
+    let init = if MAX { T::NEG_INF } else { T::ZERO };
+    for o in 0..outer {
+        for out_i in 0..n_out {
+            let start = (out_i * g.stride[d]) as i64 - g.pad_begin[d];
+            let (k0, k1) = tap_range(g, d, start);
+            let row = &mut dst[(o * n_out + out_i) * inner..][..inner];
+            row.fill(init);
+            for k in k0..k1 {
+                let pos = (start + (k * g.dilation[d]) as i64) as usize;
+                let srow = &src[(o * n_in + pos) * inner..][..inner];
+                for (a, &v) in row.iter_mut().zip(srow) {
+                    *a = if MAX { if v > *a { v } else { *a } } else { *a + v };
+                }
+            }
+        }
+    }
+}
+
+/// Pooling over the last axis (W): each output gathers its taps from one row.
+fn pool_last_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, rows: usize, src: &[T], dst: &mut [T]) {
+    let (n_in, n_out) = (g.input[2], g.output[2]);
+    let taps: Vec<(i64, usize, usize)> = (0..n_out)
+        .map(|o| {
+            let start = (o * g.stride[2]) as i64 - g.pad_begin[2];
+            let (k0, k1) = tap_range(g, 2, start);
+            (start, k0, k1)
+        })
+        .collect();
+    let dil = g.dilation[2];
+    for r in 0..rows {
+        let srow = &src[r * n_in..][..n_in];
+        for (a, &(start, k0, k1)) in dst[r * n_out..][..n_out].iter_mut().zip(&taps) {
+            let mut acc = if MAX { T::NEG_INF } else { T::ZERO };
+            for k in k0..k1 {
+                let v = srow[(start + (k * dil) as i64) as usize];
+                acc = if MAX { if v > acc { v } else { acc } } else { acc + v };
+            }
+            *a = acc;
+        }
+    }
+}
+
+impl Pool {
+    /// Separable pooling (no Indices output): W, then H, then D passes per plane.
+    fn run_separable<T: PoolFloat>(&self, g: &Geometry, x: &[T], y: &mut [T]) {
+        match self.kind {
+            PoolKind::Max { .. } => self.separable::<T, true>(g, x, y),
+            _ => self.separable::<T, false>(g, x, y),
+        }
+    }
+
+    fn separable<T: PoolFloat, const MAX: bool>(&self, g: &Geometry, x: &[T], y: &mut [T]) {
+        let (in_size, out_size) = (g.input_size(), g.output_size());
+        let [id_n, ih_n, _] = g.input;
+        let [od_n, oh_n, ow_n] = g.output;
+        let (t1_len, t2_len) = (id_n * ih_n * ow_n, id_n * oh_n * ow_n);
+        let kind = self.kind;
+        let divisor: Vec<Vec<usize>> =
+            (0..3).map(|d| (0..g.output[d]).map(|o| self.divisor_taps(g, d, o)).collect()).collect();
+        cpu::par_chunks_mut(y, out_size, g.kernel_size() / g.kernel[2].max(1) + g.kernel[2], |first, part| {
+            let mut t1 = vec![T::ZERO; t1_len];
+            let mut t2 = vec![T::ZERO; t2_len];
+            let mut lp = if let PoolKind::Lp { .. } = kind { vec![T::ZERO; in_size] } else { vec![] };
+            for (i, out) in part.chunks_mut(out_size).enumerate() {
+                let mut xc = &x[(first + i) * in_size..][..in_size];
+                if let PoolKind::Lp { p } = kind {
+                    for (t, &v) in lp.iter_mut().zip(xc) {
+                        *t = v.lp_term(p);
+                    }
+                    xc = &lp;
+                }
+                pool_last_axis::<T, MAX>(g, id_n * ih_n, xc, &mut t1);
+                pool_axis::<T, MAX>(g, 1, id_n, ow_n, &t1, &mut t2);
+                pool_axis::<T, MAX>(g, 0, 1, oh_n * ow_n, &t2, out);
+                match kind {
+                    PoolKind::Max { .. } => {}
+                    PoolKind::Average { .. } => {
+                        for od in 0..od_n {
+                            for oh in 0..oh_n {
+                                let row = &mut out[(od * oh_n + oh) * ow_n..][..ow_n];
+                                for (ow, v) in row.iter_mut().enumerate() {
+                                    *v = v.div_count(divisor[0][od] * divisor[1][oh] * divisor[2][ow]);
+                                }
+                            }
+                        }
+                    }
+                    PoolKind::Lp { p } => out.iter_mut().for_each(|v| *v = v.lp_root(p)),
+                }
+            }
+        });
+    }
+}
+
 /// Taps `k` of dim `d` whose position `start + k*dilation` is inside the input.
 fn tap_range(g: &Geometry, d: usize, start: i64) -> (usize, usize) {
     let dil = g.dilation[d] as i64;
@@ -263,7 +361,11 @@ impl CpuKernel for Pool {
             _ => None,
         };
         if x.dtype() == DType::F32 {
-            self.run_typed(&g, x.as_slice::<f32>()?, y.as_mut_slice()?, idx.as_deref_mut());
+            if idx.is_some() {
+                self.run_typed(&g, x.as_slice::<f32>()?, y.as_mut_slice()?, idx.as_deref_mut());
+            } else {
+                self.run_separable(&g, x.as_slice::<f32>()?, y.as_mut_slice()?);
+            }
         } else {
             let mut out = vec![0.0; y.len()];
             self.run_typed(&g, &x.to_f64_vec(), &mut out, idx.as_deref_mut());
