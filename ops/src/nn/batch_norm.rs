@@ -1,5 +1,5 @@
-//! BatchNormalization in inference mode: `y = (x - mean) / sqrt(var + epsilon) * scale
-//! + B` per channel (dim 1). Training mode (`training_mode=1`, or the running-statistics
+//! BatchNormalization in inference mode:
+//! `y = (x - mean) / sqrt(var + epsilon) * scale + B` per channel (dim 1). Training mode (`training_mode=1`, or the running statistics
 //! outputs of older opsets) is rejected as unsupported.
 use super::conv::FLOATS;
 use crate::cpu::{self, CpuKernel};
@@ -97,7 +97,7 @@ impl CpuKernel for BatchNorm {
             let xs = x.to_f64_vec();
             let out: Vec<f64> =
                 xs.iter().enumerate().map(|(i, &v)| { let k = i / inner.max(1) % c; v * a[k] + b[k] }).collect();
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }

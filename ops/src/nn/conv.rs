@@ -36,7 +36,7 @@ impl Conv {
         if w.len() != x.len() {
             return Err(OpError::input(1, format!("weights of shape {w:?} do not match the rank of input {x:?}")));
         }
-        if w.iter().any(|&d| d == 0) {
+        if w.contains(&0) {
             return Err(OpError::input(1, format!("weights of shape {w:?} have a zero dim")));
         }
         let (c, m) = (x[1], w[0]);
@@ -109,7 +109,7 @@ impl CpuKernel for Conv {
             let b = bias.map(|b| b.to_f64_vec());
             let mut out = vec![0.0; y.len()];
             conv_cpu::conv_f64(&p, &x.to_f64_vec(), &w.to_f64_vec(), b.as_deref(), &mut out);
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }

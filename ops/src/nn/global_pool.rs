@@ -77,7 +77,7 @@ impl CpuKernel for GlobalPool {
                     if self.max { p.iter().copied().fold(f64::NEG_INFINITY, f64::max) } else { p.iter().sum::<f64>() / size as f64 }
                 })
                 .collect();
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }

@@ -91,7 +91,7 @@ impl CpuKernel for InstanceNorm {
             for (plane, (src, dst)) in xs.chunks(inner.max(1)).zip(out.chunks_mut(inner.max(1))).enumerate() {
                 normalize(src, scale[plane % c], bias[plane % c], eps, dst);
             }
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }

@@ -368,8 +368,8 @@ impl CpuKernel for Pool {
             }
         } else {
             let mut out = vec![0.0; y.len()];
-            self.run_typed(&g, &x.to_f64_vec(), &mut out, idx.as_deref_mut());
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            self.run_typed(&g, &x.to_f64_vec(), &mut out, idx);
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }
