@@ -76,6 +76,9 @@ impl CpuKernel for BatchNorm {
         let x = cpu::input(inputs, 0)?;
         let (c, inner) = layout(x.dims())?;
         let p: Vec<Vec<f64>> = (1..5).map(|i| cpu::input(inputs, i).map(|t| t.to_f64_vec())).collect::<Result<_>>()?;
+        if let Some(i) = p.iter().position(|v| v.len() != c) {
+            return Err(OpError::input(i + 1, format!("expected {c} values (one per channel), found {}", p[i].len())));
+        }
         // y = x * a + b per channel.
         let a: Vec<f64> = (0..c).map(|k| p[0][k] / (p[3][k] + self.epsilon as f64).sqrt()).collect();
         let b: Vec<f64> = (0..c).map(|k| p[1][k] - p[2][k] * a[k]).collect();

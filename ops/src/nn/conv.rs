@@ -101,6 +101,7 @@ impl CpuKernel for Conv {
         let (x, w) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let bias = inputs.get(2).copied().flatten();
         let p = self.problem(x.dims(), w.dims())?;
+        check_bias(bias, p.out_channels)?;
         let y = &mut outputs[0];
         if x.dtype() == DType::F32 {
             let b = bias.map(|b| b.as_slice::<f32>()).transpose()?;
@@ -112,6 +113,16 @@ impl CpuKernel for Conv {
             *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
+    }
+}
+
+/// Checks at run time that an optional bias has one value per output channel.
+pub(crate) fn check_bias(bias: Option<&Tensor>, channels: usize) -> Result<()> {
+    match bias {
+        Some(b) if b.len() != channels => {
+            Err(OpError::input(2, format!("bias has {} values; expected {channels} (the output channels)", b.len())))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -385,6 +396,8 @@ mod tests {
             ([10, 9], [5, 4], [1, 2], [2, 1], [2, 1, 0, 3], 1),
             ([8, 13], [2, 5], [2, 3], [1, 1], [0, 2, 1, 0], 1),
             ([5, 6], [3, 3], [1, 1], [1, 1], [0, 0, 0, 0], 1),
+            ([3, 4], [2, 2], [2, 3], [1, 1], [5, 4, 6, 3], 1),
+            ([3, 4], [2, 3], [1, 1], [2, 1], [6, 7, 5, 8], 1),
         ] {
             let c = 3;
             check(&Case {
@@ -396,6 +409,14 @@ mod tests {
                 pads: pads.to_vec(),
                 bias: mult == 1,
             });
+        }
+    }
+
+    #[test]
+    fn pads_larger_than_the_input() {
+        for (group, w_in) in [(1, 3), (3, 1)] {
+            check(&Case { x: vec![1, 3, 3, 4], w: vec![3, w_in, 2, 2], group, strides: vec![2, 3], dil: vec![1, 1], pads: vec![5, 4, 6, 3], bias: true });
+            check(&Case { x: vec![1, 3, 2, 9], w: vec![3, w_in, 3, 1], group, strides: vec![1, 1], dil: vec![3, 1], pads: vec![7, 0, 7, 0], bias: false });
         }
     }
 

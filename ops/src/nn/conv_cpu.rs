@@ -337,8 +337,10 @@ impl DepthwisePlan<'_> {
             let hi = ((iw_n as i64 + pw).max(0) as usize).clamp(lo, dst.len());
             dst[..lo].fill(0.0);
             dst[hi..].fill(0.0);
-            let start = (lo as i64 - pw) as usize;
-            dst[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+            if hi > lo {
+                let start = (lo as i64 - pw) as usize;
+                dst[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+            }
             if sw == 2 {
                 let (left, right) = phases.split_at_mut(phase_row(1));
                 let (even, odd) = (&mut left[phase_row(0)..][..hw], &mut right[..hw]);

@@ -259,6 +259,7 @@ impl CpuKernel for ConvTranspose {
         let (x, w) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let bias = inputs.get(2).copied().flatten();
         let p = self.problem(x.dims(), w.dims())?;
+        super::conv::check_bias(bias, p.out_channels)?;
         let y = &mut outputs[0];
         if x.dtype() == DType::F32 && bias.is_none_or(|b| b.dtype() == DType::F32) {
             let b = bias.map(|b| b.as_slice::<f32>()).transpose()?;

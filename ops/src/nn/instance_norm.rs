@@ -67,6 +67,11 @@ impl CpuKernel for InstanceNorm {
         let x = cpu::input(inputs, 0)?;
         let (c, inner) = layout(x.dims())?;
         let (scale, bias) = (cpu::input(inputs, 1)?.to_f64_vec(), cpu::input(inputs, 2)?.to_f64_vec());
+        for (i, v) in [(1, &scale), (2, &bias)] {
+            if v.len() != c {
+                return Err(OpError::input(i, format!("expected {c} values (one per channel), found {}", v.len())));
+            }
+        }
         let eps = self.epsilon as f64;
         let y = &mut outputs[0];
         if x.dtype() == DType::F32 && inner > 0 {

@@ -505,6 +505,7 @@ mod tests {
                 ([2, 2], [1, 1], [2, 2], [1, 0, 0, 1], false, true),
                 ([3, 3], [3, 2], [2, 1], [2, 2, 2, 2], true, true),
                 ([1, 4], [1, 2], [1, 1], [0, 0, 0, 0], true, false),
+                ([2, 2], [2, 2], [1, 1], [2, 2, 2, 2], false, true),
             ] {
                 let attrs = vec![
                     ("kernel_shape", ints(&k.map(|v| v as i64))),
