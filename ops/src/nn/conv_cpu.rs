@@ -173,8 +173,19 @@ pub(crate) fn im2col(g: &Geometry, x: &[f32], channels: usize, p0: usize, p1: us
                             body.copy_from_slice(&src[start..start + body.len()]);
                         } else {
                             let s = g.stride[2];
-                            for (j, v) in body.iter_mut().enumerate() {
-                                *v = src[start + j * s];
+                            let span = &src[start..start + (body.len() - 1) * s + 1];
+                            if s == 2 {
+                                // Pairs (even, odd): the even element of each.
+                                let (pairs, last) = span.split_at(span.len() - 1);
+                                let (head, tail) = body.split_at_mut(body.len() - 1);
+                                for (v, pair) in head.iter_mut().zip(pairs.chunks_exact(2)) {
+                                    *v = pair[0];
+                                }
+                                tail[0] = last[0];
+                            } else {
+                                for (v, &x) in body.iter_mut().zip(span.iter().step_by(s)) {
+                                    *v = x;
+                                }
                             }
                         }
                     }
