@@ -318,7 +318,9 @@ impl DepthwisePlan<'_> {
         self.g.stride[1] * self.g.stride[2] * self.phase_len + self.hw * self.g.stride[2] + self.acc_len
     }
 
-    /// Convolves one channel plane `xc` with kernel `wm` into `out`.
+    /// Convolves one channel plane `xc` with kernel `wm` into `out`. `scratch` must be
+    /// zeroed before the first plane: padding positions are never written, so they
+    /// stay zero from plane to plane.
     #[inline(always)]
     fn plane<const FMA: bool>(&self, xc: &[f32], wm: &[f32], b: f32, scratch: &mut [f32], out: &mut [f32]) {
         let g = self.g;
@@ -337,17 +339,13 @@ impl DepthwisePlan<'_> {
             let ih = r as i64 - ph;
             let phase_row = |qw: usize| (qh * sw + qw) * phase_len + i * hw;
             if ih < 0 || ih >= ih_n as i64 {
-                for qw in 0..sw {
-                    phases[phase_row(qw)..][..hw].fill(0.0);
-                }
-                continue;
+                continue; // stays zero
             }
             let src = &xc[ih as usize * iw_n..][..iw_n];
             let dst = if sw == 1 { &mut phases[phase_row(0)..][..hw] } else { &mut row[..] };
             let lo = (pw.max(0) as usize).min(dst.len());
             let hi = ((iw_n as i64 + pw).max(0) as usize).clamp(lo, dst.len());
-            dst[..lo].fill(0.0);
-            dst[hi..].fill(0.0);
+            // dst[..lo] and dst[hi..] are padding and stay zero.
             if hi > lo {
                 let start = (lo as i64 - pw) as usize;
                 dst[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
@@ -444,6 +442,7 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>,
     let fma = has_fma();
     cpu::par_chunks_mut(y, out_size, 2 * ksize + 2, |first, planes| {
         cpu::with_scratch(plan.scratch_len(), |scratch| {
+            scratch.fill(0.0);
             for (i, out) in planes.chunks_mut(out_size).enumerate() {
                 let plane = first + i;
                 let (img, m) = (plane / p.out_channels, plane % p.out_channels);
