@@ -106,6 +106,14 @@ impl CpuKernel for Conv {
         if x.dtype() == DType::F32 {
             let b = bias.map(|b| b.as_slice::<f32>()).transpose()?;
             conv_cpu::conv_f32(&p, x.as_slice()?, w.as_slice()?, b, y.as_mut_slice()?);
+        } else if matches!(x.dtype(), DType::F16 | DType::BF16) {
+            // Half precision: exact widening to f32, the fast kernel, one rounding back.
+            let f32s = |t: &Tensor| t.to_f64_vec().into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+            let b = bias.map(f32s);
+            let mut out = vec![0f32; y.len()];
+            conv_cpu::conv_f32(&p, &f32s(x), &f32s(w), b.as_deref(), &mut out);
+            let wide: Vec<f64> = out.into_iter().map(f64::from).collect();
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &wide)?;
         } else {
             let b = bias.map(|b| b.to_f64_vec());
             let mut out = vec![0.0; y.len()];
@@ -478,6 +486,14 @@ mod tests {
         let want = reference(&x, &w, None, 1, &[1, 1], &[1, 1], &[1, 1], &[6, 6]);
         for (g, w) in y.to_f64_vec().iter().zip(&want) {
             assert!((g - w).abs() < 1e-12);
+        }
+        let xh = Tensor::from_vec(&[2, 3, 6, 6], xs.iter().map(|&v| half::f16::from_f32(v)).collect()).unwrap();
+        let wh = Tensor::from_vec(&[2, 3, 3, 3], data(54, 8).iter().map(|&v| half::f16::from_f32(v)).collect()).unwrap();
+        let y = run(op.as_ref(), &[Some(&xh), Some(&wh)], &[]).unwrap().remove(0);
+        assert_eq!(y.dtype(), kiln_graph::DType::F16);
+        let want = reference(&xh, &wh, None, 1, &[1, 1], &[1, 1], &[1, 1], &[6, 6]);
+        for (g, w) in y.to_f64_vec().iter().zip(&want) {
+            assert!((g - w).abs() < 4e-3 * w.abs().max(1.0), "{g} vs {w}");
         }
         let xf = tensor(&[1, 4, 5, 5], 1);
         let wf = tensor(&[2, 3, 3, 3], 1);
