@@ -353,6 +353,9 @@ impl Op for Pool {
 
 impl CpuKernel for Pool {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(());
+        }
         let x = cpu::input(inputs, 0)?;
         let g = self.geometry(x.dims())?;
         let (y, rest) = outputs.split_first_mut().ok_or_else(|| OpError::invalid("missing output"))?;
@@ -377,6 +380,9 @@ impl CpuKernel for Pool {
 
 impl WgslKernel for Pool {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(WgslProgram::default());
+        }
         let x = required(inputs, 0)?;
         let g = self.geometry(x.dims())?;
         let ty = wgsl::elem(x.dtype());
@@ -544,5 +550,17 @@ mod tests {
         let op = make("AveragePool", 1, 1, &[("kernel_shape", ints(&[2, 2, 2])), ("auto_pad", Attr::String("SAME_UPPER".into()))]).unwrap();
         assert_eq!(run(op.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[1, 2, 4, 5, 6]);
         assert!(make("MaxPool", 1, 1, &[]).is_err());
+        // Empty inputs give empty outputs (no panics, no shader).
+        let x = Tensor::from_vec(&[0, 3, 5, 5], Vec::<f32>::new()).unwrap();
+        for op in ["MaxPool", "AveragePool", "LpPool"] {
+            let o = make(op, 1, 1, &[("kernel_shape", ints(&[2, 2]))]).unwrap();
+            assert_eq!(run(o.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[0, 3, 4, 4]);
+        }
+        let o = make("Conv", 2, 1, &[]).unwrap();
+        let w = tensor(&[2, 3, 2, 2], 1);
+        assert_eq!(run(o.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap()[0].dims(), &[0, 2, 4, 4]);
+        let o = make("Conv", 2, 1, &[("auto_pad", Attr::String("SAME_UPPER".into()))]).unwrap();
+        let x = Tensor::from_vec(&[1, 3, 0, 5], Vec::<f32>::new()).unwrap();
+        assert_eq!(run(o.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap()[0].dims(), &[1, 2, 0, 5]);
     }
 }
