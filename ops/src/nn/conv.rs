@@ -137,17 +137,31 @@ pub(crate) fn check_bias(bias: Option<&Tensor>, channels: usize) -> Result<()> {
     }
 }
 
-fn oc_block_param() -> TuneParam {
-    TuneParam { name: "oc_block", default: 4, candidates: vec![1, 2, 4, 8] }
+/// Output channels per invocation: each input load feeds this many accumulators.
+/// Default 8 when a group has many output channels, else 4 (1 for depthwise).
+fn oc_block_param(p: &ConvProblem) -> TuneParam {
+    let mg = p.out_channels / p.group;
+    let default = if mg >= 64 { 8 } else if mg >= 4 { 4 } else { mg as u32 };
+    TuneParam { name: "oc_block", default, candidates: vec![1, 2, 4, 8] }
 }
 
-fn px_block_param() -> TuneParam {
-    TuneParam { name: "px_block", default: 4, candidates: vec![1, 2, 4, 8] }
+/// Consecutive output pixels of a row per invocation: each weight load feeds this many
+/// accumulators. Default 8 for depthwise (one channel per invocation), else 4.
+fn px_block_param(p: &ConvProblem) -> TuneParam {
+    let default = if p.out_channels / p.group <= 2 { 8 } else { 4 };
+    TuneParam { name: "px_block", default, candidates: vec![1, 2, 4, 8] }
 }
 
 impl WgslKernel for Conv {
-    fn params(&self, _inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
-        vec![wgsl::workgroup_param(), oc_block_param(), px_block_param()]
+    fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        let shapes = (inputs.first().copied().flatten(), inputs.get(1).copied().flatten());
+        match shapes {
+            (Some(x), Some(w)) => match self.problem(x.dims(), w.dims()) {
+                Ok(p) => vec![wgsl::workgroup_param(), oc_block_param(&p), px_block_param(&p)],
+                Err(_) => vec![wgsl::workgroup_param()],
+            },
+            _ => vec![wgsl::workgroup_param()],
+        }
     }
 
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
@@ -159,8 +173,8 @@ impl WgslKernel for Conv {
         let has_bias = inputs.get(2).copied().flatten().is_some();
         let wg = tune.get(&wgsl::workgroup_param()).max(1);
         let (mg, cg) = (p.out_channels / p.group, p.in_channels / p.group);
-        let ocb = (tune.get(&oc_block_param()).max(1) as usize).min(mg);
-        let pxb = (tune.get(&px_block_param()).max(1) as usize).min(p.geo.output[2]);
+        let ocb = (tune.get(&oc_block_param(&p)).max(1) as usize).min(mg);
+        let pxb = (tune.get(&px_block_param(&p)).max(1) as usize).min(p.geo.output[2]);
         let g = &p.geo;
         let (m_blocks, w_blocks) = (mg.div_ceil(ocb), g.output[2].div_ceil(pxb));
         let invocations = p.batch * p.group * m_blocks * g.output[0] * g.output[1] * w_blocks;

@@ -1,7 +1,11 @@
-//! CPU convolution kernels. f32: pointwise (1x1, stride 1, no padding) convolutions are
-//! one GEMM straight on the input; depthwise convolutions use a direct row-vectorised
-//! loop parallel over channel planes; everything else is im2col into per-thread scratch
-//! tiles + GEMM. Other float dtypes take a direct f64 loop.
+//! CPU convolution kernels (f32), parallel with rayon:
+//! - pointwise (1x1, stride 1, no padding): one GEMM straight on the input;
+//! - depthwise 1-D/2-D: per channel plane, zero-padded stride-phase copies and a flat
+//!   FMA kernel (runtime-dispatched AVX2+FMA); 3-D depthwise: a direct row loop;
+//! - everything else: im2col into per-thread scratch tiles + GEMM (the `gemm` crate;
+//!   its own parallelism when there are too few tiles to share out).
+//!
+//! f64 tensors take a direct f64 loop ([`conv_f64`]).
 use super::window::Geometry;
 use crate::cpu;
 
