@@ -409,6 +409,9 @@ impl WgslKernel for Pool {
             PoolKind::Average { .. } => "acc / f32(count)".into(),
             PoolKind::Lp { p } => format!("pow(acc, {})", wgsl::literal("f32", 1.0 / p as f64)),
         };
+        // The divisor counts taps in [-pad_begin, input + pad_end) with count_include_pad,
+        // else in [0, input).
+        let begins = ["PD", "PH", "PW"].map(|p| if include_pad { format!("-{p}") } else { "0".to_string() });
         let ends = [("ID", 0), ("IH", 1), ("IW", 2)]
             .map(|(n, d)| if include_pad { format!("i32({n}) + {}", g.pad_end[d]) } else { format!("i32({n})") });
         let index_out = if !self.with_indices {
@@ -434,7 +437,7 @@ impl WgslKernel for Pool {
             let ih = i32(oh * SH + kh * DH) - PH;
             for (var kw = 0u; kw < KW; kw++) {{
                 let iw = i32(ow * SW + kw * DW) - PW;
-                if (id >= -PD && id < {e0} && ih >= -PH && ih < {e1} && iw >= -PW && iw < {e2}) {{ count += 1u; }}
+                if (id >= {b0} && id < {e0} && ih >= {b1} && ih < {e1} && iw >= {b2} && iw < {e2}) {{ count += 1u; }}
                 if (id < 0 || id >= i32(ID) || ih < 0 || ih >= i32(IH) || iw < 0 || iw >= i32(IW)) {{ continue; }}
                 let j = (u32(id) * IH + u32(ih)) * IW + u32(iw);
                 let v = x[xbase + j];
@@ -444,6 +447,9 @@ impl WgslKernel for Pool {
     }}
     y[i] = {finish};
     {index_out}",
+            b0 = begins[0],
+            b1 = begins[1],
+            b2 = begins[2],
             e0 = ends[0],
             e1 = ends[1],
             e2 = ends[2],
