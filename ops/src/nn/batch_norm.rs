@@ -1,5 +1,5 @@
-//! BatchNormalization in inference mode: `y = (x - mean) / sqrt(var + epsilon) * scale
-//! + B` per channel (dim 1). Training mode (`training_mode=1`, or the running-statistics
+//! BatchNormalization in inference mode:
+//! `y = (x - mean) / sqrt(var + epsilon) * scale + B` per channel (dim 1). Training mode (`training_mode=1`, or the running statistics
 //! outputs of older opsets) is rejected as unsupported.
 use super::conv::FLOATS;
 use crate::cpu::{self, CpuKernel};
@@ -73,9 +73,15 @@ impl Op for BatchNorm {
 
 impl CpuKernel for BatchNorm {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(());
+        }
         let x = cpu::input(inputs, 0)?;
         let (c, inner) = layout(x.dims())?;
         let p: Vec<Vec<f64>> = (1..5).map(|i| cpu::input(inputs, i).map(|t| t.to_f64_vec())).collect::<Result<_>>()?;
+        if let Some(i) = p.iter().position(|v| v.len() != c) {
+            return Err(OpError::input(i + 1, format!("expected {c} values (one per channel), found {}", p[i].len())));
+        }
         // y = x * a + b per channel.
         let a: Vec<f64> = (0..c).map(|k| p[0][k] / (p[3][k] + self.epsilon as f64).sqrt()).collect();
         let b: Vec<f64> = (0..c).map(|k| p[1][k] - p[2][k] * a[k]).collect();
@@ -97,7 +103,7 @@ impl CpuKernel for BatchNorm {
             let xs = x.to_f64_vec();
             let out: Vec<f64> =
                 xs.iter().enumerate().map(|(i, &v)| { let k = i / inner.max(1) % c; v * a[k] + b[k] }).collect();
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }
@@ -105,6 +111,9 @@ impl CpuKernel for BatchNorm {
 
 impl WgslKernel for BatchNorm {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(WgslProgram::default());
+        }
         let (c, inner) = layout(required(inputs, 0)?.dims())?;
         let wg = tune.get(&wgsl::workgroup_param());
         let body = format!(

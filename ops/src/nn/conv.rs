@@ -36,7 +36,7 @@ impl Conv {
         if w.len() != x.len() {
             return Err(OpError::input(1, format!("weights of shape {w:?} do not match the rank of input {x:?}")));
         }
-        if w.iter().any(|&d| d == 0) {
+        if w.contains(&0) {
             return Err(OpError::input(1, format!("weights of shape {w:?} have a zero dim")));
         }
         let (c, m) = (x[1], w[0]);
@@ -98,44 +98,82 @@ impl Op for Conv {
 
 impl CpuKernel for Conv {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(());
+        }
         let (x, w) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let bias = inputs.get(2).copied().flatten();
         let p = self.problem(x.dims(), w.dims())?;
+        check_bias(bias, p.out_channels)?;
         let y = &mut outputs[0];
         if x.dtype() == DType::F32 {
             let b = bias.map(|b| b.as_slice::<f32>()).transpose()?;
             conv_cpu::conv_f32(&p, x.as_slice()?, w.as_slice()?, b, y.as_mut_slice()?);
+        } else if matches!(x.dtype(), DType::F16 | DType::BF16) {
+            // Half precision: exact widening to f32, the fast kernel, one rounding back.
+            let f32s = |t: &Tensor| t.to_f64_vec().into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+            let b = bias.map(f32s);
+            let mut out = vec![0f32; y.len()];
+            conv_cpu::conv_f32(&p, &f32s(x), &f32s(w), b.as_deref(), &mut out);
+            let wide: Vec<f64> = out.into_iter().map(f64::from).collect();
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &wide)?;
         } else {
             let b = bias.map(|b| b.to_f64_vec());
             let mut out = vec![0.0; y.len()];
             conv_cpu::conv_f64(&p, &x.to_f64_vec(), &w.to_f64_vec(), b.as_deref(), &mut out);
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }
 }
 
-fn oc_block_param() -> TuneParam {
-    TuneParam { name: "oc_block", default: 4, candidates: vec![1, 2, 4, 8] }
+/// Checks at run time that an optional bias has one value per output channel.
+pub(crate) fn check_bias(bias: Option<&Tensor>, channels: usize) -> Result<()> {
+    match bias {
+        Some(b) if b.len() != channels => {
+            Err(OpError::input(2, format!("bias has {} values; expected {channels} (the output channels)", b.len())))
+        }
+        _ => Ok(()),
+    }
 }
 
-fn px_block_param() -> TuneParam {
-    TuneParam { name: "px_block", default: 4, candidates: vec![1, 2, 4, 8] }
+/// Output channels per invocation: each input load feeds this many accumulators.
+/// Default 8 (best on lavapipe for resnet/mobilenet layers), fewer for narrow groups.
+fn oc_block_param(p: &ConvProblem) -> TuneParam {
+    let mg = p.out_channels / p.group;
+    let default = if mg >= 8 { 8 } else if mg >= 4 { 4 } else { mg as u32 };
+    TuneParam { name: "oc_block", default, candidates: vec![1, 2, 4, 8] }
+}
+
+/// Consecutive output pixels of a row per invocation: each weight load feeds this many
+/// accumulators. Default 8.
+fn px_block_param(_p: &ConvProblem) -> TuneParam {
+    TuneParam { name: "px_block", default: 8, candidates: vec![2, 4, 8] }
 }
 
 impl WgslKernel for Conv {
-    fn params(&self, _inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
-        vec![wgsl::workgroup_param(), oc_block_param(), px_block_param()]
+    fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        let shapes = (inputs.first().copied().flatten(), inputs.get(1).copied().flatten());
+        match shapes {
+            (Some(x), Some(w)) => match self.problem(x.dims(), w.dims()) {
+                Ok(p) => vec![wgsl::workgroup_param(), oc_block_param(&p), px_block_param(&p)],
+                Err(_) => vec![wgsl::workgroup_param()],
+            },
+            _ => vec![wgsl::workgroup_param()],
+        }
     }
 
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(WgslProgram::default());
+        }
         let (x, w) = (required(inputs, 0)?, required(inputs, 1)?);
         let p = self.problem(x.dims(), w.dims())?;
         let has_bias = inputs.get(2).copied().flatten().is_some();
         let wg = tune.get(&wgsl::workgroup_param()).max(1);
         let (mg, cg) = (p.out_channels / p.group, p.in_channels / p.group);
-        let ocb = (tune.get(&oc_block_param()).max(1) as usize).min(mg);
-        let pxb = (tune.get(&px_block_param()).max(1) as usize).min(p.geo.output[2]);
+        let ocb = (tune.get(&oc_block_param(&p)).max(1) as usize).min(mg);
+        let pxb = (tune.get(&px_block_param(&p)).max(1) as usize).min(p.geo.output[2]);
         let g = &p.geo;
         let (m_blocks, w_blocks) = (mg.div_ceil(ocb), g.output[2].div_ceil(pxb));
         let invocations = p.batch * p.group * m_blocks * g.output[0] * g.output[1] * w_blocks;
@@ -194,6 +232,12 @@ impl WgslKernel for Conv {
                 let _ = writeln!(s, "    var acc{o}_{q} = 0.0;");
             }
         }
+        // Whether all taps of this invocation's pixels fall inside the input row.
+        let _ = writeln!(
+            s,
+            "    let inside = i32(ow0 * SW) >= PW && i32((ow0 + {}u) * SW + (KW - 1u) * DW) - PW < i32(IW);",
+            pxb - 1
+        );
         s += "    for (var c = 0u; c < CG; c++) {\n";
         s += "        let xplane = (n * C + g * CG + c) * ID * IH * IW;\n        let wc = c * KSIZE;\n";
         s += "        for (var kd = 0u; kd < KD; kd++) {\n";
@@ -201,22 +245,33 @@ impl WgslKernel for Conv {
         s += "            for (var kh = 0u; kh < KH; kh++) {\n";
         s += "                let ih = i32(oh * SH + kh * DH) - PH;\n                if (ih < 0 || ih >= i32(IH)) { continue; }\n";
         s += "                let xrow = xplane + (u32(id) * IH + u32(ih)) * IW;\n";
-        s += "                for (var kw = 0u; kw < KW; kw++) {\n";
-        s += "                    let k = wc + (kd * KH + kh) * KW + kw;\n";
-        s += "                    let iwb = i32(ow0 * SW + kw * DW) - PW;\n";
-        for q in 0..pxb {
-            let _ = writeln!(s, "                    let iw{q} = iwb + {};", q * g.stride[2]);
-            let _ = writeln!(
-                s,
-                "                    let x{q} = select(0.0, x[xrow + u32(clamp(iw{q}, 0, i32(IW) - 1))], iw{q} >= 0 && iw{q} < i32(IW));"
-            );
-        }
-        for o in 0..ocb {
-            let _ = writeln!(s, "                    let w{o} = w[wrow{o} + k];");
+        // Two copies of the kw loop: without bounds checks when every tap of every pixel
+        // of this invocation is inside the row (most invocations), with them otherwise.
+        for checked in [false, true] {
+            s += if checked { "                } else {\n" } else { "                if (inside) {\n" };
+            s += "                for (var kw = 0u; kw < KW; kw++) {\n";
+            s += "                    let k = wc + (kd * KH + kh) * KW + kw;\n";
+            s += "                    let iwb = i32(ow0 * SW + kw * DW) - PW;\n";
             for q in 0..pxb {
-                let _ = writeln!(s, "                    acc{o}_{q} = fma(w{o}, x{q}, acc{o}_{q});");
+                if checked {
+                    let _ = writeln!(s, "                    let iw{q} = iwb + {};", q * g.stride[2]);
+                    let _ = writeln!(
+                        s,
+                        "                    let x{q} = select(0.0, x[xrow + u32(clamp(iw{q}, 0, i32(IW) - 1))], iw{q} >= 0 && iw{q} < i32(IW));"
+                    );
+                } else {
+                    let _ = writeln!(s, "                    let x{q} = x[xrow + u32(iwb) + {}u];", q * g.stride[2]);
+                }
             }
+            for o in 0..ocb {
+                let _ = writeln!(s, "                    let w{o} = w[wrow{o} + k];");
+                for q in 0..pxb {
+                    let _ = writeln!(s, "                    acc{o}_{q} = fma(w{o}, x{q}, acc{o}_{q});");
+                }
+            }
+            s += "                }\n";
         }
+        // The first brace below closes the `else`.
         s += "                }\n            }\n        }\n    }\n";
         s += "    let orow = (od * OH + oh) * OW;\n";
         for o in 0..ocb {
@@ -231,7 +286,6 @@ impl WgslKernel for Conv {
             s += "    }\n";
         }
         s += "}\n";
-        let _ = outputs;
         Ok(WgslProgram::single(wgsl::Dispatch {
             label: format!("Conv[{ocb}oc x {pxb}px]"),
             source: s,
@@ -376,6 +430,40 @@ mod tests {
     }
 
     #[test]
+    fn depthwise_strides_dilations_and_pads_match_reference() {
+        for (hw, k, strides, dil, pads, mult) in [
+            ([9usize, 11usize], [3usize, 3usize], [2usize, 2usize], [1usize, 1usize], [1i64, 1, 1, 1], 1usize),
+            ([14, 14], [3, 3], [2, 2], [1, 1], [0, 0, 1, 1], 1),
+            ([13, 12], [3, 3], [3, 3], [1, 2], [2, 0, 1, 2], 1),
+            ([7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 2),
+            ([10, 9], [5, 4], [1, 2], [2, 1], [2, 1, 0, 3], 1),
+            ([8, 13], [2, 5], [2, 3], [1, 1], [0, 2, 1, 0], 1),
+            ([5, 6], [3, 3], [1, 1], [1, 1], [0, 0, 0, 0], 1),
+            ([3, 4], [2, 2], [2, 3], [1, 1], [5, 4, 6, 3], 1),
+            ([3, 4], [2, 3], [1, 1], [2, 1], [6, 7, 5, 8], 1),
+        ] {
+            let c = 3;
+            check(&Case {
+                x: vec![2, c, hw[0], hw[1]],
+                w: vec![c * mult, 1, k[0], k[1]],
+                group: c,
+                strides: strides.to_vec(),
+                dil: dil.to_vec(),
+                pads: pads.to_vec(),
+                bias: mult == 1,
+            });
+        }
+    }
+
+    #[test]
+    fn pads_larger_than_the_input() {
+        for (group, w_in) in [(1, 3), (3, 1)] {
+            check(&Case { x: vec![1, 3, 3, 4], w: vec![3, w_in, 2, 2], group, strides: vec![2, 3], dil: vec![1, 1], pads: vec![5, 4, 6, 3], bias: true });
+            check(&Case { x: vec![1, 3, 2, 9], w: vec![3, w_in, 3, 1], group, strides: vec![1, 1], dil: vec![3, 1], pads: vec![7, 0, 7, 0], bias: false });
+        }
+    }
+
+    #[test]
     fn conv1d_and_conv3d_match_reference() {
         check(&Case { x: vec![1, 3, 17], w: vec![4, 3, 3], group: 1, strides: vec![2], dil: vec![2], pads: vec![1, 2], bias: true });
         check(&Case { x: vec![2, 4, 9], w: vec![4, 1, 5], group: 4, strides: vec![1], dil: vec![1], pads: vec![2, 2], bias: false });
@@ -402,8 +490,9 @@ mod tests {
     #[test]
     fn large_pointwise_and_im2col_paths_match_reference() {
         // Big enough to take the tiled / parallel paths.
-        check(&Case { x: vec![1, 16, 37, 41], w: vec![24, 16, 1, 1], group: 1, strides: vec![1, 1], dil: vec![1, 1], pads: vec![0; 4], bias: true });
+        check(&Case { x: vec![2, 16, 37, 41], w: vec![24, 16, 1, 1], group: 1, strides: vec![1, 1], dil: vec![1, 1], pads: vec![0; 4], bias: true });
         check(&Case { x: vec![2, 8, 33, 35], w: vec![16, 8, 3, 3], group: 1, strides: vec![1, 1], dil: vec![1, 1], pads: vec![1; 4], bias: false });
+        check(&Case { x: vec![1, 8, 70, 9], w: vec![16, 8, 1, 1], group: 1, strides: vec![2, 1], dil: vec![1, 1], pads: vec![0; 4], bias: true });
         check(&Case { x: vec![1, 32, 9, 9], w: vec![64, 16, 3, 3], group: 2, strides: vec![1, 1], dil: vec![1, 1], pads: vec![1; 4], bias: true });
     }
 
@@ -432,6 +521,14 @@ mod tests {
         let want = reference(&x, &w, None, 1, &[1, 1], &[1, 1], &[1, 1], &[6, 6]);
         for (g, w) in y.to_f64_vec().iter().zip(&want) {
             assert!((g - w).abs() < 1e-12);
+        }
+        let xh = Tensor::from_vec(&[2, 3, 6, 6], xs.iter().map(|&v| half::f16::from_f32(v)).collect()).unwrap();
+        let wh = Tensor::from_vec(&[2, 3, 3, 3], data(54, 8).iter().map(|&v| half::f16::from_f32(v)).collect()).unwrap();
+        let y = run(op.as_ref(), &[Some(&xh), Some(&wh)], &[]).unwrap().remove(0);
+        assert_eq!(y.dtype(), kiln_graph::DType::F16);
+        let want = reference(&xh, &wh, None, 1, &[1, 1], &[1, 1], &[1, 1], &[6, 6]);
+        for (g, w) in y.to_f64_vec().iter().zip(&want) {
+            assert!((g - w).abs() < 4e-3 * w.abs().max(1.0), "{g} vs {w}");
         }
         let xf = tensor(&[1, 4, 5, 5], 1);
         let wf = tensor(&[2, 3, 3, 3], 1);

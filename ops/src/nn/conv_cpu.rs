@@ -1,7 +1,11 @@
-//! CPU convolution kernels. f32: pointwise (1x1, stride 1, no padding) convolutions are
-//! one GEMM straight on the input; depthwise convolutions use a direct row-vectorised
-//! loop parallel over channel planes; everything else is im2col into per-thread scratch
-//! tiles + GEMM. Other float dtypes take a direct f64 loop.
+//! CPU convolution kernels (f32), parallel with rayon:
+//! - pointwise (1x1, stride 1, no padding): one GEMM straight on the input;
+//! - depthwise 1-D/2-D: per channel plane, zero-padded stride-phase copies and a flat
+//!   FMA kernel (runtime-dispatched AVX2+FMA); 3-D depthwise: a direct row loop;
+//! - everything else: im2col into per-thread scratch tiles + GEMM (the `gemm` crate;
+//!   its own parallelism when there are too few tiles to share out).
+//!
+//! f64 tensors take a direct f64 loop ([`conv_f64`]).
 use super::window::Geometry;
 use crate::cpu;
 
@@ -54,8 +58,8 @@ impl SharedOut {
 pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
     if p.is_depthwise() {
         let g = &p.geo;
-        if g.kernel == [1, 3, 3] && g.dilation[1..] == [1, 1] && g.input[0] == 1 && g.stride[1..].iter().all(|&s| s <= 2) {
-            depthwise_3x3_f32(p, x, w, bias, y);
+        if g.input[0] == 1 && g.kernel[0] == 1 && g.output[0] == 1 {
+            depthwise_2d_f32(p, x, w, bias, y);
         } else {
             depthwise_f32(p, x, w, bias, y);
         }
@@ -173,8 +177,19 @@ pub(crate) fn im2col(g: &Geometry, x: &[f32], channels: usize, p0: usize, p1: us
                             body.copy_from_slice(&src[start..start + body.len()]);
                         } else {
                             let s = g.stride[2];
-                            for (j, v) in body.iter_mut().enumerate() {
-                                *v = src[start + j * s];
+                            let span = &src[start..start + (body.len() - 1) * s + 1];
+                            if s == 2 {
+                                // Pairs (even, odd): the even element of each.
+                                let (pairs, last) = span.split_at(span.len() - 1);
+                                let (head, tail) = body.split_at_mut(body.len() - 1);
+                                for (v, pair) in head.iter_mut().zip(pairs.chunks_exact(2)) {
+                                    *v = pair[0];
+                                }
+                                tail[0] = last[0];
+                            } else {
+                                for (v, &x) in body.iter_mut().zip(span.iter().step_by(s)) {
+                                    *v = x;
+                                }
                             }
                         }
                     }
@@ -245,79 +260,201 @@ fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y:
     });
 }
 
-/// Depthwise 3x3 (dilation 1, stride 1 or 2) 2-D convolution: each output row is one
-/// pass over three input rows (rows in the padding read a zero row); the interior,
-/// where all nine taps are inside, runs branch-free.
-fn depthwise_3x3_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
-    let g = &p.geo;
-    let (in_size, out_size) = (g.input_size(), g.output_size());
-    let multiplier = p.out_per_group();
-    let [_, oh_n, ow_n] = g.output;
-    let [_, ih_n, iw_n] = g.input;
-    let (sh, sw) = (g.stride[1], g.stride[2]);
-    let (ph, pw) = (g.pad_begin[1], g.pad_begin[2]);
-    // Interior outputs: ow*sw - pw >= 0 and ow*sw - pw + 2 < iw_n.
-    let lo = ((pw.max(0) as usize).div_ceil(sw)).min(ow_n);
-    let last = iw_n as i64 - 3 + pw;
-    let hi = if last < 0 { lo } else { ((last as usize) / sw + 1).clamp(lo, ow_n) };
-    let zeros = vec![0f32; iw_n];
-    cpu::par_chunks_mut(y, out_size, 18, |first, planes| {
-        for (i, out) in planes.chunks_mut(out_size).enumerate() {
-            let plane = first + i;
-            let (img, m) = (plane / p.out_channels, plane % p.out_channels);
-            let c = m / multiplier;
-            let xc = &x[(img * p.in_channels + c) * in_size..][..in_size];
-            let k: &[f32; 9] = w[m * 9..m * 9 + 9].try_into().expect("3x3 weights");
-            let b = bias.map_or(0.0, |b| b[m]);
-            for oh in 0..oh_n {
-                let rows: [&[f32]; 3] = std::array::from_fn(|kh| {
-                    let ih = (oh * sh + kh) as i64 - ph;
-                    if ih < 0 || ih >= ih_n as i64 { &zeros[..] } else { &xc[ih as usize * iw_n..][..iw_n] }
-                });
-                let orow = &mut out[oh * ow_n..][..ow_n];
-                let tap = |ow: usize| {
-                    let mut acc = b;
-                    for kw in 0..3 {
-                        let iw = (ow * sw + kw) as i64 - pw;
-                        if iw >= 0 && iw < iw_n as i64 {
-                            for kh in 0..3 {
-                                acc += k[kh * 3 + kw] * rows[kh][iw as usize];
-                            }
-                        }
-                    }
-                    acc
-                };
-                for ow in (0..lo).chain(hi..ow_n) {
-                    orow[ow] = tap(ow);
+/// `a * b + c`, fused when the caller was compiled with FMA enabled.
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// `acc += w * a` over `acc.len()` elements.
+#[inline(always)]
+fn axpy<const FMA: bool>(acc: &mut [f32], w: f32, a: &[f32]) {
+    let a = &a[..acc.len()];
+    for (o, &v) in acc.iter_mut().zip(a) {
+        *o = madd::<FMA>(w, v, *o);
+    }
+}
+
+/// `out = b + sum_t w[t] * src[t]` for nine taps (a 3x3 kernel) in one pass.
+#[inline(always)]
+fn taps9<const FMA: bool>(out: &mut [f32], b: f32, w: &[f32; 9], src: [&[f32]; 9]) {
+    let n = out.len();
+    let [s0, s1, s2, s3, s4, s5, s6, s7, s8] = src.map(|s| &s[..n]);
+    for i in 0..n {
+        let mut acc = madd::<FMA>(w[0], s0[i], b);
+        acc = madd::<FMA>(w[1], s1[i], acc);
+        acc = madd::<FMA>(w[2], s2[i], acc);
+        acc = madd::<FMA>(w[3], s3[i], acc);
+        acc = madd::<FMA>(w[4], s4[i], acc);
+        acc = madd::<FMA>(w[5], s5[i], acc);
+        acc = madd::<FMA>(w[6], s6[i], acc);
+        acc = madd::<FMA>(w[7], s7[i], acc);
+        out[i] = madd::<FMA>(w[8], s8[i], acc);
+    }
+}
+
+/// Fixed shapes of a 1-D/2-D depthwise convolution, see [`depthwise_2d_f32`].
+struct DepthwisePlan<'a> {
+    g: &'a Geometry,
+    /// Padded rows read (`pad_h`); phase planes are `ceil(pad_h / stride)` x `hw`.
+    pad_h: usize,
+    hw: usize,
+    phase_len: usize,
+    /// Flat accumulator length: outputs at the phase width `hw`.
+    acc_len: usize,
+}
+
+impl DepthwisePlan<'_> {
+    fn new(g: &Geometry) -> DepthwisePlan<'_> {
+        let [_, oh_n, ow_n] = g.output;
+        let pad_h = (oh_n - 1) * g.stride[1] + (g.kernel[1] - 1) * g.dilation[1] + 1;
+        let pad_w = (ow_n - 1) * g.stride[2] + (g.kernel[2] - 1) * g.dilation[2] + 1;
+        let (hh, hw) = (pad_h.div_ceil(g.stride[1]), pad_w.div_ceil(g.stride[2]));
+        DepthwisePlan { g, pad_h, hw, phase_len: hh * hw, acc_len: (oh_n - 1) * hw + ow_n }
+    }
+
+    /// Scratch floats per thread: the phase planes, one padded row, the accumulator.
+    fn scratch_len(&self) -> usize {
+        self.g.stride[1] * self.g.stride[2] * self.phase_len + self.hw * self.g.stride[2] + self.acc_len
+    }
+
+    /// Convolves one channel plane `xc` with kernel `wm` into `out`. `scratch` must be
+    /// zeroed before the first plane: padding positions are never written, so they
+    /// stay zero from plane to plane.
+    #[inline(always)]
+    fn plane<const FMA: bool>(&self, xc: &[f32], wm: &[f32], b: f32, scratch: &mut [f32], out: &mut [f32]) {
+        let g = self.g;
+        let [_, oh_n, ow_n] = g.output;
+        let [_, ih_n, iw_n] = g.input;
+        let (sh, sw) = (g.stride[1], g.stride[2]);
+        let (ph, pw) = (g.pad_begin[1], g.pad_begin[2]);
+        let (hw, phase_len) = (self.hw, self.phase_len);
+        let row_len = hw * sw;
+        let (phases, rest) = scratch.split_at_mut(sh * sw * phase_len);
+        let (row, acc) = rest.split_at_mut(row_len);
+        // Phase (qh, qw) row i, column j holds padded position (i*sh + qh, j*sw + qw),
+        // i.e. input (i*sh + qh - ph, j*sw + qw - pw), zero outside the input.
+        for r in 0..self.pad_h {
+            let (qh, i) = (r % sh, r / sh);
+            let ih = r as i64 - ph;
+            let phase_row = |qw: usize| (qh * sw + qw) * phase_len + i * hw;
+            if ih < 0 || ih >= ih_n as i64 {
+                continue; // stays zero
+            }
+            let src = &xc[ih as usize * iw_n..][..iw_n];
+            let dst = if sw == 1 { &mut phases[phase_row(0)..][..hw] } else { &mut row[..] };
+            let lo = (pw.max(0) as usize).min(dst.len());
+            let hi = ((iw_n as i64 + pw).max(0) as usize).clamp(lo, dst.len());
+            // dst[..lo] and dst[hi..] are padding and stay zero.
+            if hi > lo {
+                let start = (lo as i64 - pw) as usize;
+                dst[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+            }
+            if sw == 2 {
+                let (left, right) = phases.split_at_mut(phase_row(1));
+                let (even, odd) = (&mut left[phase_row(0)..][..hw], &mut right[..hw]);
+                for ((pair, e), o) in row.chunks_exact(2).zip(even.iter_mut()).zip(odd.iter_mut()) {
+                    *e = pair[0];
+                    *o = pair[1];
                 }
-                if lo >= hi {
-                    continue;
-                }
-                let n = hi - lo;
-                let base = (lo * sw) as i64 - pw;
-                let base = base as usize;
-                let body = &mut orow[lo..hi];
-                if sw == 1 {
-                    let r: [&[f32]; 9] = std::array::from_fn(|t| &rows[t / 3][base + t % 3..][..n]);
-                    for j in 0..n {
-                        body[j] = b
-                            + k[0] * r[0][j] + k[1] * r[1][j] + k[2] * r[2][j]
-                            + k[3] * r[3][j] + k[4] * r[4][j] + k[5] * r[5][j]
-                            + k[6] * r[6][j] + k[7] * r[7][j] + k[8] * r[8][j];
-                    }
-                } else {
-                    let span = (n - 1) * sw + 3;
-                    let r: [&[f32]; 3] = std::array::from_fn(|kh| &rows[kh][base..][..span]);
-                    for (j, o) in body.iter_mut().enumerate() {
-                        let q = j * sw;
-                        *o = b
-                            + k[0] * r[0][q] + k[1] * r[0][q + 1] + k[2] * r[0][q + 2]
-                            + k[3] * r[1][q] + k[4] * r[1][q + 1] + k[5] * r[1][q + 2]
-                            + k[6] * r[2][q] + k[7] * r[2][q + 1] + k[8] * r[2][q + 2];
+            } else if sw > 2 {
+                for (j, chunk) in row.chunks_exact(sw).enumerate() {
+                    for (qw, &v) in chunk.iter().enumerate() {
+                        phases[phase_row(qw) + j] = v;
                     }
                 }
             }
         }
+        let acc = &mut acc[..self.acc_len];
+        self.accumulate::<FMA>(phases, wm, b, acc);
+        for oh in 0..oh_n {
+            out[oh * ow_n..][..ow_n].copy_from_slice(&acc[oh * hw..][..ow_n]);
+        }
+    }
+
+    /// `acc[q] = b + sum over taps of w * phase[q + tap offset]`, flat over the plane.
+    /// A plain function (not a closure) so that it inlines into the FMA-enabled caller.
+    #[inline(always)]
+    fn accumulate<const FMA: bool>(&self, phases: &[f32], wm: &[f32], b: f32, acc: &mut [f32]) {
+        let g = self.g;
+        let (kh_n, kw_n) = (g.kernel[1], g.kernel[2]);
+        let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
+        let (hw, phase_len) = (self.hw, self.phase_len);
+        let run = |kh: usize, kw: usize| {
+            let (qh, shift_h) = ((kh * dh) % sh, (kh * dh) / sh);
+            let (qw, shift_w) = ((kw * dw) % sw, (kw * dw) / sw);
+            &phases[(qh * sw + qw) * phase_len + shift_h * hw + shift_w..]
+        };
+        if kh_n == 3 && kw_n == 3 {
+            let w9: &[f32; 9] = wm.try_into().expect("3x3 kernel");
+            let src = [run(0, 0), run(0, 1), run(0, 2), run(1, 0), run(1, 1), run(1, 2), run(2, 0), run(2, 1), run(2, 2)];
+            taps9::<FMA>(acc, b, w9, src);
+            return;
+        }
+        acc.fill(b);
+        for kh in 0..kh_n {
+            for kw in 0..kw_n {
+                axpy::<FMA>(acc, wm[kh * kw_n + kw], run(kh, kw));
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn plane_fma(&self, xc: &[f32], wm: &[f32], b: f32, scratch: &mut [f32], out: &mut [f32]) {
+        self.plane::<true>(xc, wm, b, scratch, out)
+    }
+
+    fn plane_dispatch(&self, fma: bool, xc: &[f32], wm: &[f32], b: f32, scratch: &mut [f32], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if fma {
+            // SAFETY: `fma` is true only when the CPU supports AVX2 and FMA.
+            return unsafe { self.plane_fma(xc, wm, b, scratch, out) };
+        }
+        let _ = fma;
+        self.plane::<false>(xc, wm, b, scratch, out)
+    }
+}
+
+/// Whether the CPU has AVX2 + FMA (for kernels compiled with those features).
+pub(crate) fn has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Depthwise 1-D/2-D convolution. Each channel plane is first copied into zero-padded
+/// "phase" planes (phase (qh, qw) holds the padded positions congruent to (qh, qw)
+/// modulo the strides), so that every tap reads the plane as one contiguous run: the
+/// whole output plane is then a flat vector (computed at the phase width, extra
+/// columns dropped), which vectorises well even for 7x7 planes.
+fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+    let g = &p.geo;
+    let (in_size, out_size) = (g.input_size(), g.output_size());
+    let multiplier = p.out_per_group();
+    let plan = DepthwisePlan::new(g);
+    let ksize = g.kernel_size();
+    let fma = has_fma();
+    cpu::par_chunks_mut(y, out_size, 2 * ksize + 2, |first, planes| {
+        cpu::with_scratch(plan.scratch_len(), |scratch| {
+            scratch.fill(0.0);
+            for (i, out) in planes.chunks_mut(out_size).enumerate() {
+                let plane = first + i;
+                let (img, m) = (plane / p.out_channels, plane % p.out_channels);
+                let xc = &x[(img * p.in_channels + m / multiplier) * in_size..][..in_size];
+                let wm = &w[m * ksize..][..ksize];
+                plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), scratch, out);
+            }
+        })
     });
 }
 

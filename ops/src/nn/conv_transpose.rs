@@ -47,10 +47,10 @@ impl ConvTranspose {
         if x.len() < 3 || x.len() > 5 {
             return Err(OpError::input(0, format!("expected N x C x D1 [x D2 [x D3]] (rank 3 to 5), found shape {x:?}")));
         }
-        if w.len() != x.len() || w.iter().any(|&d| d == 0) {
+        if w.len() != x.len() || w.contains(&0) {
             return Err(OpError::input(1, format!("weights of shape {w:?} do not fit input {x:?}")));
         }
-        if w[0] != x[1] || x[1] % self.group != 0 {
+        if w[0] != x[1] || !x[1].is_multiple_of(self.group) {
             return Err(OpError::input(
                 1,
                 format!("weights have {} input channels; input has {} (group {})", w[0], x[1], self.group),
@@ -256,9 +256,13 @@ impl ConvTranspose {
 
 impl CpuKernel for ConvTranspose {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(());
+        }
         let (x, w) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let bias = inputs.get(2).copied().flatten();
         let p = self.problem(x.dims(), w.dims())?;
+        super::conv::check_bias(bias, p.out_channels)?;
         let y = &mut outputs[0];
         if x.dtype() == DType::F32 && bias.is_none_or(|b| b.dtype() == DType::F32) {
             let b = bias.map(|b| b.as_slice::<f32>()).transpose()?;
@@ -267,7 +271,7 @@ impl CpuKernel for ConvTranspose {
             let b = bias.map(|b| b.to_f64_vec());
             let mut out = vec![0.0; y.len()];
             self.run_f64(&p, &x.to_f64_vec(), &w.to_f64_vec(), b.as_deref(), &mut out);
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }
@@ -275,6 +279,9 @@ impl CpuKernel for ConvTranspose {
 
 impl WgslKernel for ConvTranspose {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(WgslProgram::default());
+        }
         let (x, w) = (required(inputs, 0)?, required(inputs, 1)?);
         let p = self.problem(x.dims(), w.dims())?;
         let has_bias = inputs.get(2).copied().flatten().is_some();

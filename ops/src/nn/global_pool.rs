@@ -44,6 +44,9 @@ impl Op for GlobalPool {
 
 impl CpuKernel for GlobalPool {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(());
+        }
         let x = cpu::input(inputs, 0)?;
         let size = plane_size(x.dims())?;
         let y = &mut outputs[0];
@@ -77,7 +80,7 @@ impl CpuKernel for GlobalPool {
                     if self.max { p.iter().copied().fold(f64::NEG_INFINITY, f64::max) } else { p.iter().sum::<f64>() / size as f64 }
                 })
                 .collect();
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }
@@ -85,6 +88,9 @@ impl CpuKernel for GlobalPool {
 
 impl WgslKernel for GlobalPool {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(WgslProgram::default());
+        }
         let size = plane_size(required(inputs, 0)?.dims())?;
         let wg = tune.get(&wgsl::workgroup_param());
         let body = if self.max {

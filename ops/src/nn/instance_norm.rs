@@ -64,9 +64,17 @@ impl Op for InstanceNorm {
 
 impl CpuKernel for InstanceNorm {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(());
+        }
         let x = cpu::input(inputs, 0)?;
         let (c, inner) = layout(x.dims())?;
         let (scale, bias) = (cpu::input(inputs, 1)?.to_f64_vec(), cpu::input(inputs, 2)?.to_f64_vec());
+        for (i, v) in [(1, &scale), (2, &bias)] {
+            if v.len() != c {
+                return Err(OpError::input(i, format!("expected {c} values (one per channel), found {}", v.len())));
+            }
+        }
         let eps = self.epsilon as f64;
         let y = &mut outputs[0];
         if x.dtype() == DType::F32 && inner > 0 {
@@ -91,14 +99,17 @@ impl CpuKernel for InstanceNorm {
             for (plane, (src, dst)) in xs.chunks(inner.max(1)).zip(out.chunks_mut(inner.max(1))).enumerate() {
                 normalize(src, scale[plane % c], bias[plane % c], eps, dst);
             }
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }
 }
 
 impl WgslKernel for InstanceNorm {
-    fn generate(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(WgslProgram::default());
+        }
         let dims = required(inputs, 0)?.dims();
         let (c, inner) = layout(dims)?;
         let planes = dims[0] * c;

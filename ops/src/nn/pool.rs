@@ -200,6 +200,104 @@ impl Pool {
     }
 }
 
+/// Pooling over one axis of a plane viewed as `outer x n_in x inner` (window along
+/// the middle axis) into `outer x n_out x inner`; rows of `inner` elements are
+/// combined whole, so the H and D passes vectorise.
+fn pool_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, d: usize, outer: usize, inner: usize, src: &[T], dst: &mut [T]) {
+    let (n_in, n_out) = (g.input[d], g.output[d]);
+    let init = if MAX { T::NEG_INF } else { T::ZERO };
+    for o in 0..outer {
+        for out_i in 0..n_out {
+            let start = (out_i * g.stride[d]) as i64 - g.pad_begin[d];
+            let (k0, k1) = tap_range(g, d, start);
+            let row = &mut dst[(o * n_out + out_i) * inner..][..inner];
+            row.fill(init);
+            for k in k0..k1 {
+                let pos = (start + (k * g.dilation[d]) as i64) as usize;
+                let srow = &src[(o * n_in + pos) * inner..][..inner];
+                for (a, &v) in row.iter_mut().zip(srow) {
+                    *a = if MAX { if v > *a { v } else { *a } } else { *a + v };
+                }
+            }
+        }
+    }
+}
+
+/// Pooling over the last axis (W): each output gathers its taps from one row.
+fn pool_last_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, rows: usize, src: &[T], dst: &mut [T]) {
+    let (n_in, n_out) = (g.input[2], g.output[2]);
+    let taps: Vec<(i64, usize, usize)> = (0..n_out)
+        .map(|o| {
+            let start = (o * g.stride[2]) as i64 - g.pad_begin[2];
+            let (k0, k1) = tap_range(g, 2, start);
+            (start, k0, k1)
+        })
+        .collect();
+    let dil = g.dilation[2];
+    for r in 0..rows {
+        let srow = &src[r * n_in..][..n_in];
+        for (a, &(start, k0, k1)) in dst[r * n_out..][..n_out].iter_mut().zip(&taps) {
+            let mut acc = if MAX { T::NEG_INF } else { T::ZERO };
+            for k in k0..k1 {
+                let v = srow[(start + (k * dil) as i64) as usize];
+                acc = if MAX { if v > acc { v } else { acc } } else { acc + v };
+            }
+            *a = acc;
+        }
+    }
+}
+
+impl Pool {
+    /// Separable pooling (no Indices output): W, then H, then D passes per plane.
+    fn run_separable<T: PoolFloat>(&self, g: &Geometry, x: &[T], y: &mut [T]) {
+        match self.kind {
+            PoolKind::Max { .. } => self.separable::<T, true>(g, x, y),
+            _ => self.separable::<T, false>(g, x, y),
+        }
+    }
+
+    fn separable<T: PoolFloat, const MAX: bool>(&self, g: &Geometry, x: &[T], y: &mut [T]) {
+        let (in_size, out_size) = (g.input_size(), g.output_size());
+        let [id_n, ih_n, _] = g.input;
+        let [od_n, oh_n, ow_n] = g.output;
+        let (t1_len, t2_len) = (id_n * ih_n * ow_n, id_n * oh_n * ow_n);
+        let kind = self.kind;
+        let divisor: Vec<Vec<usize>> =
+            (0..3).map(|d| (0..g.output[d]).map(|o| self.divisor_taps(g, d, o)).collect()).collect();
+        cpu::par_chunks_mut(y, out_size, g.kernel_size() / g.kernel[2].max(1) + g.kernel[2], |first, part| {
+            let mut t1 = vec![T::ZERO; t1_len];
+            let mut t2 = vec![T::ZERO; t2_len];
+            let mut lp = if let PoolKind::Lp { .. } = kind { vec![T::ZERO; in_size] } else { vec![] };
+            for (i, out) in part.chunks_mut(out_size).enumerate() {
+                let mut xc = &x[(first + i) * in_size..][..in_size];
+                if let PoolKind::Lp { p } = kind {
+                    for (t, &v) in lp.iter_mut().zip(xc) {
+                        *t = v.lp_term(p);
+                    }
+                    xc = &lp;
+                }
+                pool_last_axis::<T, MAX>(g, id_n * ih_n, xc, &mut t1);
+                pool_axis::<T, MAX>(g, 1, id_n, ow_n, &t1, &mut t2);
+                pool_axis::<T, MAX>(g, 0, 1, oh_n * ow_n, &t2, out);
+                match kind {
+                    PoolKind::Max { .. } => {}
+                    PoolKind::Average { .. } => {
+                        for od in 0..od_n {
+                            for oh in 0..oh_n {
+                                let row = &mut out[(od * oh_n + oh) * ow_n..][..ow_n];
+                                for (ow, v) in row.iter_mut().enumerate() {
+                                    *v = v.div_count(divisor[0][od] * divisor[1][oh] * divisor[2][ow]);
+                                }
+                            }
+                        }
+                    }
+                    PoolKind::Lp { p } => out.iter_mut().for_each(|v| *v = v.lp_root(p)),
+                }
+            }
+        });
+    }
+}
+
 /// Taps `k` of dim `d` whose position `start + k*dilation` is inside the input.
 fn tap_range(g: &Geometry, d: usize, start: i64) -> (usize, usize) {
     let dil = g.dilation[d] as i64;
@@ -255,6 +353,9 @@ impl Op for Pool {
 
 impl CpuKernel for Pool {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(());
+        }
         let x = cpu::input(inputs, 0)?;
         let g = self.geometry(x.dims())?;
         let (y, rest) = outputs.split_first_mut().ok_or_else(|| OpError::invalid("missing output"))?;
@@ -263,11 +364,15 @@ impl CpuKernel for Pool {
             _ => None,
         };
         if x.dtype() == DType::F32 {
-            self.run_typed(&g, x.as_slice::<f32>()?, y.as_mut_slice()?, idx.as_deref_mut());
+            if idx.is_some() {
+                self.run_typed(&g, x.as_slice::<f32>()?, y.as_mut_slice()?, idx.as_deref_mut());
+            } else {
+                self.run_separable(&g, x.as_slice::<f32>()?, y.as_mut_slice()?);
+            }
         } else {
             let mut out = vec![0.0; y.len()];
-            self.run_typed(&g, &x.to_f64_vec(), &mut out, idx.as_deref_mut());
-            *y = Tensor::from_f64(y.dtype(), &y.dims().to_vec(), &out)?;
+            self.run_typed(&g, &x.to_f64_vec(), &mut out, idx);
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
         }
         Ok(())
     }
@@ -275,6 +380,9 @@ impl CpuKernel for Pool {
 
 impl WgslKernel for Pool {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(WgslProgram::default());
+        }
         let x = required(inputs, 0)?;
         let g = self.geometry(x.dims())?;
         let ty = wgsl::elem(x.dtype());
@@ -301,6 +409,9 @@ impl WgslKernel for Pool {
             PoolKind::Average { .. } => "acc / f32(count)".into(),
             PoolKind::Lp { p } => format!("pow(acc, {})", wgsl::literal("f32", 1.0 / p as f64)),
         };
+        // The divisor counts taps in [-pad_begin, input + pad_end) with count_include_pad,
+        // else in [0, input).
+        let begins = ["PD", "PH", "PW"].map(|p| if include_pad { format!("-{p}") } else { "0".to_string() });
         let ends = [("ID", 0), ("IH", 1), ("IW", 2)]
             .map(|(n, d)| if include_pad { format!("i32({n}) + {}", g.pad_end[d]) } else { format!("i32({n})") });
         let index_out = if !self.with_indices {
@@ -326,7 +437,7 @@ impl WgslKernel for Pool {
             let ih = i32(oh * SH + kh * DH) - PH;
             for (var kw = 0u; kw < KW; kw++) {{
                 let iw = i32(ow * SW + kw * DW) - PW;
-                if (id >= -PD && id < {e0} && ih >= -PH && ih < {e1} && iw >= -PW && iw < {e2}) {{ count += 1u; }}
+                if (id >= {b0} && id < {e0} && ih >= {b1} && ih < {e1} && iw >= {b2} && iw < {e2}) {{ count += 1u; }}
                 if (id < 0 || id >= i32(ID) || ih < 0 || ih >= i32(IH) || iw < 0 || iw >= i32(IW)) {{ continue; }}
                 let j = (u32(id) * IH + u32(ih)) * IW + u32(iw);
                 let v = x[xbase + j];
@@ -336,6 +447,9 @@ impl WgslKernel for Pool {
     }}
     y[i] = {finish};
     {index_out}",
+            b0 = begins[0],
+            b1 = begins[1],
+            b2 = begins[2],
             e0 = ends[0],
             e1 = ends[1],
             e2 = ends[2],
@@ -403,6 +517,7 @@ mod tests {
                 ([2, 2], [1, 1], [2, 2], [1, 0, 0, 1], false, true),
                 ([3, 3], [3, 2], [2, 1], [2, 2, 2, 2], true, true),
                 ([1, 4], [1, 2], [1, 1], [0, 0, 0, 0], true, false),
+                ([2, 2], [2, 2], [1, 1], [2, 2, 2, 2], false, true),
             ] {
                 let attrs = vec![
                     ("kernel_shape", ints(&k.map(|v| v as i64))),
@@ -441,5 +556,17 @@ mod tests {
         let op = make("AveragePool", 1, 1, &[("kernel_shape", ints(&[2, 2, 2])), ("auto_pad", Attr::String("SAME_UPPER".into()))]).unwrap();
         assert_eq!(run(op.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[1, 2, 4, 5, 6]);
         assert!(make("MaxPool", 1, 1, &[]).is_err());
+        // Empty inputs give empty outputs (no panics, no shader).
+        let x = Tensor::from_vec(&[0, 3, 5, 5], Vec::<f32>::new()).unwrap();
+        for op in ["MaxPool", "AveragePool", "LpPool"] {
+            let o = make(op, 1, 1, &[("kernel_shape", ints(&[2, 2]))]).unwrap();
+            assert_eq!(run(o.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[0, 3, 4, 4]);
+        }
+        let o = make("Conv", 2, 1, &[]).unwrap();
+        let w = tensor(&[2, 3, 2, 2], 1);
+        assert_eq!(run(o.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap()[0].dims(), &[0, 2, 4, 4]);
+        let o = make("Conv", 2, 1, &[("auto_pad", Attr::String("SAME_UPPER".into()))]).unwrap();
+        let x = Tensor::from_vec(&[1, 3, 0, 5], Vec::<f32>::new()).unwrap();
+        assert_eq!(run(o.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap()[0].dims(), &[1, 2, 0, 5]);
     }
 }
