@@ -10,8 +10,6 @@ mod conv_cpu;
 mod conv_transpose;
 mod global_pool;
 mod instance_norm;
-#[cfg(test)]
-mod node_tests;
 mod pool;
 #[cfg(test)]
 mod testutil;

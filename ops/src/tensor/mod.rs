@@ -6,8 +6,6 @@
 use crate::Registry;
 
 mod common;
-#[cfg(test)]
-mod conformance;
 mod index_map;
 
 mod cast;
