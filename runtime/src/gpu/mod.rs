@@ -89,6 +89,9 @@ pub(crate) fn describe(index: usize, a: &wgpu::Adapter) -> AdapterInfo {
 /// Picks the adapter for a choice; `Ok(None)` means "use the CPU" (auto without a
 /// hardware GPU).
 pub(crate) fn select(choice: &DeviceChoice) -> Result<Option<wgpu::Adapter>> {
+    if *choice == DeviceChoice::Cpu {
+        return Ok(None);
+    }
     let adapters = enumerate();
     let names = || {
         adapters
