@@ -2,9 +2,12 @@
 //! auto_pad, optional bias). CPU kernels are in [`super::conv_cpu`]; the WGSL kernel is
 //! a barrier-free direct convolution where each invocation accumulates a register block
 //! of output channels x consecutive output pixels of one row.
+//! An activation fused by the graph compiler (`kiln_activation`) is applied to each
+//! value before it is stored, on the CPU and the GPU.
 use super::conv_cpu::{self, ConvProblem};
 use super::window::WindowAttrs;
 use crate::cpu::{self, CpuKernel};
+use crate::elementwise::{self, UnaryKind};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, TuneParam, WgslKernel, WgslProgram};
 use crate::{Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
@@ -17,6 +20,8 @@ pub(crate) const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType:
 pub struct Conv {
     window: WindowAttrs,
     group: usize,
+    /// Activation fused by the graph compiler (see `elementwise::fused_activation`).
+    activation: Option<UnaryKind>,
 }
 
 impl Conv {
@@ -25,7 +30,7 @@ impl Conv {
         if group < 1 {
             return Err(spec.bad("group", format!("must be >= 1, found {group}")));
         }
-        Ok(Conv { window: WindowAttrs::parse(spec)?, group: group as usize })
+        Ok(Conv { window: WindowAttrs::parse(spec)?, group: group as usize, activation: elementwise::fused_activation(spec)? })
     }
 
     /// Checks input/weight shapes and resolves the geometry.
@@ -108,13 +113,13 @@ impl CpuKernel for Conv {
         let y = &mut outputs[0];
         if x.dtype() == DType::F32 {
             let b = bias.map(|b| b.as_slice::<f32>()).transpose()?;
-            conv_cpu::conv_f32(&p, x.as_slice()?, w.as_slice()?, b, y.as_mut_slice()?);
+            conv_cpu::conv_f32(&p, x.as_slice()?, w.as_slice()?, b, self.activation, y.as_mut_slice()?);
         } else if matches!(x.dtype(), DType::F16 | DType::BF16) {
             // Half precision: exact widening to f32, the fast kernel, one rounding back.
             let f32s = |t: &Tensor| t.to_f64_vec().into_iter().map(|v| v as f32).collect::<Vec<f32>>();
             let b = bias.map(f32s);
             let mut out = vec![0f32; y.len()];
-            conv_cpu::conv_f32(&p, &f32s(x), &f32s(w), b.as_deref(), &mut out);
+            conv_cpu::conv_f32(&p, &f32s(x), &f32s(w), b.as_deref(), None, &mut out);
             let wide: Vec<f64> = out.into_iter().map(f64::from).collect();
             *y = Tensor::from_f64(y.dtype(), y.dims(), &wide)?;
         } else {
@@ -122,6 +127,10 @@ impl CpuKernel for Conv {
             let mut out = vec![0.0; y.len()];
             conv_cpu::conv_f64(&p, &x.to_f64_vec(), &w.to_f64_vec(), b.as_deref(), &mut out);
             *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
+        }
+        if x.dtype() != DType::F32 {
+            // Like an activation node after the Conv: on the rounded results.
+            elementwise::apply_activation(self.activation, y)?;
         }
         Ok(())
     }
@@ -190,6 +199,9 @@ impl WgslKernel for Conv {
 
         let mut s = String::new();
         let _ = writeln!(s, "{}", wgsl::declare(&buffers));
+        if self.activation.is_some() {
+            s += &elementwise::activation_wgsl(self.activation);
+        }
         let consts = [
             ("C", p.in_channels),
             ("M", p.out_channels),
@@ -281,7 +293,8 @@ impl WgslKernel for Conv {
             let bias = if has_bias { "b[m]" } else { "0.0" };
             let _ = writeln!(s, "        let bias = {bias};");
             for q in 0..pxb {
-                let _ = writeln!(s, "        if (ow0 + {q}u < OW) {{ y[ybase + {q}u] = acc{o}_{q} + bias; }}");
+                let value = if self.activation.is_some() { format!("kiln_act(acc{o}_{q} + bias)") } else { format!("acc{o}_{q} + bias") };
+                let _ = writeln!(s, "        if (ow0 + {q}u < OW) {{ y[ybase + {q}u] = {value}; }}");
             }
             s += "    }\n";
         }
@@ -303,7 +316,9 @@ pub(crate) fn register(r: &mut Registry) {
 #[cfg(test)]
 mod tests {
     use super::super::testutil::{assert_close, data, ints, make, run, tensor, tune};
-    use kiln_graph::{Attr, Tensor};
+    use crate::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
+    use crate::{Arg, TensorType};
+    use kiln_graph::{Attr, DType, Tensor};
 
     /// Naive f64 convolution over 1..3 spatial dims with explicit pads.
     #[allow(clippy::too_many_arguments)]
@@ -508,6 +523,91 @@ mod tests {
             assert_close(&y, &want, 1e-5, mode);
             let expect = if mode == "VALID" { vec![2, 3] } else { vec![3, 5] };
             assert_eq!(out, expect, "{mode}");
+        }
+    }
+
+    /// Fused activations (op name, the standalone op's attributes, the fused params).
+    fn activations() -> Vec<(&'static str, Vec<(&'static str, Attr)>, Vec<f32>)> {
+        let f = |v: f32| Attr::Float(v);
+        vec![
+            ("Relu", vec![], vec![]),
+            ("Clip", vec![], vec![0.0, 6.0]),
+            ("LeakyRelu", vec![("alpha", f(0.13))], vec![0.13]),
+            ("HardSigmoid", vec![("alpha", f(0.3)), ("beta", f(0.45))], vec![0.3, 0.45]),
+            ("HardSwish", vec![], vec![]),
+            ("Sigmoid", vec![], vec![]),
+            ("Tanh", vec![], vec![]),
+            ("Elu", vec![("alpha", f(0.7))], vec![0.7]),
+            ("Selu", vec![("alpha", f(1.5)), ("gamma", f(1.2))], vec![1.5, 1.2]),
+            ("Softplus", vec![], vec![]),
+        ]
+    }
+
+    /// Runs the standalone activation op on `y` (Clip with constant bounds 0 and 6).
+    fn activate(name: &str, attrs: &[(&str, Attr)], y: &Tensor) -> Tensor {
+        if name == "Clip" {
+            let (lo, hi) = (Tensor::scalar(0f32), Tensor::scalar(6f32));
+            let op = make("Clip", 3, 1, &[]).unwrap();
+            return run(op.as_ref(), &[Some(y), Some(&lo), Some(&hi)], &[]).unwrap().remove(0);
+        }
+        run(make(name, 1, 1, attrs).unwrap().as_ref(), &[Some(y)], &[]).unwrap().remove(0)
+    }
+
+    #[test]
+    fn fused_activations_equal_conv_then_activation() {
+        // (x, w, group, strides, pads): pointwise GEMM, im2col tiles, one big tile with a
+        // parallel GEMM, grouped, depthwise 2-D (phase planes) and 3-D (row loop), 1-D.
+        let cases: Vec<(Vec<usize>, Vec<usize>, usize, Vec<i64>, Vec<i64>)> = vec![
+            (vec![2, 16, 37, 41], vec![24, 16, 1, 1], 1, vec![1, 1], vec![0; 4]),
+            (vec![2, 8, 33, 35], vec![16, 8, 3, 3], 1, vec![1, 1], vec![1; 4]),
+            (vec![1, 3, 7, 6], vec![5, 3, 3, 2], 1, vec![2, 1], vec![1, 0, 0, 1]),
+            (vec![1, 64, 9, 9], vec![128, 64, 3, 3], 1, vec![1, 1], vec![1; 4]),
+            (vec![1, 32, 9, 9], vec![64, 16, 3, 3], 2, vec![1, 1], vec![1; 4]),
+            (vec![2, 3, 9, 11], vec![3, 1, 3, 3], 3, vec![2, 2], vec![1; 4]),
+            (vec![1, 5, 7, 7], vec![10, 1, 5, 5], 5, vec![1, 1], vec![2; 4]),
+            (vec![1, 3, 4, 5, 6], vec![3, 1, 3, 3, 3], 3, vec![1, 1, 2], vec![1; 6]),
+            (vec![1, 3, 17], vec![4, 3, 3], 1, vec![2], vec![1, 2]),
+        ];
+        for (xd, wd, group, strides, pads) in cases {
+            let (x, w, b) = (tensor(&xd, 21), tensor(&wd, 22), tensor(&[wd[0]], 23));
+            let mut attrs = vec![("group", Attr::Int(group as i64)), ("strides", ints(&strides)), ("pads", ints(&pads))];
+            let plain = run(make("Conv", 3, 1, &attrs).unwrap().as_ref(), &[Some(&x), Some(&w), Some(&b)], &[]).unwrap().remove(0);
+            attrs.push((ACTIVATION_ATTR, Attr::String(String::new())));
+            attrs.push((ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![])));
+            for (name, act_attrs, params) in activations() {
+                let want = activate(name, &act_attrs, &plain).to_f64_vec();
+                let n = attrs.len();
+                attrs[n - 2].1 = Attr::String(name.into());
+                attrs[n - 1].1 = Attr::Floats(params);
+                let op = make("Conv", 3, 1, &attrs).unwrap();
+                let tunes = [tune(&[("oc_block", 3), ("px_block", 2)])];
+                let got = run(op.as_ref(), &[Some(&x), Some(&w), Some(&b)], &tunes).unwrap().remove(0);
+                assert_close(&got, &want, 1e-6, &format!("{name} x{xd:?} w{wd:?} g{group}"));
+            }
+        }
+    }
+
+    #[test]
+    fn fused_activation_in_wgsl_f64_and_bad_attrs() {
+        let (x, w) = (tensor(&[1, 2, 5, 5], 1), tensor(&[3, 2, 3, 3], 2));
+        let attrs = [(ACTIVATION_ATTR, Attr::String("Clip".into())), (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![0.0, 6.0]))];
+        let op = make("Conv", 2, 1, &attrs).unwrap();
+        let types = [TensorType::new(DType::F32, x.dims()), TensorType::new(DType::F32, w.dims())];
+        let args: Vec<Option<Arg>> = types.iter().map(|ty| Some(Arg { ty, value: None })).collect();
+        let outs = op.infer(&args).unwrap();
+        let prog = op.wgsl().unwrap().generate(&args, &outs, &Default::default()).unwrap();
+        assert!(prog.dispatches[0].source.contains("= kiln_act(acc0_0 + bias)"));
+        // f64 (and f16) apply the activation to the finished output.
+        let x64 = Tensor::from_vec(x.dims(), x.to_f64_vec()).unwrap();
+        let w64 = Tensor::from_vec(w.dims(), w.to_f64_vec().iter().map(|v| v * 8.0).collect()).unwrap();
+        let plain = run(make("Conv", 2, 1, &[]).unwrap().as_ref(), &[Some(&x64), Some(&w64)], &[]).unwrap().remove(0);
+        let got = run(op.as_ref(), &[Some(&x64), Some(&w64)], &[]).unwrap().remove(0);
+        let want: Vec<f64> = plain.to_f64_vec().iter().map(|v| v.clamp(0.0, 6.0)).collect();
+        assert!(want.iter().any(|&v| v == 6.0) && want.iter().any(|&v| v == 0.0));
+        assert_eq!(got.to_f64_vec(), want);
+        for (name, params) in [("Exp", vec![]), ("Clip", vec![0.0]), ("Nope", vec![])] {
+            let bad = [(ACTIVATION_ATTR, Attr::String(name.into())), (ACTIVATION_PARAMS_ATTR, Attr::Floats(params))];
+            assert!(make("Conv", 2, 1, &bad).is_err(), "{name}");
         }
     }
 

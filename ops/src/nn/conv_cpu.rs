@@ -5,9 +5,11 @@
 //! - everything else: im2col into per-thread scratch tiles + GEMM (the `gemm` crate;
 //!   its own parallelism when there are too few tiles to share out).
 //!
-//! f64 tensors take a direct f64 loop ([`conv_f64`]).
+//! A fused activation is applied to each output block right after it is computed.
+//! f64 tensors take a direct f64 loop ([`conv_f64`]; the caller applies the activation).
 use super::window::Geometry;
 use crate::cpu;
+use crate::elementwise::UnaryKind;
 
 /// The shape of one convolution: NC(D)(H)W input, [M, C/group, k..] weights.
 #[derive(Clone, Debug)]
@@ -42,6 +44,21 @@ impl ConvProblem {
     }
 }
 
+/// Applies a fused activation to a block of outputs in place. The common kinds get
+/// loops of their own (which vectorise); the rest go through
+/// [`UnaryKind::apply_slice_f32`]. Same formulas as the activation ops.
+#[inline]
+fn activate(k: UnaryKind, xs: &mut [f32]) {
+    match k {
+        UnaryKind::Relu => xs.iter_mut().for_each(|v| *v = if *v > 0.0 { *v } else { 0.0 }),
+        UnaryKind::Clip { min, max } => xs.iter_mut().for_each(|v| *v = v.max(min).min(max)),
+        UnaryKind::LeakyRelu { alpha } => xs.iter_mut().for_each(|v| *v = if *v >= 0.0 { *v } else { alpha * *v }),
+        UnaryKind::HardSigmoid { alpha, beta } => xs.iter_mut().for_each(|v| *v = (alpha * *v + beta).clamp(0.0, 1.0)),
+        UnaryKind::HardSwish => xs.iter_mut().for_each(|v| *v = *v * (*v / 6.0 + 0.5).max(0.0).min(1.0)),
+        k => k.apply_slice_f32(xs),
+    }
+}
+
 /// A raw output pointer that parallel tasks write through at disjoint places.
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
@@ -54,17 +71,19 @@ impl SharedOut {
     }
 }
 
-/// f32 convolution: `y` (N, M, out..) = conv(`x`, `w`) + `bias`.
-pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+/// f32 convolution: `y` (N, M, out..) = `act`(conv(`x`, `w`) + `bias`). The fused
+/// activation is applied to each block of outputs as soon as it is computed, while it
+/// is still in cache.
+pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
     if p.is_depthwise() {
         let g = &p.geo;
         if g.input[0] == 1 && g.kernel[0] == 1 && g.output[0] == 1 {
-            depthwise_2d_f32(p, x, w, bias, y);
+            depthwise_2d_f32(p, x, w, bias, act, y);
         } else {
-            depthwise_f32(p, x, w, bias, y);
+            depthwise_f32(p, x, w, bias, act, y);
         }
     } else {
-        gemm_conv_f32(p, x, w, bias, y);
+        gemm_conv_f32(p, x, w, bias, act, y);
     }
 }
 
@@ -75,7 +94,7 @@ fn tiles(pixels: usize, target: usize) -> (usize, usize) {
     (pixels.div_ceil(size), size)
 }
 
-fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
     let (cg, mg, kc) = (p.in_per_group(), p.out_per_group(), p.reduction());
     let (in_size, out_size) = (p.geo.input_size(), p.geo.output_size());
     let pointwise = p.is_pointwise();
@@ -123,6 +142,20 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y:
                 im2col(&p.geo, xg, cg, p0, p1, col);
                 gemm_into(col.as_ptr(), cols);
             });
+        }
+        if let Some(k) = act {
+            if inner_parallel {
+                // One tile spans whole rows: the block is contiguous; share it out.
+                // SAFETY: as above, this task's block [dst, dst + mg * out_size).
+                let block = unsafe { std::slice::from_raw_parts_mut(dst, mg * out_size) };
+                cpu::par_chunks_mut(block, 1, 4, |_, part| activate(k, part));
+            } else {
+                for r in 0..mg {
+                    // SAFETY: row r of this task's block (see above).
+                    let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
+                    activate(k, row);
+                }
+            }
         }
     };
     if inner_parallel || threads == 1 || tasks == 1 {
@@ -201,7 +234,7 @@ pub(crate) fn im2col(g: &Geometry, x: &[f32], channels: usize, p0: usize, p1: us
 
 /// Depthwise (group == C) convolution, parallel over output channel planes; each
 /// output row accumulates whole input rows, which vectorises for stride 1.
-fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
     let g = &p.geo;
     let (in_size, out_size, ksize) = (g.input_size(), g.output_size(), g.kernel_size());
     let multiplier = p.out_per_group();
@@ -255,6 +288,9 @@ fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y:
                         }
                     }
                 }
+            }
+            if let Some(k) = act {
+                activate(k, out);
             }
         }
     });
@@ -437,7 +473,7 @@ pub(crate) fn has_fma() -> bool {
 /// modulo the strides), so that every tap reads the plane as one contiguous run: the
 /// whole output plane is then a flat vector (computed at the phase width, extra
 /// columns dropped), which vectorises well even for 7x7 planes.
-fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
     let g = &p.geo;
     let (in_size, out_size) = (g.input_size(), g.output_size());
     let multiplier = p.out_per_group();
@@ -453,6 +489,9 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>,
                 let xc = &x[(img * p.in_channels + m / multiplier) * in_size..][..in_size];
                 let wm = &w[m * ksize..][..ksize];
                 plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), scratch, out);
+                if let Some(k) = act {
+                    activate(k, out);
+                }
             }
         })
     });

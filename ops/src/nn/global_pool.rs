@@ -1,6 +1,8 @@
 //! GlobalAveragePool and GlobalMaxPool: one value per (n, c) plane over all spatial
-//! dims (N x C x D1.. -> N x C x 1..).
+//! dims (N x C x D1.. -> N x C x 1..). On the GPU, one invocation per plane, or a
+//! workgroup of lanes per plane for big planes (see [`super::plane_lanes`]).
 use super::conv::FLOATS;
+use super::plane_lanes::{lane_loop, lanes_dispatch, plane_lanes, tree};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
@@ -92,21 +94,32 @@ impl WgslKernel for GlobalPool {
             return Ok(WgslProgram::default());
         }
         let size = plane_size(required(inputs, 0)?.dims())?;
-        let wg = tune.get(&wgsl::workgroup_param());
-        let body = if self.max {
-            format!("var acc = bitcast<f32>(0xff800000u);\n    for (var j = 0u; j < {size}u; j++) {{ acc = max(acc, x[i * {size}u + j]); }}\n    y[i] = acc;")
+        let planes = outputs[0].len();
+        let buffers = [("x", "f32", true), ("y", "f32", false)];
+        let bindings = vec![Binding::Input(0), Binding::Output(0)];
+        let (init, fold, combine) = if self.max {
+            ("bitcast<f32>(0xff800000u)", "t = max(t, x[base + j]);", "max(red[lid.x], red[lid.x + w])")
         } else {
-            format!("var acc = 0.0;\n    for (var j = 0u; j < {size}u; j++) {{ acc += x[i * {size}u + j]; }}\n    y[i] = acc / {}.0;", size)
+            ("0.0", "t = t + x[base + j];", "red[lid.x] + red[lid.x + w]")
         };
-        Ok(WgslProgram::single(wgsl::simple_kernel(
-            self.name(),
-            outputs[0].len(),
-            wg,
-            &[("x", "f32", true), ("y", "f32", false)],
-            vec![Binding::Input(0), Binding::Output(0)],
-            "",
-            &body,
-        )))
+        let finish = |acc: &str| if self.max { acc.to_string() } else { format!("{acc} / {}", wgsl::literal("f32", size.max(1) as f64)) };
+        let lanes = plane_lanes(self.name(), size, 1, 1)?;
+        if lanes == 1 {
+            // One invocation per plane.
+            let wg = tune.get(&wgsl::workgroup_param());
+            let body = format!(
+                "let base = i * {size}u;\n    var t = {init};\n    for (var j = 0u; j < {size}u; j++) {{ {fold} }}\n    y[i] = {};",
+                finish("t")
+            );
+            return Ok(WgslProgram::single(wgsl::simple_kernel(self.name(), planes, wg, &buffers, bindings, "", &body)));
+        }
+        let body = format!(
+            "let base = i * {size}u;\n    var t = {init};\n    {}    {}    if (lid.x == 0u) {{ y[i] = {}; }}",
+            lane_loop(size, lanes, fold),
+            tree(lanes, combine),
+            finish("red[0]")
+        );
+        Ok(WgslProgram::single(lanes_dispatch(self.name(), planes, lanes, &buffers, bindings, &body)))
     }
 }
 
@@ -121,7 +134,8 @@ mod tests {
 
     #[test]
     fn global_pools_match_reference() {
-        for dims in [vec![2, 3, 7, 5], vec![1, 4, 13], vec![1, 2, 3, 4, 5], vec![3, 5, 1, 1]] {
+        // Small planes (one invocation each) and big ones (a workgroup of lanes each).
+        for dims in [vec![2, 3, 7, 5], vec![1, 4, 13], vec![1, 2, 3, 4, 5], vec![3, 5, 1, 1], vec![2, 3, 2049], vec![1, 4, 300, 300]] {
             let x = tensor(&dims, 11);
             let size: usize = dims[2..].iter().product();
             let xv = x.to_f64_vec();
@@ -134,6 +148,29 @@ mod tests {
                     .collect();
                 assert_close(&y, &want, 1e-5, op);
             }
+        }
+    }
+
+    #[test]
+    fn wgsl_uses_lanes_for_big_planes_and_rejects_planes_past_the_loop_budget() {
+        use crate::{Arg, TensorType};
+        use kiln_graph::DType;
+        for (dims, label) in [(vec![1, 4, 300, 300], "[64 lanes]"), (vec![1, 2, 16_000_000], "[256 lanes]"), (vec![8, 512, 7, 7], "GlobalAveragePool")] {
+            let op = make("GlobalAveragePool", 1, 1, &[]).unwrap();
+            let ty = TensorType::new(DType::F32, dims);
+            let args = [Some(Arg { ty: &ty, value: None })];
+            let outs = op.infer(&args).unwrap();
+            let prog = op.wgsl().unwrap().generate(&args, &outs, &Default::default()).unwrap();
+            assert!(prog.dispatches[0].label.ends_with(label), "{}", prog.dispatches[0].label);
+            crate::wgsl::testing::validate(&prog.dispatches[0].source);
+        }
+        for op in ["GlobalAveragePool", "GlobalMaxPool"] {
+            let op = make(op, 1, 1, &[]).unwrap();
+            let ty = TensorType::new(DType::F32, vec![1, 1, 4096, 4096]);
+            let args = [Some(Arg { ty: &ty, value: None })];
+            let outs = op.infer(&args).unwrap();
+            let err = op.wgsl().unwrap().generate(&args, &outs, &Default::default()).unwrap_err();
+            assert!(matches!(&err, crate::OpError::Unsupported(m) if m.contains("loop budget")), "{err}");
         }
     }
 }

@@ -1,6 +1,8 @@
 //! InstanceNormalization: each (n, c) plane normalised by its own mean and variance,
-//! then `scale[c] * x_hat + B[c]`.
+//! then `scale[c] * x_hat + B[c]`. On the GPU, one invocation per plane, or a
+//! workgroup of lanes per plane for big planes (see [`super::plane_lanes`]).
 use super::conv::FLOATS;
+use super::plane_lanes::{lane_loop, lanes_dispatch, plane_lanes, tree};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
@@ -113,10 +115,17 @@ impl WgslKernel for InstanceNorm {
         let dims = required(inputs, 0)?.dims();
         let (c, inner) = layout(dims)?;
         let planes = dims[0] * c;
-        let wg = tune.get(&wgsl::workgroup_param());
-        // One invocation per plane: two passes for the statistics, one to write.
-        let body = format!(
-            "let base = i * {inner}u;
+        let n = wgsl::literal("f32", inner.max(1) as f64);
+        let eps = wgsl::literal("f32", self.epsilon as f64);
+        let buffers = [("x", "f32", true), ("scale", "f32", true), ("bias", "f32", true), ("y", "f32", false)];
+        let bindings = vec![Binding::Input(0), Binding::Input(1), Binding::Input(2), Binding::Output(0)];
+        // Three passes over the plane: the mean, the variance, the normalised output.
+        let lanes = plane_lanes(self.name(), inner, 3, 2)?;
+        if lanes == 1 {
+            // One invocation per plane.
+            let wg = tune.get(&wgsl::workgroup_param());
+            let body = format!(
+                "let base = i * {inner}u;
     let k = i % {c}u;
     var mean = 0.0;
     for (var j = 0u; j < {inner}u; j++) {{ mean += x[base + j]; }}
@@ -124,19 +133,28 @@ impl WgslKernel for InstanceNorm {
     var var_acc = 0.0;
     for (var j = 0u; j < {inner}u; j++) {{ let d = x[base + j] - mean; var_acc += d * d; }}
     let a = scale[k] / sqrt(var_acc / {n} + {eps});
-    for (var j = 0u; j < {inner}u; j++) {{ y[base + j] = (x[base + j] - mean) * a + bias[k]; }}",
-            n = wgsl::literal("f32", inner.max(1) as f64),
-            eps = wgsl::literal("f32", self.epsilon as f64)
+    for (var j = 0u; j < {inner}u; j++) {{ y[base + j] = (x[base + j] - mean) * a + bias[k]; }}"
+            );
+            return Ok(WgslProgram::single(wgsl::simple_kernel(self.name(), planes, wg, &buffers, bindings, "", &body)));
+        }
+        // A workgroup per plane: strided partial sums combined in workgroup memory.
+        let sum = "red[lid.x] + red[lid.x + w]";
+        let body = format!(
+            "let base = i * {inner}u;
+    let k = i % {c}u;
+    var t = 0.0;
+    {}    {}    let mean = red[0] / {n};
+    workgroupBarrier();
+    t = 0.0;
+    {}    {}    let a = scale[k] / sqrt(red[0] / {n} + {eps});
+    {}",
+            lane_loop(inner, lanes, "t = t + x[base + j];"),
+            tree(lanes, sum),
+            lane_loop(inner, lanes, "let d = x[base + j] - mean;\nt = t + d * d;"),
+            tree(lanes, sum),
+            lane_loop(inner, lanes, "y[base + j] = (x[base + j] - mean) * a + bias[k];"),
         );
-        Ok(WgslProgram::single(wgsl::simple_kernel(
-            "InstanceNormalization",
-            planes,
-            wg,
-            &[("x", "f32", true), ("scale", "f32", true), ("bias", "f32", true), ("y", "f32", false)],
-            vec![Binding::Input(0), Binding::Input(1), Binding::Input(2), Binding::Output(0)],
-            "",
-            &body,
-        )))
+        Ok(WgslProgram::single(lanes_dispatch(self.name(), planes, lanes, &buffers, bindings, &body)))
     }
 }
 
@@ -150,14 +168,39 @@ mod tests {
 
     #[test]
     fn instancenorm_matches_reference() {
-        let x = tensor(&[2, 3, 5, 7], 1);
-        let (s, b) = (tensor(&[3], 2), tensor(&[3], 3));
-        let y = run(make("InstanceNormalization", 3, 1, &[]).unwrap().as_ref(), &[Some(&x), Some(&s), Some(&b)], &[]).unwrap().remove(0);
-        let mut want = vec![0.0; x.len()];
-        let (sv, bv) = (s.to_f64_vec(), b.to_f64_vec());
-        for (p, (src, dst)) in x.to_f64_vec().chunks(35).zip(want.chunks_mut(35)).enumerate() {
-            super::normalize(src, sv[p % 3], bv[p % 3], 1e-5f32 as f64, dst);
+        // Small planes (one invocation each) and big ones (a workgroup of lanes each).
+        for dims in [vec![2usize, 3, 5, 7], vec![1, 2, 50, 61], vec![1, 4, 300, 300]] {
+            let c = dims[1];
+            let inner: usize = dims[2..].iter().product();
+            let x = tensor(&dims, 1);
+            let (s, b) = (tensor(&[c], 2), tensor(&[c], 3));
+            let y = run(make("InstanceNormalization", 3, 1, &[]).unwrap().as_ref(), &[Some(&x), Some(&s), Some(&b)], &[]).unwrap().remove(0);
+            let mut want = vec![0.0; x.len()];
+            let (sv, bv) = (s.to_f64_vec(), b.to_f64_vec());
+            for (p, (src, dst)) in x.to_f64_vec().chunks(inner).zip(want.chunks_mut(inner)).enumerate() {
+                super::normalize(src, sv[p % c], bv[p % c], 1e-5f32 as f64, dst);
+            }
+            assert_close(&y, &want, 1e-4, &format!("InstanceNormalization {dims:?}"));
         }
-        assert_close(&y, &want, 1e-4, "InstanceNormalization");
+    }
+
+    #[test]
+    fn wgsl_uses_lanes_for_big_planes_and_rejects_planes_past_the_loop_budget() {
+        use crate::{Arg, TensorType};
+        use kiln_graph::DType;
+        let generate = |dims: Vec<usize>| {
+            let op = make("InstanceNormalization", 3, 1, &[]).unwrap();
+            let types = [TensorType::new(DType::F32, dims.clone()), TensorType::new(DType::F32, vec![dims[1]]), TensorType::new(DType::F32, vec![dims[1]])];
+            let args: Vec<Option<Arg>> = types.iter().map(|ty| Some(Arg { ty, value: None })).collect();
+            let outs = op.infer(&args).unwrap();
+            op.wgsl().unwrap().generate(&args, &outs, &Default::default())
+        };
+        for (dims, label) in [(vec![1, 4, 300, 300], "[64 lanes]"), (vec![1, 2, 2000, 2000], "[256 lanes]"), (vec![2, 8, 5, 7], "InstanceNormalization")] {
+            let prog = generate(dims).unwrap();
+            assert!(prog.dispatches[0].label.ends_with(label), "{}", prog.dispatches[0].label);
+            crate::wgsl::testing::validate(&prog.dispatches[0].source);
+        }
+        let err = generate(vec![1, 1, 4096, 4096]).unwrap_err();
+        assert!(matches!(&err, crate::OpError::Unsupported(m) if m.contains("loop budget")), "{err}");
     }
 }

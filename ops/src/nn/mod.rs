@@ -10,6 +10,7 @@ mod conv_cpu;
 mod conv_transpose;
 mod global_pool;
 mod instance_norm;
+mod plane_lanes;
 mod pool;
 #[cfg(test)]
 mod testutil;
