@@ -76,3 +76,48 @@ fn pooling_and_norms_agree() {
     );
     cross_check("InstanceNormalization", &[In::Data(x), In::Const(rand_f32(&[c], 1)), In::Const(rand_f32(&[c], 2))], &[], 1, 6, 1e-5);
 }
+
+/// A tensor around +0.25 so that means are far from 0.
+fn shifted(dims: &[usize], seed: u64) -> kiln_graph::Tensor {
+    let t = rand_f32(dims, seed);
+    let v: Vec<f32> = t.as_slice::<f32>().unwrap().iter().map(|x| x * 0.5 + 0.25).collect();
+    kiln_graph::Tensor::from_slice(dims, &v).unwrap()
+}
+
+#[test]
+fn big_planes_stay_within_the_gpu_loop_budget() {
+    // Planes above lavapipe's 65535-iteration budget use a workgroup per channel.
+    for dims in [[1usize, 4, 300, 300], [2, 3, 70, 1000], [1, 3, 45, 47]] {
+        let x = shifted(&dims, 3);
+        cross_check("GlobalAveragePool", &[In::Data(x.clone())], &[], 1, 13, 1e-5);
+        cross_check("GlobalMaxPool", &[In::Data(x.clone())], &[], 1, 13, 0.0);
+        let c = dims[1];
+        cross_check("InstanceNormalization", &[In::Data(x), In::Const(rand_f32(&[c], 1)), In::Const(rand_f32(&[c], 2))], &[], 1, 6, 1e-4);
+    }
+}
+
+#[test]
+fn fused_conv_activations_agree() {
+    use kiln_ops::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
+    let acts: [(&str, Vec<f32>); 6] = [
+        ("Relu", vec![]),
+        ("Clip", vec![0.0, 6.0]),
+        ("LeakyRelu", vec![0.1]),
+        ("HardSigmoid", vec![0.2, 0.5]),
+        ("HardSwish", vec![]),
+        ("Sigmoid", vec![]),
+    ];
+    let x = rand_f32(&[1, 8, 19, 23], 4);
+    let weights = [(rand_f32(&[12, 8, 3, 3], 5), 1i64, 1i64), (rand_f32(&[8, 1, 3, 3], 6), 8, 1), (rand_f32(&[12, 8, 1, 1], 7), 1, 0)];
+    for (name, params) in &acts {
+        for (w, group, pad) in &weights {
+            let attrs = [
+                ("group", Attr::Int(*group)),
+                ("pads", ints(&[*pad, *pad, *pad, *pad])),
+                (ACTIVATION_ATTR, Attr::String(name.to_string())),
+                (ACTIVATION_PARAMS_ATTR, Attr::Floats(params.clone())),
+            ];
+            cross_check("Conv", &[In::Data(x.clone()), In::Const(w.clone()), In::Const(rand_f32(&[w.dims()[0]], 8))], &attrs, 1, 13, 1e-5);
+        }
+    }
+}

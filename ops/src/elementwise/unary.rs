@@ -41,26 +41,79 @@ const NUMBERS: &[DType] = &[
     DType::U8, DType::U16, DType::U32, DType::U64,
 ];
 
-macro_rules! float_fn {
-    ($kind:expr, $x:ident, $t:ty) => {{
+/// Expands `$use` once per parameterless kind with `$f` bound to that kind's scalar
+/// function (a concrete closure, so loops over it vectorise).
+macro_rules! with_float_fn {
+    ($kind:expr, $x:ident, $t:ty, $f:ident => $use:expr) => {{
         match $kind {
-            UnaryKind::Relu => |$x: $t| if $x > 0.0 { $x } else { 0.0 },
-            UnaryKind::Sigmoid => |$x: $t| 1.0 / (1.0 + (-$x).exp()),
-            UnaryKind::HardSwish => |$x: $t| $x * (($x / 6.0 + 0.5).max(0.0).min(1.0)),
-            UnaryKind::Tanh => |$x: $t| $x.tanh(),
-            UnaryKind::Exp => |$x: $t| $x.exp(),
-            UnaryKind::Log => |$x: $t| $x.ln(),
-            UnaryKind::Sqrt => |$x: $t| $x.sqrt(),
-            UnaryKind::Neg => |$x: $t| -$x,
-            UnaryKind::Abs => |$x: $t| $x.abs(),
-            UnaryKind::Reciprocal => |$x: $t| 1.0 / $x,
-            UnaryKind::Floor => |$x: $t| $x.floor(),
-            UnaryKind::Ceil => |$x: $t| $x.ceil(),
-            UnaryKind::Sin => |$x: $t| $x.sin(),
-            UnaryKind::Cos => |$x: $t| $x.cos(),
-            UnaryKind::Softplus => |$x: $t| if $x > 20.0 { $x } else { $x.exp().ln_1p() },
-            UnaryKind::Softsign => |$x: $t| $x / (1.0 + $x.abs()),
-            UnaryKind::Sign => |$x: $t| if $x > 0.0 { 1.0 } else if $x < 0.0 { -1.0 } else { $x },
+            UnaryKind::Relu => {
+                let $f = |$x: $t| if $x > 0.0 { $x } else { 0.0 };
+                $use
+            }
+            UnaryKind::Sigmoid => {
+                let $f = |$x: $t| 1.0 / (1.0 + (-$x).exp());
+                $use
+            }
+            UnaryKind::HardSwish => {
+                let $f = |$x: $t| $x * (($x / 6.0 + 0.5).max(0.0).min(1.0));
+                $use
+            }
+            UnaryKind::Tanh => {
+                let $f = |$x: $t| $x.tanh();
+                $use
+            }
+            UnaryKind::Exp => {
+                let $f = |$x: $t| $x.exp();
+                $use
+            }
+            UnaryKind::Log => {
+                let $f = |$x: $t| $x.ln();
+                $use
+            }
+            UnaryKind::Sqrt => {
+                let $f = |$x: $t| $x.sqrt();
+                $use
+            }
+            UnaryKind::Neg => {
+                let $f = |$x: $t| -$x;
+                $use
+            }
+            UnaryKind::Abs => {
+                let $f = |$x: $t| $x.abs();
+                $use
+            }
+            UnaryKind::Reciprocal => {
+                let $f = |$x: $t| 1.0 / $x;
+                $use
+            }
+            UnaryKind::Floor => {
+                let $f = |$x: $t| $x.floor();
+                $use
+            }
+            UnaryKind::Ceil => {
+                let $f = |$x: $t| $x.ceil();
+                $use
+            }
+            UnaryKind::Sin => {
+                let $f = |$x: $t| $x.sin();
+                $use
+            }
+            UnaryKind::Cos => {
+                let $f = |$x: $t| $x.cos();
+                $use
+            }
+            UnaryKind::Softplus => {
+                let $f = |$x: $t| if $x > 20.0 { $x } else { $x.exp().ln_1p() };
+                $use
+            }
+            UnaryKind::Softsign => {
+                let $f = |$x: $t| $x / (1.0 + $x.abs());
+                $use
+            }
+            UnaryKind::Sign => {
+                let $f = |$x: $t| if $x > 0.0 { 1.0 } else if $x < 0.0 { -1.0 } else { $x };
+                $use
+            }
             _ => unreachable!("parameterised kinds are handled by the caller"),
         }
     }};
@@ -164,7 +217,7 @@ impl UnaryKind {
             UnaryKind::Selu { alpha, gamma } => {
                 gamma as f64 * if x > 0.0 { x } else { alpha as f64 * (x.exp() - 1.0) }
             }
-            k => float_fn!(k, v, f64)(x),
+            k => with_float_fn!(k, v, f64, f => f(x)),
         }
     }
 
@@ -181,7 +234,7 @@ impl UnaryKind {
             UnaryKind::Selu { alpha, gamma } => {
                 each(xs, |x| gamma * if x > 0.0 { x } else { alpha * (x.exp() - 1.0) })
             }
-            k => each(xs, float_fn!(k, v, f32)),
+            k => with_float_fn!(k, v, f32, f => each(xs, f)),
         }
     }
 

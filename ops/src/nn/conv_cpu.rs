@@ -44,21 +44,6 @@ impl ConvProblem {
     }
 }
 
-/// Applies a fused activation to a block of outputs in place. The common kinds get
-/// loops of their own (which vectorise); the rest go through
-/// [`UnaryKind::apply_slice_f32`]. Same formulas as the activation ops.
-#[inline]
-fn activate(k: UnaryKind, xs: &mut [f32]) {
-    match k {
-        UnaryKind::Relu => xs.iter_mut().for_each(|v| *v = if *v > 0.0 { *v } else { 0.0 }),
-        UnaryKind::Clip { min, max } => xs.iter_mut().for_each(|v| *v = v.max(min).min(max)),
-        UnaryKind::LeakyRelu { alpha } => xs.iter_mut().for_each(|v| *v = if *v >= 0.0 { *v } else { alpha * *v }),
-        UnaryKind::HardSigmoid { alpha, beta } => xs.iter_mut().for_each(|v| *v = (alpha * *v + beta).clamp(0.0, 1.0)),
-        UnaryKind::HardSwish => xs.iter_mut().for_each(|v| *v = *v * (*v / 6.0 + 0.5).max(0.0).min(1.0)),
-        k => k.apply_slice_f32(xs),
-    }
-}
-
 /// A raw output pointer that parallel tasks write through at disjoint places.
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
@@ -148,12 +133,12 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
                 // One tile spans whole rows: the block is contiguous; share it out.
                 // SAFETY: as above, this task's block [dst, dst + mg * out_size).
                 let block = unsafe { std::slice::from_raw_parts_mut(dst, mg * out_size) };
-                cpu::par_chunks_mut(block, 1, 4, |_, part| activate(k, part));
+                cpu::par_chunks_mut(block, 1, 4, |_, part| k.apply_slice_f32(part));
             } else {
                 for r in 0..mg {
                     // SAFETY: row r of this task's block (see above).
                     let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
-                    activate(k, row);
+                    k.apply_slice_f32(row);
                 }
             }
         }
@@ -290,7 +275,7 @@ fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
                 }
             }
             if let Some(k) = act {
-                activate(k, out);
+                k.apply_slice_f32(out);
             }
         }
     });
@@ -490,7 +475,7 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>,
                 let wm = &w[m * ksize..][..ksize];
                 plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), scratch, out);
                 if let Some(k) = act {
-                    activate(k, out);
+                    k.apply_slice_f32(out);
                 }
             }
         })
