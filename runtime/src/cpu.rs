@@ -32,8 +32,22 @@ pub(crate) struct CpuPlan {
     placeholder: Tensor,
 }
 
+/// The most memory the CPU backend plans to use: the machine's RAM (from
+/// /proc/meminfo), or 64 GiB where that is unknown.
+fn memory_limit() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+        })
+        .unwrap_or(64 << 30)
+}
+
 impl CpuPlan {
     pub fn build(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized) -> Result<CpuPlan> {
+        let limit = memory_limit();
+        let mut planned: u64 = 0;
         let mut consts = vec![];
         let mut slot_of: HashMap<ValueId, Slot> = HashMap::new();
         for (i, &v) in graph.inputs.iter().enumerate() {
@@ -60,6 +74,17 @@ impl CpuPlan {
             let mut outputs = vec![];
             for &o in &s.outputs {
                 let ty = spec.ty(o);
+                let bytes = (ty.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64)))
+                    .and_then(|n| n.checked_mul(ty.dtype.size() as u64))
+                    .unwrap_or(u64::MAX);
+                planned = planned.saturating_add(bytes);
+                if planned > limit {
+                    return Err(RuntimeError::OutOfRange(format!(
+                        "node '{}' ({}): its output {} needs {bytes} bytes, which brings the plan to {planned} bytes, \
+                         more than this machine's {limit} bytes of memory",
+                        node.name, node.op_type, ty
+                    )));
+                }
                 temps.push((ty.dtype, ty.dims.clone()));
                 outputs.push(temps.len() - 1);
                 slot_of.insert(o, Slot::Temp(temps.len() - 1));

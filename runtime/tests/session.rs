@@ -99,3 +99,15 @@ fn session_is_send_sync_and_runs_concurrently() {
         });
     }
 }
+
+#[test]
+fn an_output_too_large_for_memory_is_an_error_not_an_abort() {
+    let mut b = GraphBuilder::new("huge");
+    let x = b.input("x", DType::F32, [1usize]);
+    let shape = b.constant("shape", Tensor::from_slice(&[3], &[1i64 << 20, 1 << 20, 1 << 10]).unwrap());
+    let y = b.node("Expand", &[x, shape], &[]);
+    b.output(y);
+    let s = Session::new(b.finish().unwrap(), SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+    let e = s.run(&[("x", &rand_f32(&[1], 0))]).unwrap_err().to_string();
+    assert!(e.contains("Expand") && e.contains("bytes"), "{e}");
+}
