@@ -1,17 +1,16 @@
 //! Expand: broadcasts the input to (the broadcast of its shape with) a constant shape.
-use super::common::{const_ints, tensor_args};
-use super::index_map::{DimMap, IndexMap};
+use super::common::const_ints;
+use super::index_map::{DimMap, IndexMap, MappedOp, PlansIndexMap};
 use crate::broadcast::{broadcast_shapes, broadcast_strides};
-use crate::cpu::{self, CpuKernel};
 use crate::op::required;
-use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
-use crate::{Arg, Op, OpError, Registry, Result, TensorType, TuneValues};
-use kiln_graph::Tensor;
+use crate::{Arg, OpError, Registry, Result};
 
 #[derive(Debug)]
 pub struct Expand;
 
-impl Expand {
+impl PlansIndexMap for Expand {
+    const NAME: &'static str = "Expand";
+
     fn plan(&self, inputs: &[Option<Arg>]) -> Result<IndexMap> {
         let x = required(inputs, 0)?;
         let shape = const_ints(inputs, 1, "Expand's shape")?;
@@ -31,43 +30,8 @@ impl Expand {
     }
 }
 
-impl Op for Expand {
-    fn name(&self) -> &str {
-        "Expand"
-    }
-
-    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        Ok(vec![TensorType::new(required(inputs, 0)?.dtype(), self.plan(inputs)?.out_dims)])
-    }
-
-    fn cpu(&self) -> Option<&dyn CpuKernel> {
-        Some(self)
-    }
-
-    fn wgsl(&self) -> Option<&dyn WgslKernel> {
-        Some(self)
-    }
-}
-
-impl CpuKernel for Expand {
-    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        let map = tensor_args(inputs, |a| self.plan(a))?;
-        let x = cpu::input(inputs, 0)?;
-        map.run(x, &mut outputs[0], &vec![0; x.dtype().size()])
-    }
-}
-
-impl WgslKernel for Expand {
-    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
-        let map = self.plan(inputs)?;
-        let ty = wgsl::elem(outputs[0].dtype);
-        let wg = tune.get(&wgsl::workgroup_param());
-        Ok(WgslProgram::single(map.dispatch("Expand", ty, wg, Binding::Input(0), Binding::Output(0), &wgsl::literal(ty, 0.0), &[])))
-    }
-}
-
 pub(crate) fn register(r: &mut Registry) {
-    r.register("", "Expand", |_| Ok(Box::new(Expand)));
+    r.register("", "Expand", |_| Ok(Box::new(MappedOp(Expand))));
 }
 
 #[cfg(test)]

@@ -357,3 +357,51 @@ mod tests {
         assert!(bad.run(&t, &mut out, &[0; 8]).is_err());
     }
 }
+
+/// A data-movement op whose output reads input 0 through an [`IndexMap`] (Expand, Tile,
+/// Transpose, Slice): it only says how to plan the map; [`MappedOp`] turns that into
+/// the op's inference, CPU kernel and WGSL kernel.
+pub(crate) trait PlansIndexMap: Send + Sync + std::fmt::Debug {
+    const NAME: &'static str;
+    fn plan(&self, inputs: &[Option<crate::Arg>]) -> Result<IndexMap>;
+}
+
+/// The op of a [`PlansIndexMap`].
+#[derive(Debug)]
+pub(crate) struct MappedOp<T>(pub T);
+
+impl<T: PlansIndexMap> crate::Op for MappedOp<T> {
+    fn name(&self) -> &str {
+        T::NAME
+    }
+
+    fn infer(&self, inputs: &[Option<crate::Arg>]) -> Result<Vec<crate::TensorType>> {
+        Ok(vec![crate::TensorType::new(crate::required(inputs, 0)?.dtype(), self.0.plan(inputs)?.out_dims)])
+    }
+
+    fn cpu(&self) -> Option<&dyn crate::CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn crate::WgslKernel> {
+        Some(self)
+    }
+}
+
+impl<T: PlansIndexMap> crate::CpuKernel for MappedOp<T> {
+    fn run(&self, inputs: &[Option<&kiln_graph::Tensor>], outputs: &mut [kiln_graph::Tensor]) -> Result<()> {
+        let map = super::common::tensor_args(inputs, |a| self.0.plan(a))?;
+        let x = crate::cpu::input(inputs, 0)?;
+        map.run(x, &mut outputs[0], &vec![0; x.dtype().size()])
+    }
+}
+
+impl<T: PlansIndexMap> crate::WgslKernel for MappedOp<T> {
+    fn generate(&self, inputs: &[Option<crate::Arg>], outputs: &[crate::TensorType], tune: &crate::TuneValues) -> Result<crate::WgslProgram> {
+        let map = self.0.plan(inputs)?;
+        let ty = crate::wgsl::elem(outputs[0].dtype);
+        let wg = tune.get(&crate::wgsl::workgroup_param());
+        let d = map.dispatch(T::NAME, ty, wg, crate::Binding::Input(0), crate::Binding::Output(0), &crate::wgsl::literal(ty, 0.0), &[]);
+        Ok(crate::WgslProgram::single(d))
+    }
+}

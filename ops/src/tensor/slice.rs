@@ -1,13 +1,10 @@
 //! Slice: strided windows along chosen axes. Before opset 10 starts/ends/axes are
 //! attributes; from 10 on they are (constant) inputs, with steps (negative allowed).
 //! Out-of-range starts/ends (e.g. INT64_MAX) are clamped as in numpy.
-use super::common::{const_ints, norm_axes, opt_const_ints, tensor_args};
-use super::index_map::{DimMap, IndexMap};
-use crate::cpu::{self, CpuKernel};
+use super::common::{const_ints, norm_axes, opt_const_ints};
+use super::index_map::{DimMap, IndexMap, MappedOp, PlansIndexMap};
 use crate::op::required;
-use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
-use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
-use kiln_graph::Tensor;
+use crate::{Arg, NodeSpec, OpError, Registry, Result};
 
 /// Slice parameters held as attributes (opset < 10).
 #[derive(Debug, Clone)]
@@ -40,7 +37,9 @@ pub(crate) fn slice_range(dim: usize, start: i64, end: i64, step: i64) -> (i64, 
     (s, len.max(0) as usize)
 }
 
-impl Slice {
+impl PlansIndexMap for Slice {
+    const NAME: &'static str = "Slice";
+
     fn plan(&self, inputs: &[Option<Arg>]) -> Result<IndexMap> {
         let x = required(inputs, 0)?;
         let (starts, ends, axes, steps) = match &self.attrs {
@@ -80,41 +79,6 @@ impl Slice {
     }
 }
 
-impl Op for Slice {
-    fn name(&self) -> &str {
-        "Slice"
-    }
-
-    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        Ok(vec![TensorType::new(required(inputs, 0)?.dtype(), self.plan(inputs)?.out_dims)])
-    }
-
-    fn cpu(&self) -> Option<&dyn CpuKernel> {
-        Some(self)
-    }
-
-    fn wgsl(&self) -> Option<&dyn WgslKernel> {
-        Some(self)
-    }
-}
-
-impl CpuKernel for Slice {
-    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        let map = tensor_args(inputs, |a| self.plan(a))?;
-        let x = cpu::input(inputs, 0)?;
-        map.run(x, &mut outputs[0], &vec![0; x.dtype().size()])
-    }
-}
-
-impl WgslKernel for Slice {
-    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
-        let map = self.plan(inputs)?;
-        let ty = wgsl::elem(outputs[0].dtype);
-        let wg = tune.get(&wgsl::workgroup_param());
-        Ok(WgslProgram::single(map.dispatch("Slice", ty, wg, Binding::Input(0), Binding::Output(0), &wgsl::literal(ty, 0.0), &[])))
-    }
-}
-
 fn parse(spec: &NodeSpec) -> Result<Slice> {
     if spec.opset >= 10 {
         return Ok(Slice { attrs: None });
@@ -125,7 +89,7 @@ fn parse(spec: &NodeSpec) -> Result<Slice> {
 }
 
 pub(crate) fn register(r: &mut Registry) {
-    r.register("", "Slice", |spec| Ok(Box::new(parse(spec)?)));
+    r.register("", "Slice", |spec| Ok(Box::new(MappedOp(parse(spec)?))));
 }
 
 #[cfg(test)]

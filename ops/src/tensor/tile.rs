@@ -1,16 +1,15 @@
 //! Tile: repeats the input `repeats[d]` times along each dim.
-use super::common::{const_ints, tensor_args};
-use super::index_map::{DimMap, IndexMap};
-use crate::cpu::{self, CpuKernel};
+use super::common::const_ints;
+use super::index_map::{DimMap, IndexMap, MappedOp, PlansIndexMap};
 use crate::op::required;
-use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
-use crate::{Arg, Op, OpError, Registry, Result, TensorType, TuneValues};
-use kiln_graph::Tensor;
+use crate::{Arg, OpError, Registry, Result};
 
 #[derive(Debug)]
 pub struct Tile;
 
-impl Tile {
+impl PlansIndexMap for Tile {
+    const NAME: &'static str = "Tile";
+
     fn plan(&self, inputs: &[Option<Arg>]) -> Result<IndexMap> {
         let x = required(inputs, 0)?;
         let reps = const_ints(inputs, 1, "Tile's repeats")?;
@@ -29,47 +28,12 @@ impl Tile {
     }
 }
 
-impl Op for Tile {
-    fn name(&self) -> &str {
-        "Tile"
-    }
-
-    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        Ok(vec![TensorType::new(required(inputs, 0)?.dtype(), self.plan(inputs)?.out_dims)])
-    }
-
-    fn cpu(&self) -> Option<&dyn CpuKernel> {
-        Some(self)
-    }
-
-    fn wgsl(&self) -> Option<&dyn WgslKernel> {
-        Some(self)
-    }
-}
-
-impl CpuKernel for Tile {
-    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        let map = tensor_args(inputs, |a| self.plan(a))?;
-        let x = cpu::input(inputs, 0)?;
-        map.run(x, &mut outputs[0], &vec![0; x.dtype().size()])
-    }
-}
-
-impl WgslKernel for Tile {
-    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
-        let map = self.plan(inputs)?;
-        let ty = wgsl::elem(outputs[0].dtype);
-        let wg = tune.get(&wgsl::workgroup_param());
-        Ok(WgslProgram::single(map.dispatch("Tile", ty, wg, Binding::Input(0), Binding::Output(0), &wgsl::literal(ty, 0.0), &[])))
-    }
-}
-
 pub(crate) fn register(r: &mut Registry) {
     r.register("", "Tile", |spec| {
         if spec.opset < 6 {
             return Err(OpError::Unsupported("Tile before opset 6 (tiles/axis inputs)".into()));
         }
-        Ok(Box::new(Tile))
+        Ok(Box::new(MappedOp(Tile)))
     });
 }
 

@@ -1,18 +1,16 @@
 //! Transpose: permutes dims (`perm`, default reversed).
-use super::common::tensor_args;
-use super::index_map::{DimMap, IndexMap};
-use crate::cpu::{self, CpuKernel};
+use super::index_map::{DimMap, IndexMap, MappedOp, PlansIndexMap};
 use crate::op::required;
-use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
-use crate::{Arg, Op, OpError, Registry, Result, TensorType, TuneValues};
-use kiln_graph::Tensor;
+use crate::{Arg, OpError, Registry, Result};
 
 #[derive(Debug)]
 pub struct Transpose {
     perm: Option<Vec<i64>>,
 }
 
-impl Transpose {
+impl PlansIndexMap for Transpose {
+    const NAME: &'static str = "Transpose";
+
     fn plan(&self, inputs: &[Option<Arg>]) -> Result<IndexMap> {
         let x = required(inputs, 0)?;
         let rank = x.rank();
@@ -36,43 +34,8 @@ impl Transpose {
     }
 }
 
-impl Op for Transpose {
-    fn name(&self) -> &str {
-        "Transpose"
-    }
-
-    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        Ok(vec![TensorType::new(required(inputs, 0)?.dtype(), self.plan(inputs)?.out_dims)])
-    }
-
-    fn cpu(&self) -> Option<&dyn CpuKernel> {
-        Some(self)
-    }
-
-    fn wgsl(&self) -> Option<&dyn WgslKernel> {
-        Some(self)
-    }
-}
-
-impl CpuKernel for Transpose {
-    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        let map = tensor_args(inputs, |a| self.plan(a))?;
-        let x = cpu::input(inputs, 0)?;
-        map.run(x, &mut outputs[0], &vec![0; x.dtype().size()])
-    }
-}
-
-impl WgslKernel for Transpose {
-    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
-        let map = self.plan(inputs)?;
-        let ty = wgsl::elem(outputs[0].dtype);
-        let wg = tune.get(&wgsl::workgroup_param());
-        Ok(WgslProgram::single(map.dispatch("Transpose", ty, wg, Binding::Input(0), Binding::Output(0), &wgsl::literal(ty, 0.0), &[])))
-    }
-}
-
 pub(crate) fn register(r: &mut Registry) {
-    r.register("", "Transpose", |spec| Ok(Box::new(Transpose { perm: spec.ints_opt("perm")? })));
+    r.register("", "Transpose", |spec| Ok(Box::new(MappedOp(Transpose { perm: spec.ints_opt("perm")? }))));
 }
 
 #[cfg(test)]
