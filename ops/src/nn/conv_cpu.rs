@@ -7,6 +7,7 @@
 //!
 //! A fused activation is applied to each output block right after it is computed.
 //! f64 tensors take a direct f64 loop ([`conv_f64`]; the caller applies the activation).
+use super::conv_small_k;
 use super::window::Geometry;
 use crate::cpu;
 use crate::elementwise::UnaryKind;
@@ -67,8 +68,56 @@ pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32
         } else {
             depthwise_f32(p, x, w, bias, act, y);
         }
+    } else if p.reduction() <= conv_small_k::MAX_REDUCTION {
+        small_k_conv_f32(p, x, w, bias, act, y);
     } else {
         gemm_conv_f32(p, x, w, bias, act, y);
+    }
+}
+
+/// Convolution with a short reduction (`reduction() <= MAX_REDUCTION`): the direct
+/// register-blocked kernel of [`conv_small_k`], straight on the input for pointwise
+/// convolutions, on per-tile im2col blocks otherwise. Parallel over pixel tiles, about
+/// one per thread (a few more for big layers), each computing all output channels.
+fn small_k_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
+    let (cg, mg, kc) = (p.in_per_group(), p.out_per_group(), p.reduction());
+    let (in_size, out_size) = (p.geo.input_size(), p.geo.output_size());
+    let pointwise = p.is_pointwise();
+    let threads = rayon::current_num_threads().max(1);
+    let flops = 2 * p.macs() as usize;
+    // Tiles: im2col blocks of at most ~64 KiB; at least one per thread when there is
+    // enough work to share, counted over all images and groups.
+    let per_plane = (p.batch * p.group).max(1);
+    let want = if flops < (1 << 16) { 1 } else { threads.div_ceil(per_plane) };
+    let max_tile = if pointwise { out_size } else { (1 << 14) / kc.max(1) };
+    let (n_tiles, tile) = tiles(out_size, out_size.div_ceil(want).min(max_tile.max(16)));
+    let tasks = per_plane * n_tiles;
+    let out = SharedOut(y.as_mut_ptr());
+    let run_task = |t: usize| {
+        let (img_group, ti) = (t / n_tiles, t % n_tiles);
+        let (img, g) = (img_group / p.group, img_group % p.group);
+        let p0 = ti * tile;
+        let p1 = (p0 + tile).min(out_size);
+        let cols = p1 - p0;
+        let xg = &x[(img * p.in_channels + g * cg) * in_size..][..cg * in_size];
+        let kernel = conv_small_k::SmallK { w: &w[g * mg * kc..][..mg * kc], k: kc, bias: bias.map(|b| &b[g * mg..][..mg]), act };
+        // SAFETY: each task owns rows [g*mg, (g+1)*mg) x columns [p0, p1) of image img.
+        let dst = unsafe { out.ptr().add((img * p.out_channels + g * mg) * out_size + p0) };
+        if pointwise {
+            // SAFETY: xg holds cg = kc rows of in_size (= out_size) pixels.
+            unsafe { kernel.run(xg[p0..].as_ptr(), in_size, cols, dst, out_size) };
+        } else {
+            cpu::with_scratch(kc * cols, |col| {
+                im2col(&p.geo, xg, cg, p0, p1, col);
+                // SAFETY: col is kc rows of cols pixels.
+                unsafe { kernel.run(col.as_ptr(), cols, cols, dst, out_size) };
+            });
+        }
+    };
+    if threads == 1 || tasks == 1 {
+        (0..tasks).for_each(run_task);
+    } else {
+        cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
     }
 }
 
