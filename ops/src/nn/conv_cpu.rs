@@ -392,11 +392,12 @@ impl DepthwisePlan<'_> {
         self.g.stride[1] * self.g.stride[2] * self.phase_len + self.hw * self.g.stride[2] + self.acc_len
     }
 
-    /// Convolves one channel plane `xc` with kernel `wm` into `out`. `scratch` must be
-    /// zeroed before the first plane: padding positions are never written, so they
-    /// stay zero from plane to plane.
+    /// Convolves one channel plane `xc` with kernel `wm` into `out`, clamped to
+    /// `clamp` (a fused Relu/Clip) if any. `scratch` must be zeroed
+    /// before the first plane: padding positions are never written, so they stay zero
+    /// from plane to plane.
     #[inline(always)]
-    fn plane<const FMA: bool>(&self, xc: &[f32], wm: &[f32], b: f32, scratch: &mut [f32], out: &mut [f32]) {
+    fn plane<const FMA: bool>(&self, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, scratch: &mut [f32], out: &mut [f32]) {
         let g = self.g;
         let [_, oh_n, ow_n] = g.output;
         let [_, ih_n, iw_n] = g.input;
@@ -442,7 +443,12 @@ impl DepthwisePlan<'_> {
         let acc = &mut acc[..self.acc_len];
         self.accumulate::<FMA>(phases, wm, b, acc);
         for oh in 0..oh_n {
-            out[oh * ow_n..][..ow_n].copy_from_slice(&acc[oh * hw..][..ow_n]);
+            let (dst, src) = (&mut out[oh * ow_n..][..ow_n], &acc[oh * hw..][..ow_n]);
+            match clamp {
+                // max then min, like `UnaryKind::Clip` (a NaN becomes `lo`).
+                Some((lo, hi)) => dst.iter_mut().zip(src).for_each(|(o, &v)| *o = v.max(lo).min(hi)),
+                None => dst.copy_from_slice(src),
+            }
         }
     }
 
@@ -475,18 +481,19 @@ impl DepthwisePlan<'_> {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn plane_fma(&self, xc: &[f32], wm: &[f32], b: f32, scratch: &mut [f32], out: &mut [f32]) {
-        self.plane::<true>(xc, wm, b, scratch, out)
+    unsafe fn plane_fma(&self, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, scratch: &mut [f32], out: &mut [f32]) {
+        self.plane::<true>(xc, wm, b, clamp, scratch, out)
     }
 
-    fn plane_dispatch(&self, fma: bool, xc: &[f32], wm: &[f32], b: f32, scratch: &mut [f32], out: &mut [f32]) {
+    #[allow(clippy::too_many_arguments)]
+    fn plane_dispatch(&self, fma: bool, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, scratch: &mut [f32], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if fma {
             // SAFETY: `fma` is true only when the CPU supports AVX2 and FMA.
-            return unsafe { self.plane_fma(xc, wm, b, scratch, out) };
+            return unsafe { self.plane_fma(xc, wm, b, clamp, scratch, out) };
         }
         let _ = fma;
-        self.plane::<false>(xc, wm, b, scratch, out)
+        self.plane::<false>(xc, wm, b, clamp, scratch, out)
     }
 }
 
@@ -514,6 +521,7 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>,
     let plan = DepthwisePlan::new(g);
     let ksize = g.kernel_size();
     let fma = has_fma();
+    let clamp = act.and_then(|k| conv_small_k::as_clamp(Some(k)));
     cpu::par_chunks_mut(y, out_size, 2 * ksize + 2, |first, planes| {
         cpu::with_scratch(plan.scratch_len(), |scratch| {
             scratch.fill(0.0);
@@ -522,8 +530,8 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>,
                 let (img, m) = (plane / p.out_channels, plane % p.out_channels);
                 let xc = &x[(img * p.in_channels + m / multiplier) * in_size..][..in_size];
                 let wm = &w[m * ksize..][..ksize];
-                plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), scratch, out);
-                if let Some(k) = act {
+                plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), clamp, scratch, out);
+                if let (None, Some(k)) = (clamp, act) {
                     k.apply_slice_f32(out);
                 }
             }

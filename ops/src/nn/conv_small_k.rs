@@ -26,12 +26,11 @@ pub(crate) struct SmallK<'a> {
 }
 
 /// The activation as a clamp `[lo, hi]` when it is one (applied in registers).
-fn as_clamp(act: Option<UnaryKind>) -> Option<(f32, f32)> {
+pub(crate) fn as_clamp(act: Option<UnaryKind>) -> Option<(f32, f32)> {
     match act {
-        None => Some((f32::NEG_INFINITY, f32::INFINITY)),
         Some(UnaryKind::Relu) => Some((0.0, f32::INFINITY)),
         Some(UnaryKind::Clip { min, max }) => Some((min, max)),
-        Some(_) => None,
+        _ => None,
     }
 }
 
@@ -88,7 +87,8 @@ impl SmallK<'_> {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run_avx(&self, x: *const f32, x_rs: usize, cols: usize, y: *mut f32, y_rs: usize) {
         let clamp = as_clamp(self.act);
-        let (lo, hi) = clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+        // Without an activation: no clamp at all (NaN must stay NaN).
+        let (lo, hi) = clamp.unwrap_or((f32::NAN, f32::NAN));
         let rows = self.rows();
         let tile = self.tile();
         let mut p0 = 0;
@@ -103,7 +103,7 @@ impl SmallK<'_> {
                     b[..mr].copy_from_slice(&bias[m..m + mr]);
                 }
                 let (xs, ys) = (x.add(p0), y.add(m * y_rs + p0));
-                let blk = Block { w, k: self.k, b, x: xs, x_rs, y: ys, y_rs, cols: n, lo, hi };
+                let blk = Block { w, k: self.k, b, x: xs, x_rs, y: ys, y_rs, cols: n, clamp: clamp.is_some(), lo, hi };
                 match mr {
                     6 => blk.run::<6>(),
                     5 => blk.run::<5>(),
@@ -136,6 +136,8 @@ struct Block {
     y: *mut f32,
     y_rs: usize,
     cols: usize,
+    /// Whether to clamp the results to `[lo, hi]`.
+    clamp: bool,
     lo: f32,
     hi: f32,
 }
@@ -147,6 +149,8 @@ impl Block {
         use std::arch::x86_64::*;
         let (k, x_rs) = (self.k, self.x_rs);
         let (lo, hi) = (_mm256_set1_ps(self.lo), _mm256_set1_ps(self.hi));
+        let clamp = self.clamp;
+        let act = |v: __m256| if clamp { _mm256_min_ps(_mm256_max_ps(v, lo), hi) } else { v };
         let mut p = 0;
         while p + 16 <= self.cols {
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
@@ -167,8 +171,8 @@ impl Block {
             }
             for r in 0..R {
                 let yp = self.y.add(r * self.y_rs + p);
-                _mm256_storeu_ps(yp, _mm256_min_ps(_mm256_max_ps(acc[r][0], lo), hi));
-                _mm256_storeu_ps(yp.add(8), _mm256_min_ps(_mm256_max_ps(acc[r][1], lo), hi));
+                _mm256_storeu_ps(yp, act(acc[r][0]));
+                _mm256_storeu_ps(yp.add(8), act(acc[r][1]));
             }
             p += 16;
         }
@@ -186,7 +190,7 @@ impl Block {
                 xp = xp.add(x_rs);
             }
             for r in 0..R {
-                _mm256_storeu_ps(self.y.add(r * self.y_rs + p), _mm256_min_ps(_mm256_max_ps(acc[r], lo), hi));
+                _mm256_storeu_ps(self.y.add(r * self.y_rs + p), act(acc[r]));
             }
             p += 8;
         }
@@ -196,9 +200,12 @@ impl Block {
                 for kk in 0..k {
                     acc = (*self.w.add(r * k + kk)).mul_add(*self.x.add(kk * x_rs + q), acc);
                 }
-                // Same NaN behaviour as max_ps/min_ps above: a NaN becomes `lo`.
-                let v = if acc > self.lo { acc } else { self.lo };
-                *self.y.add(r * self.y_rs + q) = if v < self.hi { v } else { self.hi };
+                if clamp {
+                    // Same NaN behaviour as max_ps/min_ps above: a NaN becomes `lo`.
+                    let v = if acc > self.lo { acc } else { self.lo };
+                    acc = if v < self.hi { v } else { self.hi };
+                }
+                *self.y.add(r * self.y_rs + q) = acc;
             }
         }
     }
@@ -259,6 +266,26 @@ mod tests {
                         assert!((p - r).abs() <= 1e-4 * (1.0 + r.abs()), "plain {rows}x{k}x{cols} {act:?} at {i}: {p} vs {r}");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn nan_propagates_without_activation_and_clamps_like_clip() {
+        let (rows, k, cols) = (3, 2, 27);
+        let w = values(rows * k, 6);
+        let mut x = values(k * cols, 7);
+        for p in [0, 9, 20, 26] {
+            x[p] = f32::NAN; // vector body, 8-wide step and scalar tail
+        }
+        for act in [None, Some(UnaryKind::Relu), Some(UnaryKind::Clip { min: -1.0, max: 1.0 })] {
+            let want = reference(&w, k, None, act, &x, cols);
+            let mut got = vec![0.0f32; rows * cols];
+            let op = SmallK { w: &w, k, bias: None, act };
+            // SAFETY: dense k x cols input, rows x cols output.
+            unsafe { op.run(x.as_ptr(), cols, cols, got.as_mut_ptr(), cols) };
+            for (g, r) in got.iter().zip(&want) {
+                assert!(g.to_bits() == r.to_bits() || (g.is_nan() && r.is_nan()) || (g - r).abs() < 1e-4, "{act:?}: {g} vs {r}");
             }
         }
     }
