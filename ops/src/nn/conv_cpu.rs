@@ -137,35 +137,62 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
     let (mut n_tiles, mut tile) = tiles(out_size, (1 << 17) / kc.max(1));
     let mut tasks = p.batch * p.group * n_tiles;
     let flops = 2 * p.macs() as usize;
+    // Output-channel chunks per image and group (more than one only for small
+    // pointwise layers, see below).
+    let mut row_chunks = 1;
+    let few_tasks = threads > 1 && tasks < 2 * threads;
+    // Few tasks of a pointwise convolution: one task per thread, over pixels for big
+    // planes, else over output channels (no im2col to repeat, no GEMM-internal sync).
+    let own_split = few_tasks && pointwise && flops > (1 << 20);
+    if own_split {
+        let per_plane = (p.batch * p.group).max(1);
+        let parts = threads.div_ceil(per_plane);
+        if out_size >= 64 * parts || mg < 16 * parts {
+            (n_tiles, tile) = tiles(out_size, out_size.div_ceil(parts));
+        } else {
+            (n_tiles, tile) = (1, out_size);
+            row_chunks = parts;
+        }
+        tasks = per_plane * n_tiles * row_chunks;
+    }
     // Few large tasks: one tile per image and group, GEMM parallel on its own.
-    let inner_parallel = threads > 1 && tasks < 2 * threads && flops > (1 << 22);
+    let inner_parallel = few_tasks && !own_split && flops > (1 << 22);
     if inner_parallel {
         (n_tiles, tile) = (1, out_size);
         tasks = p.batch * p.group;
     }
+    let rows_per_chunk = mg.div_ceil(row_chunks).next_multiple_of(8).min(mg);
     let par = if inner_parallel { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
     let out = SharedOut(y.as_mut_ptr());
     let run_task = |t: usize| {
-        let (img_group, ti) = (t / n_tiles, t % n_tiles);
+        let (img_group, rest) = (t / (n_tiles * row_chunks), t % (n_tiles * row_chunks));
+        let (ti, chunk) = (rest / row_chunks, rest % row_chunks);
         let (img, g) = (img_group / p.group, img_group % p.group);
+        let r0 = (chunk * rows_per_chunk).min(mg);
+        let rows = rows_per_chunk.min(mg - r0);
+        if rows == 0 {
+            return;
+        }
         let p0 = ti * tile;
         let p1 = (p0 + tile).min(out_size);
         let cols = p1 - p0;
         let xg = &x[(img * p.in_channels + g * cg) * in_size..][..cg * in_size];
-        let wg = &w[g * mg * kc..][..mg * kc];
-        let dst_offset = (img * p.out_channels + g * mg) * out_size + p0;
-        // SAFETY: each task owns rows [g*mg, (g+1)*mg) x columns [p0, p1) of image img.
+        let wg = &w[(g * mg + r0) * kc..][..rows * kc];
+        let dst_offset = (img * p.out_channels + g * mg + r0) * out_size + p0;
+        // SAFETY: each task owns rows [g*mg + r0, g*mg + r0 + rows) x columns [p0, p1)
+        // of image img.
         let dst = unsafe { out.ptr().add(dst_offset) };
         let has_bias = bias.is_some();
         if let Some(b) = bias {
-            for r in 0..mg {
+            for r in 0..rows {
+                // SAFETY: row r of this task's block (see above).
                 let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
-                row.fill(b[g * mg + r]);
+                row.fill(b[g * mg + r0 + r]);
             }
         }
         let gemm_into = |rhs: *const f32, rhs_rs: usize| unsafe {
             gemm::gemm(
-                mg, cols, kc, dst, 1, out_size as isize, has_bias, wg.as_ptr(), 1, kc as isize, rhs, 1,
+                rows, cols, kc, dst, 1, out_size as isize, has_bias, wg.as_ptr(), 1, kc as isize, rhs, 1,
                 rhs_rs as isize, 1.0, 1.0, false, false, false, par,
             )
         };
@@ -181,10 +208,10 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
             if inner_parallel {
                 // One tile spans whole rows: the block is contiguous; share it out.
                 // SAFETY: as above, this task's block [dst, dst + mg * out_size).
-                let block = unsafe { std::slice::from_raw_parts_mut(dst, mg * out_size) };
+                let block = unsafe { std::slice::from_raw_parts_mut(dst, rows * out_size) };
                 cpu::par_chunks_mut(block, 1, 4, |_, part| k.apply_slice_f32(part));
             } else {
-                for r in 0..mg {
+                for r in 0..rows {
                     // SAFETY: row r of this task's block (see above).
                     let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
                     k.apply_slice_f32(row);
@@ -349,21 +376,29 @@ fn axpy<const FMA: bool>(acc: &mut [f32], w: f32, a: &[f32]) {
     }
 }
 
-/// `out = b + sum_t w[t] * src[t]` for nine taps (a 3x3 kernel) in one pass.
+/// `out = b + sum_t w[t] * src[t]` for nine taps (a 3x3 kernel) in one pass, then
+/// clamped to `[lo, hi]` when `CLAMP` (like `UnaryKind::Clip`: a NaN becomes `lo`).
 #[inline(always)]
-fn taps9<const FMA: bool>(out: &mut [f32], b: f32, w: &[f32; 9], src: [&[f32]; 9]) {
+fn taps9<const FMA: bool, const CLAMP: bool>(out: &mut [f32], b: f32, w: &[f32; 9], src: [&[f32]; 9], (lo, hi): (f32, f32)) {
     let n = out.len();
     let [s0, s1, s2, s3, s4, s5, s6, s7, s8] = src.map(|s| &s[..n]);
+    // Three independent kernel-row sums: a dependency chain of 3 FMAs + 2 adds
+    // instead of 9 FMAs, so the loop is not bound by FMA latency.
     for i in 0..n {
-        let mut acc = madd::<FMA>(w[0], s0[i], b);
-        acc = madd::<FMA>(w[1], s1[i], acc);
-        acc = madd::<FMA>(w[2], s2[i], acc);
-        acc = madd::<FMA>(w[3], s3[i], acc);
-        acc = madd::<FMA>(w[4], s4[i], acc);
-        acc = madd::<FMA>(w[5], s5[i], acc);
-        acc = madd::<FMA>(w[6], s6[i], acc);
-        acc = madd::<FMA>(w[7], s7[i], acc);
-        out[i] = madd::<FMA>(w[8], s8[i], acc);
+        let r0 = madd::<FMA>(w[2], s2[i], madd::<FMA>(w[1], s1[i], madd::<FMA>(w[0], s0[i], b)));
+        let r1 = madd::<FMA>(w[5], s5[i], madd::<FMA>(w[4], s4[i], w[3] * s3[i]));
+        let r2 = madd::<FMA>(w[8], s8[i], madd::<FMA>(w[7], s7[i], w[6] * s6[i]));
+        let v = r0 + (r1 + r2);
+        out[i] = if CLAMP {
+            let v = if v > lo { v } else { lo };
+            if v < hi {
+                v
+            } else {
+                hi
+            }
+        } else {
+            v
+        };
     }
 }
 
@@ -441,35 +476,54 @@ impl DepthwisePlan<'_> {
             }
         }
         let acc = &mut acc[..self.acc_len];
-        self.accumulate::<FMA>(phases, wm, b, acc);
+        // 3x3 kernels clamp while accumulating; others while copying out below.
+        let clamp = if self.accumulate::<FMA>(phases, wm, b, clamp, acc) { None } else { clamp };
         for oh in 0..oh_n {
             let (dst, src) = (&mut out[oh * ow_n..][..ow_n], &acc[oh * hw..][..ow_n]);
             match clamp {
-                // max then min, like `UnaryKind::Clip` (a NaN becomes `lo`).
-                Some((lo, hi)) => dst.iter_mut().zip(src).for_each(|(o, &v)| *o = v.max(lo).min(hi)),
+                // Like `UnaryKind::Clip` (a NaN becomes `lo`), as single max/min ops.
+                Some((lo, hi)) => dst.iter_mut().zip(src).for_each(|(o, &v)| {
+                    let v = if v > lo { v } else { lo };
+                    *o = if v < hi { v } else { hi };
+                }),
                 None => dst.copy_from_slice(src),
             }
         }
     }
 
+    /// The phase plane data under kernel tap (kh, kw), from output position 0 on.
+    #[inline(always)]
+    fn tap<'a>(&self, phases: &'a [f32], kh: usize, kw: usize) -> &'a [f32] {
+        let g = self.g;
+        let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
+        let (qh, shift_h) = ((kh * dh) % sh, (kh * dh) / sh);
+        let (qw, shift_w) = ((kw * dw) % sw, (kw * dw) / sw);
+        &phases[(qh * sw + qw) * self.phase_len + shift_h * self.hw + shift_w..]
+    }
+
+    /// [`Self::tap`] for the nine taps of a 3x3 kernel, row-major.
+    #[inline(always)]
+    fn taps3x3<'a>(&self, phases: &'a [f32]) -> [&'a [f32]; 9] {
+        let t = |kh, kw| self.tap(phases, kh, kw);
+        [t(0, 0), t(0, 1), t(0, 2), t(1, 0), t(1, 1), t(1, 2), t(2, 0), t(2, 1), t(2, 2)]
+    }
+
     /// `acc[q] = b + sum over taps of w * phase[q + tap offset]`, flat over the plane.
+    /// Returns whether `clamp` was applied too (3x3 kernels).
     /// A plain function (not a closure) so that it inlines into the FMA-enabled caller.
     #[inline(always)]
-    fn accumulate<const FMA: bool>(&self, phases: &[f32], wm: &[f32], b: f32, acc: &mut [f32]) {
+    fn accumulate<const FMA: bool>(&self, phases: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, acc: &mut [f32]) -> bool {
         let g = self.g;
         let (kh_n, kw_n) = (g.kernel[1], g.kernel[2]);
-        let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
-        let (hw, phase_len) = (self.hw, self.phase_len);
-        let run = |kh: usize, kw: usize| {
-            let (qh, shift_h) = ((kh * dh) % sh, (kh * dh) / sh);
-            let (qw, shift_w) = ((kw * dw) % sw, (kw * dw) / sw);
-            &phases[(qh * sw + qw) * phase_len + shift_h * hw + shift_w..]
-        };
+        let run = |kh: usize, kw: usize| self.tap(phases, kh, kw);
         if kh_n == 3 && kw_n == 3 {
             let w9: &[f32; 9] = wm.try_into().expect("3x3 kernel");
-            let src = [run(0, 0), run(0, 1), run(0, 2), run(1, 0), run(1, 1), run(1, 2), run(2, 0), run(2, 1), run(2, 2)];
-            taps9::<FMA>(acc, b, w9, src);
-            return;
+            let src = self.taps3x3(phases);
+            match clamp {
+                Some(bounds) => taps9::<FMA, true>(acc, b, w9, src, bounds),
+                None => taps9::<FMA, false>(acc, b, w9, src, (0.0, 0.0)),
+            }
+            return true;
         }
         acc.fill(b);
         for kh in 0..kh_n {
@@ -477,6 +531,7 @@ impl DepthwisePlan<'_> {
                 axpy::<FMA>(acc, wm[kh * kw_n + kw], run(kh, kw));
             }
         }
+        false
     }
 
     #[cfg(target_arch = "x86_64")]
