@@ -182,8 +182,11 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
         // SAFETY: each task owns rows [g*mg + r0, g*mg + r0 + rows) x columns [p0, p1)
         // of image img.
         let dst = unsafe { out.ptr().add(dst_offset) };
-        let has_bias = bias.is_some();
-        if let Some(b) = bias {
+        // Serial tasks add the bias after the GEMM, in the same pass as the activation
+        // (the GEMM then need not read `dst`); the GEMM-parallel path starts from it.
+        let bias_after = if inner_parallel { None } else { bias };
+        let has_bias = bias.is_some() && bias_after.is_none();
+        if let (true, Some(b)) = (has_bias, bias) {
             for r in 0..rows {
                 // SAFETY: row r of this task's block (see above).
                 let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
@@ -210,10 +213,18 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
                 // SAFETY: as above, this task's block [dst, dst + mg * out_size).
                 let block = unsafe { std::slice::from_raw_parts_mut(dst, rows * out_size) };
                 cpu::par_chunks_mut(block, 1, 4, |_, part| k.apply_slice_f32(part));
-            } else {
-                for r in 0..rows {
-                    // SAFETY: row r of this task's block (see above).
-                    let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
+                return;
+            }
+        }
+        if act.is_some() || bias_after.is_some() {
+            for r in 0..rows {
+                // SAFETY: row r of this task's block (see above).
+                let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
+                if let Some(b) = bias_after {
+                    let v = b[g * mg + r0 + r];
+                    row.iter_mut().for_each(|o| *o += v);
+                }
+                if let Some(k) = act {
                     k.apply_slice_f32(row);
                 }
             }
