@@ -144,6 +144,8 @@ struct Block {
 
 #[cfg(target_arch = "x86_64")]
 impl Block {
+    // Row r indexes both the accumulators and the weight rows: fully unrolled loops.
+    #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run<const R: usize>(&self) {
         use std::arch::x86_64::*;
