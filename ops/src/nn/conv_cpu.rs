@@ -7,6 +7,7 @@
 //!
 //! A fused activation is applied to each output block right after it is computed.
 //! f64 tensors take a direct f64 loop ([`conv_f64`]; the caller applies the activation).
+use super::conv_small_k;
 use super::window::Geometry;
 use crate::cpu;
 use crate::elementwise::UnaryKind;
@@ -67,8 +68,56 @@ pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32
         } else {
             depthwise_f32(p, x, w, bias, act, y);
         }
+    } else if p.reduction() <= conv_small_k::MAX_REDUCTION {
+        small_k_conv_f32(p, x, w, bias, act, y);
     } else {
         gemm_conv_f32(p, x, w, bias, act, y);
+    }
+}
+
+/// Convolution with a short reduction (`reduction() <= MAX_REDUCTION`): the direct
+/// register-blocked kernel of [`conv_small_k`], straight on the input for pointwise
+/// convolutions, on per-tile im2col blocks otherwise. Parallel over pixel tiles, about
+/// one per thread (a few more for big layers), each computing all output channels.
+fn small_k_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
+    let (cg, mg, kc) = (p.in_per_group(), p.out_per_group(), p.reduction());
+    let (in_size, out_size) = (p.geo.input_size(), p.geo.output_size());
+    let pointwise = p.is_pointwise();
+    let threads = rayon::current_num_threads().max(1);
+    let flops = 2 * p.macs() as usize;
+    // Tiles: im2col blocks of at most ~64 KiB; at least one per thread when there is
+    // enough work to share, counted over all images and groups.
+    let per_plane = (p.batch * p.group).max(1);
+    let want = if flops < (1 << 16) { 1 } else { threads.div_ceil(per_plane) };
+    let max_tile = if pointwise { out_size } else { (1 << 14) / kc.max(1) };
+    let (n_tiles, tile) = tiles(out_size, out_size.div_ceil(want).min(max_tile.max(16)));
+    let tasks = per_plane * n_tiles;
+    let out = SharedOut(y.as_mut_ptr());
+    let run_task = |t: usize| {
+        let (img_group, ti) = (t / n_tiles, t % n_tiles);
+        let (img, g) = (img_group / p.group, img_group % p.group);
+        let p0 = ti * tile;
+        let p1 = (p0 + tile).min(out_size);
+        let cols = p1 - p0;
+        let xg = &x[(img * p.in_channels + g * cg) * in_size..][..cg * in_size];
+        let kernel = conv_small_k::SmallK { w: &w[g * mg * kc..][..mg * kc], k: kc, bias: bias.map(|b| &b[g * mg..][..mg]), act };
+        // SAFETY: each task owns rows [g*mg, (g+1)*mg) x columns [p0, p1) of image img.
+        let dst = unsafe { out.ptr().add((img * p.out_channels + g * mg) * out_size + p0) };
+        if pointwise {
+            // SAFETY: xg holds cg = kc rows of in_size (= out_size) pixels.
+            unsafe { kernel.run(xg[p0..].as_ptr(), in_size, cols, dst, out_size) };
+        } else {
+            cpu::with_scratch(kc * cols, |col| {
+                im2col(&p.geo, xg, cg, p0, p1, col);
+                // SAFETY: col is kc rows of cols pixels.
+                unsafe { kernel.run(col.as_ptr(), cols, cols, dst, out_size) };
+            });
+        }
+    };
+    if threads == 1 || tasks == 1 {
+        (0..tasks).for_each(run_task);
+    } else {
+        cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
     }
 }
 
@@ -88,35 +137,65 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
     let (mut n_tiles, mut tile) = tiles(out_size, (1 << 17) / kc.max(1));
     let mut tasks = p.batch * p.group * n_tiles;
     let flops = 2 * p.macs() as usize;
+    // Output-channel chunks per image and group (more than one only for small
+    // pointwise layers, see below).
+    let mut row_chunks = 1;
+    let few_tasks = threads > 1 && tasks < 2 * threads;
+    // Few tasks of a pointwise convolution: one task per thread, over pixels for big
+    // planes, else over output channels (no im2col to repeat, no GEMM-internal sync).
+    let own_split = few_tasks && pointwise && flops > (1 << 20);
+    if own_split {
+        let per_plane = (p.batch * p.group).max(1);
+        let parts = threads.div_ceil(per_plane);
+        if out_size >= 64 * parts || mg < 16 * parts {
+            (n_tiles, tile) = tiles(out_size, out_size.div_ceil(parts));
+        } else {
+            (n_tiles, tile) = (1, out_size);
+            row_chunks = parts;
+        }
+        tasks = per_plane * n_tiles * row_chunks;
+    }
     // Few large tasks: one tile per image and group, GEMM parallel on its own.
-    let inner_parallel = threads > 1 && tasks < 2 * threads && flops > (1 << 22);
+    let inner_parallel = few_tasks && !own_split && flops > (1 << 22);
     if inner_parallel {
         (n_tiles, tile) = (1, out_size);
         tasks = p.batch * p.group;
     }
+    let rows_per_chunk = mg.div_ceil(row_chunks).next_multiple_of(8).min(mg);
     let par = if inner_parallel { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
     let out = SharedOut(y.as_mut_ptr());
     let run_task = |t: usize| {
-        let (img_group, ti) = (t / n_tiles, t % n_tiles);
+        let (img_group, rest) = (t / (n_tiles * row_chunks), t % (n_tiles * row_chunks));
+        let (ti, chunk) = (rest / row_chunks, rest % row_chunks);
         let (img, g) = (img_group / p.group, img_group % p.group);
+        let r0 = (chunk * rows_per_chunk).min(mg);
+        let rows = rows_per_chunk.min(mg - r0);
+        if rows == 0 {
+            return;
+        }
         let p0 = ti * tile;
         let p1 = (p0 + tile).min(out_size);
         let cols = p1 - p0;
         let xg = &x[(img * p.in_channels + g * cg) * in_size..][..cg * in_size];
-        let wg = &w[g * mg * kc..][..mg * kc];
-        let dst_offset = (img * p.out_channels + g * mg) * out_size + p0;
-        // SAFETY: each task owns rows [g*mg, (g+1)*mg) x columns [p0, p1) of image img.
+        let wg = &w[(g * mg + r0) * kc..][..rows * kc];
+        let dst_offset = (img * p.out_channels + g * mg + r0) * out_size + p0;
+        // SAFETY: each task owns rows [g*mg + r0, g*mg + r0 + rows) x columns [p0, p1)
+        // of image img.
         let dst = unsafe { out.ptr().add(dst_offset) };
-        let has_bias = bias.is_some();
-        if let Some(b) = bias {
-            for r in 0..mg {
+        // Serial tasks add the bias after the GEMM, in the same pass as the activation
+        // (the GEMM then need not read `dst`); the GEMM-parallel path starts from it.
+        let bias_after = if inner_parallel { None } else { bias };
+        let has_bias = bias.is_some() && bias_after.is_none();
+        if let (true, Some(b)) = (has_bias, bias) {
+            for r in 0..rows {
+                // SAFETY: row r of this task's block (see above).
                 let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
-                row.fill(b[g * mg + r]);
+                row.fill(b[g * mg + r0 + r]);
             }
         }
         let gemm_into = |rhs: *const f32, rhs_rs: usize| unsafe {
             gemm::gemm(
-                mg, cols, kc, dst, 1, out_size as isize, has_bias, wg.as_ptr(), 1, kc as isize, rhs, 1,
+                rows, cols, kc, dst, 1, out_size as isize, has_bias, wg.as_ptr(), 1, kc as isize, rhs, 1,
                 rhs_rs as isize, 1.0, 1.0, false, false, false, par,
             )
         };
@@ -132,12 +211,20 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
             if inner_parallel {
                 // One tile spans whole rows: the block is contiguous; share it out.
                 // SAFETY: as above, this task's block [dst, dst + mg * out_size).
-                let block = unsafe { std::slice::from_raw_parts_mut(dst, mg * out_size) };
+                let block = unsafe { std::slice::from_raw_parts_mut(dst, rows * out_size) };
                 cpu::par_chunks_mut(block, 1, 4, |_, part| k.apply_slice_f32(part));
-            } else {
-                for r in 0..mg {
-                    // SAFETY: row r of this task's block (see above).
-                    let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
+                return;
+            }
+        }
+        if act.is_some() || bias_after.is_some() {
+            for r in 0..rows {
+                // SAFETY: row r of this task's block (see above).
+                let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
+                if let Some(b) = bias_after {
+                    let v = b[g * mg + r0 + r];
+                    row.iter_mut().for_each(|o| *o += v);
+                }
+                if let Some(k) = act {
                     k.apply_slice_f32(row);
                 }
             }
@@ -300,21 +387,29 @@ fn axpy<const FMA: bool>(acc: &mut [f32], w: f32, a: &[f32]) {
     }
 }
 
-/// `out = b + sum_t w[t] * src[t]` for nine taps (a 3x3 kernel) in one pass.
+/// `out = b + sum_t w[t] * src[t]` for nine taps (a 3x3 kernel) in one pass, then
+/// clamped to `[lo, hi]` when `CLAMP` (like `UnaryKind::Clip`: a NaN becomes `lo`).
 #[inline(always)]
-fn taps9<const FMA: bool>(out: &mut [f32], b: f32, w: &[f32; 9], src: [&[f32]; 9]) {
+fn taps9<const FMA: bool, const CLAMP: bool>(out: &mut [f32], b: f32, w: &[f32; 9], src: [&[f32]; 9], (lo, hi): (f32, f32)) {
     let n = out.len();
     let [s0, s1, s2, s3, s4, s5, s6, s7, s8] = src.map(|s| &s[..n]);
+    // Three independent kernel-row sums: a dependency chain of 3 FMAs + 2 adds
+    // instead of 9 FMAs, so the loop is not bound by FMA latency.
     for i in 0..n {
-        let mut acc = madd::<FMA>(w[0], s0[i], b);
-        acc = madd::<FMA>(w[1], s1[i], acc);
-        acc = madd::<FMA>(w[2], s2[i], acc);
-        acc = madd::<FMA>(w[3], s3[i], acc);
-        acc = madd::<FMA>(w[4], s4[i], acc);
-        acc = madd::<FMA>(w[5], s5[i], acc);
-        acc = madd::<FMA>(w[6], s6[i], acc);
-        acc = madd::<FMA>(w[7], s7[i], acc);
-        out[i] = madd::<FMA>(w[8], s8[i], acc);
+        let r0 = madd::<FMA>(w[2], s2[i], madd::<FMA>(w[1], s1[i], madd::<FMA>(w[0], s0[i], b)));
+        let r1 = madd::<FMA>(w[5], s5[i], madd::<FMA>(w[4], s4[i], w[3] * s3[i]));
+        let r2 = madd::<FMA>(w[8], s8[i], madd::<FMA>(w[7], s7[i], w[6] * s6[i]));
+        let v = r0 + (r1 + r2);
+        out[i] = if CLAMP {
+            let v = if v > lo { v } else { lo };
+            if v < hi {
+                v
+            } else {
+                hi
+            }
+        } else {
+            v
+        };
     }
 }
 
@@ -343,11 +438,12 @@ impl DepthwisePlan<'_> {
         self.g.stride[1] * self.g.stride[2] * self.phase_len + self.hw * self.g.stride[2] + self.acc_len
     }
 
-    /// Convolves one channel plane `xc` with kernel `wm` into `out`. `scratch` must be
-    /// zeroed before the first plane: padding positions are never written, so they
-    /// stay zero from plane to plane.
+    /// Convolves one channel plane `xc` with kernel `wm` into `out`, clamped to
+    /// `clamp` (a fused Relu/Clip) if any. `scratch` must be zeroed
+    /// before the first plane: padding positions are never written, so they stay zero
+    /// from plane to plane.
     #[inline(always)]
-    fn plane<const FMA: bool>(&self, xc: &[f32], wm: &[f32], b: f32, scratch: &mut [f32], out: &mut [f32]) {
+    fn plane<const FMA: bool>(&self, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, scratch: &mut [f32], out: &mut [f32]) {
         let g = self.g;
         let [_, oh_n, ow_n] = g.output;
         let [_, ih_n, iw_n] = g.input;
@@ -391,30 +487,54 @@ impl DepthwisePlan<'_> {
             }
         }
         let acc = &mut acc[..self.acc_len];
-        self.accumulate::<FMA>(phases, wm, b, acc);
+        // 3x3 kernels clamp while accumulating; others while copying out below.
+        let clamp = if self.accumulate::<FMA>(phases, wm, b, clamp, acc) { None } else { clamp };
         for oh in 0..oh_n {
-            out[oh * ow_n..][..ow_n].copy_from_slice(&acc[oh * hw..][..ow_n]);
+            let (dst, src) = (&mut out[oh * ow_n..][..ow_n], &acc[oh * hw..][..ow_n]);
+            match clamp {
+                // Like `UnaryKind::Clip` (a NaN becomes `lo`), as single max/min ops.
+                Some((lo, hi)) => dst.iter_mut().zip(src).for_each(|(o, &v)| {
+                    let v = if v > lo { v } else { lo };
+                    *o = if v < hi { v } else { hi };
+                }),
+                None => dst.copy_from_slice(src),
+            }
         }
     }
 
+    /// The phase plane data under kernel tap (kh, kw), from output position 0 on.
+    #[inline(always)]
+    fn tap<'a>(&self, phases: &'a [f32], kh: usize, kw: usize) -> &'a [f32] {
+        let g = self.g;
+        let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
+        let (qh, shift_h) = ((kh * dh) % sh, (kh * dh) / sh);
+        let (qw, shift_w) = ((kw * dw) % sw, (kw * dw) / sw);
+        &phases[(qh * sw + qw) * self.phase_len + shift_h * self.hw + shift_w..]
+    }
+
+    /// [`Self::tap`] for the nine taps of a 3x3 kernel, row-major.
+    #[inline(always)]
+    fn taps3x3<'a>(&self, phases: &'a [f32]) -> [&'a [f32]; 9] {
+        let t = |kh, kw| self.tap(phases, kh, kw);
+        [t(0, 0), t(0, 1), t(0, 2), t(1, 0), t(1, 1), t(1, 2), t(2, 0), t(2, 1), t(2, 2)]
+    }
+
     /// `acc[q] = b + sum over taps of w * phase[q + tap offset]`, flat over the plane.
+    /// Returns whether `clamp` was applied too (3x3 kernels).
     /// A plain function (not a closure) so that it inlines into the FMA-enabled caller.
     #[inline(always)]
-    fn accumulate<const FMA: bool>(&self, phases: &[f32], wm: &[f32], b: f32, acc: &mut [f32]) {
+    fn accumulate<const FMA: bool>(&self, phases: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, acc: &mut [f32]) -> bool {
         let g = self.g;
         let (kh_n, kw_n) = (g.kernel[1], g.kernel[2]);
-        let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
-        let (hw, phase_len) = (self.hw, self.phase_len);
-        let run = |kh: usize, kw: usize| {
-            let (qh, shift_h) = ((kh * dh) % sh, (kh * dh) / sh);
-            let (qw, shift_w) = ((kw * dw) % sw, (kw * dw) / sw);
-            &phases[(qh * sw + qw) * phase_len + shift_h * hw + shift_w..]
-        };
+        let run = |kh: usize, kw: usize| self.tap(phases, kh, kw);
         if kh_n == 3 && kw_n == 3 {
             let w9: &[f32; 9] = wm.try_into().expect("3x3 kernel");
-            let src = [run(0, 0), run(0, 1), run(0, 2), run(1, 0), run(1, 1), run(1, 2), run(2, 0), run(2, 1), run(2, 2)];
-            taps9::<FMA>(acc, b, w9, src);
-            return;
+            let src = self.taps3x3(phases);
+            match clamp {
+                Some(bounds) => taps9::<FMA, true>(acc, b, w9, src, bounds),
+                None => taps9::<FMA, false>(acc, b, w9, src, (0.0, 0.0)),
+            }
+            return true;
         }
         acc.fill(b);
         for kh in 0..kh_n {
@@ -422,22 +542,24 @@ impl DepthwisePlan<'_> {
                 axpy::<FMA>(acc, wm[kh * kw_n + kw], run(kh, kw));
             }
         }
+        false
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn plane_fma(&self, xc: &[f32], wm: &[f32], b: f32, scratch: &mut [f32], out: &mut [f32]) {
-        self.plane::<true>(xc, wm, b, scratch, out)
+    unsafe fn plane_fma(&self, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, scratch: &mut [f32], out: &mut [f32]) {
+        self.plane::<true>(xc, wm, b, clamp, scratch, out)
     }
 
-    fn plane_dispatch(&self, fma: bool, xc: &[f32], wm: &[f32], b: f32, scratch: &mut [f32], out: &mut [f32]) {
+    #[allow(clippy::too_many_arguments)]
+    fn plane_dispatch(&self, fma: bool, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, scratch: &mut [f32], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if fma {
             // SAFETY: `fma` is true only when the CPU supports AVX2 and FMA.
-            return unsafe { self.plane_fma(xc, wm, b, scratch, out) };
+            return unsafe { self.plane_fma(xc, wm, b, clamp, scratch, out) };
         }
         let _ = fma;
-        self.plane::<false>(xc, wm, b, scratch, out)
+        self.plane::<false>(xc, wm, b, clamp, scratch, out)
     }
 }
 
@@ -465,6 +587,7 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>,
     let plan = DepthwisePlan::new(g);
     let ksize = g.kernel_size();
     let fma = has_fma();
+    let clamp = act.and_then(|k| conv_small_k::as_clamp(Some(k)));
     cpu::par_chunks_mut(y, out_size, 2 * ksize + 2, |first, planes| {
         cpu::with_scratch(plan.scratch_len(), |scratch| {
             scratch.fill(0.0);
@@ -473,8 +596,8 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>,
                 let (img, m) = (plane / p.out_channels, plane % p.out_channels);
                 let xc = &x[(img * p.in_channels + m / multiplier) * in_size..][..in_size];
                 let wm = &w[m * ksize..][..ksize];
-                plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), scratch, out);
-                if let Some(k) = act {
+                plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), clamp, scratch, out);
+                if let (None, Some(k)) = (clamp, act) {
                     k.apply_slice_f32(out);
                 }
             }

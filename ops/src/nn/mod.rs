@@ -7,6 +7,7 @@ use crate::Registry;
 mod batch_norm;
 mod conv;
 mod conv_cpu;
+mod conv_small_k;
 mod conv_transpose;
 mod global_pool;
 mod instance_norm;
