@@ -233,16 +233,50 @@ fn pool_last_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, rows: usize, src:
             (start, k0, k1)
         })
         .collect();
-    let dil = g.dilation[2];
+    let (k, dil, stride) = (g.kernel[2], g.dilation[2], g.stride[2]);
+    // Outputs whose window lies wholly inside the row form one run [lo, hi): they take
+    // an unrolled path without per-tap bounds; the borders take the general loop.
+    let full = |&(_, k0, k1): &(i64, usize, usize)| k0 == 0 && k1 == k;
+    let lo = taps.iter().position(full).unwrap_or(n_out);
+    let hi = lo + taps[lo..].iter().take_while(|t| full(t)).count();
+    let fold = |acc: T, v: T| if MAX { if v > acc { v } else { acc } } else { acc + v };
+    let init = if MAX { T::NEG_INF } else { T::ZERO };
     for r in 0..rows {
         let srow = &src[r * n_in..][..n_in];
-        for (a, &(start, k0, k1)) in dst[r * n_out..][..n_out].iter_mut().zip(&taps) {
-            let mut acc = if MAX { T::NEG_INF } else { T::ZERO };
-            for k in k0..k1 {
-                let v = srow[(start + (k * dil) as i64) as usize];
-                acc = if MAX { if v > acc { v } else { acc } } else { acc + v };
+        let drow = &mut dst[r * n_out..][..n_out];
+        for o in (0..lo).chain(hi..n_out) {
+            let (start, k0, k1) = taps[o];
+            let mut acc = init;
+            for t in k0..k1 {
+                acc = fold(acc, srow[(start + (t * dil) as i64) as usize]);
             }
-            *a = acc;
+            drow[o] = acc;
+        }
+        if lo < hi {
+            let first = taps[lo].0 as usize;
+            let window = (k - 1) * dil + 1;
+            let span = &srow[first..first + (hi - lo - 1) * stride + window];
+            let out = &mut drow[lo..hi];
+            match (k, dil) {
+                (2, 1) => {
+                    for (o, d) in out.iter_mut().enumerate() {
+                        let w = &span[o * stride..o * stride + 2];
+                        *d = fold(fold(init, w[0]), w[1]);
+                    }
+                }
+                (3, 1) => {
+                    for (o, d) in out.iter_mut().enumerate() {
+                        let w = &span[o * stride..o * stride + 3];
+                        *d = fold(fold(fold(init, w[0]), w[1]), w[2]);
+                    }
+                }
+                _ => {
+                    for (o, d) in out.iter_mut().enumerate() {
+                        let w = &span[o * stride..o * stride + window];
+                        *d = w.iter().step_by(dil).fold(init, |a, &v| fold(a, v));
+                    }
+                }
+            }
         }
     }
 }
