@@ -197,6 +197,22 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Relative L2 error of `self` against `reference`: ||self - ref|| / ||ref||
+    /// (the absolute L2 norm of the difference when the reference is all zeros).
+    /// Compares elements in order; callers check dims first.
+    pub fn rel_l2_error(&self, reference: &Tensor) -> f64 {
+        let (a, b) = (self.to_f64_vec(), reference.to_f64_vec());
+        let num: f64 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum();
+        let den: f64 = b.iter().map(|y| y * y).sum();
+        if den == 0.0 {
+            num.sqrt()
+        } else {
+            (num / den).sqrt()
+        }
+    }
+}
+
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Tensor<{}{:?}>", self.dtype, self.dims)?;
@@ -220,5 +236,35 @@ impl std::hash::Hash for Tensor {
 impl PartialEq for Tensor {
     fn eq(&self, other: &Self) -> bool {
         self.dtype == other.dtype && self.dims == other.dims && self.bytes() == other.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_views_bytes_and_errors() {
+        let t = Tensor::from_slice(&[2, 2], &[1f32, 2.0, 3.0, 4.0]).unwrap();
+        assert_eq!(t.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
+        assert!(t.as_slice::<i32>().is_err());
+        assert!(Tensor::from_bytes(DType::F32, &[3], &[0u8; 8]).is_err());
+        assert!(Tensor::from_bytes(DType::F32, &[usize::MAX, 2], &[]).is_err());
+        assert!(t.reshaped(&[3]).is_err());
+        let b = Tensor::from_bools(&[3], &[true, false, true]).unwrap();
+        assert_eq!(b.to_i64_vec().unwrap(), vec![1, 0, 1]);
+        let mut c = t.clone();
+        c.as_mut_slice::<f32>().unwrap()[0] = 9.0;
+        assert_eq!(t.as_slice::<f32>().unwrap()[0], 1.0, "clones are copy-on-write");
+    }
+
+    #[test]
+    fn relative_l2_error() {
+        let a = Tensor::from_slice(&[2], &[3f32, 4.0]).unwrap();
+        let b = Tensor::from_slice(&[2], &[3f32, 4.5]).unwrap();
+        assert!((b.rel_l2_error(&a) - 0.1).abs() < 1e-12);
+        assert_eq!(a.rel_l2_error(&a), 0.0);
+        let z = Tensor::zeros(DType::F32, &[2]);
+        assert_eq!(a.rel_l2_error(&z), 5.0);
     }
 }

@@ -20,13 +20,6 @@ pub struct Args {
     json: bool,
 }
 
-fn rel_l2(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
-    let num: f64 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum::<f64>().max(1e-30);
-    (num / den).sqrt()
-}
-
 pub fn main(args: Args) -> Result<()> {
     let graph = kiln_samples::tiny_cnn(args.size, 10, 42)?;
     let image = kiln_samples::Rng::new(7).tensor(&[args.batch, 3, args.size, args.size], 1.0);
@@ -74,7 +67,7 @@ pub fn main(args: Args) -> Result<()> {
             }
         };
         let out = session.run(&[("image", &inputs[0].1)])?.remove(0);
-        let err = reference.as_ref().map(|r| rel_l2(&out, r));
+        let err = reference.as_ref().map(|r| out.rel_l2_error(r));
         let agree = err.is_none_or(|e| e <= 1e-3);
         failed |= !agree;
         let s = super::bench::stats(times);

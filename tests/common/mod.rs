@@ -79,10 +79,7 @@ pub fn data_sets(dir: &Path) -> Vec<DataSet> {
 
 /// Relative L2 error of `got` against `want`.
 pub fn rel_l2(got: &Tensor, want: &Tensor) -> f64 {
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    let num: f64 = g.iter().zip(&w).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = w.iter().map(|b| b * b).sum();
-    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+    got.rel_l2_error(want)
 }
 
 /// numpy.allclose-style comparison (NaNs equal); returns a description of the first

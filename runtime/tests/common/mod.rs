@@ -60,10 +60,7 @@ pub fn gpu_env() {
 
 /// Relative L2 error of `got` against `want`.
 pub fn rel_l2(got: &Tensor, want: &Tensor) -> f64 {
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    let num: f64 = g.iter().zip(&w).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = w.iter().map(|b| b * b).sum();
-    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+    got.rel_l2_error(want)
 }
 
 /// Runs a single-op graph on the CPU and the GPU and checks they agree (same dtype and
