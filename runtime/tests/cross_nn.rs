@@ -121,3 +121,18 @@ fn fused_conv_activations_agree() {
         }
     }
 }
+
+#[test]
+fn layer_normalization_agrees() {
+    for (dims, axis) in [(vec![3usize, 17, 128], -1i64), (vec![2, 5, 7], 1), (vec![4, 65], -1)] {
+        let row: Vec<usize> = dims[(if axis < 0 { dims.len() as i64 + axis } else { axis }) as usize..].to_vec();
+        cross_check(
+            "LayerNormalization",
+            &[In::Data(rand_f32(&dims, 1)), In::Const(rand_f32(&row, 2)), In::Const(rand_f32(&row[row.len() - 1..], 3))],
+            &[("axis", Attr::Int(axis)), ("epsilon", Attr::Float(1e-5))],
+            3,
+            17,
+            1e-5,
+        );
+    }
+}

@@ -52,3 +52,14 @@ fn resize_agrees() {
     let sizes = Tensor::from_slice(&[4], &[1i64, 2, 9, 4]).unwrap();
     cross_check("Resize", &[In::Data(x), In::None, In::None, In::Const(sizes)], &[("mode", Attr::String("linear".into()))], 1, 13, 1e-6);
 }
+
+#[test]
+fn gather_elements_and_erf_agree() {
+    let x = rand_f32(&[3, 5, 7], 9);
+    let idx: Vec<i64> = (0..3 * 4 * 7).map(|i| (i * 7 % 9) as i64 - 4).collect();
+    let idx = Tensor::from_slice(&[3, 4, 7], &idx).unwrap();
+    cross_check("GatherElements", &[In::Data(x.clone()), In::Data(idx)], &[("axis", Attr::Int(1))], 1, 13, 0.0);
+    let wide = Tensor::from_slice(&[9], &[-4f32, -2.0, -1.0, -0.3, 0.0, 0.2, 0.9, 1.7, 3.5]).unwrap();
+    cross_check("Erf", &[In::Data(wide)], &[], 1, 13, 1e-6);
+    cross_check("Erf", &[In::Data(x)], &[], 1, 13, 1e-6);
+}

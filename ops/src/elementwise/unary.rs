@@ -33,6 +33,7 @@ pub enum UnaryKind {
     Elu { alpha: f32 },
     Selu { alpha: f32, gamma: f32 },
     Sign,
+    Erf,
 }
 
 const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -141,6 +142,7 @@ impl UnaryKind {
             UnaryKind::Sin => "Sin",
             UnaryKind::Cos => "Cos",
             UnaryKind::Softplus => "Softplus",
+            UnaryKind::Erf => "Erf",
             UnaryKind::Softsign => "Softsign",
             UnaryKind::Elu { .. } => "Elu",
             UnaryKind::Selu { .. } => "Selu",
@@ -173,6 +175,7 @@ impl UnaryKind {
             "Elu" => UnaryKind::Elu { alpha: p(0)? },
             "Selu" => UnaryKind::Selu { alpha: p(0)?, gamma: p(1)? },
             "Softplus" => UnaryKind::Softplus,
+            "Erf" => UnaryKind::Erf,
             _ => return None,
         })
     }
@@ -210,6 +213,7 @@ impl UnaryKind {
     /// Scalar semantics in f64 (the reference; also used for f64, f16 and bf16 tensors).
     pub fn apply_f64(&self, x: f64) -> f64 {
         match *self {
+            UnaryKind::Erf => libm::erf(x),
             UnaryKind::LeakyRelu { alpha } => if x >= 0.0 { x } else { alpha as f64 * x },
             UnaryKind::Clip { min, max } => x.max(min as f64).min(max as f64),
             UnaryKind::HardSigmoid { alpha, beta } => (alpha as f64 * x + beta as f64).clamp(0.0, 1.0),
@@ -227,6 +231,7 @@ impl UnaryKind {
             xs.iter_mut().for_each(|v| *v = f(*v));
         }
         match *self {
+            UnaryKind::Erf => each(xs, libm::erff),
             UnaryKind::LeakyRelu { alpha } => each(xs, |x| if x >= 0.0 { x } else { alpha * x }),
             UnaryKind::Clip { min, max } => each(xs, |x| x.max(min).min(max)),
             UnaryKind::HardSigmoid { alpha, beta } => each(xs, |x| (alpha * x + beta).clamp(0.0, 1.0)),
@@ -293,6 +298,7 @@ impl UnaryKind {
                 format!("({} * select({} * (exp({x}) - 1.0), {x}, {x} > 0.0))", l(gamma), l(alpha))
             }
             UnaryKind::Sign => format!("sign({x})"),
+            UnaryKind::Erf => format!("kiln_erf({x})"),
         }
     }
 }
@@ -403,17 +409,29 @@ impl WgslKernel for Unary {
         buffers.push(("y", ty, false));
         bindings.push(Binding::Output(0));
         let body = format!("{prelude}let x = x[i];\n    y[i] = {};", self.kind.wgsl_expr("x", ty));
+        let helpers = if self.kind == UnaryKind::Erf { ERF_WGSL } else { "" };
         Ok(WgslProgram::single(wgsl::simple_kernel(
             self.name(),
             outputs[0].len(),
             wg,
             &buffers,
             bindings,
-            "",
+            helpers,
             &body,
         )))
     }
 }
+
+/// erf for WGSL, which has none: Abramowitz & Stegun 7.1.26 (absolute error below
+/// 1.5e-7, under f32 rounding of the result for |erf| near 1).
+const ERF_WGSL: &str = "
+fn kiln_erf(x: f32) -> f32 {
+    let a = abs(x);
+    let t = 1.0 / (1.0 + 0.3275911 * a);
+    let p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+    return sign(x) * (1.0 - p * exp(-a * a));
+}
+";
 
 /// The attributes that carry an activation fused into a producer's epilogue.
 pub const ACTIVATION_ATTR: &str = "kiln_activation";
@@ -509,6 +527,7 @@ pub(crate) fn register(r: &mut Registry) {
         UnaryKind::Elu { alpha: 0.0 },
         UnaryKind::Selu { alpha: 0.0, gamma: 0.0 },
         UnaryKind::Sign,
+        UnaryKind::Erf,
     ];
     for kind in kinds {
         r.register("", kind.op_name(), move |spec| Ok(Box::new(Unary { kind: parse(spec, kind)? })));

@@ -1,6 +1,6 @@
 //! Neural-network ops: convolutions (Conv, ConvTranspose), pooling (MaxPool,
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
-//! (BatchNormalization, InstanceNormalization). Sliding-window geometry (pads,
+//! (BatchNormalization, InstanceNormalization, LayerNormalization). Sliding-window geometry (pads,
 //! auto_pad, strides, dilations, ceil_mode) is shared in [`window`].
 use crate::Registry;
 
@@ -11,6 +11,7 @@ mod conv_small_k;
 mod conv_transpose;
 mod global_pool;
 mod instance_norm;
+mod layer_norm;
 mod plane_lanes;
 mod pool;
 #[cfg(test)]
@@ -24,4 +25,5 @@ pub(crate) fn register(r: &mut Registry) {
     global_pool::register(r);
     batch_norm::register(r);
     instance_norm::register(r);
+    layer_norm::register(r);
 }

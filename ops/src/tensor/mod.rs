@@ -13,6 +13,7 @@ mod concat;
 mod constant;
 mod expand;
 mod gather;
+mod gather_elements;
 mod identity;
 mod pad;
 mod range;
@@ -28,6 +29,7 @@ mod where_op;
 
 pub(crate) fn register(r: &mut Registry) {
     reshape::register(r);
+    gather_elements::register(r);
     squeeze::register(r);
     identity::register(r);
     constant::register(r);
