@@ -207,6 +207,14 @@ impl Op for Binary {
     }
 }
 
+/// Whether a tensor of dims `small` broadcast to `out` is its own bytes repeated: its
+/// dims, leading 1s dropped, equal the trailing dims of `out`.
+fn repeats_trailing(small: &[usize], out: &[usize]) -> bool {
+    let lead = small.iter().take_while(|&&d| d == 1).count();
+    let s = &small[lead..];
+    !s.is_empty() && s.len() <= out.len() && s == &out[out.len() - s.len()..]
+}
+
 /// `out[i] = f(a[..], b[..])` with broadcasting, in parallel chunks.
 fn map2<T: Element, U: Element>(a: &Tensor, b: &Tensor, out: &mut Tensor, f: impl Fn(T, T) -> U + Sync) -> Result<()> {
     let (av, bv) = (a.as_slice::<T>()?, b.as_slice::<T>()?);
@@ -232,6 +240,27 @@ fn map2<T: Element, U: Element>(a: &Tensor, b: &Tensor, out: &mut Tensor, f: imp
                 *o = f(x, bv[s + k]);
             }
         });
+    } else if a.dims() == dims.as_slice() && repeats_trailing(b.dims(), &dims) {
+        // b is the trailing block of the output, repeated (bias adds): zip per block.
+        let n = bv.len().max(1);
+        cpu::par_chunks_mut(dst, n, n, |s, part| {
+            for (r, orow) in part.chunks_mut(n).enumerate() {
+                let arow = &av[(s + r) * n..][..n];
+                for k in 0..n {
+                    orow[k] = f(arow[k], bv[k]);
+                }
+            }
+        });
+    } else if b.dims() == dims.as_slice() && repeats_trailing(a.dims(), &dims) {
+        let n = av.len().max(1);
+        cpu::par_chunks_mut(dst, n, n, |s, part| {
+            for (r, orow) in part.chunks_mut(n).enumerate() {
+                let brow = &bv[(s + r) * n..][..n];
+                for k in 0..n {
+                    orow[k] = f(av[k], brow[k]);
+                }
+            }
+        });
     } else {
         let st = [broadcast_strides(a.dims(), &dims), broadcast_strides(b.dims(), &dims)];
         cpu::par_chunks_mut(dst, 1, 2, |s, part| {
@@ -254,6 +283,15 @@ impl Binary {
                 BinaryKind::Sub => map2(a, b, out, |x: f32, y| x - y),
                 BinaryKind::Mul => map2(a, b, out, |x: f32, y| x * y),
                 BinaryKind::Div => map2(a, b, out, |x: f32, y| x / y),
+                // Constant small exponents (x^2, x^3 in GELU and variance decompositions).
+                BinaryKind::Pow if b.len() == 1 && [1.0, 2.0, 3.0].contains(&b.as_slice::<f32>()?[0]) => {
+                    match b.as_slice::<f32>()?[0] {
+                        1.0 => map2(a, b, out, |x: f32, _| x),
+                        2.0 => map2(a, b, out, |x: f32, _| x * x),
+                        _ => map2(a, b, out, |x: f32, _| x * x * x),
+                    }
+                }
+                BinaryKind::Pow => map2(a, b, out, |x: f32, y: f32| x.powf(y)),
                 _ => map2(a, b, out, |x: f32, y: f32| k.apply_f64(x as f64, y as f64) as f32),
             },
             DType::F32 => map2(a, b, out, |x: f32, y: f32| k.apply_f64(x as f64, y as f64) as u8),

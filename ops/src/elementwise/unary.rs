@@ -232,6 +232,8 @@ impl UnaryKind {
         }
         match *self {
             UnaryKind::Erf => each(xs, libm::erff),
+            UnaryKind::Tanh => each(xs, crate::cpu::fast_tanh),
+            UnaryKind::Sigmoid => each(xs, crate::cpu::fast_sigmoid),
             UnaryKind::LeakyRelu { alpha } => each(xs, |x| if x >= 0.0 { x } else { alpha * x }),
             UnaryKind::Clip { min, max } => each(xs, |x| x.max(min).min(max)),
             UnaryKind::HardSigmoid { alpha, beta } => each(xs, |x| (alpha * x + beta).clamp(0.0, 1.0)),

@@ -99,22 +99,8 @@ macro_rules! real {
         }
     };
 }
-real!(f32, fast_exp);
+real!(f32, crate::cpu::fast_exp);
 real!(f64, f64::exp);
-
-/// `exp` for f32 by range reduction and a degree-6 polynomial (relative error ~2e-7),
-/// written so that loops over it vectorize; inputs are clamped to [-87.3, 88.3].
-#[inline(always)]
-fn fast_exp(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let x = x.clamp(-87.3, 88.3);
-    let t = x * std::f32::consts::LOG2_E + MAGIC;
-    let n = t - MAGIC;
-    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((t.to_bits() as i32 - 0x4B40_0000 + 127) << 23) as u32);
-    p * scale
-}
 
 /// Sum in 8 independent lanes (so it vectorizes).
 fn lane_sum<T: Real>(v: &[T]) -> T {
@@ -364,19 +350,3 @@ mod tests {
     }
 }
 
-#[cfg(test)]
-mod exp_tests {
-    use super::fast_exp;
-
-    #[test]
-    fn fast_exp_is_accurate() {
-        for i in -2000..=2000 {
-            let x = i as f32 * 0.043;
-            let (g, w) = (fast_exp(x) as f64, (x as f64).exp());
-            assert!((g - w).abs() <= 1e-6 * w, "exp({x}) = {g}, expected {w}");
-        }
-        assert!(fast_exp(f32::NAN).is_nan());
-        assert!(fast_exp(f32::NEG_INFINITY) < 1e-37);
-        assert!(fast_exp(100.0).is_finite());
-    }
-}
