@@ -62,6 +62,13 @@ pub struct Cost {
     pub bytes: u64,
 }
 
+impl Cost {
+    /// Bytes an op reads and writes: every present input and every output.
+    pub fn io_bytes(inputs: &[Option<Arg>], outputs: &[TensorType]) -> u64 {
+        (inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>() + outputs.iter().map(|o| o.bytes()).sum::<usize>()) as u64
+    }
+}
+
 /// An operator, with its attributes parsed. Implemented once per op; see the crate docs.
 pub trait Op: Send + Sync + fmt::Debug {
     /// The op type, as in the ONNX spec (`Conv`, `MatMul`, ...).
@@ -73,9 +80,7 @@ pub trait Op: Send + Sync + fmt::Debug {
 
     /// Work estimate; the default counts one flop per output element and all bytes moved.
     fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
-        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>()
-            + outputs.iter().map(|o| o.bytes()).sum::<usize>();
-        Cost { flops: outputs.iter().map(|o| o.len() as u64).sum(), bytes: bytes as u64 }
+        Cost { flops: outputs.iter().map(|o| o.len() as u64).sum(), bytes: Cost::io_bytes(inputs, outputs) }
     }
 
     /// The CPU kernel, if this op runs on the CPU.

@@ -94,12 +94,12 @@ impl Op for Gemm {
     }
 
     fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
-        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>() + outputs.iter().map(|o| o.bytes()).sum::<usize>();
+        let bytes = Cost::io_bytes(inputs, outputs);
         let flops = match (dims_of(inputs, 0), dims_of(inputs, 1)) {
             (Some(a), Some(b)) => self.plan(a, b, None).map(|(p, _)| 2 * p.macs() + 2 * (p.m * p.n) as u64).unwrap_or(0),
             _ => 0,
         };
-        Cost { flops, bytes: bytes as u64 }
+        Cost { flops, bytes }
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {

@@ -60,12 +60,12 @@ impl Op for MatMul {
     }
 
     fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
-        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>() + outputs.iter().map(|o| o.bytes()).sum::<usize>();
+        let bytes = Cost::io_bytes(inputs, outputs);
         let flops = match (required(inputs, 0), required(inputs, 1)) {
             (Ok(a), Ok(b)) => plan(a.dims(), b.dims()).map(|(p, _)| 2 * p.macs()).unwrap_or(0),
             _ => 0,
         };
-        Cost { flops, bytes: bytes as u64 }
+        Cost { flops, bytes }
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {

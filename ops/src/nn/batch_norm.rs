@@ -58,8 +58,8 @@ impl Op for BatchNorm {
     }
 
     fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
-        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>() + outputs[0].bytes();
-        Cost { flops: 2 * outputs[0].len() as u64, bytes: bytes as u64 }
+        let bytes = Cost::io_bytes(inputs, outputs);
+        Cost { flops: 2 * outputs[0].len() as u64, bytes }
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {

@@ -84,12 +84,12 @@ impl Op for Conv {
     }
 
     fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
-        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>() + outputs[0].bytes();
+        let bytes = Cost::io_bytes(inputs, outputs);
         let flops = match (inputs.first().copied().flatten(), inputs.get(1).copied().flatten()) {
             (Some(x), Some(w)) => self.problem(x.dims(), w.dims()).map_or(0, |p| 2 * p.macs()),
             _ => 0,
         };
-        Cost { flops, bytes: bytes as u64 }
+        Cost { flops, bytes }
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {

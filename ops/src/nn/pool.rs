@@ -365,15 +365,14 @@ impl Op for Pool {
     }
 
     fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
-        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>()
-            + outputs.iter().map(|o| o.bytes()).sum::<usize>();
+        let bytes = Cost::io_bytes(inputs, outputs);
         let taps = inputs
             .first()
             .copied()
             .flatten()
             .and_then(|x| self.geometry(x.dims()).ok())
             .map_or(1, |g| g.kernel_size());
-        Cost { flops: (outputs[0].len() * taps) as u64, bytes: bytes as u64 }
+        Cost { flops: (outputs[0].len() * taps) as u64, bytes }
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {

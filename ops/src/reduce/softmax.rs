@@ -56,8 +56,8 @@ impl Op for Softmax {
 
     fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
         let n = outputs.first().map(|o| o.len()).unwrap_or(0) as u64;
-        let bytes = inputs.iter().flatten().map(|a| a.ty.bytes()).sum::<usize>() + outputs.iter().map(|o| o.bytes()).sum::<usize>();
-        Cost { flops: 4 * n, bytes: bytes as u64 }
+        let bytes = Cost::io_bytes(inputs, outputs);
+        Cost { flops: 4 * n, bytes }
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {
