@@ -25,6 +25,8 @@ enum Command {
     Run(commands::run::Args),
     /// Measure a model's latency.
     Bench(commands::bench::Args),
+    /// List the operators Kiln implements.
+    Ops(commands::ops::Args),
 }
 
 fn main() {
@@ -46,6 +48,7 @@ fn main() {
         Command::Demo(a) => commands::demo::main(a),
         Command::Devices(a) => commands::devices::main(a),
         Command::Run(a) => commands::run::main(a),
+        Command::Ops(a) => commands::ops::main(a),
         Command::Bench(a) => commands::bench::main(a),
     };
     if let Err(e) = result {

@@ -1,4 +1,5 @@
 pub mod bench;
 pub mod demo;
 pub mod devices;
+pub mod ops;
 pub mod run;
