@@ -3,10 +3,15 @@
 into DIR/<test_name>/{model.onnx, test_data_set_N/{input,output}_I.pb, meta.json}.
 
 Usage: materialize_onnx_tests.py DIR
-Idempotent: skips the work when DIR/.complete names the same onnx version.
+Each meta.json names the op the test is about ("op": the single op of the model, or for
+an "_expanded" test (the op's function body) the op of its unexpanded sibling), and
+DIR/onnx_ops.json lists every operator the onnx package defines (for docs/ops.md).
+Idempotent: skips the work when DIR/.complete names the same onnx version and format.
 """
+FORMAT = "3"  # bump when the layout of what is written changes
 import json
 import os
+import re
 import sys
 import warnings
 
@@ -17,6 +22,11 @@ from onnx.backend.test.case import node
 
 
 def to_proto(value, name):
+    if isinstance(value, onnx.TensorProto):  # tests of exotic dtypes give protos directly
+        p = onnx.TensorProto()
+        p.CopyFrom(value)
+        p.name = name
+        return p
     if isinstance(value, np.ndarray) or np.isscalar(value):
         return numpy_helper.from_array(np.asarray(value), name)
     return None  # sequences, optionals, maps: not tensors
@@ -25,13 +35,15 @@ def to_proto(value, name):
 def main():
     out = sys.argv[1]
     stamp = os.path.join(out, ".complete")
-    if os.path.exists(stamp) and open(stamp).read().strip() == onnx.__version__:
+    version = f"{onnx.__version__} format {FORMAT}"
+    if os.path.exists(stamp) and open(stamp).read().strip() == version:
         print(f"ONNX node tests already in {out} (onnx {onnx.__version__})")
         return
     os.makedirs(out, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cases = node.collect_testcases()
+    single_op = {c.name: c.model.graph.node[0] for c in cases if len({n.op_type for n in c.model.graph.node}) == 1}
     written = 0
     for case in cases:
         d = os.path.join(out, case.name)
@@ -54,13 +66,26 @@ def main():
                     with open(os.path.join(ds, f"{kind}_{i}.pb"), "wb") as f:
                         f.write(p.SerializeToString())
         ops = sorted({n.op_type for n in graph.node})
-        meta = {"rtol": case.rtol, "atol": case.atol, "ops": ops, "non_tensor": non_tensor,
+        subject = single_op.get(re.sub(r"_expanded(_ver\d+)?$", "", case.name)) or single_op.get(case.name)
+        op = None
+        if subject is not None:
+            op = subject.op_type if subject.domain in ("", "ai.onnx") else f"{subject.domain}.{subject.op_type}"
+        meta = {"rtol": case.rtol, "atol": case.atol, "ops": ops, "op": op, "non_tensor": non_tensor,
                 "opset": {o.domain or "ai.onnx": o.version for o in case.model.opset_import}}
         with open(os.path.join(d, "meta.json"), "w") as f:
             json.dump(meta, f)
         written += 1
+    latest = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        key = (schema.domain or "ai.onnx", schema.name)
+        if key not in latest or schema.since_version > latest[key].since_version:
+            latest[key] = schema
+    catalog = [{"domain": d, "op": n, "since_version": s.since_version, "deprecated": s.deprecated}
+               for (d, n), s in sorted(latest.items())]
+    with open(os.path.join(out, "onnx_ops.json"), "w") as f:
+        json.dump(catalog, f)
     with open(stamp, "w") as f:
-        f.write(onnx.__version__)
+        f.write(version)
     print(f"wrote {written} ONNX node tests to {out}")
 
 

@@ -50,6 +50,16 @@ fn run_case(dir: &Path, backend: &str, device: &DeviceChoice) -> Outcome {
     if !missing.is_empty() {
         return Outcome::OutOfScope(format!("unsupported op {}", missing.join(", ")));
     }
+    // A dtype named by an attribute (Cast's `to`, EyeLike's `dtype`, ...) that Kiln lacks.
+    for n in &graph.nodes {
+        for key in ["to", "dtype", "output_dtype"] {
+            if let Some(kiln::graph::Attr::Int(code)) = n.attrs.get(key) {
+                if kiln::graph::DType::from_onnx_code(*code as i32).is_none() {
+                    return Outcome::OutOfScope(format!("unsupported dtype: {} {key}={code}", n.op_type));
+                }
+            }
+        }
+    }
     // Backend tolerance: WGSL's f32 math is less precise than the CPU's.
     let (rtol, atol) = if backend == "gpu" { (m.rtol.max(1e-3), m.atol.max(1e-5)) } else { (m.rtol, m.atol.max(1e-7)) };
     let session = match Session::new(graph, SessionOptions::device(device.clone())) {
@@ -94,32 +104,29 @@ fn read_xfail(backend: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn suite(backend: &str, device: DeviceChoice) {
-    gpu_env();
-    let root = onnx_tests();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root).unwrap().filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("model.onnx").is_file()).collect();
-    dirs.sort();
-    let filter = std::env::var("KILN_CONFORMANCE_FILTER").unwrap_or_default();
-    let xfail = read_xfail(backend);
-    let start = std::time::Instant::now();
-    let mut results: Vec<(String, Outcome)> = vec![];
-    for dir in &dirs {
-        let name = dir.file_name().unwrap().to_string_lossy().to_string();
-        if !name.contains(&filter) {
-            continue;
-        }
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run_case(dir, backend, &device)))
-            .unwrap_or_else(|p| {
+/// The outcomes of every (filtered) node test on one backend, in name order.
+fn run_backend(dirs: &[PathBuf], backend: &str, device: &DeviceChoice) -> Vec<(String, Outcome)> {
+    dirs.iter()
+        .map(|dir| {
+            let name = dir.file_name().unwrap().to_string_lossy().to_string();
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run_case(dir, backend, device))).unwrap_or_else(|p| {
                 let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
                 Outcome::Fail(format!("PANIC: {msg}"))
             });
-        results.push((name, outcome));
-    }
-    let in_scope: Vec<&(String, Outcome)> = results.iter().filter(|(_, o)| !matches!(o, Outcome::OutOfScope(_))).collect();
-    let passed = in_scope.iter().filter(|(_, o)| matches!(o, Outcome::Pass)).count();
+            (name, outcome)
+        })
+        .collect()
+}
+
+/// Prints one backend's results and checks them against its expected-failure list;
+/// returns the problems (unexpected failures, stale expectations).
+fn report(backend: &str, results: &[(String, Outcome)], seconds: f64, update: bool) -> Vec<String> {
+    let xfail = read_xfail(backend);
+    let in_scope = results.iter().filter(|(_, o)| !matches!(o, Outcome::OutOfScope(_))).count();
+    let passed = results.iter().filter(|(_, o)| matches!(o, Outcome::Pass)).count();
     let mut unexpected = vec![];
     let mut stale = vec![];
-    for (name, o) in &results {
+    for (name, o) in results {
         match (o, xfail.contains_key(name)) {
             (Outcome::Fail(why), false) => unexpected.push(format!("{name}: {why}")),
             (Outcome::Pass, true) => stale.push(format!("{name} (passes now)")),
@@ -127,13 +134,13 @@ fn suite(backend: &str, device: DeviceChoice) {
             _ => {}
         }
     }
-    if std::env::var_os("KILN_UPDATE_XFAIL").is_some() && filter.is_empty() {
+    if update {
         let mut text = format!(
             "# ONNX node tests expected to fail on the {backend} backend, with the reason seen.\n\
              # The conformance test fails when a listed test passes or an unlisted one fails.\n\
-             # Regenerate with KILN_UPDATE_XFAIL=1 cargo test --release --test conformance.\n"
+             # Regenerate with KILN_UPDATE_XFAIL=1 cargo test --release -p kiln --test conformance.\n"
         );
-        for (name, o) in &results {
+        for (name, o) in results {
             if let Outcome::Fail(why) = o {
                 let why: String = why.replace('\n', " ").chars().take(160).collect();
                 text += &format!("{name}  # {why}\n");
@@ -141,34 +148,183 @@ fn suite(backend: &str, device: DeviceChoice) {
         }
         std::fs::write(xfail_path(backend), text).unwrap();
         println!("rewrote {}", xfail_path(backend).display());
-        return;
+        return vec![];
     }
-    println!("\n=== ONNX node tests on {backend}: {passed} of {} in-scope tests pass ({} out of scope, {} total) in {:.0} s", in_scope.len(), results.len() - in_scope.len(), results.len(), start.elapsed().as_secs_f64());
-    println!("=== expected failures on {backend} ({}):", xfail.len());
+    let mut out = format!(
+        "\n=== ONNX node tests on {backend}: {passed} pass of {} ({in_scope} in scope, {} out of scope) in {seconds:.0} s\n",
+        results.len(),
+        results.len() - in_scope
+    );
+    out += &format!("=== expected failures on {backend} ({}):\n", xfail.len());
     for (name, why) in &xfail {
-        println!("    {name}  # {why}");
+        out += &format!("    {name}  # {why}\n");
     }
     if !unexpected.is_empty() {
-        println!("=== UNEXPECTED FAILURES on {backend} ({}):", unexpected.len());
+        out += &format!("=== UNEXPECTED FAILURES on {backend} ({}):\n", unexpected.len());
         for u in &unexpected {
-            println!("    {u}");
+            out += &format!("    {u}\n");
         }
     }
     if !stale.is_empty() {
-        println!("=== STALE expected failures on {backend} ({}): remove them from {}", stale.len(), xfail_path(backend).display());
+        out += &format!("=== STALE expected failures on {backend} ({}): remove them from {}\n", stale.len(), xfail_path(backend).display());
         for s in &stale {
-            println!("    {s}");
+            out += &format!("    {s}\n");
         }
     }
-    assert!(unexpected.is_empty() && stale.is_empty(), "{backend}: {} unexpected failures, {} stale expected failures (see above)", unexpected.len(), stale.len());
+    print!("{out}");
+    let mut problems = vec![];
+    if !unexpected.is_empty() || !stale.is_empty() {
+        problems.push(format!("{backend}: {} unexpected failures, {} stale expected failures", unexpected.len(), stale.len()));
+    }
+    problems
 }
 
+/// Runs every node test on the CPU and on the GPU (concurrently), checks each backend
+/// against its expected-failure list, and (on a full, unfiltered run) writes
+/// docs/ops.md. `KILN_CONFORMANCE_FILTER=substr` narrows the tests,
+/// `KILN_CONFORMANCE_BACKEND=cpu|gpu` the backends.
 #[test]
-fn onnx_node_tests_cpu() {
-    suite("cpu", DeviceChoice::Cpu);
+fn onnx_node_tests() {
+    gpu_env();
+    let root = onnx_tests();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root).unwrap().filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("model.onnx").is_file()).collect();
+    dirs.sort();
+    let filter = std::env::var("KILN_CONFORMANCE_FILTER").unwrap_or_default();
+    dirs.retain(|d| d.file_name().unwrap().to_string_lossy().contains(&filter));
+    let only = std::env::var("KILN_CONFORMANCE_BACKEND").unwrap_or_default();
+    let backends: Vec<(&str, DeviceChoice)> = [("cpu", DeviceChoice::Cpu), ("gpu", DeviceChoice::Gpu)].into_iter().filter(|(b, _)| only.is_empty() || only == *b).collect();
+    let full = filter.is_empty() && only.is_empty();
+    let update = std::env::var_os("KILN_UPDATE_XFAIL").is_some() && filter.is_empty();
+    let results: Vec<(&str, Vec<(String, Outcome)>, f64)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = backends
+            .iter()
+            .map(|(b, device)| {
+                let dirs = &dirs;
+                scope.spawn(move || {
+                    let start = std::time::Instant::now();
+                    let r = run_backend(dirs, b, device);
+                    (*b, r, start.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("conformance thread panicked")).collect()
+    });
+    let mut problems = vec![];
+    for (b, r, secs) in &results {
+        problems.extend(report(b, r, *secs, update));
+    }
+    if full {
+        let doc = ops_doc(&root, &dirs, &results);
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/ops.md");
+        std::fs::write(&path, doc).unwrap();
+        println!("wrote {}", path.display());
+    }
+    assert!(problems.is_empty(), "{} (see above)", problems.join("; "));
 }
 
-#[test]
-fn onnx_node_tests_gpu() {
-    suite("gpu", DeviceChoice::Gpu);
+/// The op a node test is about (meta.json "op", written by the materialiser).
+fn test_op(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("meta.json")).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    v["op"].as_str().unwrap_or("(unknown)").to_string()
+}
+
+#[derive(Default)]
+struct OpRow {
+    implemented: bool,
+    deprecated: bool,
+    total: usize,
+    passed: BTreeMap<String, usize>,
+    why_not: BTreeMap<String, usize>,
+}
+
+/// Why a test does not pass, shortened to a category for the table's notes.
+fn category(o: &Outcome) -> Option<String> {
+    match o {
+        Outcome::Pass => None,
+        Outcome::Fail(_) => Some("expected failure".into()),
+        Outcome::OutOfScope(why) => Some(if why.starts_with("unsupported op") {
+            why.clone()
+        } else if why.starts_with("sequence") {
+            "sequence/optional data".into()
+        } else {
+            "unsupported dtype".into()
+        }),
+    }
+}
+
+/// docs/ops.md: every ONNX operator with its passing/total node tests per backend.
+fn ops_doc(root: &Path, dirs: &[PathBuf], results: &[(&str, Vec<(String, Outcome)>, f64)]) -> String {
+    let registry = kiln::ops::Registry::builtin();
+    let mut rows: BTreeMap<String, OpRow> = BTreeMap::new();
+    let catalog: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("onnx_ops.json")).unwrap_or_default()).unwrap_or_default();
+    for e in catalog.as_array().into_iter().flatten() {
+        let (domain, op) = (e["domain"].as_str().unwrap_or(""), e["op"].as_str().unwrap_or(""));
+        let key = if domain == "ai.onnx" { op.to_string() } else { format!("{domain}.{op}") };
+        let row = rows.entry(key).or_default();
+        row.deprecated = e["deprecated"].as_bool().unwrap_or(false);
+        row.implemented = registry.supports(if domain == "ai.onnx" { "" } else { domain }, op);
+    }
+    let ops: Vec<String> = dirs.iter().map(|d| test_op(d)).collect();
+    for op in &ops {
+        rows.entry(op.clone()).or_default().total += 1;
+    }
+    for (backend, res, _) in results {
+        for ((_, o), op) in res.iter().zip(&ops) {
+            let row = rows.get_mut(op).unwrap();
+            if matches!(o, Outcome::Pass) {
+                *row.passed.entry(backend.to_string()).or_default() += 1;
+            } else if let Some(c) = category(o) {
+                *row.why_not.entry(format!("{backend}: {c}")).or_default() += 1;
+            }
+        }
+    }
+    let version = std::fs::read_to_string(root.join(".complete")).unwrap_or_default();
+    let backends: Vec<&str> = results.iter().map(|(b, _, _)| *b).collect();
+    let mut doc = String::from("# ONNX operator conformance\n\n");
+    doc += &format!(
+        "Generated by `tests/conformance.rs` (a full run of `cargo test --release -p kiln --test conformance`) from the \
+         ONNX backend node tests of the onnx Python package ({}): {} tests. Each test is attributed to the op it is \
+         about (an `_expanded` test runs that op's function body). A cell is *passing / total*. \
+         Every test of an implemented op either passes or is on the backend's expected-failure list \
+         (`tests/conformance/xfail-<backend>.txt`); the others need an op or a dtype Kiln does not have.\n\n",
+        version.trim(),
+        dirs.len()
+    );
+    doc += "| | ";
+    doc += &backends.iter().map(|b| b.to_uppercase()).collect::<Vec<_>>().join(" | ");
+    doc += " |\n|---|";
+    doc += &"---|".repeat(backends.len());
+    doc += "\n";
+    doc += "| node tests passing | ";
+    doc += &results.iter().map(|(_, r, _)| format!("{} of {}", r.iter().filter(|(_, o)| matches!(o, Outcome::Pass)).count(), r.len())).collect::<Vec<_>>().join(" | ");
+    doc += " |\n| op types with a passing test | ";
+    doc += &backends.iter().map(|b| rows.values().filter(|r| r.passed.get(*b).copied().unwrap_or(0) > 0).count().to_string()).collect::<Vec<_>>().join(" | ");
+    doc += " |\n";
+    let implemented = rows.values().filter(|r| r.implemented).count();
+    doc += &format!("| ops Kiln implements |{}\n\n", format!(" {implemented} |").repeat(backends.len()));
+    doc += "| Op | Kiln | ";
+    doc += &backends.iter().map(|b| b.to_uppercase()).collect::<Vec<_>>().join(" | ");
+    doc += " | Not passing because |\n|---|---|";
+    doc += &"---|".repeat(backends.len());
+    doc += "---|\n";
+    for (op, row) in &rows {
+        let name = if row.deprecated { format!("{op} (deprecated)") } else { op.clone() };
+        let cells: Vec<String> = backends.iter().map(|b| format!("{} / {}", row.passed.get(*b).copied().unwrap_or(0), row.total)).collect();
+        let notes = notes(row, &backends);
+        doc += &format!("| {name} | {} | {} | {notes} |\n", if row.implemented { "yes" } else { "" }, cells.join(" | "));
+    }
+    doc
+}
+
+/// The reasons an op's tests do not pass; said once when every backend agrees.
+fn notes(row: &OpRow, backends: &[&str]) -> String {
+    let per: Vec<Vec<String>> = backends
+        .iter()
+        .map(|b| row.why_not.iter().filter_map(|(w, n)| w.strip_prefix(&format!("{b}: ")).map(|w| format!("{w} ({n})"))).collect())
+        .collect();
+    if per.windows(2).all(|w| w[0] == w[1]) {
+        return per.first().map(|p| p.join("; ")).unwrap_or_default();
+    }
+    backends.iter().zip(&per).filter(|(_, p)| !p.is_empty()).map(|(b, p)| format!("{b}: {}", p.join("; "))).collect::<Vec<_>>().join("; ")
 }
