@@ -66,3 +66,14 @@ zoo_tests!(mlp, lenet, resnet18, mobilenet_v2, squeezenet1_1, ppocr_cls, magika,
 fn ppocr_det() {
     check_with("ppocr_det", Compare::Abs(1e-6));
 }
+
+/// The transformers' outputs have symbolic shapes as soon as the session exists.
+#[test]
+fn transformer_output_shapes_are_symbolic() {
+    for (model, want) in [("bert_tiny", vec!["[batch,sequence,128]", "[batch,128]"]), ("gpt2_tiny", vec!["[batch,sequence,128]"])] {
+        let g = kiln::compiler::onnx::import_file(&zoo().join(model).join("model.onnx")).unwrap();
+        let s = Session::new(g, SessionOptions::device(kiln::runtime::DeviceChoice::Cpu)).unwrap();
+        let got: Vec<String> = s.output_shapes().into_iter().map(|(_, s)| s.map(|s| s.to_string()).unwrap_or_default()).collect();
+        assert_eq!(got, want, "{model}");
+    }
+}

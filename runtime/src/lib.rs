@@ -13,8 +13,10 @@ mod error;
 mod gpu;
 mod session;
 mod specialize;
+mod symbolic;
 
 pub use device::{list_devices, AdapterInfo, DeviceChoice, DeviceKind, DevicesReport};
 pub use error::{Result, RuntimeError};
 pub use session::{NodeProfile, RunStats, Session, SessionOptions};
 pub use specialize::{Specialized, Step};
+pub use symbolic::SymbolicShapes;

@@ -69,6 +69,7 @@ pub struct Session {
     /// Graph inputs whose values (not only types) specialise the model: small integer
     /// inputs that feed shapes, axes or pads. Found on the first run that needs them.
     by_value: Mutex<Vec<usize>>,
+    symbolic: crate::symbolic::SymbolicShapes,
 }
 
 /// What a specialisation depends on: input types, and the values of inputs bound by value.
@@ -121,11 +122,14 @@ impl Session {
                 });
             }
         }
+        let start = Instant::now();
+        let symbolic = crate::symbolic::check(&graph, &ops, &order)?;
+        log::info!("checked the shapes of '{}' symbolically in {:.1} ms", graph.name, start.elapsed().as_secs_f64() * 1e3);
         let backend = match gpu::select(&options.device)? {
             None => Backend::Cpu,
             Some(adapter) => Backend::Gpu { ctx: gpu::context_for(adapter)?, weights: Default::default() },
         };
-        Ok(Session { graph, ops, order, backend, plans: Mutex::default(), by_value: Mutex::default() })
+        Ok(Session { graph, ops, order, backend, plans: Mutex::default(), by_value: Mutex::default(), symbolic })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -155,6 +159,13 @@ impl Session {
             .iter()
             .map(|&v| (self.graph.values[v].name.clone(), self.graph.values[v].ty.clone().expect("checked in new")))
             .collect()
+    }
+
+    /// Output names and their shapes in terms of the input symbols (`[batch, seq, 768]`,
+    /// `[batch*seq, 64]`), as far as the symbolic checks could fit them: a dim that
+    /// depends on the symbols in another way is `?`; `None` when not even the rank is known.
+    pub fn output_shapes(&self) -> Vec<(String, Option<kiln_graph::Shape>)> {
+        self.graph.outputs.iter().enumerate().map(|(i, &v)| (self.graph.values[v].name.clone(), self.symbolic.outputs.get(i).cloned().flatten())).collect()
     }
 
     pub fn output_names(&self) -> Vec<String> {

@@ -56,36 +56,56 @@ impl From<RuntimeError> for SpecializeError {
     }
 }
 
-/// Specialises for concrete input types; `input_values[i]` is the value of graph input
-/// `i` when it is bound by value (inputs that feed shapes, axes, pads).
-pub(crate) fn specialize(
-    graph: &Graph,
-    ops: &[Box<dyn Op>],
-    order: &[NodeId],
-    input_types: &[TensorType],
-    input_values: &[Option<&Tensor>],
-) -> Result<Specialized, SpecializeError> {
-    let mut types: Vec<Option<TensorType>> = vec![None; graph.values.len()];
-    let mut constants: HashMap<ValueId, Tensor> = HashMap::new();
-    for (&v, t) in &graph.initializers {
-        types[v] = Some(TensorType::new(t.dtype(), t.dims()));
-        constants.insert(v, t.clone());
-    }
-    for (&v, t) in graph.inputs.iter().zip(input_types) {
-        types[v] = Some(t.clone());
-    }
-    for (&v, t) in graph.inputs.iter().zip(input_values) {
-        if let Some(t) = t {
-            constants.insert(v, (*t).clone());
+/// Types and known values of a specialisation in progress (kept when it fails, so the
+/// symbolic checks can look at what was inferred before the failing node).
+pub(crate) struct Walk {
+    pub types: Vec<Option<TensorType>>,
+    pub constants: HashMap<ValueId, Tensor>,
+}
+
+impl Walk {
+    pub(crate) fn new(graph: &Graph, input_types: &[TensorType], input_values: &[Option<&Tensor>]) -> Walk {
+        let mut types: Vec<Option<TensorType>> = vec![None; graph.values.len()];
+        let mut constants: HashMap<ValueId, Tensor> = HashMap::new();
+        for (&v, t) in &graph.initializers {
+            types[v] = Some(TensorType::new(t.dtype(), t.dims()));
+            constants.insert(v, t.clone());
         }
+        for (&v, t) in graph.inputs.iter().zip(input_types) {
+            types[v] = Some(t.clone());
+        }
+        for (&v, t) in graph.inputs.iter().zip(input_values) {
+            if let Some(t) = t {
+                constants.insert(v, (*t).clone());
+            }
+        }
+        Walk { types, constants }
     }
-    let mut live = vec![];
-    let mut folded = 0;
-    for &n in order {
+
+    /// Infers (and where possible folds) every node in `order`; returns the nodes left to
+    /// run and the number folded, or the node that failed and why.
+    pub(crate) fn run(&mut self, graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Result<(Vec<Step>, usize), (NodeId, SpecializeError)> {
+        let mut live = vec![];
+        let mut folded = 0;
+        for &n in order {
+            match self.node(graph, ops, n) {
+                Ok(true) => folded += 1,
+                Ok(false) => {
+                    let node = &graph.nodes[n];
+                    live.push(Step { node: n, inputs: node.inputs.clone(), outputs: node.outputs.clone() })
+                }
+                Err(e) => return Err((n, e)),
+            }
+        }
+        Ok((live, folded))
+    }
+
+    /// Types node `n`'s outputs; returns whether it was folded to constants.
+    fn node(&mut self, graph: &Graph, ops: &[Box<dyn Op>], n: NodeId) -> Result<bool, SpecializeError> {
+        let (types, constants) = (&mut self.types, &mut self.constants);
         let node = &graph.nodes[n];
         let op = &ops[n];
-        let in_types: Vec<Option<TensorType>> =
-            node.inputs.iter().map(|v| v.and_then(|v| types[v].clone())).collect();
+        let in_types: Vec<Option<TensorType>> = node.inputs.iter().map(|v| v.and_then(|v| types[v].clone())).collect();
         let args: Vec<Option<Arg>> = node
             .inputs
             .iter()
@@ -99,7 +119,7 @@ pub(crate) fn specialize(
             Ok(t) => t,
             Err(kiln_ops::OpError::NeedsValue { index, what }) => {
                 let error = RuntimeError::node(node, kiln_ops::OpError::NeedsValue { index, what });
-                let inputs = node.inputs.get(index).copied().flatten().map(|v| unknown_sources(graph, &constants, v)).unwrap_or_default();
+                let inputs = node.inputs.get(index).copied().flatten().map(|v| unknown_sources(graph, constants, v)).unwrap_or_default();
                 return Err(SpecializeError::NeedsValue { inputs, error });
             }
             Err(e) => return Err(RuntimeError::node(node, e).into()),
@@ -107,11 +127,7 @@ pub(crate) fn specialize(
         if out_types.len() < node.outputs.len() {
             return Err(RuntimeError::node(
                 node,
-                kiln_ops::OpError::invalid(format!(
-                    "the node has {} outputs but the op produces {}",
-                    node.outputs.len(),
-                    out_types.len()
-                )),
+                kiln_ops::OpError::invalid(format!("the node has {} outputs but the op produces {}", node.outputs.len(), out_types.len())),
             )
             .into());
         }
@@ -132,16 +148,30 @@ pub(crate) fn specialize(
         for (i, &o) in node.outputs.iter().enumerate() {
             types[o] = Some(out_types[i].clone());
         }
-        match values {
+        Ok(match values {
             Some(vals) => {
-                folded += 1;
                 for (&o, t) in node.outputs.iter().zip(vals) {
                     constants.insert(o, t);
                 }
+                true
             }
-            None => live.push(Step { node: n, inputs: node.inputs.clone(), outputs: node.outputs.clone() }),
-        }
+            None => false,
+        })
     }
+}
+
+/// Specialises for concrete input types; `input_values[i]` is the value of graph input
+/// `i` when it is bound by value (inputs that feed shapes, axes, pads).
+pub(crate) fn specialize(
+    graph: &Graph,
+    ops: &[Box<dyn Op>],
+    order: &[NodeId],
+    input_types: &[TensorType],
+    input_values: &[Option<&Tensor>],
+) -> Result<Specialized, SpecializeError> {
+    let mut walk = Walk::new(graph, input_types, input_values);
+    let (live, folded) = walk.run(graph, ops, order).map_err(|(_, e)| e)?;
+    let Walk { types, mut constants } = walk;
     // Graph inputs bound by value are constants of this specialisation, not steps.
     // Keep only the steps an output needs.
     let mut needed = vec![false; graph.values.len()];

@@ -111,3 +111,73 @@ fn an_output_too_large_for_memory_is_an_error_not_an_abort() {
     let e = s.run(&[("x", &rand_f32(&[1], 0))]).unwrap_err().to_string();
     assert!(e.contains("Expand") && e.contains("bytes"), "{e}");
 }
+
+fn sym(names: &[&str], fixed: &[usize]) -> kiln_graph::Shape {
+    kiln_graph::Shape(names.iter().map(|&n| n.into()).chain(fixed.iter().map(|&d| d.into())).collect())
+}
+
+fn cpu_session(g: kiln_graph::Graph) -> Result<Session, RuntimeError> {
+    Session::new(g, SessionOptions::device(DeviceChoice::Cpu))
+}
+
+#[test]
+fn symbolic_shapes_are_fitted_when_the_session_is_created() {
+    // Concat of a past and a new sequence, then a flatten of batch and sequence.
+    let mut b = GraphBuilder::new("sym");
+    let past = b.input("past", DType::F32, sym(&["batch", "past"], &[4]));
+    let x = b.input("x", DType::F32, sym(&["batch", "seq"], &[4]));
+    let cat = b.node("Concat", &[past, x], &[("axis", Attr::Int(1))]);
+    b.rename(cat, "cat");
+    b.output(cat);
+    let shape = b.constant("shape", Tensor::from_vec(&[2], vec![-1i64, 4]).unwrap());
+    let flat = b.node("Reshape", &[x, shape], &[]);
+    b.rename(flat, "flat");
+    b.output(flat);
+    let shape_of = b.node("Shape", &[x], &[]);
+    b.rename(shape_of, "shape_of");
+    b.output(shape_of);
+    let s = cpu_session(b.finish().unwrap()).unwrap();
+    let shapes: Vec<String> = s.output_shapes().iter().map(|(n, s)| format!("{n}: {}", s.as_ref().unwrap())).collect();
+    assert_eq!(shapes, ["cat: [batch,past+seq,4]", "flat: [batch*seq,4]", "shape_of: [3]"]);
+}
+
+#[test]
+fn a_node_that_fails_for_every_binding_of_the_symbols_fails_at_session_creation() {
+    let mut b = GraphBuilder::new("bad_matmul");
+    let x = b.input("x", DType::F32, sym(&["batch", "seq"], &[64]));
+    let w = b.constant("w", rand_f32(&[32, 10], 0));
+    let y = b.node("MatMul", &[x, w], &[]);
+    b.rename(y, "y");
+    b.output(y);
+    let g = b.finish().unwrap();
+    let mm = g.nodes[0].name.clone();
+    let e = cpu_session(g).err().expect("an error").to_string();
+    assert!(e.contains(&mm) && e.contains("MatMul") && e.contains("for every value of batch, seq"), "{e}");
+    assert!(e.contains("[batch, seq, 64]") || e.contains("64"), "{e}");
+}
+
+#[test]
+fn a_node_that_needs_particular_symbol_values_is_accepted_and_checked_at_run_time() {
+    // Adding a fixed [1, 128, 8] table: only seq = 128 (or 1) works.
+    let mut b = GraphBuilder::new("needs_128");
+    let x = b.input("x", DType::F32, sym(&["batch", "seq"], &[8]));
+    let pos = b.constant("pos", rand_f32(&[1, 128, 8], 1));
+    let y = b.node("Add", &[x, pos], &[]);
+    b.rename(y, "y");
+    b.output(y);
+    let s = cpu_session(b.finish().unwrap()).unwrap();
+    assert!(s.run(&[("x", &rand_f32(&[2, 128, 8], 2))]).is_ok());
+    let e = s.run(&[("x", &rand_f32(&[2, 5, 8], 2))]).unwrap_err().to_string();
+    assert!(e.contains("Add") && e.contains("broadcast"), "{e}");
+}
+
+#[test]
+fn a_fixed_shape_model_with_a_type_error_fails_at_session_creation() {
+    let mut b = GraphBuilder::new("fixed_bad");
+    let x = b.input("x", DType::F32, kiln_graph::Shape::fixed(&[2, 3]));
+    let w = b.constant("w", rand_f32(&[4, 5], 0));
+    let y = b.node("Gemm", &[x, w], &[]);
+    b.output(y);
+    let e = cpu_session(b.finish().unwrap()).err().expect("an error").to_string();
+    assert!(e.contains("Gemm"), "{e}");
+}

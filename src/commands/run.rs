@@ -45,12 +45,13 @@ pub fn main(args: Args) -> Result<()> {
     }
     if args.json {
         let outs: Vec<serde_json::Value> = session
-            .output_names()
+            .output_shapes()
             .iter()
             .zip(&outputs)
-            .map(|(n, t)| {
+            .map(|((n, symbolic), t)| {
                 let v = t.to_f64_vec();
                 serde_json::json!({"name": n, "dtype": t.dtype().name(), "shape": t.dims(),
+                    "symbolic_shape": symbolic.as_ref().map(|s| s.to_string()),
                     "min": v.iter().copied().fold(f64::INFINITY, f64::min),
                     "max": v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                     "mean": if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }})
@@ -62,8 +63,9 @@ pub fn main(args: Args) -> Result<()> {
         return Ok(());
     }
     println!("{} on {} ({ms:.1} ms including specialisation; {} kernels, {} submits)", args.model.display(), session.device_name(), stats.kernels, stats.submits);
-    for (name, t) in session.output_names().iter().zip(&outputs) {
-        println!("  {name}: {}{:?}  {}", t.dtype(), t.dims(), io::summary(t));
+    for ((name, shape), t) in session.output_shapes().iter().zip(&outputs) {
+        let symbolic = shape.as_ref().filter(|s| !s.is_fixed()).map(|s| format!(" (symbolically {s})")).unwrap_or_default();
+        println!("  {name}: {}{:?}{symbolic}  {}", t.dtype(), t.dims(), io::summary(t));
     }
     if let Some(dir) = &args.output_dir {
         println!("outputs written to {}", dir.display());
