@@ -17,6 +17,24 @@ pub enum Binding {
     Input(usize),
     Output(usize),
     Scratch(usize),
+    /// The run's status word for this node (see [`status_decl`]): kernels that find bad
+    /// data (an index out of range) report it there, and the run fails with an error
+    /// naming the node, instead of clamping or reading out of bounds.
+    Status,
+}
+
+/// Declares the status buffer (`kiln_status`) at `binding`; bind it with
+/// [`Binding::Status`] and report with [`report_index_error`].
+pub fn status_decl(binding: usize) -> String {
+    format!("@group(0) @binding({binding}) var<storage, read_write> kiln_status: array<atomic<u32>, 4>;\n")
+}
+
+/// WGSL statements reporting that index `value` is outside `[-bound, bound)` (both i32
+/// expressions). The run then fails with "index VALUE is out of range ... of size BOUND".
+pub fn report_index_error(value: &str, bound: &str) -> String {
+    format!(
+        "atomicStore(&kiln_status[1], bitcast<u32>({value})); atomicStore(&kiln_status[2], bitcast<u32>({bound})); atomicStore(&kiln_status[0], 1u);"
+    )
 }
 
 /// One compute dispatch.

@@ -181,3 +181,76 @@ fn a_fixed_shape_model_with_a_type_error_fails_at_session_creation() {
     let e = cpu_session(b.finish().unwrap()).err().expect("an error").to_string();
     assert!(e.contains("Gemm"), "{e}");
 }
+
+fn gather_graph() -> kiln_graph::Graph {
+    let mut b = GraphBuilder::new("lookup");
+    let ids = b.input("ids", DType::I64, sym(&["n"], &[]));
+    let table = b.constant("table", rand_f32(&[10, 4], 3));
+    let y = b.node("Gather", &[table, ids], &[("axis", Attr::Int(0))]);
+    b.rename(y, "y");
+    b.output(y);
+    let mut g = b.finish().unwrap();
+    g.nodes[0].name = "embed".into();
+    g
+}
+
+#[test]
+fn gather_index_out_of_range_is_an_error_on_every_backend() {
+    gpu_env();
+    for (name, device) in [("cpu", DeviceChoice::Cpu), ("gpu", DeviceChoice::Gpu)] {
+        let s = Session::new(gather_graph(), SessionOptions::device(device)).unwrap();
+        let ok = s.run(&[("ids", &Tensor::from_vec(&[3], vec![0i64, 9, -10]).unwrap())]).unwrap();
+        assert_eq!(ok[0].dims(), &[3, 4], "{name}");
+        for bad in [10i64, -11, 1 << 20] {
+            let e = s.run(&[("ids", &Tensor::from_vec(&[3], vec![1i64, bad, 2]).unwrap())]).unwrap_err().to_string();
+            assert!(e.contains("'embed'") && e.contains(&format!("index {bad} is out of range")) && e.contains("size 10"), "{name}: {e}");
+        }
+        // The session keeps working after an error.
+        assert!(s.run(&[("ids", &Tensor::from_vec(&[1], vec![5i64]).unwrap())]).is_ok(), "{name}");
+    }
+}
+
+#[test]
+fn an_i64_value_beyond_32_bits_is_an_error_on_the_gpu() {
+    gpu_env();
+    let mut b = GraphBuilder::new("wide");
+    let x = b.input("x", DType::I64, sym(&["n"], &[]));
+    let one = b.constant("one", Tensor::from_vec(&[1], vec![1i64]).unwrap());
+    let y = b.node("Add", &[x, one], &[]);
+    b.output(y);
+    let s = Session::new(b.finish().unwrap(), SessionOptions::device(DeviceChoice::Gpu)).unwrap();
+    let fits = s.run(&[("x", &Tensor::from_vec(&[2], vec![-5i64, i32::MAX as i64 - 1]).unwrap())]).unwrap();
+    assert_eq!(fits[0].to_i64_vec().unwrap(), vec![-4, i32::MAX as i64]);
+    let e = s.run(&[("x", &Tensor::from_vec(&[2], vec![3i64, 1 << 40]).unwrap())]).unwrap_err().to_string();
+    assert!(e.contains("input 'x'") && e.contains(&(1i64 << 40).to_string()) && e.contains("32-bit"), "{e}");
+}
+
+#[test]
+fn negative_dims_in_shape_inputs_are_errors_naming_the_node_and_value() {
+    // ConstantOfShape and Reshape read shapes given at run time (bound by value).
+    let mut b = GraphBuilder::new("dims");
+    let shape = b.input("shape", DType::I64, kiln_graph::Shape::fixed(&[2]));
+    let y = b.node("ConstantOfShape", &[shape], &[]);
+    b.output(y);
+    let mut g = b.finish().unwrap();
+    g.nodes[0].name = "fill".into();
+    let s = cpu_session(g).unwrap();
+    assert_eq!(s.run(&[("shape", &Tensor::from_vec(&[2], vec![2i64, 3]).unwrap())]).unwrap()[0].dims(), &[2, 3]);
+    let e = s.run(&[("shape", &Tensor::from_vec(&[2], vec![2i64, -3]).unwrap())]).unwrap_err().to_string();
+    assert!(e.contains("'fill'") && e.contains("-3"), "{e}");
+
+    let mut b = GraphBuilder::new("reshape");
+    let x = b.input("x", DType::F32, kiln_graph::Shape::fixed(&[2, 6]));
+    let shape = b.input("shape", DType::I64, kiln_graph::Shape::fixed(&[2]));
+    let y = b.node("Reshape", &[x, shape], &[]);
+    b.output(y);
+    let mut g = b.finish().unwrap();
+    g.nodes[0].name = "view".into();
+    let s = cpu_session(g).unwrap();
+    let x = rand_f32(&[2, 6], 0);
+    assert_eq!(s.run(&[("x", &x), ("shape", &Tensor::from_vec(&[2], vec![3i64, -1]).unwrap())]).unwrap()[0].dims(), &[3, 4]);
+    for bad in [vec![-2i64, 6], vec![-1, -1], vec![5, 3]] {
+        let e = s.run(&[("x", &x), ("shape", &Tensor::from_vec(&[2], bad.clone()).unwrap())]).unwrap_err().to_string();
+        assert!(e.contains("'view'") && e.contains("Reshape"), "{bad:?}: {e}");
+    }
+}

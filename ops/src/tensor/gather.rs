@@ -94,17 +94,19 @@ impl WgslKernel for Gather {
         let wg = tune.get(&wgsl::workgroup_param());
         let body = format!(
             "let r = i % {inner}u;\n    let q = i / {inner}u;\n    let j = q % {k}u;\n    let o = q / {k}u;\n    \
-             var ix = idx[j];\n    if (ix < 0i) {{ ix = ix + {n}i; }}\n    let s = u32(clamp(ix, 0i, {}i));\n    \
-             dst[i] = src[(o * {n}u + s) * {inner}u + r];",
-            n.max(1) - 1
+             let raw = idx[j];\n    var ix = raw;\n    if (ix < 0i) {{ ix = ix + {n}i; }}\n    \
+             if (ix < 0i || ix >= {n}i) {{ {} dst[i] = {}; return; }}\n    \
+             dst[i] = src[(o * {n}u + u32(ix)) * {inner}u + r];",
+            wgsl::report_index_error("raw", &format!("{n}i")),
+            wgsl::literal(ty, 0.0)
         );
         Ok(WgslProgram::single(wgsl::simple_kernel(
             "Gather",
             outputs[0].len(),
             wg,
             &[("src", ty, true), ("idx", "i32", true), ("dst", ty, false)],
-            vec![Binding::Input(0), Binding::Input(1), Binding::Output(0)],
-            "",
+            vec![Binding::Input(0), Binding::Input(1), Binding::Output(0), Binding::Status],
+            &wgsl::status_decl(3),
             &body,
         )))
     }

@@ -91,7 +91,12 @@ impl WgslKernel for GatherElements {
         let n = data.dims()[axis];
         let ty = wgsl::elem(data.dtype());
         let mut body = String::from("var r = i;\n    var off = 0u;\n");
-        let _ = writeln!(body, "    var j = idx[i];\n    if (j < 0) {{ j = j + {n}; }}\n    let ju = u32(clamp(j, 0, {}));", n as i64 - 1);
+        let _ = writeln!(
+            body,
+            "    var j = idx[i];\n    if (j < 0) {{ j = j + {n}; }}\n    if (j < 0 || j >= {n}) {{ {} out[i] = {}; return; }}\n    let ju = u32(j);",
+            wgsl::report_index_error("idx[i]", &format!("{n}i")),
+            wgsl::literal(ty, 0.0)
+        );
         for d in (0..dims.len()).rev() {
             let c = if d == 0 { "r".to_string() } else { format!("(r % {}u)", dims[d]) };
             if d == axis {
@@ -106,8 +111,8 @@ impl WgslKernel for GatherElements {
         body += "    out[i] = data[off];";
         let buffers = [("data", ty, true), ("idx", "i32", true), ("out", ty, false)];
         let wg = tune.get(&wgsl::workgroup_param());
-        let b = vec![Binding::Input(0), Binding::Input(1), Binding::Output(0)];
-        Ok(WgslProgram::single(wgsl::simple_kernel("GatherElements", outputs[0].len(), wg, &buffers, b, "", &body)))
+        let b = vec![Binding::Input(0), Binding::Input(1), Binding::Output(0), Binding::Status];
+        Ok(WgslProgram::single(wgsl::simple_kernel("GatherElements", outputs[0].len(), wg, &buffers, b, &wgsl::status_decl(3), &body)))
     }
 }
 

@@ -45,13 +45,20 @@ pub(crate) struct GpuPlan {
     inputs: Vec<(usize, usize, String)>,
     dispatches: Vec<PlannedDispatch>,
     outputs: Vec<OutputSource>,
+    /// (run buffer, node name, op type) of every node whose kernels report bad data.
+    statuses: Vec<(usize, String, String)>,
     pool: Mutex<Vec<ExecState>>,
 }
+
+/// Bytes of one node's status word: [flag, value, bound, unused].
+const STATUS_BYTES: u64 = 16;
 
 struct ExecState {
     buffers: Vec<wgpu::Buffer>,
     bind_groups: Vec<wgpu::BindGroup>,
     staging: Vec<Option<wgpu::Buffer>>,
+    /// Every status word, copied after the pass (one readback with the outputs).
+    status_staging: Option<wgpu::Buffer>,
 }
 
 fn gpu_bytes(t: &TensorType) -> u64 {
@@ -118,6 +125,7 @@ impl GpuPlan {
             Ok(Buf::Const(consts.len() - 1))
         };
         let mut dispatches = vec![];
+        let mut statuses: Vec<(usize, String, String)> = vec![];
         for step in &spec.steps {
             let node = &graph.nodes[step.node];
             let op = &ops[step.node];
@@ -153,6 +161,7 @@ impl GpuPlan {
                     Buf::Run(run_sizes.len() - 1)
                 })
                 .collect();
+            let mut status: Option<Buf> = None;
             for d in &program.dispatches {
                 let mut bindings = vec![];
                 let mut read_only = vec![];
@@ -179,6 +188,14 @@ impl GpuPlan {
                             })?,
                             false,
                         ),
+                        Binding::Status => {
+                            let buf = *status.get_or_insert_with(|| {
+                                run_sizes.push(STATUS_BYTES);
+                                statuses.push((run_sizes.len() - 1, node.name.clone(), node.op_type.clone()));
+                                Buf::Run(run_sizes.len() - 1)
+                            });
+                            (buf, false)
+                        }
                     };
                     bindings.push(buf);
                     read_only.push(ro);
@@ -211,7 +228,7 @@ impl GpuPlan {
             }
         }
         ctx.take_error()?;
-        Ok(GpuPlan { ctx, consts, run_sizes, inputs, dispatches, outputs, pool: Mutex::default() })
+        Ok(GpuPlan { ctx, consts, run_sizes, inputs, dispatches, outputs, statuses, pool: Mutex::default() })
     }
 
     pub fn dispatch_count(&self) -> usize {
@@ -264,7 +281,15 @@ impl GpuPlan {
                 _ => None,
             })
             .collect();
-        ExecState { buffers, bind_groups, staging }
+        let status_staging = (!self.statuses.is_empty()).then(|| {
+            dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("status staging"),
+                size: STATUS_BYTES * self.statuses.len() as u64,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        ExecState { buffers, bind_groups, staging, status_staging }
     }
 
     /// Runs once: uploads inputs, one pass, one submit, reads outputs back.
@@ -288,6 +313,9 @@ impl GpuPlan {
             }
         }
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
+        for (b, _, _) in &self.statuses {
+            enc.clear_buffer(&st.buffers[*b], 0, None);
+        }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes: None });
             for (d, bg) in self.dispatches.iter().zip(&st.bind_groups) {
@@ -304,8 +332,19 @@ impl GpuPlan {
                 enc.copy_buffer_to_buffer(&st.buffers[*b], 0, s, 0, gpu_bytes(ty));
             }
         }
+        if let Some(s) = &st.status_staging {
+            for (k, (b, _, _)) in self.statuses.iter().enumerate() {
+                enc.copy_buffer_to_buffer(&st.buffers[*b], 0, s, STATUS_BYTES * k as u64, STATUS_BYTES);
+            }
+        }
         let idx = ctx.queue.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(s) = &st.status_staging {
+            let tx = tx.clone();
+            s.map_async(wgpu::MapMode::Read, .., move |r| {
+                let _ = tx.send((usize::MAX, r));
+            });
+        }
         for (k, s) in st.staging.iter().enumerate() {
             if let Some(s) = s {
                 let tx = tx.clone();
@@ -322,6 +361,7 @@ impl GpuPlan {
             r.map_err(|e| RuntimeError::Gpu(format!("reading output {k} back failed: {e}")))?;
         }
         ctx.take_error()?;
+        let status_error = self.status_error(st)?;
         let mut outs = vec![];
         for (o, s) in self.outputs.iter().zip(&st.staging) {
             outs.push(match (o, s) {
@@ -338,6 +378,34 @@ impl GpuPlan {
                 _ => unreachable!("staging buffers exist exactly for buffer outputs"),
             });
         }
-        Ok((outs, 1))
+        match status_error {
+            Some(e) => Err(e),
+            None => Ok((outs, 1)),
+        }
+    }
+
+    /// The first node whose kernels reported bad data in this run, as an error.
+    fn status_error(&self, st: &ExecState) -> Result<Option<RuntimeError>> {
+        let Some(s) = &st.status_staging else { return Ok(None) };
+        let words: Vec<u32> = {
+            let view = s.get_mapped_range(..).map_err(|e| RuntimeError::Gpu(format!("mapping the status words failed: {e}")))?;
+            bytemuck::cast_slice(&view).to_vec()
+        };
+        s.unmap();
+        for (k, (_, node, op)) in self.statuses.iter().enumerate() {
+            let w = &words[4 * k..4 * k + 4];
+            if w[0] != 0 {
+                let (value, bound) = (w[1] as i32, w[2] as i32);
+                return Ok(Some(RuntimeError::Node {
+                    node: node.clone(),
+                    op: op.clone(),
+                    source: kiln_ops::OpError::invalid(format!(
+                        "index {value} is out of range for an axis of size {bound} (valid: -{bound} to {}; found by the GPU kernel)",
+                        bound - 1
+                    )),
+                }));
+            }
+        }
+        Ok(None)
     }
 }
