@@ -1,6 +1,7 @@
 //! The wgpu backend: adapter discovery and selection, the device context (limits,
 //! pipeline cache, WGSL validation), and the execution plan of a specialisation.
 mod convert;
+mod half;
 mod plan;
 
 pub(crate) use plan::{GpuPlan, WeightCache};
@@ -141,6 +142,9 @@ pub(crate) struct GpuContext {
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
+    /// SHADER_F16 is enabled: f16 graph inputs and outputs cross the bus as 2-byte
+    /// halves and are converted by GPU kernels (`half.rs`); without it the host converts.
+    pub f16: bool,
     pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
     error: Arc<Mutex<Option<String>>>,
 }
@@ -168,9 +172,10 @@ impl GpuContext {
     fn new(adapter: wgpu::Adapter) -> Result<GpuContext> {
         let info = adapter.get_info();
         let limits = adapter.limits();
+        let f16 = adapter.features().contains(wgpu::Features::SHADER_F16) && std::env::var_os("KILN_NO_F16").is_none();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),
-            required_features: wgpu::Features::empty(),
+            required_features: if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() },
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -183,8 +188,8 @@ impl GpuContext {
                 s.get_or_insert_with(|| e.to_string());
             }
         }));
-        log::info!("GPU: {} ({:?}, {})", info.name, info.backend, info.driver);
-        Ok(GpuContext { device, queue, info, limits, pipelines: Mutex::default(), error })
+        log::info!("GPU: {} ({:?}, {}){}", info.name, info.backend, info.driver, if f16 { ", shader-f16 enabled" } else { "" });
+        Ok(GpuContext { device, queue, info, limits, f16, pipelines: Mutex::default(), error })
     }
 
     /// The first uncaptured device error since the last call, as an error.

@@ -3,10 +3,10 @@
 //! allocated once per concurrent runner and reused. A run is one command encoder, one
 //! compute pass and one submit, with no readback before the outputs.
 use super::convert::{from_gpu, to_gpu};
-use super::{poisoned, GpuContext, Pipeline};
+use super::{half, poisoned, GpuContext, Pipeline};
 use crate::specialize::Specialized;
 use crate::{Result, RuntimeError};
-use kiln_graph::{Graph, Tensor, ValueId};
+use kiln_graph::{DType, Graph, Tensor, ValueId};
 use kiln_ops::{wgsl::Binding, Op, TensorType, TuneValues};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,6 +29,8 @@ struct PlannedDispatch {
 
 enum OutputSource {
     Buffer(usize, TensorType),
+    /// A buffer of halves written by a narrowing kernel.
+    Halves(usize, TensorType),
     Const(Tensor),
     Input(usize),
 }
@@ -41,7 +43,8 @@ pub(crate) struct GpuPlan {
     consts: Vec<Arc<wgpu::Buffer>>,
     /// Sizes in bytes of the per-run buffers.
     run_sizes: Vec<u64>,
-    /// (graph input index, run buffer, name) of every input the kernels read.
+    /// (graph input index, run buffer, name) of every input the kernels read; f16
+    /// inputs go to a buffer of halves that a widening kernel reads (see `half.rs`).
     inputs: Vec<(usize, usize, String)>,
     dispatches: Vec<PlannedDispatch>,
     outputs: Vec<OutputSource>,
@@ -63,6 +66,15 @@ struct ExecState {
 
 fn gpu_bytes(t: &TensorType) -> u64 {
     (t.len() as u64 * 4).max(4)
+}
+
+/// Bytes read back for an output that lives in a buffer.
+fn output_bytes(o: &OutputSource) -> Option<u64> {
+    match o {
+        OutputSource::Buffer(_, ty) => Some(gpu_bytes(ty)),
+        OutputSource::Halves(_, ty) => Some(half::packed_bytes(ty.len())),
+        _ => None,
+    }
 }
 
 impl GpuPlan {
@@ -87,12 +99,21 @@ impl GpuPlan {
             Ok(())
         };
         let mut inputs = vec![];
+        let mut dispatches = vec![];
         for (i, &v) in graph.inputs.iter().enumerate() {
             let ty = spec.ty(v);
-            check_size(gpu_bytes(ty), &format!("input '{}'", graph.values[v].name))?;
+            let name = &graph.values[v].name;
+            check_size(gpu_bytes(ty), &format!("input '{name}'"))?;
             where_is.insert(v, Buf::Run(run_sizes.len()));
-            inputs.push((i, run_sizes.len(), graph.values[v].name.clone()));
             run_sizes.push(gpu_bytes(ty));
+            if ty.dtype == DType::F16 && ctx.f16 {
+                let (source, workgroups) = half::widen(ty.len());
+                let label = format!("input '{name}': f16 to f32");
+                let pipeline = ctx.pipeline(&label, &source, "main", &[true, false])?;
+                dispatches.push(PlannedDispatch { label, pipeline, bindings: vec![Buf::Run(run_sizes.len()), Buf::Run(run_sizes.len() - 1)], workgroups });
+                run_sizes.push(half::packed_bytes(ty.len()));
+            }
+            inputs.push((i, run_sizes.len() - 1, name.clone()));
         }
         let const_buf = |v: ValueId, consts: &mut Vec<Arc<wgpu::Buffer>>| -> Result<Buf> {
             let t = &spec.constants[&v];
@@ -124,7 +145,6 @@ impl GpuPlan {
             consts.push(buf);
             Ok(Buf::Const(consts.len() - 1))
         };
-        let mut dispatches = vec![];
         let mut statuses: Vec<(usize, String, String)> = vec![];
         for step in &spec.steps {
             let node = &graph.nodes[step.node];
@@ -219,6 +239,15 @@ impl GpuPlan {
                 outputs.push(OutputSource::Input(i));
             } else {
                 match where_is.get(&o) {
+                    Some(Buf::Run(b)) if spec.ty(o).dtype == DType::F16 && ctx.f16 => {
+                        let ty = spec.ty(o).clone();
+                        let (source, workgroups) = half::narrow(ty.len());
+                        let label = format!("output '{}': f32 to f16", graph.values[o].name);
+                        let pipeline = ctx.pipeline(&label, &source, "main", &[true, false])?;
+                        dispatches.push(PlannedDispatch { label, pipeline, bindings: vec![Buf::Run(*b), Buf::Run(run_sizes.len())], workgroups });
+                        run_sizes.push(half::packed_bytes(ty.len()));
+                        outputs.push(OutputSource::Halves(run_sizes.len() - 1, ty));
+                    }
                     Some(Buf::Run(b)) => outputs.push(OutputSource::Buffer(*b, spec.ty(o).clone())),
                     Some(Buf::Const(_)) | None => {
                         let t = spec.constants.get(&o).cloned().unwrap_or_else(|| Tensor::zeros(spec.ty(o).dtype, &spec.ty(o).dims));
@@ -272,9 +301,9 @@ impl GpuPlan {
             .outputs
             .iter()
             .map(|o| match o {
-                OutputSource::Buffer(_, ty) => Some(dev.create_buffer(&wgpu::BufferDescriptor {
+                OutputSource::Buffer(_, ty) | OutputSource::Halves(_, ty) => Some(dev.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("staging"),
-                    size: gpu_bytes(ty),
+                    size: output_bytes(o).unwrap_or(gpu_bytes(ty)),
                     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 })),
@@ -307,7 +336,15 @@ impl GpuPlan {
     fn run_with(&self, st: &ExecState, inputs: &[&Tensor]) -> Result<(Vec<Tensor>, usize)> {
         let ctx = &self.ctx;
         for (i, buf, name) in &self.inputs {
-            let bytes = to_gpu(inputs[*i], &format!("input '{name}'"))?;
+            let t = inputs[*i];
+            if t.dtype() == DType::F16 && ctx.f16 {
+                // Halves as they are; the buffer is padded to whole words.
+                let mut bytes = t.bytes().to_vec();
+                bytes.resize(half::packed_bytes(t.len()) as usize, 0);
+                ctx.queue.write_buffer(&st.buffers[*buf], 0, &bytes);
+                continue;
+            }
+            let bytes = to_gpu(t, &format!("input '{name}'"))?;
             if !bytes.is_empty() {
                 ctx.queue.write_buffer(&st.buffers[*buf], 0, &bytes);
             }
@@ -328,8 +365,8 @@ impl GpuPlan {
             }
         }
         for (o, staging) in self.outputs.iter().zip(&st.staging) {
-            if let (OutputSource::Buffer(b, ty), Some(s)) = (o, staging) {
-                enc.copy_buffer_to_buffer(&st.buffers[*b], 0, s, 0, gpu_bytes(ty));
+            if let (OutputSource::Buffer(b, _) | OutputSource::Halves(b, _), Some(s), Some(bytes)) = (o, staging, output_bytes(o)) {
+                enc.copy_buffer_to_buffer(&st.buffers[*b], 0, s, 0, bytes);
             }
         }
         if let Some(s) = &st.status_staging {
@@ -369,6 +406,15 @@ impl GpuPlan {
                     let t = {
                         let view = s.get_mapped_range(..).map_err(|e| RuntimeError::Gpu(format!("mapping output failed: {e}")))?;
                         from_gpu(&view, ty.dtype, &ty.dims)?
+                    };
+                    s.unmap();
+                    t
+                }
+                (OutputSource::Halves(_, ty), Some(s)) => {
+                    let t = {
+                        let view = s.get_mapped_range(..).map_err(|e| RuntimeError::Gpu(format!("mapping output failed: {e}")))?;
+                        Tensor::from_bytes(DType::F16, &ty.dims, &view[..ty.len() * 2])
+                            .map_err(|e| RuntimeError::Gpu(format!("reading an f16 output: {e}")))?
                     };
                     s.unmap();
                     t
