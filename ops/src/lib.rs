@@ -16,6 +16,7 @@ mod spec;
 pub mod wgsl;
 
 pub mod elementwise;
+pub mod fused;
 mod linalg;
 mod nn;
 mod reduce;

@@ -89,30 +89,7 @@ impl Session {
     pub fn new(graph: Graph, options: SessionOptions) -> Result<Session> {
         let order = graph.validate()?;
         let registry = options.registry.as_ref().unwrap_or_else(|| Registry::builtin());
-        let opset = graph.opset();
-        let mut ops = Vec::with_capacity(graph.nodes.len());
-        let mut errors: Vec<(String, String)> = vec![];
-        for node in &graph.nodes {
-            let opset = graph.opsets.get(&node.domain).copied().unwrap_or(opset);
-            match registry.create(&NodeSpec::new(node, opset)) {
-                Ok(op) => ops.push(op),
-                Err(e) => errors.push((format!("node '{}' ({})", node.name, node.op_type), e.to_string())),
-            }
-        }
-        match errors.len() {
-            0 => {}
-            1 => {
-                let (node, what) = errors.remove(0);
-                return Err(RuntimeError::Unsupported { node, what });
-            }
-            n => {
-                let shown: Vec<String> = errors.iter().take(20).map(|(n, w)| format!("{n}: {w}")).collect();
-                return Err(RuntimeError::Unsupported {
-                    node: format!("{n} nodes cannot run"),
-                    what: format!("\n  {}{}", shown.join("\n  "), if n > 20 { "\n  ..." } else { "" }),
-                });
-            }
-        }
+        let ops = create_ops(&graph, registry)?;
         for &v in &graph.inputs {
             if graph.values[v].ty.is_none() {
                 return Err(RuntimeError::InputMismatch {
@@ -296,6 +273,34 @@ impl Session {
             }
         };
         Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized }))
+    }
+}
+
+/// Creates every node's op; all failures are reported together.
+pub(crate) fn create_ops(graph: &Graph, registry: &Registry) -> Result<Vec<Box<dyn Op>>> {
+    let opset = graph.opset();
+    let mut ops = Vec::with_capacity(graph.nodes.len());
+    let mut errors: Vec<(String, String)> = vec![];
+    for node in &graph.nodes {
+        let opset = graph.opsets.get(&node.domain).copied().unwrap_or(opset);
+        match registry.create(&NodeSpec::new(node, opset)) {
+            Ok(op) => ops.push(op),
+            Err(e) => errors.push((format!("node '{}' ({})", node.name, node.op_type), e.to_string())),
+        }
+    }
+    match errors.len() {
+        0 => Ok(ops),
+        1 => {
+            let (node, what) = errors.remove(0);
+            Err(RuntimeError::Unsupported { node, what })
+        }
+        n => {
+            let shown: Vec<String> = errors.iter().take(20).map(|(n, w)| format!("{n}: {w}")).collect();
+            Err(RuntimeError::Unsupported {
+                node: format!("{n} nodes cannot run"),
+                what: format!("\n  {}{}", shown.join("\n  "), if n > 20 { "\n  ..." } else { "" }),
+            })
+        }
     }
 }
 

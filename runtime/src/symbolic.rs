@@ -220,6 +220,36 @@ pub(crate) fn check(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Res
     Ok(SymbolicShapes { outputs })
 }
 
+/// The dtype of every value that inference reaches for one generic binding of the
+/// symbols (for graph passes, which need dtypes but not shapes); `None` past a node
+/// that cannot be inferred without input values.
+pub fn value_dtypes(graph: &Graph, registry: &kiln_ops::Registry) -> Vec<Option<DType>> {
+    let mut out = vec![None; graph.values.len()];
+    let (Ok(order), Ok(ops)) = (graph.validate(), crate::session::create_ops(graph, registry)) else { return out };
+    let mut names: Vec<&str> = vec![];
+    let mut types = vec![];
+    for &v in &graph.inputs {
+        let Some(ty) = graph.values[v].ty.as_ref() else { return out };
+        let dims = ty.shape.0.iter().map(|d| match d {
+            Dim::Fixed(n) => *n,
+            Dim::Sym(s) => {
+                let i = names.iter().position(|x| x == s).unwrap_or_else(|| {
+                    names.push(s);
+                    names.len() - 1
+                });
+                PRIMES[i % PRIMES.len()] as usize
+            }
+        });
+        types.push(TensorType::new(ty.dtype, dims.collect::<Vec<_>>()));
+    }
+    let mut walk = Walk::new(graph, &types, &vec![None; types.len()]);
+    let _ = walk.run(graph, &ops, &order);
+    for (o, t) in out.iter_mut().zip(&walk.types) {
+        *o = t.as_ref().map(|t| t.dtype);
+    }
+    out
+}
+
 struct ProbeSet<'a> {
     names: &'a [String],
     probes: &'a [Vec<i64>],

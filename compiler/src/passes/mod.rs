@@ -1,8 +1,10 @@
 //! Graph passes: each a named function `&mut Graph -> changes`, testable alone, run in
 //! order by [`optimize`].
 mod fuse_activation;
+mod fuse_elementwise;
 
 pub use fuse_activation::fuse_activation;
+pub use fuse_elementwise::fuse_elementwise;
 
 use kiln_graph::{Graph, NodeId, ValueId};
 
@@ -14,7 +16,10 @@ pub struct Pass {
 }
 
 /// The passes [`optimize`] runs, in order.
-pub const PASSES: &[Pass] = &[Pass { name: "fuse-activation", run: fuse_activation }];
+pub const PASSES: &[Pass] = &[
+    Pass { name: "fuse-activation", run: fuse_activation },
+    Pass { name: "fuse-elementwise", run: fuse_elementwise },
+];
 
 /// What one pass did.
 #[derive(Clone, Debug, PartialEq, Eq)]

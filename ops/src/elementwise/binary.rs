@@ -33,7 +33,24 @@ pub enum BinaryKind {
 }
 
 impl BinaryKind {
-    fn op_name(self) -> &'static str {
+    /// Every kind, for lookups by name.
+    pub const ALL: [BinaryKind; 17] = [
+        BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div, BinaryKind::Pow, BinaryKind::Max, BinaryKind::Min,
+        BinaryKind::Sum, BinaryKind::Mean, BinaryKind::Equal, BinaryKind::Less, BinaryKind::LessOrEqual, BinaryKind::Greater,
+        BinaryKind::GreaterOrEqual, BinaryKind::And, BinaryKind::Or, BinaryKind::Xor,
+    ];
+
+    /// The kind of an ONNX op name.
+    pub fn from_name(name: &str) -> Option<BinaryKind> {
+        BinaryKind::ALL.into_iter().find(|k| k.op_name() == name)
+    }
+
+    /// WGSL functions [`BinaryKind::wgsl_expr`] may call.
+    pub fn wgsl_helpers(self) -> &'static str {
+        if self == BinaryKind::Pow { POW_HELPERS } else { "" }
+    }
+
+    pub fn op_name(self) -> &'static str {
         match self {
             BinaryKind::Add => "Add",
             BinaryKind::Sub => "Sub",
@@ -121,7 +138,7 @@ impl BinaryKind {
     }
 
     /// WGSL expression of `a` and `b` (element type `ty`).
-    fn wgsl_expr(self, a: &str, b: &str, ty: &str) -> String {
+    pub fn wgsl_expr(self, a: &str, b: &str, ty: &str) -> String {
         match self {
             BinaryKind::Add | BinaryKind::Sum | BinaryKind::Mean => format!("({a} + {b})"),
             BinaryKind::Sub => format!("({a} - {b})"),

@@ -176,7 +176,8 @@ impl UnaryKind {
             "Selu" => UnaryKind::Selu { alpha: p(0)?, gamma: p(1)? },
             "Softplus" => UnaryKind::Softplus,
             "Erf" => UnaryKind::Erf,
-            _ => return None,
+            // Every other kind has no parameters.
+            _ => return KINDS.iter().copied().find(|k| k.op_name() == name && k.params().is_empty()),
         })
     }
 
@@ -259,6 +260,11 @@ impl UnaryKind {
             }
             _ => x,
         }
+    }
+
+    /// WGSL functions [`UnaryKind::wgsl_expr`] may call.
+    pub fn wgsl_helpers(&self) -> &'static str {
+        if *self == UnaryKind::Erf { ERF_WGSL } else { "" }
     }
 
     /// The WGSL expression computing the op of `x`, of element type `ty`.
@@ -411,7 +417,7 @@ impl WgslKernel for Unary {
         buffers.push(("y", ty, false));
         bindings.push(Binding::Output(0));
         let body = format!("{prelude}let x = x[i];\n    y[i] = {};", self.kind.wgsl_expr("x", ty));
-        let helpers = if self.kind == UnaryKind::Erf { ERF_WGSL } else { "" };
+        let helpers = self.kind.wgsl_helpers();
         Ok(WgslProgram::single(wgsl::simple_kernel(
             self.name(),
             outputs[0].len(),
@@ -505,8 +511,8 @@ fn parse(spec: &NodeSpec, kind: UnaryKind) -> Result<UnaryKind> {
     })
 }
 
-pub(crate) fn register(r: &mut Registry) {
-    let kinds = [
+/// Every unary kind (parameters at their defaults), one per ONNX op.
+const KINDS: &[UnaryKind] = &[
         UnaryKind::Relu,
         UnaryKind::LeakyRelu { alpha: 0.0 },
         UnaryKind::Clip { min: 0.0, max: 0.0 },
@@ -531,7 +537,9 @@ pub(crate) fn register(r: &mut Registry) {
         UnaryKind::Sign,
         UnaryKind::Erf,
     ];
-    for kind in kinds {
+
+pub(crate) fn register(r: &mut Registry) {
+    for &kind in KINDS {
         r.register("", kind.op_name(), move |spec| Ok(Box::new(Unary { kind: parse(spec, kind)? })));
     }
 }

@@ -1,0 +1,403 @@
+//! `kiln.FusedElementwise`: a tree of f32 elementwise ops (unary math and activations,
+//! Add/Sub/Mul/Div/Pow/Max/Min with broadcasting) evaluated in one kernel, written by the
+//! graph compiler's elementwise fusion pass.
+//!
+//! The program is a list of instructions over registers: registers `0..inputs` are the
+//! node's inputs (broadcast to the output shape), register `inputs + k` is the result of
+//! instruction `k`, and the last instruction is the output. It travels as attributes:
+//! `kiln_ops` (op names), `kiln_operands` (two register numbers per instruction, -1 for
+//! none), `kiln_params` and `kiln_param_counts` (each unary op's parameters).
+//!
+//! CPU: the output is processed in blocks of [`BLOCK`] elements; each instruction runs
+//! over a whole block of registers (vectorised loops, cache-resident), so a chain of N
+//! ops reads its inputs and writes its output once instead of N times. WGSL: one
+//! invocation per output element, one `let` per instruction.
+use crate::broadcast::{broadcast_shapes, broadcast_strides, for_each_offset_in};
+use crate::cpu::{self, CpuKernel};
+use crate::elementwise::{BinaryKind, UnaryKind};
+use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
+use crate::{Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{Attr, DType, Tensor};
+
+/// Elements per CPU block.
+const BLOCK: usize = 512;
+
+/// One instruction of a fused program.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Instr {
+    Unary(UnaryKind, usize),
+    Binary(BinaryKind, usize, usize),
+}
+
+/// Binary kinds the fuser accepts (same dtype in and out, two operands).
+pub fn fusible_binary(k: BinaryKind) -> bool {
+    matches!(k, BinaryKind::Add | BinaryKind::Sub | BinaryKind::Mul | BinaryKind::Div | BinaryKind::Pow | BinaryKind::Max | BinaryKind::Min)
+}
+
+#[derive(Debug)]
+pub struct FusedElementwise {
+    pub instrs: Vec<Instr>,
+}
+
+impl FusedElementwise {
+    /// The node attributes that describe `instrs`.
+    pub fn attrs(instrs: &[Instr]) -> Vec<(String, Attr)> {
+        let mut ops = vec![];
+        let mut operands = vec![];
+        let mut params = vec![];
+        let mut counts = vec![];
+        for i in instrs {
+            match *i {
+                Instr::Unary(k, a) => {
+                    ops.push(k.op_name().to_string());
+                    operands.extend([a as i64, -1]);
+                    let p = k.params();
+                    counts.push(p.len() as i64);
+                    params.extend(p);
+                }
+                Instr::Binary(k, a, b) => {
+                    ops.push(k.op_name().to_string());
+                    operands.extend([a as i64, b as i64]);
+                    counts.push(0);
+                }
+            }
+        }
+        vec![
+            ("kiln_ops".into(), Attr::Strings(ops)),
+            ("kiln_operands".into(), Attr::Ints(operands)),
+            ("kiln_params".into(), Attr::Floats(params)),
+            ("kiln_param_counts".into(), Attr::Ints(counts)),
+        ]
+    }
+
+    fn parse(spec: &NodeSpec) -> Result<FusedElementwise> {
+        let ops = match spec.node.attrs.get("kiln_ops") {
+            Some(Attr::Strings(s)) => s.clone(),
+            _ => return Err(spec.bad("kiln_ops", "a list of op names is required")),
+        };
+        let operands = spec.ints("kiln_operands", &[])?;
+        let params = spec.floats_opt("kiln_params")?.unwrap_or_default();
+        let counts = spec.ints("kiln_param_counts", &[])?;
+        if ops.is_empty() || operands.len() != 2 * ops.len() || counts.len() != ops.len() {
+            return Err(spec.bad("kiln_operands", format!("{} ops need {} operands and {} parameter counts", ops.len(), 2 * ops.len(), ops.len())));
+        }
+        let inputs = spec.node.inputs.len();
+        let mut instrs = vec![];
+        let mut p = 0usize;
+        for (k, name) in ops.iter().enumerate() {
+            let available = inputs + k;
+            let reg = |v: i64| -> Result<usize> {
+                usize::try_from(v).ok().filter(|&r| r < available).ok_or_else(|| {
+                    spec.bad("kiln_operands", format!("instruction {k} ({name}) reads register {v}; only 0..{available} exist"))
+                })
+            };
+            let n = usize::try_from(counts[k]).map_err(|_| spec.bad("kiln_param_counts", "negative count"))?;
+            let ps = params.get(p..p + n).ok_or_else(|| spec.bad("kiln_params", "fewer parameters than counted"))?;
+            p += n;
+            if let Some(kind) = BinaryKind::from_name(name).filter(|k| fusible_binary(*k)) {
+                instrs.push(Instr::Binary(kind, reg(operands[2 * k])?, reg(operands[2 * k + 1])?));
+            } else if let Some(kind) = UnaryKind::from_name_params(name, ps) {
+                instrs.push(Instr::Unary(kind, reg(operands[2 * k])?));
+            } else {
+                return Err(spec.bad("kiln_ops", format!("'{name}' cannot be fused")));
+            }
+        }
+        Ok(FusedElementwise { instrs })
+    }
+
+    fn names(&self) -> String {
+        self.instrs
+            .iter()
+            .map(|i| match i {
+                Instr::Unary(k, _) => k.op_name(),
+                Instr::Binary(k, _, _) => k.op_name(),
+            })
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+}
+
+impl Op for FusedElementwise {
+    fn name(&self) -> &str {
+        "FusedElementwise"
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let mut dims: Vec<&[usize]> = vec![];
+        for (i, a) in inputs.iter().enumerate() {
+            let a = a.as_ref().ok_or_else(|| OpError::input(i, "every input of a fused elementwise node is required"))?;
+            if a.dtype() != DType::F32 {
+                return Err(OpError::input(i, format!("fused elementwise kernels take f32, got {}", a.dtype())));
+            }
+            dims.push(a.dims());
+        }
+        Ok(vec![TensorType::new(DType::F32, broadcast_shapes(&dims)?)])
+    }
+
+    fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
+        Cost { flops: outputs[0].len() as u64 * self.instrs.len() as u64, bytes: Cost::io_bytes(inputs, outputs) }
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+/// How a block of an input is read.
+enum Access {
+    Same,
+    Scalar,
+    /// The input is the trailing dims of the output, repeated (`n` elements).
+    Trailing(usize),
+    General(Vec<usize>),
+}
+
+fn access(dims: &[usize], out: &[usize]) -> Access {
+    let len: usize = dims.iter().product();
+    if dims == out {
+        return Access::Same;
+    }
+    if len == 1 {
+        return Access::Scalar;
+    }
+    let lead = dims.iter().take_while(|&&d| d == 1).count();
+    let tail = &dims[lead..];
+    if tail.len() <= out.len() && tail == &out[out.len() - tail.len()..] {
+        return Access::Trailing(len);
+    }
+    Access::General(broadcast_strides(dims, out))
+}
+
+fn load(a: &Access, src: &[f32], out_dims: &[usize], start: usize, dst: &mut [f32]) {
+    match a {
+        Access::Same => dst.copy_from_slice(&src[start..start + dst.len()]),
+        Access::Scalar => dst.fill(src[0]),
+        Access::Trailing(n) => {
+            let mut k = 0;
+            while k < dst.len() {
+                let at = (start + k) % n;
+                let run = (n - at).min(dst.len() - k);
+                dst[k..k + run].copy_from_slice(&src[at..at + run]);
+                k += run;
+            }
+        }
+        Access::General(st) => {
+            for_each_offset_in(out_dims, std::slice::from_ref(st), start, start + dst.len(), &mut |o, offs| dst[o - start] = src[offs[0]]);
+        }
+    }
+}
+
+/// `out = a op b` over a block (f32).
+fn binary_block(k: BinaryKind, a: &[f32], b: &[f32], out: &mut [f32]) {
+    fn zip(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = f(x, y);
+        }
+    }
+    match k {
+        BinaryKind::Add => zip(a, b, out, |x, y| x + y),
+        BinaryKind::Sub => zip(a, b, out, |x, y| x - y),
+        BinaryKind::Mul => zip(a, b, out, |x, y| x * y),
+        BinaryKind::Div => zip(a, b, out, |x, y| x / y),
+        BinaryKind::Max => zip(a, b, out, |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) }),
+        BinaryKind::Min => zip(a, b, out, |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) }),
+        BinaryKind::Pow if b.iter().all(|&e| e == 2.0) => zip(a, b, out, |x, _| x * x),
+        BinaryKind::Pow if b.iter().all(|&e| e == 3.0) => zip(a, b, out, |x, _| x * x * x),
+        BinaryKind::Pow if b.iter().all(|&e| e == 0.5) => zip(a, b, out, |x, _| x.sqrt()),
+        k => zip(a, b, out, |x, y| k.apply_f64(x as f64, y as f64) as f32),
+    }
+}
+
+impl CpuKernel for FusedElementwise {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let out_dims = outputs[0].dims().to_vec();
+        let srcs: Vec<&[f32]> = inputs.iter().enumerate().map(|(i, t)| t.ok_or_else(|| OpError::input(i, "missing")).and_then(|t| Ok(t.as_slice::<f32>()?))).collect::<Result<_>>()?;
+        let accesses: Vec<Access> = inputs.iter().map(|t| access(t.map(|t| t.dims()).unwrap_or(&[]), &out_dims)).collect();
+        let regs = inputs.len() + self.instrs.len();
+        let dst = outputs[0].as_mut_slice::<f32>()?;
+        let work = self.instrs.len() * 4 + inputs.len();
+        cpu::par_chunks_mut(dst, BLOCK, work * BLOCK, |first, part| {
+            cpu::with_scratch(regs * BLOCK, |scratch| {
+                for (b, out) in part.chunks_mut(BLOCK).enumerate() {
+                    let start = (first + b) * BLOCK;
+                    let n = out.len();
+                    for (r, (a, src)) in accesses.iter().zip(&srcs).enumerate() {
+                        load(a, src, &out_dims, start, &mut scratch[r * BLOCK..r * BLOCK + n]);
+                    }
+                    for (k, ins) in self.instrs.iter().enumerate() {
+                        let dst_reg = inputs.len() + k;
+                        let (before, rest) = scratch.split_at_mut(dst_reg * BLOCK);
+                        let target = &mut rest[..n];
+                        match *ins {
+                            Instr::Unary(kind, a) => {
+                                target.copy_from_slice(&before[a * BLOCK..a * BLOCK + n]);
+                                kind.apply_slice_f32(target);
+                            }
+                            Instr::Binary(kind, a, c) => {
+                                binary_block(kind, &before[a * BLOCK..a * BLOCK + n], &before[c * BLOCK..c * BLOCK + n], target);
+                            }
+                        }
+                    }
+                    out.copy_from_slice(&scratch[(regs - 1) * BLOCK..(regs - 1) * BLOCK + n]);
+                }
+            })
+        });
+        Ok(())
+    }
+}
+
+impl WgslKernel for FusedElementwise {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let out = &outputs[0];
+        let names: Vec<String> = (0..inputs.len()).map(|i| format!("in{i}")).collect();
+        let mut buffers = vec![];
+        let mut bindings = vec![];
+        let mut helpers = String::new();
+        let mut body = String::new();
+        for (i, name) in names.iter().enumerate() {
+            let a = crate::required(inputs, i)?;
+            buffers.push((name.as_str(), "f32", true));
+            bindings.push(Binding::Input(i));
+            let st = broadcast_strides(a.dims(), &out.dims);
+            if a.ty.len() == 1 {
+                body += &format!("let r{i} = {name}[0];\n    ");
+            } else {
+                helpers += &wgsl::offset_fn(&format!("off{i}"), &out.dims, &st);
+                body += &format!("let r{i} = {name}[off{i}(i)];\n    ");
+            }
+        }
+        buffers.push(("out", "f32", false));
+        bindings.push(Binding::Output(0));
+        let mut seen: Vec<&'static str> = vec![];
+        for (k, ins) in self.instrs.iter().enumerate() {
+            let r = inputs.len() + k;
+            let (expr, h) = match *ins {
+                Instr::Unary(UnaryKind::Clip { min, max }, a) => {
+                    (format!("min(max(r{a}, {}), {})", wgsl::literal("f32", min as f64), wgsl::literal("f32", max as f64)), "")
+                }
+                Instr::Unary(kind, a) => (kind.wgsl_expr(&format!("r{a}"), "f32"), kind.wgsl_helpers()),
+                Instr::Binary(kind, a, b) => (kind.wgsl_expr(&format!("r{a}"), &format!("r{b}"), "f32"), kind.wgsl_helpers()),
+            };
+            if !h.is_empty() && !seen.contains(&h) {
+                seen.push(h);
+                helpers += h;
+            }
+            body += &format!("let r{r} = {expr};\n    ");
+        }
+        body += &format!("out[i] = r{};", inputs.len() + self.instrs.len() - 1);
+        let wg = tune.get(&wgsl::workgroup_param());
+        Ok(WgslProgram::single(wgsl::simple_kernel(&format!("Fused[{}]", self.names()), out.len(), wg, &buffers, bindings, &helpers, &body)))
+    }
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("kiln", "FusedElementwise", |spec| Ok(Box::new(FusedElementwise::parse(spec)?)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_graph::Node;
+
+    fn node(instrs: &[Instr], inputs: usize) -> Node {
+        Node {
+            name: "fused".into(),
+            op_type: "FusedElementwise".into(),
+            domain: "kiln".into(),
+            attrs: FusedElementwise::attrs(instrs).into_iter().collect(),
+            inputs: (0..inputs).map(Some).collect(),
+            outputs: vec![inputs],
+        }
+    }
+
+    fn rand(dims: &[usize], seed: u64) -> Tensor {
+        let n: usize = dims.iter().product();
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 33) as f32 / (1u64 << 31) as f32) * 4.0 - 2.0
+            })
+            .collect();
+        Tensor::from_vec(dims, v).unwrap()
+    }
+
+    /// GELU (tanh form) as exported: 0.5 * x * (1 + tanh(0.79788 * (x + 0.044715 * x^3))).
+    fn gelu_program() -> Vec<Instr> {
+        // registers: 0 x, 1 three, 2 c0 (0.044715), 3 c1 (0.79788), 4 one, 5 half
+        vec![
+            Instr::Binary(BinaryKind::Pow, 0, 1),  // 6 = x^3
+            Instr::Binary(BinaryKind::Mul, 6, 2),  // 7
+            Instr::Binary(BinaryKind::Add, 0, 7),  // 8
+            Instr::Binary(BinaryKind::Mul, 8, 3),  // 9
+            Instr::Unary(UnaryKind::Tanh, 9),      // 10
+            Instr::Binary(BinaryKind::Add, 10, 4), // 11
+            Instr::Binary(BinaryKind::Mul, 0, 11), // 12
+            Instr::Binary(BinaryKind::Mul, 12, 5), // 13
+        ]
+    }
+
+    fn gelu_ref(x: f64) -> f64 {
+        0.5 * x * (1.0 + (0.7978845608 * (x + 0.044715 * x * x * x)).tanh())
+    }
+
+    #[test]
+    fn gelu_chain_matches_the_scalar_reference_with_broadcast_constants() {
+        let instrs = gelu_program();
+        let n = node(&instrs, 6);
+        let op = FusedElementwise::parse(&NodeSpec::new(&n, 17)).unwrap();
+        for dims in [vec![3usize, 1000], vec![1], vec![7, 5, 3]] {
+            let x = rand(&dims, 7);
+            let consts = [3.0f32, 0.044715, 0.7978845608, 1.0, 0.5].map(Tensor::scalar);
+            let mut ins: Vec<Option<&Tensor>> = vec![Some(&x)];
+            ins.extend(consts.iter().map(Some));
+            let mut out = vec![Tensor::zeros(DType::F32, &dims)];
+            op.run(&ins, &mut out).unwrap();
+            for (g, &xv) in out[0].as_slice::<f32>().unwrap().iter().zip(x.as_slice::<f32>().unwrap()) {
+                assert!((*g as f64 - gelu_ref(xv as f64)).abs() < 2e-6, "{g} vs {}", gelu_ref(xv as f64));
+            }
+            let args: Vec<TensorType> = ins.iter().map(|t| TensorType::new(DType::F32, t.unwrap().dims())).collect();
+            let a: Vec<Option<Arg>> = args.iter().map(|t| Some(Arg { ty: t, value: None })).collect();
+            let p = op.generate(&a, &op.infer(&a).unwrap(), &TuneValues::default()).unwrap();
+            crate::wgsl::testing::validate(&p.dispatches[0].source);
+        }
+    }
+
+    #[test]
+    fn broadcasting_inputs_of_every_layout() {
+        // (a + b) * c - d with a [2,3,4], b [4] (trailing), c [2,1,4] (general), d scalar.
+        let instrs = vec![Instr::Binary(BinaryKind::Add, 0, 1), Instr::Binary(BinaryKind::Mul, 4, 2), Instr::Binary(BinaryKind::Sub, 5, 3), Instr::Unary(UnaryKind::Relu, 6)];
+        let op = FusedElementwise::parse(&NodeSpec::new(&node(&instrs, 4), 17)).unwrap();
+        let (a, b, c, d) = (rand(&[2, 3, 4], 1), rand(&[4], 2), rand(&[2, 1, 4], 3), Tensor::scalar(0.25f32));
+        let mut out = vec![Tensor::zeros(DType::F32, &[2, 3, 4])];
+        op.run(&[Some(&a), Some(&b), Some(&c), Some(&d)], &mut out).unwrap();
+        let (av, bv, cv) = (a.to_f64_vec(), b.to_f64_vec(), c.to_f64_vec());
+        for i in 0..2 {
+            for j in 0..3 {
+                for k in 0..4 {
+                    let want = ((av[i * 12 + j * 4 + k] + bv[k]) * cv[i * 4 + k] - 0.25).max(0.0);
+                    let got = out[0].to_f64_vec()[i * 12 + j * 4 + k];
+                    assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_programs_are_rejected() {
+        let mut n = node(&[Instr::Binary(BinaryKind::Add, 0, 5)], 2);
+        let e = FusedElementwise::parse(&NodeSpec::new(&n, 17)).unwrap_err().to_string();
+        assert!(e.contains("register 5"), "{e}");
+        n.attrs.insert("kiln_ops".into(), Attr::Strings(vec!["Equal".into()]));
+        let e = FusedElementwise::parse(&NodeSpec::new(&n, 17)).unwrap_err().to_string();
+        assert!(e.contains("cannot be fused"), "{e}");
+        let ok = node(&[Instr::Unary(UnaryKind::Relu, 0)], 1);
+        let op = FusedElementwise::parse(&NodeSpec::new(&ok, 17)).unwrap();
+        let ty = TensorType::new(DType::I64, vec![2]);
+        assert!(op.infer(&[Some(Arg { ty: &ty, value: None })]).unwrap_err().to_string().contains("f32"));
+    }
+}
