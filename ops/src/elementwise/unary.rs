@@ -1,7 +1,9 @@
 //! Unary elementwise ops: Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh,
-//! Exp, Log, Sqrt, Neg, Abs, Reciprocal, Floor, Ceil, Sin, Cos, Softplus, Softsign,
-//! Elu, Selu, Sign. One variant per op: its CPU function (for f32 and f64, and for
-//! integers where the op is defined on them) and its WGSL expression of `x`.
+//! Exp, Log, Sqrt, Neg, Abs, Reciprocal, Floor, Ceil, Round, Sin, Cos, Tan, Asin, Acos,
+//! Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Softplus, Softsign, Elu, Selu, Celu,
+//! ThresholdedRelu, Shrink, Swish, Gelu, Mish, Sign, Erf. One variant per op: its CPU
+//! function (for f32 and f64, and for integers where the op is defined on them) and its
+//! WGSL expression of `x`.
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
@@ -34,6 +36,25 @@ pub enum UnaryKind {
     Selu { alpha: f32, gamma: f32 },
     Sign,
     Erf,
+    Round,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
+    Mish,
+    Celu { alpha: f32 },
+    ThresholdedRelu { alpha: f32 },
+    /// `x + bias` below `-lambd`, `x - bias` above `lambd`, 0 between.
+    Shrink { bias: f32, lambd: f32 },
+    /// `x * sigmoid(alpha * x)`.
+    Swish { alpha: f32 },
+    /// Exact (erf) or, with `tanh`, the tanh approximation.
+    Gelu { tanh: bool },
 }
 
 const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -115,6 +136,52 @@ macro_rules! with_float_fn {
                 let $f = |$x: $t| if $x > 0.0 { 1.0 } else if $x < 0.0 { -1.0 } else { $x };
                 $use
             }
+            UnaryKind::Round => {
+                let $f = |$x: $t| $x.round_ties_even();
+                $use
+            }
+            UnaryKind::Tan => {
+                let $f = |$x: $t| $x.tan();
+                $use
+            }
+            UnaryKind::Asin => {
+                let $f = |$x: $t| $x.asin();
+                $use
+            }
+            UnaryKind::Acos => {
+                let $f = |$x: $t| $x.acos();
+                $use
+            }
+            UnaryKind::Atan => {
+                let $f = |$x: $t| $x.atan();
+                $use
+            }
+            UnaryKind::Sinh => {
+                let $f = |$x: $t| $x.sinh();
+                $use
+            }
+            UnaryKind::Cosh => {
+                let $f = |$x: $t| $x.cosh();
+                $use
+            }
+            UnaryKind::Asinh => {
+                let $f = |$x: $t| $x.asinh();
+                $use
+            }
+            UnaryKind::Acosh => {
+                let $f = |$x: $t| $x.acosh();
+                $use
+            }
+            UnaryKind::Atanh => {
+                // On |x| so that ln_1p does not cancel near x = -1 (std's atanh does).
+                let $f = |$x: $t| (0.5 * ((2.0 * $x.abs()) / (1.0 - $x.abs())).ln_1p()).copysign($x);
+                $use
+            }
+            UnaryKind::Mish => {
+                // x * tanh(softplus(x)), softplus written to neither overflow nor cancel.
+                let $f = |$x: $t| $x * ($x.max(0.0) + (-$x.abs()).exp().ln_1p()).tanh();
+                $use
+            }
             _ => unreachable!("parameterised kinds are handled by the caller"),
         }
     }};
@@ -147,13 +214,35 @@ impl UnaryKind {
             UnaryKind::Elu { .. } => "Elu",
             UnaryKind::Selu { .. } => "Selu",
             UnaryKind::Sign => "Sign",
+            UnaryKind::Round => "Round",
+            UnaryKind::Tan => "Tan",
+            UnaryKind::Asin => "Asin",
+            UnaryKind::Acos => "Acos",
+            UnaryKind::Atan => "Atan",
+            UnaryKind::Sinh => "Sinh",
+            UnaryKind::Cosh => "Cosh",
+            UnaryKind::Asinh => "Asinh",
+            UnaryKind::Acosh => "Acosh",
+            UnaryKind::Atanh => "Atanh",
+            UnaryKind::Mish => "Mish",
+            UnaryKind::Celu { .. } => "Celu",
+            UnaryKind::ThresholdedRelu { .. } => "ThresholdedRelu",
+            UnaryKind::Shrink { .. } => "Shrink",
+            UnaryKind::Swish { .. } => "Swish",
+            UnaryKind::Gelu { .. } => "Gelu",
         }
     }
 
     /// The kind's parameters, in a fixed order (see [`UnaryKind::from_name_params`]).
     pub fn params(&self) -> Vec<f32> {
         match *self {
-            UnaryKind::LeakyRelu { alpha } | UnaryKind::Elu { alpha } => vec![alpha],
+            UnaryKind::LeakyRelu { alpha }
+            | UnaryKind::Elu { alpha }
+            | UnaryKind::Celu { alpha }
+            | UnaryKind::ThresholdedRelu { alpha }
+            | UnaryKind::Swish { alpha } => vec![alpha],
+            UnaryKind::Shrink { bias, lambd } => vec![bias, lambd],
+            UnaryKind::Gelu { tanh } => vec![tanh as u8 as f32],
             UnaryKind::Clip { min, max } => vec![min, max],
             UnaryKind::HardSigmoid { alpha, beta } => vec![alpha, beta],
             UnaryKind::Selu { alpha, gamma } => vec![alpha, gamma],
@@ -200,7 +289,12 @@ impl UnaryKind {
     /// Dtypes the op accepts.
     fn dtypes(&self) -> &'static [DType] {
         match self {
-            UnaryKind::Relu | UnaryKind::Neg | UnaryKind::Abs | UnaryKind::Clip { .. } | UnaryKind::Sign => NUMBERS,
+            UnaryKind::Relu
+            | UnaryKind::Neg
+            | UnaryKind::Abs
+            | UnaryKind::Clip { .. }
+            | UnaryKind::Sign
+            | UnaryKind::Shrink { .. } => NUMBERS,
             _ => FLOATS,
         }
     }
@@ -221,6 +315,15 @@ impl UnaryKind {
             UnaryKind::Selu { alpha, gamma } => {
                 gamma as f64 * if x > 0.0 { x } else { alpha as f64 * (x.exp() - 1.0) }
             }
+            UnaryKind::Celu { alpha } => {
+                let a = alpha as f64;
+                x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0)
+            }
+            UnaryKind::ThresholdedRelu { alpha } => if x > alpha as f64 { x } else { 0.0 },
+            UnaryKind::Shrink { bias, lambd } => shrink(x, bias as f64, lambd as f64),
+            UnaryKind::Swish { alpha } => x / (1.0 + (-(alpha as f64) * x).exp()),
+            UnaryKind::Gelu { tanh: false } => 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
+            UnaryKind::Gelu { tanh: true } => 0.5 * x * (1.0 + (GELU_TANH_SCALE * (x + 0.044715 * x * x * x)).tanh()),
             k => with_float_fn!(k, v, f64, f => f(x)),
         }
     }
@@ -241,6 +344,24 @@ impl UnaryKind {
             UnaryKind::Selu { alpha, gamma } => {
                 each(xs, |x| gamma * if x > 0.0 { x } else { alpha * (x.exp() - 1.0) })
             }
+            UnaryKind::Celu { alpha } => each(xs, |x| x.max(0.0) + (alpha * ((x / alpha).exp() - 1.0)).min(0.0)),
+            UnaryKind::ThresholdedRelu { alpha } => each(xs, |x| if x > alpha { x } else { 0.0 }),
+            UnaryKind::Shrink { bias, lambd } => each(xs, |x| {
+                if x < -lambd {
+                    x + bias
+                } else if x > lambd {
+                    x - bias
+                } else {
+                    0.0
+                }
+            }),
+            UnaryKind::Swish { alpha } => each(xs, |x| x / (1.0 + (-alpha * x).exp())),
+            UnaryKind::Gelu { tanh: false } => {
+                each(xs, |x| 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)))
+            }
+            UnaryKind::Gelu { tanh: true } => each(xs, |x| {
+                0.5 * x * (1.0 + crate::cpu::fast_tanh(GELU_TANH_SCALE as f32 * (x + 0.044715 * x * x * x)))
+            }),
             k => with_float_fn!(k, v, f32, f => each(xs, f)),
         }
     }
@@ -252,6 +373,16 @@ impl UnaryKind {
             UnaryKind::Neg => x.wrapping_neg(),
             UnaryKind::Abs => x.wrapping_abs(),
             UnaryKind::Sign => x.signum(),
+            UnaryKind::Shrink { bias, lambd } => {
+                let (xf, b) = (x as f64, bias as f64);
+                if xf < -(lambd as f64) {
+                    if b.fract() == 0.0 { x.wrapping_add(b as i64) } else { (xf + b) as i64 }
+                } else if xf > lambd as f64 {
+                    if b.fract() == 0.0 { x.wrapping_sub(b as i64) } else { (xf - b) as i64 }
+                } else {
+                    0
+                }
+            }
             UnaryKind::Clip { min, max } => {
                 let lo = if min.is_finite() { min as i64 } else { i64::MIN };
                 let hi = if max.is_finite() { max as i64 } else { i64::MAX };
@@ -271,6 +402,17 @@ impl UnaryKind {
                 UnaryKind::Abs => format!("abs({x})"),
                 UnaryKind::Sign => format!("sign({x})"),
                 UnaryKind::Clip { .. } => format!("min(max({x}, clip_lo), clip_hi)"),
+                UnaryKind::Shrink { bias, lambd } => {
+                    // Compared in f32; an integral bias is added exactly in the integer type.
+                    let (lo, hi) = (wgsl::literal("f32", -lambd as f64), wgsl::literal("f32", lambd as f64));
+                    let (below, above) = if bias.fract() == 0.0 {
+                        (format!("({x} + {})", l(bias)), format!("({x} - {})", l(bias)))
+                    } else {
+                        let b = wgsl::literal("f32", bias as f64);
+                        (format!("{ty}(f32({x}) + {b})"), format!("{ty}(f32({x}) - {b})"))
+                    };
+                    format!("select(select({}, {above}, f32({x}) > {hi}), {below}, f32({x}) < {lo})", l(0.0))
+                }
                 _ => x.to_string(),
             };
         }
@@ -301,6 +443,43 @@ impl UnaryKind {
             }
             UnaryKind::Sign => format!("sign({x})"),
             UnaryKind::Erf => format!("kiln_erf({x})"),
+            UnaryKind::Round => format!("round({x})"),
+            UnaryKind::Tan => format!("tan({x})"),
+            UnaryKind::Asin => format!("asin({x})"),
+            UnaryKind::Acos => format!("acos({x})"),
+            UnaryKind::Atan => format!("atan({x})"),
+            UnaryKind::Sinh => format!("sinh({x})"),
+            UnaryKind::Cosh => format!("cosh({x})"),
+            UnaryKind::Asinh => format!("kiln_asinh({x})"),
+            UnaryKind::Acosh => format!("kiln_acosh({x})"),
+            UnaryKind::Atanh => format!("kiln_atanh({x})"),
+            UnaryKind::Mish => format!("({x} * tanh(clamp(kiln_softplus({x}), -15.0, 15.0)))"),
+            UnaryKind::Celu { alpha } => {
+                format!("(max({x}, 0.0) + min({a} * (exp({x} / {a}) - 1.0), 0.0))", a = l(alpha))
+            }
+            UnaryKind::ThresholdedRelu { alpha } => format!("select(0.0, {x}, {x} > {})", l(alpha)),
+            UnaryKind::Shrink { bias, lambd } => format!(
+                "select(select(0.0, {x} - {b}, {x} > {hi}), {x} + {b}, {x} < {lo})",
+                b = l(bias),
+                hi = l(lambd),
+                lo = l(-lambd)
+            ),
+            UnaryKind::Swish { alpha } => format!("({x} / (1.0 + exp({} * {x})))", l(-alpha)),
+            UnaryKind::Gelu { tanh: false } => format!("(0.5 * {x} * (1.0 + kiln_erf({x} * 0.70710678118654752)))"),
+            UnaryKind::Gelu { tanh: true } => format!(
+                "(0.5 * {x} * (1.0 + tanh(clamp({} * ({x} + 0.044715 * {x} * {x} * {x}), -15.0, 15.0))))",
+                l(GELU_TANH_SCALE as f32)
+            ),
+        }
+    }
+
+    /// WGSL functions the kind's expression calls.
+    pub fn wgsl_helpers(&self) -> &'static str {
+        match self {
+            UnaryKind::Erf | UnaryKind::Gelu { tanh: false } => ERF_WGSL,
+            UnaryKind::Mish => SOFTPLUS_WGSL,
+            UnaryKind::Asinh | UnaryKind::Acosh | UnaryKind::Atanh => INVERSE_HYPERBOLIC_WGSL,
+            _ => "",
         }
     }
 }
@@ -372,8 +551,8 @@ impl CpuKernel for Unary {
                 *out = Tensor::from_f64(d, x.dims(), &v)?;
             }
             d => {
-                let v: Vec<f64> = x.to_i64_vec()?.into_iter().map(|v| kind.apply_i64(v) as f64).collect();
-                *out = Tensor::from_f64(d, x.dims(), &v)?;
+                let v: Vec<i64> = x.to_i64_vec()?.into_iter().map(|v| kind.apply_i64(v)).collect();
+                *out = super::zip::from_i64_bits(d, x.dims(), &v)?;
             }
         }
         Ok(())
@@ -411,7 +590,7 @@ impl WgslKernel for Unary {
         buffers.push(("y", ty, false));
         bindings.push(Binding::Output(0));
         let body = format!("{prelude}let x = x[i];\n    y[i] = {};", self.kind.wgsl_expr("x", ty));
-        let helpers = if self.kind == UnaryKind::Erf { ERF_WGSL } else { "" };
+        let helpers = self.kind.wgsl_helpers();
         Ok(WgslProgram::single(wgsl::simple_kernel(
             self.name(),
             outputs[0].len(),
@@ -434,6 +613,62 @@ fn kiln_erf(x: f32) -> f32 {
     return sign(x) * (1.0 - p * exp(-a * a));
 }
 ";
+
+/// softplus for WGSL that neither overflows (large x) nor loses `log(1 + e)` for tiny `e`.
+const SOFTPLUS_WGSL: &str = "
+fn kiln_softplus(x: f32) -> f32 {
+    let e = exp(-abs(x));
+    let l = select(log(1.0 + e), e * (1.0 - e * (0.5 - e / 3.0)), e < 1e-3);
+    return max(x, 0.0) + l;
+}
+";
+
+/// asinh/acosh/atanh for WGSL through logarithms, with NaN outside their domains and
+/// no overflow of `x * x` for large |x| (the builtins are undefined outside the domain).
+const INVERSE_HYPERBOLIC_WGSL: &str = "
+fn kiln_asinh(x: f32) -> f32 {
+    let a = abs(x);
+    var r: f32;
+    if (a > 1e4) {
+        r = log(a) + 0.69314718;
+    } else if (a < 1e-3) {
+        r = a * (1.0 - a * a / 6.0);
+    } else {
+        r = log(a + sqrt(a * a + 1.0));
+    }
+    return select(r, -r, x < 0.0);
+}
+fn kiln_acosh(x: f32) -> f32 {
+    if (!(x >= 1.0)) { return bitcast<f32>(0x7fc00000u); }
+    if (x > 1e4) { return log(x) + 0.69314718; }
+    return log(x + sqrt((x - 1.0) * (x + 1.0)));
+}
+fn kiln_atanh(x: f32) -> f32 {
+    let a = abs(x);
+    if (!(a <= 1.0)) { return bitcast<f32>(0x7fc00000u); }
+    var r: f32;
+    if (a < 1e-3) {
+        r = a * (1.0 + a * a / 3.0);
+    } else {
+        r = 0.5 * log((1.0 + a) / (1.0 - a));
+    }
+    return select(r, -r, x < 0.0);
+}
+";
+
+/// `sqrt(2 / pi)`, the scale inside Gelu's tanh approximation.
+const GELU_TANH_SCALE: f64 = 0.797_884_560_802_865_4;
+
+/// Shrink of one value (the reference semantics).
+fn shrink(x: f64, bias: f64, lambd: f64) -> f64 {
+    if x < -lambd {
+        x + bias
+    } else if x > lambd {
+        x - bias
+    } else {
+        0.0
+    }
+}
 
 /// The attributes that carry an activation fused into a producer's epilogue.
 pub const ACTIVATION_ATTR: &str = "kiln_activation";
@@ -501,6 +736,21 @@ fn parse(spec: &NodeSpec, kind: UnaryKind) -> Result<UnaryKind> {
             min: spec.float("min", f32::NEG_INFINITY)?,
             max: spec.float("max", f32::INFINITY)?,
         },
+        UnaryKind::Celu { .. } => {
+            let alpha = spec.float("alpha", 1.0)?;
+            if alpha == 0.0 {
+                return Err(spec.bad("alpha", "Celu's alpha must not be 0"));
+            }
+            UnaryKind::Celu { alpha }
+        }
+        UnaryKind::ThresholdedRelu { .. } => UnaryKind::ThresholdedRelu { alpha: spec.float("alpha", 1.0)? },
+        UnaryKind::Shrink { .. } => UnaryKind::Shrink { bias: spec.float("bias", 0.0)?, lambd: spec.float("lambd", 0.5)? },
+        UnaryKind::Swish { .. } => UnaryKind::Swish { alpha: spec.float("alpha", 1.0)? },
+        UnaryKind::Gelu { .. } => match spec.string("approximate", "none")?.as_str() {
+            "none" => UnaryKind::Gelu { tanh: false },
+            "tanh" => UnaryKind::Gelu { tanh: true },
+            other => return Err(spec.bad("approximate", format!("expected \"none\" or \"tanh\", found \"{other}\""))),
+        },
         k => k,
     })
 }
@@ -530,6 +780,22 @@ pub(crate) fn register(r: &mut Registry) {
         UnaryKind::Selu { alpha: 0.0, gamma: 0.0 },
         UnaryKind::Sign,
         UnaryKind::Erf,
+        UnaryKind::Round,
+        UnaryKind::Tan,
+        UnaryKind::Asin,
+        UnaryKind::Acos,
+        UnaryKind::Atan,
+        UnaryKind::Sinh,
+        UnaryKind::Cosh,
+        UnaryKind::Asinh,
+        UnaryKind::Acosh,
+        UnaryKind::Atanh,
+        UnaryKind::Mish,
+        UnaryKind::Celu { alpha: 1.0 },
+        UnaryKind::ThresholdedRelu { alpha: 1.0 },
+        UnaryKind::Shrink { bias: 0.0, lambd: 0.5 },
+        UnaryKind::Swish { alpha: 1.0 },
+        UnaryKind::Gelu { tanh: false },
     ];
     for kind in kinds {
         r.register("", kind.op_name(), move |spec| Ok(Box::new(Unary { kind: parse(spec, kind)? })));
@@ -613,5 +879,139 @@ mod tests {
         let bad = make("Sqrt", &[]);
         let ty = TensorType::new(DType::I64, vec![4]);
         assert!(bad.infer(&[Some(Arg { ty: &ty, value: None })]).is_err());
+    }
+
+    fn run_kind(kind: UnaryKind, x: &Tensor) -> Tensor {
+        let op = Unary { kind };
+        let ty = TensorType::new(x.dtype(), x.dims());
+        let args = [Some(Arg { ty: &ty, value: None })];
+        let out_ty = op.infer(&args).unwrap();
+        let prog = op.generate(&args, &out_ty, &TuneValues::default()).unwrap();
+        crate::wgsl::testing::validate(&prog.dispatches[0].source);
+        let mut out = vec![Tensor::zeros(out_ty[0].dtype, &out_ty[0].dims)];
+        op.run(&[Some(x)], &mut out).unwrap();
+        out.remove(0)
+    }
+
+    /// Straightforward f64 formulas, written independently of `apply_f64`.
+    fn reference(kind: UnaryKind, x: f64) -> f64 {
+        match kind {
+            UnaryKind::Round => {
+                let f = x.floor();
+                let d = x - f;
+                if d > 0.5 || (d == 0.5 && f % 2.0 != 0.0) { f + 1.0 } else if x.is_finite() { f.copysign(x) } else { x }
+            }
+            UnaryKind::Tan => x.sin() / x.cos(),
+            UnaryKind::Asin => x.asin(),
+            UnaryKind::Acos => x.acos(),
+            UnaryKind::Atan => x.atan(),
+            UnaryKind::Sinh => (x.exp() - (-x).exp()) / 2.0,
+            UnaryKind::Cosh => (x.exp() + (-x).exp()) / 2.0,
+            UnaryKind::Asinh => x.signum() * (x.abs() + (x * x + 1.0).sqrt()).ln(),
+            UnaryKind::Acosh => (x + (x * x - 1.0).sqrt()).ln(),
+            UnaryKind::Atanh => 0.5 * ((1.0 + x) / (1.0 - x)).ln(),
+            UnaryKind::Mish => x * (1.0 + x.exp()).ln().tanh(),
+            UnaryKind::Celu { alpha } => {
+                let a = alpha as f64;
+                x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0)
+            }
+            UnaryKind::ThresholdedRelu { alpha } => if x > alpha as f64 { x } else { 0.0 },
+            UnaryKind::Shrink { bias, lambd } => {
+                if x < -lambd as f64 { x + bias as f64 } else if x > lambd as f64 { x - bias as f64 } else { 0.0 }
+            }
+            UnaryKind::Swish { alpha } => x * (1.0 / (1.0 + (-(alpha as f64) * x).exp())),
+            UnaryKind::Gelu { tanh: false } => 0.5 * x * (1.0 + libm::erf(x / 2f64.sqrt())),
+            UnaryKind::Gelu { tanh: true } => {
+                0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+            }
+            UnaryKind::Sin => x.sin(),
+            UnaryKind::Cos => x.cos(),
+            k => panic!("no reference for {k:?}"),
+        }
+    }
+
+    #[test]
+    fn new_kinds_match_the_reference_in_f32_f64_and_f16() {
+        let kinds = [
+            UnaryKind::Round,
+            UnaryKind::Tan,
+            UnaryKind::Asin,
+            UnaryKind::Acos,
+            UnaryKind::Atan,
+            UnaryKind::Sinh,
+            UnaryKind::Cosh,
+            UnaryKind::Asinh,
+            UnaryKind::Acosh,
+            UnaryKind::Atanh,
+            UnaryKind::Mish,
+            UnaryKind::Celu { alpha: 2.0 },
+            UnaryKind::ThresholdedRelu { alpha: 0.7 },
+            UnaryKind::Shrink { bias: 1.5, lambd: 1.0 },
+            UnaryKind::Swish { alpha: 1.3 },
+            UnaryKind::Gelu { tanh: false },
+            UnaryKind::Gelu { tanh: true },
+            UnaryKind::Sin,
+            UnaryKind::Cos,
+        ];
+        // Halves (round to even), negative zero, domain edges and values outside them.
+        let mut xs: Vec<f64> = (0..41).map(|i| (i as f64 - 20.0) * 0.25).collect();
+        xs.extend([-0.0, 0.5, 1.5, 2.5, -2.5, -0.5, 0.999, -0.999, 1.0, -1.0, 30.0, -30.0, 1e-5, -1e-5]);
+        for kind in kinds {
+            for dtype in [DType::F32, DType::F64, DType::F16] {
+                let x = Tensor::from_f64(dtype, &[xs.len()], &xs).unwrap();
+                let xq = x.to_f64_vec();
+                let got = run_kind(kind, &x).to_f64_vec();
+                let tol = match dtype {
+                    DType::F32 => 2e-6,
+                    DType::F64 => 1e-12,
+                    _ => 1e-3,
+                };
+                for (i, (&g, &v)) in got.iter().zip(&xq).enumerate() {
+                    // The reference rounded to the tensor's dtype (f16 overflows to inf).
+                    let w = Tensor::from_f64(dtype, &[1], &[reference(kind, v)]).unwrap().to_f64_vec()[0];
+                    let ok = (w.is_nan() && g.is_nan()) || g == w || (g - w).abs() <= tol * w.abs().max(1.0);
+                    assert!(ok, "{kind:?} {dtype} x[{i}] = {v}: got {g}, expected {w}");
+                }
+            }
+        }
+        // Special values.
+        let sp = Tensor::from_slice(&[4], &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0]).unwrap();
+        let r = run_kind(UnaryKind::Round, &sp);
+        let r = r.as_slice::<f32>().unwrap();
+        assert!(r[0].is_nan() && r[1] == f32::INFINITY && r[2] == f32::NEG_INFINITY && r[3] == 0.0 && r[3].is_sign_negative());
+        let g = run_kind(UnaryKind::Gelu { tanh: false }, &sp);
+        let g = g.as_slice::<f32>().unwrap();
+        assert!(g[0].is_nan() && g[1] == f32::INFINITY);
+        let m = run_kind(UnaryKind::Mish, &Tensor::from_slice(&[2], &[100f32, -100.]).unwrap());
+        assert_eq!(m.as_slice::<f32>().unwrap()[0], 100.0);
+        assert!(m.as_slice::<f32>().unwrap()[1].abs() < 1e-30);
+    }
+
+    #[test]
+    fn shrink_on_integers_and_attribute_errors() {
+        let x = Tensor::from_slice(&[5], &[-3i32, -1, 0, 1, 3]).unwrap();
+        let y = run_kind(UnaryKind::Shrink { bias: 1.0, lambd: 1.5 }, &x);
+        assert_eq!(y.as_slice::<i32>().unwrap(), &[-2, 0, 0, 0, 2]);
+        let u = Tensor::from_slice(&[3], &[0u8, 2, 200]).unwrap();
+        let y = run_kind(UnaryKind::Shrink { bias: 2.0, lambd: 1.0 }, &u);
+        assert_eq!(y.as_slice::<u8>().unwrap(), &[0, 0, 198]);
+        let make_spec = |op: &str, attrs: &[(&str, kiln_graph::Attr)]| {
+            let node = Node {
+                name: "n".into(),
+                op_type: op.into(),
+                domain: String::new(),
+                attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+                inputs: vec![Some(0)],
+                outputs: vec![1],
+            };
+            Registry::builtin().create(&NodeSpec::new(&node, 20)).map(|_| ())
+        };
+        assert!(make_spec("Gelu", &[("approximate", kiln_graph::Attr::String("erf".into()))]).is_err());
+        assert!(make_spec("Gelu", &[("approximate", kiln_graph::Attr::String("tanh".into()))]).is_ok());
+        assert!(make_spec("Celu", &[("alpha", kiln_graph::Attr::Float(0.0))]).is_err());
+        let gelu = make("Gelu", &[]);
+        let ty = TensorType::new(DType::I32, vec![2]);
+        assert!(gelu.infer(&[Some(Arg { ty: &ty, value: None })]).is_err(), "Gelu on int32");
+        assert!(make("Round", &[]).infer(&[Some(Arg { ty: &ty, value: None })]).is_err(), "Round on int32");
     }
 }
