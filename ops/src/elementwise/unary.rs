@@ -445,8 +445,9 @@ impl UnaryKind {
             UnaryKind::Erf => format!("kiln_erf({x})"),
             UnaryKind::Round => format!("round({x})"),
             UnaryKind::Tan => format!("tan({x})"),
-            UnaryKind::Asin => format!("asin({x})"),
-            UnaryKind::Acos => format!("acos({x})"),
+            // Through atan2: the drivers' asin/acos approximations are coarse (~1e-4).
+            UnaryKind::Asin => format!("kiln_asin({x})"),
+            UnaryKind::Acos => format!("kiln_acos({x})"),
             UnaryKind::Atan => format!("atan({x})"),
             UnaryKind::Sinh => format!("sinh({x})"),
             UnaryKind::Cosh => format!("cosh({x})"),
@@ -479,6 +480,7 @@ impl UnaryKind {
             UnaryKind::Erf | UnaryKind::Gelu { tanh: false } => ERF_WGSL,
             UnaryKind::Mish => SOFTPLUS_WGSL,
             UnaryKind::Asinh | UnaryKind::Acosh | UnaryKind::Atanh => INVERSE_HYPERBOLIC_WGSL,
+            UnaryKind::Asin | UnaryKind::Acos => INVERSE_TRIG_WGSL,
             _ => "",
         }
     }
@@ -620,6 +622,18 @@ fn kiln_softplus(x: f32) -> f32 {
     let e = exp(-abs(x));
     let l = select(log(1.0 + e), e * (1.0 - e * (0.5 - e / 3.0)), e < 1e-3);
     return max(x, 0.0) + l;
+}
+";
+
+/// asin/acos for WGSL through atan2, NaN outside [-1, 1].
+const INVERSE_TRIG_WGSL: &str = "
+fn kiln_asin(x: f32) -> f32 {
+    if (!(abs(x) <= 1.0)) { return bitcast<f32>(0x7fc00000u); }
+    return atan2(x, sqrt((1.0 - x) * (1.0 + x)));
+}
+fn kiln_acos(x: f32) -> f32 {
+    if (!(abs(x) <= 1.0)) { return bitcast<f32>(0x7fc00000u); }
+    return atan2(sqrt((1.0 - x) * (1.0 + x)), x);
 }
 ";
 
