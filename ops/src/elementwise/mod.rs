@@ -4,6 +4,7 @@
 //! once (CPU function + WGSL expression), so the fuser can compose them.
 use crate::Registry;
 
+mod activation;
 mod binary;
 mod bitshift;
 mod bitwise;
@@ -11,10 +12,12 @@ mod classify;
 mod modulo;
 mod prelu;
 mod unary;
+mod unary_wgsl;
 mod zip;
 
 pub use binary::BinaryKind;
-pub use unary::{activation_wgsl, apply_activation, fused_activation, unary_kind_of, UnaryKind, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
+pub use activation::{activation_wgsl, apply_activation, fused_activation, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
+pub use unary::{unary_kind_of, UnaryKind};
 
 pub(crate) fn register(r: &mut Registry) {
     unary::register(r);
