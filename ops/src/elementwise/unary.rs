@@ -516,8 +516,12 @@ impl Op for Unary {
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
         let dtype = expect_dtype(inputs, 0, self.kind.dtypes())?;
-        for i in 1..inputs.len() {
-            if let Some(a) = inputs[i] {
+        let max_inputs = if matches!(self.kind, UnaryKind::Clip { .. }) { 3 } else { 1 };
+        if inputs.len() > max_inputs {
+            return Err(OpError::invalid(format!("{} takes at most {max_inputs} input(s), got {}", self.name(), inputs.len())));
+        }
+        for (i, a) in inputs.iter().enumerate().skip(1) {
+            if let Some(a) = a {
                 if a.dtype() != dtype {
                     return Err(OpError::input(i, format!("dtype {} differs from input 0's {dtype}", a.dtype())));
                 }

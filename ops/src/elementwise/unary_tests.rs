@@ -208,4 +208,8 @@ fn shrink_on_integers_and_attribute_errors() {
     let ty = TensorType::new(DType::I32, vec![2]);
     assert!(gelu.infer(&[Some(Arg { ty: &ty, value: None })]).is_err(), "Gelu on int32");
     assert!(make("Round", &[]).infer(&[Some(Arg { ty: &ty, value: None })]).is_err(), "Round on int32");
+    let f = TensorType::new(DType::F32, vec![2]);
+    let two = [Some(Arg { ty: &f, value: None }), Some(Arg { ty: &f, value: None })];
+    assert!(make("Acos", &[]).infer(&two).is_err(), "Acos with two inputs");
+    assert!(make("Clip", &[]).infer(&two).is_ok());
 }
