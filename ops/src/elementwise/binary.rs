@@ -233,7 +233,7 @@ fn repeats_trailing(small: &[usize], out: &[usize]) -> bool {
 }
 
 /// `out[i] = f(a[..], b[..])` with broadcasting, in parallel chunks.
-fn map2<T: Element, U: Element>(a: &Tensor, b: &Tensor, out: &mut Tensor, f: impl Fn(T, T) -> U + Sync) -> Result<()> {
+pub(crate) fn map2<T: Element, U: Element>(a: &Tensor, b: &Tensor, out: &mut Tensor, f: impl Fn(T, T) -> U + Sync) -> Result<()> {
     let (av, bv) = (a.as_slice::<T>()?, b.as_slice::<T>()?);
     let dims = out.dims().to_vec();
     let dst = out.as_mut_slice::<U>()?;

@@ -1,15 +1,30 @@
-//! Elementwise operators: unary math/activations and broadcasting binary ops.
-//! Each op is a variant described once (CPU function + WGSL expression), so the fuser
-//! can compose them.
+//! Elementwise operators: unary math/activations, broadcasting binary ops, and the
+//! binary ops with their own semantics (bitwise, BitShift, Mod, PRelu) and float
+//! classification (IsNaN, IsInf). Unary and plain binary ops are variants described
+//! once (CPU function + WGSL expression), so the fuser can compose them.
 use crate::Registry;
 
+mod activation;
 mod binary;
+mod bitshift;
+mod bitwise;
+mod classify;
+mod modulo;
+mod prelu;
 mod unary;
+mod unary_wgsl;
+mod zip;
 
 pub use binary::BinaryKind;
-pub use unary::{activation_wgsl, apply_activation, fused_activation, unary_kind_of, UnaryKind, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
+pub use activation::{activation_wgsl, apply_activation, fused_activation, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
+pub use unary::{unary_kind_of, UnaryKind};
 
 pub(crate) fn register(r: &mut Registry) {
     unary::register(r);
     binary::register(r);
+    bitwise::register(r);
+    bitshift::register(r);
+    classify::register(r);
+    modulo::register(r);
+    prelu::register(r);
 }

@@ -1,11 +1,14 @@
 //! Unary elementwise ops: Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh,
-//! Exp, Log, Sqrt, Neg, Abs, Reciprocal, Floor, Ceil, Sin, Cos, Softplus, Softsign,
-//! Elu, Selu, Sign. One variant per op: its CPU function (for f32 and f64, and for
-//! integers where the op is defined on them) and its WGSL expression of `x`.
+//! Exp, Log, Sqrt, Neg, Abs, Reciprocal, Floor, Ceil, Round, Sin, Cos, Tan, Asin, Acos,
+//! Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Softplus, Softsign, Elu, Selu, Celu,
+//! ThresholdedRelu, Shrink, Swish, Gelu, Mish, Sign, Erf. One variant per op: its CPU
+//! function (for f32 and f64, and for integers where the op is defined on them) and its
+//! WGSL expression of `x`.
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use super::unary_wgsl::{ERF_WGSL, INVERSE_HYPERBOLIC_WGSL, INVERSE_TRIG_WGSL, SOFTPLUS_WGSL};
 use kiln_graph::{DType, Tensor};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -34,6 +37,25 @@ pub enum UnaryKind {
     Selu { alpha: f32, gamma: f32 },
     Sign,
     Erf,
+    Round,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
+    Mish,
+    Celu { alpha: f32 },
+    ThresholdedRelu { alpha: f32 },
+    /// `x + bias` below `-lambd`, `x - bias` above `lambd`, 0 between.
+    Shrink { bias: f32, lambd: f32 },
+    /// `x * sigmoid(alpha * x)`.
+    Swish { alpha: f32 },
+    /// Exact (erf) or, with `tanh`, the tanh approximation.
+    Gelu { tanh: bool },
 }
 
 const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -115,6 +137,52 @@ macro_rules! with_float_fn {
                 let $f = |$x: $t| if $x > 0.0 { 1.0 } else if $x < 0.0 { -1.0 } else { $x };
                 $use
             }
+            UnaryKind::Round => {
+                let $f = |$x: $t| $x.round_ties_even();
+                $use
+            }
+            UnaryKind::Tan => {
+                let $f = |$x: $t| $x.tan();
+                $use
+            }
+            UnaryKind::Asin => {
+                let $f = |$x: $t| $x.asin();
+                $use
+            }
+            UnaryKind::Acos => {
+                let $f = |$x: $t| $x.acos();
+                $use
+            }
+            UnaryKind::Atan => {
+                let $f = |$x: $t| $x.atan();
+                $use
+            }
+            UnaryKind::Sinh => {
+                let $f = |$x: $t| $x.sinh();
+                $use
+            }
+            UnaryKind::Cosh => {
+                let $f = |$x: $t| $x.cosh();
+                $use
+            }
+            UnaryKind::Asinh => {
+                let $f = |$x: $t| $x.asinh();
+                $use
+            }
+            UnaryKind::Acosh => {
+                let $f = |$x: $t| $x.acosh();
+                $use
+            }
+            UnaryKind::Atanh => {
+                // On |x| so that ln_1p does not cancel near x = -1 (std's atanh does).
+                let $f = |$x: $t| (0.5 * ((2.0 * $x.abs()) / (1.0 - $x.abs())).ln_1p()).copysign($x);
+                $use
+            }
+            UnaryKind::Mish => {
+                // x * tanh(softplus(x)), softplus written to neither overflow nor cancel.
+                let $f = |$x: $t| $x * ($x.max(0.0) + (-$x.abs()).exp().ln_1p()).tanh();
+                $use
+            }
             _ => unreachable!("parameterised kinds are handled by the caller"),
         }
     }};
@@ -147,13 +215,35 @@ impl UnaryKind {
             UnaryKind::Elu { .. } => "Elu",
             UnaryKind::Selu { .. } => "Selu",
             UnaryKind::Sign => "Sign",
+            UnaryKind::Round => "Round",
+            UnaryKind::Tan => "Tan",
+            UnaryKind::Asin => "Asin",
+            UnaryKind::Acos => "Acos",
+            UnaryKind::Atan => "Atan",
+            UnaryKind::Sinh => "Sinh",
+            UnaryKind::Cosh => "Cosh",
+            UnaryKind::Asinh => "Asinh",
+            UnaryKind::Acosh => "Acosh",
+            UnaryKind::Atanh => "Atanh",
+            UnaryKind::Mish => "Mish",
+            UnaryKind::Celu { .. } => "Celu",
+            UnaryKind::ThresholdedRelu { .. } => "ThresholdedRelu",
+            UnaryKind::Shrink { .. } => "Shrink",
+            UnaryKind::Swish { .. } => "Swish",
+            UnaryKind::Gelu { .. } => "Gelu",
         }
     }
 
     /// The kind's parameters, in a fixed order (see [`UnaryKind::from_name_params`]).
     pub fn params(&self) -> Vec<f32> {
         match *self {
-            UnaryKind::LeakyRelu { alpha } | UnaryKind::Elu { alpha } => vec![alpha],
+            UnaryKind::LeakyRelu { alpha }
+            | UnaryKind::Elu { alpha }
+            | UnaryKind::Celu { alpha }
+            | UnaryKind::ThresholdedRelu { alpha }
+            | UnaryKind::Swish { alpha } => vec![alpha],
+            UnaryKind::Shrink { bias, lambd } => vec![bias, lambd],
+            UnaryKind::Gelu { tanh } => vec![tanh as u8 as f32],
             UnaryKind::Clip { min, max } => vec![min, max],
             UnaryKind::HardSigmoid { alpha, beta } => vec![alpha, beta],
             UnaryKind::Selu { alpha, gamma } => vec![alpha, gamma],
@@ -201,7 +291,12 @@ impl UnaryKind {
     /// Dtypes the op accepts.
     fn dtypes(&self) -> &'static [DType] {
         match self {
-            UnaryKind::Relu | UnaryKind::Neg | UnaryKind::Abs | UnaryKind::Clip { .. } | UnaryKind::Sign => NUMBERS,
+            UnaryKind::Relu
+            | UnaryKind::Neg
+            | UnaryKind::Abs
+            | UnaryKind::Clip { .. }
+            | UnaryKind::Sign
+            | UnaryKind::Shrink { .. } => NUMBERS,
             _ => FLOATS,
         }
     }
@@ -222,6 +317,15 @@ impl UnaryKind {
             UnaryKind::Selu { alpha, gamma } => {
                 gamma as f64 * if x > 0.0 { x } else { alpha as f64 * (x.exp() - 1.0) }
             }
+            UnaryKind::Celu { alpha } => {
+                let a = alpha as f64;
+                x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0)
+            }
+            UnaryKind::ThresholdedRelu { alpha } => if x > alpha as f64 { x } else { 0.0 },
+            UnaryKind::Shrink { bias, lambd } => shrink(x, bias as f64, lambd as f64),
+            UnaryKind::Swish { alpha } => x / (1.0 + (-(alpha as f64) * x).exp()),
+            UnaryKind::Gelu { tanh: false } => 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
+            UnaryKind::Gelu { tanh: true } => 0.5 * x * (1.0 + (GELU_TANH_SCALE * (x + 0.044715 * x * x * x)).tanh()),
             k => with_float_fn!(k, v, f64, f => f(x)),
         }
     }
@@ -242,6 +346,24 @@ impl UnaryKind {
             UnaryKind::Selu { alpha, gamma } => {
                 each(xs, |x| gamma * if x > 0.0 { x } else { alpha * (x.exp() - 1.0) })
             }
+            UnaryKind::Celu { alpha } => each(xs, |x| x.max(0.0) + (alpha * ((x / alpha).exp() - 1.0)).min(0.0)),
+            UnaryKind::ThresholdedRelu { alpha } => each(xs, |x| if x > alpha { x } else { 0.0 }),
+            UnaryKind::Shrink { bias, lambd } => each(xs, |x| {
+                if x < -lambd {
+                    x + bias
+                } else if x > lambd {
+                    x - bias
+                } else {
+                    0.0
+                }
+            }),
+            UnaryKind::Swish { alpha } => each(xs, |x| x / (1.0 + (-alpha * x).exp())),
+            UnaryKind::Gelu { tanh: false } => {
+                each(xs, |x| 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)))
+            }
+            UnaryKind::Gelu { tanh: true } => each(xs, |x| {
+                0.5 * x * (1.0 + crate::cpu::fast_tanh(GELU_TANH_SCALE as f32 * (x + 0.044715 * x * x * x)))
+            }),
             k => with_float_fn!(k, v, f32, f => each(xs, f)),
         }
     }
@@ -253,6 +375,16 @@ impl UnaryKind {
             UnaryKind::Neg => x.wrapping_neg(),
             UnaryKind::Abs => x.wrapping_abs(),
             UnaryKind::Sign => x.signum(),
+            UnaryKind::Shrink { bias, lambd } => {
+                let (xf, b) = (x as f64, bias as f64);
+                if xf < -(lambd as f64) {
+                    if b.fract() == 0.0 { x.wrapping_add(b as i64) } else { (xf + b) as i64 }
+                } else if xf > lambd as f64 {
+                    if b.fract() == 0.0 { x.wrapping_sub(b as i64) } else { (xf - b) as i64 }
+                } else {
+                    0
+                }
+            }
             UnaryKind::Clip { min, max } => {
                 let lo = if min.is_finite() { min as i64 } else { i64::MIN };
                 let hi = if max.is_finite() { max as i64 } else { i64::MAX };
@@ -277,6 +409,17 @@ impl UnaryKind {
                 UnaryKind::Abs => format!("abs({x})"),
                 UnaryKind::Sign => format!("sign({x})"),
                 UnaryKind::Clip { .. } => format!("min(max({x}, clip_lo), clip_hi)"),
+                UnaryKind::Shrink { bias, lambd } => {
+                    // Compared in f32; an integral bias is added exactly in the integer type.
+                    let (lo, hi) = (wgsl::literal("f32", -lambd as f64), wgsl::literal("f32", lambd as f64));
+                    let (below, above) = if bias.fract() == 0.0 {
+                        (format!("({x} + {})", l(bias)), format!("({x} - {})", l(bias)))
+                    } else {
+                        let b = wgsl::literal("f32", bias as f64);
+                        (format!("{ty}(f32({x}) + {b})"), format!("{ty}(f32({x}) - {b})"))
+                    };
+                    format!("select(select({}, {above}, f32({x}) > {hi}), {below}, f32({x}) < {lo})", l(0.0))
+                }
                 _ => x.to_string(),
             };
         }
@@ -307,6 +450,45 @@ impl UnaryKind {
             }
             UnaryKind::Sign => format!("sign({x})"),
             UnaryKind::Erf => format!("kiln_erf({x})"),
+            UnaryKind::Round => format!("round({x})"),
+            UnaryKind::Tan => format!("tan({x})"),
+            // Through atan2: the drivers' asin/acos approximations are coarse (~1e-4).
+            UnaryKind::Asin => format!("kiln_asin({x})"),
+            UnaryKind::Acos => format!("kiln_acos({x})"),
+            UnaryKind::Atan => format!("atan({x})"),
+            UnaryKind::Sinh => format!("sinh({x})"),
+            UnaryKind::Cosh => format!("cosh({x})"),
+            UnaryKind::Asinh => format!("kiln_asinh({x})"),
+            UnaryKind::Acosh => format!("kiln_acosh({x})"),
+            UnaryKind::Atanh => format!("kiln_atanh({x})"),
+            UnaryKind::Mish => format!("({x} * tanh(clamp(kiln_softplus({x}), -15.0, 15.0)))"),
+            UnaryKind::Celu { alpha } => {
+                format!("(max({x}, 0.0) + min({a} * (exp({x} / {a}) - 1.0), 0.0))", a = l(alpha))
+            }
+            UnaryKind::ThresholdedRelu { alpha } => format!("select(0.0, {x}, {x} > {})", l(alpha)),
+            UnaryKind::Shrink { bias, lambd } => format!(
+                "select(select(0.0, {x} - {b}, {x} > {hi}), {x} + {b}, {x} < {lo})",
+                b = l(bias),
+                hi = l(lambd),
+                lo = l(-lambd)
+            ),
+            UnaryKind::Swish { alpha } => format!("({x} / (1.0 + exp({} * {x})))", l(-alpha)),
+            UnaryKind::Gelu { tanh: false } => format!("(0.5 * {x} * (1.0 + kiln_erf({x} * 0.70710678118654752)))"),
+            UnaryKind::Gelu { tanh: true } => format!(
+                "(0.5 * {x} * (1.0 + tanh(clamp({} * ({x} + 0.044715 * {x} * {x} * {x}), -15.0, 15.0))))",
+                l(GELU_TANH_SCALE as f32)
+            ),
+        }
+    }
+
+    /// WGSL functions the kind's expression calls.
+    pub fn wgsl_helpers(&self) -> &'static str {
+        match self {
+            UnaryKind::Erf | UnaryKind::Gelu { tanh: false } => ERF_WGSL,
+            UnaryKind::Mish => SOFTPLUS_WGSL,
+            UnaryKind::Asinh | UnaryKind::Acosh | UnaryKind::Atanh => INVERSE_HYPERBOLIC_WGSL,
+            UnaryKind::Asin | UnaryKind::Acos => INVERSE_TRIG_WGSL,
+            _ => "",
         }
     }
 }
@@ -340,8 +522,12 @@ impl Op for Unary {
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
         let dtype = expect_dtype(inputs, 0, self.kind.dtypes())?;
-        for i in 1..inputs.len() {
-            if let Some(a) = inputs[i] {
+        let max_inputs = if matches!(self.kind, UnaryKind::Clip { .. }) { 3 } else { 1 };
+        if inputs.len() > max_inputs {
+            return Err(OpError::invalid(format!("{} takes at most {max_inputs} input(s), got {}", self.name(), inputs.len())));
+        }
+        for (i, a) in inputs.iter().enumerate().skip(1) {
+            if let Some(a) = a {
                 if a.dtype() != dtype {
                     return Err(OpError::input(i, format!("dtype {} differs from input 0's {dtype}", a.dtype())));
                 }
@@ -378,8 +564,8 @@ impl CpuKernel for Unary {
                 *out = Tensor::from_f64(d, x.dims(), &v)?;
             }
             d => {
-                let v: Vec<f64> = x.to_i64_vec()?.into_iter().map(|v| kind.apply_i64(v) as f64).collect();
-                *out = Tensor::from_f64(d, x.dims(), &v)?;
+                let v: Vec<i64> = x.to_i64_vec()?.into_iter().map(|v| kind.apply_i64(v)).collect();
+                *out = super::zip::from_i64_bits(d, x.dims(), &v)?;
             }
         }
         Ok(())
@@ -430,60 +616,18 @@ impl WgslKernel for Unary {
     }
 }
 
-/// erf for WGSL, which has none: Abramowitz & Stegun 7.1.26 (absolute error below
-/// 1.5e-7, under f32 rounding of the result for |erf| near 1).
-const ERF_WGSL: &str = "
-fn kiln_erf(x: f32) -> f32 {
-    let a = abs(x);
-    let t = 1.0 / (1.0 + 0.3275911 * a);
-    let p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
-    return sign(x) * (1.0 - p * exp(-a * a));
-}
-";
+/// `sqrt(2 / pi)`, the scale inside Gelu's tanh approximation.
+const GELU_TANH_SCALE: f64 = 0.797_884_560_802_865_4;
 
-/// The attributes that carry an activation fused into a producer's epilogue.
-pub const ACTIVATION_ATTR: &str = "kiln_activation";
-pub const ACTIVATION_PARAMS_ATTR: &str = "kiln_activation_params";
-
-/// The fused epilogue activation of a node (Conv, Gemm, MatMul), if the graph compiler
-/// put one there.
-pub fn fused_activation(spec: &NodeSpec) -> Result<Option<UnaryKind>> {
-    let Some(name) = spec.string_opt(ACTIVATION_ATTR)? else { return Ok(None) };
-    let params = spec.floats_opt(ACTIVATION_PARAMS_ATTR)?.unwrap_or_default();
-    match UnaryKind::from_name_params(&name, &params) {
-        Some(k) if k.is_activation() => Ok(Some(k)),
-        _ => Err(spec.bad(ACTIVATION_ATTR, format!("'{name}' with parameters {params:?} is not a fusible activation"))),
-    }
-}
-
-/// WGSL functions `kiln_act(x: f32) -> f32` and `kiln_act4(v: vec4<f32>)` applying a
-/// fused activation (the identity when there is none).
-pub fn activation_wgsl(act: Option<UnaryKind>) -> String {
-    let body = match act {
-        Some(UnaryKind::Clip { min, max }) => {
-            format!("min(max(x, {}), {})", crate::wgsl::literal("f32", min as f64), crate::wgsl::literal("f32", max as f64))
-        }
-        Some(k) => k.wgsl_expr("x", "f32"),
-        None => "x".to_string(),
-    };
-    format!(
-        "fn kiln_act(x: f32) -> f32 {{ return {body}; }}\n\
-         fn kiln_act4(v: vec4<f32>) -> vec4<f32> {{ return vec4<f32>(kiln_act(v.x), kiln_act(v.y), kiln_act(v.z), kiln_act(v.w)); }}\n"
-    )
-}
-
-/// Applies an optional fused activation to a tensor in place (f32 fast, others via f64).
-pub fn apply_activation(act: Option<UnaryKind>, t: &mut Tensor) -> Result<()> {
-    let Some(k) = act else { return Ok(()) };
-    if t.dtype() == DType::F32 {
-        let xs = t.as_mut_slice::<f32>()?;
-        crate::cpu::par_chunks_mut(xs, 1, 4, |_, part| k.apply_slice_f32(part));
+/// Shrink of one value (the reference semantics).
+fn shrink(x: f64, bias: f64, lambd: f64) -> f64 {
+    if x < -lambd {
+        x + bias
+    } else if x > lambd {
+        x - bias
     } else {
-        let d = t.dims().to_vec();
-        let v: Vec<f64> = t.to_f64_vec().into_iter().map(|x| k.apply_f64(x)).collect();
-        *t = Tensor::from_f64(t.dtype(), &d, &v)?;
+        0.0
     }
-    Ok(())
 }
 
 /// The kind of a unary node (attributes parsed; Clip's input bounds are not read).
@@ -506,6 +650,21 @@ fn parse(spec: &NodeSpec, kind: UnaryKind) -> Result<UnaryKind> {
         UnaryKind::Clip { .. } => UnaryKind::Clip {
             min: spec.float("min", f32::NEG_INFINITY)?,
             max: spec.float("max", f32::INFINITY)?,
+        },
+        UnaryKind::Celu { .. } => {
+            let alpha = spec.float("alpha", 1.0)?;
+            if alpha == 0.0 {
+                return Err(spec.bad("alpha", "Celu's alpha must not be 0"));
+            }
+            UnaryKind::Celu { alpha }
+        }
+        UnaryKind::ThresholdedRelu { .. } => UnaryKind::ThresholdedRelu { alpha: spec.float("alpha", 1.0)? },
+        UnaryKind::Shrink { .. } => UnaryKind::Shrink { bias: spec.float("bias", 0.0)?, lambd: spec.float("lambd", 0.5)? },
+        UnaryKind::Swish { .. } => UnaryKind::Swish { alpha: spec.float("alpha", 1.0)? },
+        UnaryKind::Gelu { .. } => match spec.string("approximate", "none")?.as_str() {
+            "none" => UnaryKind::Gelu { tanh: false },
+            "tanh" => UnaryKind::Gelu { tanh: true },
+            other => return Err(spec.bad("approximate", format!("expected \"none\" or \"tanh\", found \"{other}\""))),
         },
         k => k,
     })
@@ -536,6 +695,22 @@ const KINDS: &[UnaryKind] = &[
         UnaryKind::Selu { alpha: 0.0, gamma: 0.0 },
         UnaryKind::Sign,
         UnaryKind::Erf,
+        UnaryKind::Round,
+        UnaryKind::Tan,
+        UnaryKind::Asin,
+        UnaryKind::Acos,
+        UnaryKind::Atan,
+        UnaryKind::Sinh,
+        UnaryKind::Cosh,
+        UnaryKind::Asinh,
+        UnaryKind::Acosh,
+        UnaryKind::Atanh,
+        UnaryKind::Mish,
+        UnaryKind::Celu { alpha: 1.0 },
+        UnaryKind::ThresholdedRelu { alpha: 1.0 },
+        UnaryKind::Shrink { bias: 0.0, lambd: 0.5 },
+        UnaryKind::Swish { alpha: 1.0 },
+        UnaryKind::Gelu { tanh: false },
     ];
 
 pub(crate) fn register(r: &mut Registry) {
@@ -545,81 +720,5 @@ pub(crate) fn register(r: &mut Registry) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use kiln_graph::Node;
-
-    fn make(op: &str, attrs: &[(&str, kiln_graph::Attr)]) -> Box<dyn Op> {
-        let node = Node {
-            name: "n".into(),
-            op_type: op.into(),
-            domain: String::new(),
-            attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
-            inputs: vec![Some(0)],
-            outputs: vec![1],
-        };
-        Registry::builtin().create(&NodeSpec::new(&node, 17)).unwrap()
-    }
-
-    #[test]
-    fn cpu_matches_scalar_reference_and_wgsl_validates() {
-        let xs: Vec<f32> = (0..37).map(|i| (i as f32 - 18.0) * 0.37).collect();
-        let x = Tensor::from_slice(&[37], &xs).unwrap();
-        for (_, op) in Registry::builtin().op_types().filter(|(_, o)| {
-            ["Relu", "Sigmoid", "Tanh", "HardSwish", "Exp", "Neg", "Abs", "Softplus", "Sign", "Floor"].contains(o)
-        }) {
-            let o = make(op, &[]);
-            let ty = TensorType::new(DType::F32, vec![37]);
-            let args = [Some(Arg { ty: &ty, value: None })];
-            let out_ty = o.infer(&args).unwrap();
-            let mut out = vec![Tensor::zeros(DType::F32, &out_ty[0].dims)];
-            o.cpu().unwrap().run(&[Some(&x)], &mut out).unwrap();
-            let got = out[0].as_slice::<f32>().unwrap();
-            for (i, &v) in xs.iter().enumerate() {
-                let want = parse_kind(op).apply_f64(v as f64) as f32;
-                assert!((got[i] - want).abs() <= 1e-6 * want.abs().max(1.0), "{op}({v}) = {} not {want}", got[i]);
-            }
-            let prog = o.wgsl().unwrap().generate(&args, &out_ty, &TuneValues::default()).unwrap();
-            crate::wgsl::testing::validate(&prog.dispatches[0].source);
-        }
-    }
-
-    fn parse_kind(op: &str) -> UnaryKind {
-        let node = Node {
-            name: "n".into(),
-            op_type: op.into(),
-            domain: String::new(),
-            attrs: Default::default(),
-            inputs: vec![Some(0)],
-            outputs: vec![1],
-        };
-        parse(&NodeSpec::new(&node, 17), match op {
-            "Relu" => UnaryKind::Relu,
-            "Sigmoid" => UnaryKind::Sigmoid,
-            "Tanh" => UnaryKind::Tanh,
-            "HardSwish" => UnaryKind::HardSwish,
-            "Exp" => UnaryKind::Exp,
-            "Neg" => UnaryKind::Neg,
-            "Abs" => UnaryKind::Abs,
-            "Softplus" => UnaryKind::Softplus,
-            "Sign" => UnaryKind::Sign,
-            "Floor" => UnaryKind::Floor,
-            _ => unreachable!(),
-        })
-        .unwrap()
-    }
-
-    #[test]
-    fn clip_reads_bounds_from_inputs_and_ints_work() {
-        let c = make("Clip", &[]);
-        let x = Tensor::from_slice(&[4], &[-3i64, 0, 5, 9]).unwrap();
-        let lo = Tensor::scalar(0i64);
-        let hi = Tensor::scalar(6i64);
-        let mut out = vec![Tensor::zeros(DType::I64, &[4])];
-        c.cpu().unwrap().run(&[Some(&x), Some(&lo), Some(&hi)], &mut out).unwrap();
-        assert_eq!(out[0].as_slice::<i64>().unwrap(), &[0, 0, 5, 6]);
-        let bad = make("Sqrt", &[]);
-        let ty = TensorType::new(DType::I64, vec![4]);
-        assert!(bad.infer(&[Some(Arg { ty: &ty, value: None })]).is_err());
-    }
-}
+#[path = "unary_tests.rs"]
+mod tests;

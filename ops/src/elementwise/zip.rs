@@ -1,0 +1,124 @@
+//! Helpers shared by the binary elementwise ops with their own semantics (bitwise,
+//! BitShift, Mod, PRelu): integer tensors as i64 bit patterns on the CPU, and the WGSL
+//! kernel of a broadcasting two-input expression.
+use crate::broadcast::broadcast_strides;
+use crate::wgsl::{self, Binding, Dispatch};
+use crate::{Arg, Result, TensorType};
+use kiln_graph::{DType, Tensor};
+
+/// Every integer dtype (signed and unsigned).
+pub(crate) const INTEGERS: &[DType] =
+    &[DType::I8, DType::I16, DType::I32, DType::I64, DType::U8, DType::U16, DType::U32, DType::U64];
+
+/// Bits of an integer dtype.
+pub(crate) fn int_width(d: DType) -> u32 {
+    (d.size() * 8) as u32
+}
+
+/// Whether `d` is an unsigned integer dtype.
+pub(crate) fn is_unsigned(d: DType) -> bool {
+    matches!(d, DType::U8 | DType::U16 | DType::U32 | DType::U64)
+}
+
+/// An integer (or bool) tensor of `dtype` from i64 values, each truncated to the
+/// dtype's width like a C cast (so a u64 round-trips through its i64 bit pattern).
+pub(crate) fn from_i64_bits(dtype: DType, dims: &[usize], values: &[i64]) -> Result<Tensor> {
+    macro_rules! conv {
+        ($t:ty) => {{
+            let v: Vec<$t> = values.iter().map(|&x| x as $t).collect();
+            Tensor::from_bytes(dtype, dims, bytemuck::cast_slice(&v))?
+        }};
+    }
+    Ok(match dtype {
+        DType::I8 => conv!(i8),
+        DType::I16 => conv!(i16),
+        DType::I32 => conv!(i32),
+        DType::I64 => conv!(i64),
+        DType::U8 => conv!(u8),
+        DType::U16 => conv!(u16),
+        DType::U32 => conv!(u32),
+        DType::U64 => conv!(u64),
+        DType::Bool => {
+            let v: Vec<u8> = values.iter().map(|&x| (x != 0) as u8).collect();
+            Tensor::from_bytes(dtype, dims, &v)?
+        }
+        d => Tensor::from_f64(d, dims, &values.iter().map(|&x| x as f64).collect::<Vec<_>>())?,
+    })
+}
+
+/// An integer tensor as an i64 tensor of the same dims (bit patterns kept for u64).
+pub(crate) fn as_i64_tensor(t: &Tensor) -> Result<Tensor> {
+    if t.dtype() == DType::I64 {
+        return Ok(t.clone());
+    }
+    Ok(Tensor::from_vec(t.dims(), t.to_i64_vec()?)?)
+}
+
+/// `out = f(a, b)` elementwise with broadcasting on integer tensors, computed on i64
+/// bit patterns and truncated to `out`'s dtype.
+pub(crate) fn zip_ints(a: &Tensor, b: &Tensor, out: &mut Tensor, f: impl Fn(i64, i64) -> i64 + Sync) -> Result<()> {
+    let (ia, ib) = (as_i64_tensor(a)?, as_i64_tensor(b)?);
+    let dims = out.dims().to_vec();
+    let mut tmp = Tensor::zeros(DType::I64, &dims);
+    super::binary::map2(&ia, &ib, &mut tmp, f)?;
+    *out = if out.dtype() == DType::I64 { tmp } else { from_i64_bits(out.dtype(), &dims, tmp.as_slice::<i64>()?)? };
+    Ok(())
+}
+
+/// A one-dispatch kernel computing `out[i] = expr` for a broadcasting two-input op,
+/// where `expr` reads `a` and `b` (the inputs' elements, in their storage types).
+pub(crate) fn binary_kernel(
+    label: &str,
+    a: Arg,
+    b: Arg,
+    out: &TensorType,
+    wg: u32,
+    helpers: &str,
+    expr: &str,
+) -> Dispatch {
+    let (ta, tb, to) = (wgsl::elem(a.dtype()), wgsl::elem(b.dtype()), wgsl::elem(out.dtype));
+    let mut fns = wgsl::offset_fn("off_a", &out.dims, &broadcast_strides(a.dims(), &out.dims));
+    fns += &wgsl::offset_fn("off_b", &out.dims, &broadcast_strides(b.dims(), &out.dims));
+    fns += helpers;
+    let body = format!("let a = in_a[off_a(i)];\n    let b = in_b[off_b(i)];\n    out[i] = {expr};");
+    wgsl::simple_kernel(
+        label,
+        out.len(),
+        wg,
+        &[("in_a", ta, true), ("in_b", tb, true), ("out", to, false)],
+        vec![Binding::Input(0), Binding::Input(1), Binding::Output(0)],
+        &fns,
+        &body,
+    )
+}
+
+/// A one-dispatch kernel computing `out[i] = expr` of `x = input[i]`.
+pub(crate) fn unary_kernel(label: &str, input: Arg, out: &TensorType, wg: u32, helpers: &str, expr: &str) -> Dispatch {
+    wgsl::simple_kernel(
+        label,
+        out.len(),
+        wg,
+        &[("x_in", wgsl::elem(input.dtype()), true), ("out", wgsl::elem(out.dtype), false)],
+        vec![Binding::Input(0), Binding::Output(0)],
+        helpers,
+        &format!("let x = x_in[i];\n    out[i] = {expr};"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn i64_bits_round_trip_every_integer_dtype() {
+        let u = Tensor::from_slice(&[2], &[u64::MAX, 1u64 << 63]).unwrap();
+        let back = from_i64_bits(DType::U64, &[2], &u.to_i64_vec().unwrap()).unwrap();
+        assert_eq!(back, u);
+        let t = from_i64_bits(DType::U8, &[2], &[256 + 7, -1]).unwrap();
+        assert_eq!(t.as_slice::<u8>().unwrap(), &[7, 255]);
+        let t = from_i64_bits(DType::I8, &[2], &[128, -129]).unwrap();
+        assert_eq!(t.as_slice::<i8>().unwrap(), &[-128, 127]);
+        assert_eq!(int_width(DType::U16), 16);
+        assert!(is_unsigned(DType::U64) && !is_unsigned(DType::I64));
+    }
+}
