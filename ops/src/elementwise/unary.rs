@@ -266,6 +266,11 @@ impl UnaryKind {
             "Selu" => UnaryKind::Selu { alpha: p(0)?, gamma: p(1)? },
             "Softplus" => UnaryKind::Softplus,
             "Erf" => UnaryKind::Erf,
+            "Celu" => UnaryKind::Celu { alpha: p(0)? },
+            "ThresholdedRelu" => UnaryKind::ThresholdedRelu { alpha: p(0)? },
+            "Swish" => UnaryKind::Swish { alpha: p(0)? },
+            "Shrink" => UnaryKind::Shrink { bias: p(0)?, lambd: p(1)? },
+            "Gelu" => UnaryKind::Gelu { tanh: p(0)? != 0.0 },
             // Every other kind has no parameters.
             _ => return KINDS.iter().copied().find(|k| k.op_name() == name && k.params().is_empty()),
         })
@@ -392,11 +397,6 @@ impl UnaryKind {
             }
             _ => x,
         }
-    }
-
-    /// WGSL functions [`UnaryKind::wgsl_expr`] may call.
-    pub fn wgsl_helpers(&self) -> &'static str {
-        if *self == UnaryKind::Erf { ERF_WGSL } else { "" }
     }
 
     /// The WGSL expression computing the op of `x`, of element type `ty`.

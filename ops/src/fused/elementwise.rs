@@ -401,3 +401,35 @@ mod tests {
         assert!(op.infer(&[Some(Arg { ty: &ty, value: None })]).unwrap_err().to_string().contains("f32"));
     }
 }
+
+#[cfg(test)]
+mod every_kind {
+    use super::*;
+
+    /// Every unary kind survives the round trip through the node attributes (the pass
+    /// writes them, the factory reads them back), with its parameters.
+    #[test]
+    fn every_unary_kind_round_trips_through_attributes() {
+        let mut count = 0;
+        for name in crate::Registry::builtin().op_types().filter(|(d, _)| d.is_empty()).map(|(_, o)| o.to_string()).collect::<Vec<_>>() {
+            let Some(kind) = UnaryKind::from_name_params(&name, &[0.25, 0.75]) else { continue };
+            let instrs = [Instr::Unary(kind, 0)];
+            let node = kiln_graph::Node {
+                name: "f".into(),
+                op_type: "FusedElementwise".into(),
+                domain: "kiln".into(),
+                attrs: FusedElementwise::attrs(&instrs).into_iter().collect(),
+                inputs: vec![Some(0)],
+                outputs: vec![1],
+            };
+            let op = FusedElementwise::parse(&NodeSpec::new(&node, 21)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(op.instrs, instrs, "{name}");
+            let ty = TensorType::new(DType::F32, vec![5]);
+            let a = [Some(Arg { ty: &ty, value: None })];
+            let p = op.generate(&a, &[ty.clone()], &TuneValues::default()).unwrap();
+            crate::wgsl::testing::validate(&p.dispatches[0].source);
+            count += 1;
+        }
+        assert!(count >= 30, "only {count} unary kinds found");
+    }
+}
