@@ -8,11 +8,10 @@
 //! zero-extended); results are re-extended from the dtype's width there too. 64-bit
 //! dtypes are computed in 32 bits: correct while results fit 32 bits.
 use super::zip::{self, int_width, is_unsigned, INTEGERS};
-use crate::broadcast::broadcast_shapes;
 use crate::cpu::{self, CpuKernel};
-use crate::op::{expect_dtype, required};
+use crate::op::required;
 use crate::wgsl::{self, WgslKernel, WgslProgram};
-use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use crate::{Arg, NodeSpec, Op, Registry, Result, TensorType, TuneValues};
 use kiln_graph::Tensor;
 
 #[derive(Debug)]
@@ -62,15 +61,7 @@ impl Op for BitShift {
     }
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        if inputs.len() != 2 {
-            return Err(OpError::invalid(format!("BitShift takes 2 inputs, got {}", inputs.len())));
-        }
-        let dtype = expect_dtype(inputs, 0, INTEGERS)?;
-        let (a, b) = (required(inputs, 0)?, required(inputs, 1)?);
-        if b.dtype() != dtype {
-            return Err(OpError::input(1, format!("dtype {} differs from input 0's {dtype}", b.dtype())));
-        }
-        Ok(vec![TensorType::new(dtype, broadcast_shapes(&[a.dims(), b.dims()])?)])
+        zip::infer_same_dtype_pair("BitShift", inputs, INTEGERS)
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {

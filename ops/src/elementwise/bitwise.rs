@@ -3,7 +3,6 @@
 //! lanes: signed ones sign-extended (which and/or/xor/not preserve) and unsigned ones
 //! zero-extended, so BitwiseNot masks its result to the dtype's width.
 use super::zip::{self, INTEGERS};
-use crate::broadcast::broadcast_shapes;
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, WgslKernel, WgslProgram};
@@ -68,12 +67,7 @@ impl Op for Bitwise {
         if self.kind.is_unary() {
             return Ok(vec![TensorType::new(dtype, required(inputs, 0)?.dims())]);
         }
-        let b = required(inputs, 1)?;
-        if b.dtype() != dtype {
-            return Err(OpError::input(1, format!("dtype {} differs from input 0's {dtype}", b.dtype())));
-        }
-        let dims = broadcast_shapes(&[required(inputs, 0)?.dims(), b.dims()])?;
-        Ok(vec![TensorType::new(dtype, dims)])
+        zip::infer_same_dtype_pair(self.name(), inputs, allowed)
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {

@@ -6,9 +6,8 @@
 //! Integer division by zero is an error on the CPU (like Div) and gives 0 on the GPU.
 use super::zip;
 use super::binary::map2;
-use crate::broadcast::broadcast_shapes;
 use crate::cpu::{self, CpuKernel};
-use crate::op::{expect_dtype, required};
+use crate::op::required;
 use crate::wgsl::{self, WgslKernel, WgslProgram};
 use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
 use kiln_graph::{DType, Tensor};
@@ -77,15 +76,7 @@ impl Op for Mod {
     }
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        if inputs.len() != 2 {
-            return Err(OpError::invalid(format!("Mod takes 2 inputs, got {}", inputs.len())));
-        }
-        let dtype = expect_dtype(inputs, 0, DTYPES)?;
-        let (a, b) = (required(inputs, 0)?, required(inputs, 1)?);
-        if b.dtype() != dtype {
-            return Err(OpError::input(1, format!("dtype {} differs from input 0's {dtype}", b.dtype())));
-        }
-        Ok(vec![TensorType::new(dtype, broadcast_shapes(&[a.dims(), b.dims()])?)])
+        zip::infer_same_dtype_pair("Mod", inputs, DTYPES)
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {

@@ -6,6 +6,19 @@ use crate::wgsl::{self, Binding, Dispatch};
 use crate::{Arg, Result, TensorType};
 use kiln_graph::{DType, Tensor};
 
+/// Type of a two-input op whose inputs share a dtype from `allowed` and broadcast.
+pub(crate) fn infer_same_dtype_pair(op: &str, inputs: &[Option<Arg>], allowed: &[DType]) -> Result<Vec<TensorType>> {
+    if inputs.len() != 2 {
+        return Err(crate::OpError::invalid(format!("{op} takes 2 inputs, got {}", inputs.len())));
+    }
+    let dtype = crate::expect_dtype(inputs, 0, allowed)?;
+    let (a, b) = (crate::required(inputs, 0)?, crate::required(inputs, 1)?);
+    if b.dtype() != dtype {
+        return Err(crate::OpError::input(1, format!("dtype {} differs from input 0's {dtype}", b.dtype())));
+    }
+    Ok(vec![TensorType::new(dtype, crate::broadcast::broadcast_shapes(&[a.dims(), b.dims()])?)])
+}
+
 /// Every integer dtype (signed and unsigned).
 pub(crate) const INTEGERS: &[DType] =
     &[DType::I8, DType::I16, DType::I32, DType::I64, DType::U8, DType::U16, DType::U32, DType::U64];
