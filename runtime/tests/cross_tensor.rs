@@ -63,3 +63,32 @@ fn gather_elements_and_erf_agree() {
     cross_check("Erf", &[In::Data(wide)], &[], 1, 13, 1e-6);
     cross_check("Erf", &[In::Data(x)], &[], 1, 13, 1e-6);
 }
+
+#[test]
+fn trilu_and_scans_agree() {
+    let x = rand_f32(&[2, 3, 7, 5], 11);
+    for upper in [0i64, 1] {
+        for k in [-2i64, 0, 3] {
+            cross_check("Trilu", &[In::Data(x.clone()), In::Const(Tensor::scalar(k))], &[("upper", Attr::Int(upper))], 1, 14, 0.0);
+        }
+    }
+    cross_check("Trilu", &[In::Data(Tensor::from_slice(&[3, 2], &[1i64, 2, 3, 4, 5, 6]).unwrap())], &[], 1, 14, 0.0);
+    let ints = Tensor::from_slice(&[3, 70], &(0..210).map(|v| (v % 7) as i32 - 3).collect::<Vec<_>>()).unwrap();
+    for op in ["CumSum", "CumProd"] {
+        for (excl, rev) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+            let attrs = [("exclusive", Attr::Int(excl)), ("reverse", Attr::Int(rev))];
+            for axis in [0i64, 2, -1] {
+                cross_check(op, &[In::Data(x.clone()), In::Const(Tensor::scalar(axis))], &attrs, 1, 14, 1e-5);
+            }
+            cross_check(op, &[In::Data(ints.clone()), In::Const(Tensor::scalar(1i32))], &attrs, 1, 14, 0.0);
+        }
+    }
+    // long lines: one workgroup of lanes per line (over the 65535-iteration limit)
+    let long = rand_f32(&[2, 70_001], 12);
+    for (excl, rev) in [(0, 0), (1, 1)] {
+        let attrs = [("exclusive", Attr::Int(excl)), ("reverse", Attr::Int(rev))];
+        cross_check("CumSum", &[In::Data(long.clone()), In::Const(Tensor::scalar(1i64))], &attrs, 1, 14, 1e-5);
+    }
+    let ones = Tensor::from_slice(&[1, 3000], &vec![1i64; 3000]).unwrap();
+    cross_check("CumSum", &[In::Data(ones), In::Const(Tensor::scalar(1i64))], &[], 1, 14, 0.0);
+}

@@ -7,10 +7,12 @@ use crate::Registry;
 
 mod common;
 mod index_map;
+mod numeric;
 
 mod cast;
 mod concat;
 mod constant;
+mod cumulative;
 mod expand;
 mod gather;
 mod gather_elements;
@@ -25,6 +27,7 @@ mod split;
 mod squeeze;
 mod tile;
 mod transpose;
+mod trilu;
 mod where_op;
 
 pub(crate) fn register(r: &mut Registry) {
@@ -46,4 +49,6 @@ pub(crate) fn register(r: &mut Registry) {
     where_op::register(r);
     range::register(r);
     resize::register(r);
+    trilu::register(r);
+    cumulative::register(r);
 }
