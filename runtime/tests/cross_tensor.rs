@@ -92,3 +92,33 @@ fn trilu_and_scans_agree() {
     let ones = Tensor::from_slice(&[1, 3000], &vec![1i64; 3000]).unwrap();
     cross_check("CumSum", &[In::Data(ones), In::Const(Tensor::scalar(1i64))], &[], 1, 14, 0.0);
 }
+
+#[test]
+fn scatters_agree() {
+    let data = rand_f32(&[4, 5, 3], 21);
+    let upd = rand_f32(&[3, 2, 3], 22);
+    for axis in [0i64, 1, -1] {
+        let n = [4i64, 5, 3][axis.rem_euclid(3) as usize];
+        let idx: Vec<i64> = (0..18).map(|v| (v * 7 % (2 * n)) - n).collect();
+        let idx = Tensor::from_slice(&[3, 2, 3], &idx).unwrap();
+        for red in ["none", "add", "mul", "max", "min"] {
+            let attrs = [("axis", Attr::Int(axis)), ("reduction", Attr::String(red.into()))];
+            cross_check("ScatterElements", &[In::Data(data.clone()), In::Data(idx.clone()), In::Data(upd.clone())], &attrs, 1, 18, 1e-6);
+        }
+    }
+    let ints = Tensor::from_slice(&[2, 5], &[1i64, 2, 3, 4, 5, 6, 7, 8, 9, 10]).unwrap();
+    let idx = Tensor::from_slice(&[2, 2], &[4i64, -5, 0, 0]).unwrap();
+    let upd = Tensor::from_slice(&[2, 2], &[-1i64, -2, -3, -4]).unwrap();
+    cross_check("Scatter", &[In::Data(ints.clone()), In::Const(idx.clone()), In::Data(upd.clone())], &[("axis", Attr::Int(1))], 1, 10, 0.0);
+    cross_check("ScatterElements", &[In::Data(ints), In::Data(idx), In::Data(upd)], &[("axis", Attr::Int(1)), ("reduction", Attr::String("mul".into()))], 1, 18, 0.0);
+    for (idx_dims, idx) in [(vec![3usize, 1], vec![1i64, -1, 1]), (vec![2, 2, 2], vec![0, 2, -4, -1, 3, 0, 0, 2]), (vec![2, 3], vec![3, 2, 1, -4, 0, -2])] {
+        let q = idx_dims[idx_dims.len() - 1];
+        let mut ud = idx_dims[..idx_dims.len() - 1].to_vec();
+        ud.extend_from_slice(&[4usize, 5, 3][q..]);
+        let upd = rand_f32(&ud, 23);
+        let idx = Tensor::from_slice(&idx_dims, &idx).unwrap();
+        for red in ["none", "add", "mul", "max", "min"] {
+            cross_check("ScatterND", &[In::Data(data.clone()), In::Data(idx.clone()), In::Data(upd.clone())], &[("reduction", Attr::String(red.into()))], 1, 18, 1e-6);
+        }
+    }
+}

@@ -20,6 +20,8 @@ mod identity;
 mod pad;
 mod range;
 mod reshape;
+mod scatter_elements;
+mod scatter_nd;
 mod resize;
 mod shape;
 mod slice;
@@ -51,4 +53,6 @@ pub(crate) fn register(r: &mut Registry) {
     resize::register(r);
     trilu::register(r);
     cumulative::register(r);
+    scatter_elements::register(r);
+    scatter_nd::register(r);
 }
