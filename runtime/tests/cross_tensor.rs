@@ -122,3 +122,39 @@ fn scatters_agree() {
         }
     }
 }
+
+#[test]
+fn selection_and_layout_ops_agree() {
+    let ties = Tensor::from_slice(&[3, 7, 2], &(0..42).map(|v| ((v * 5) % 7) as f32 - 3.0).collect::<Vec<_>>()).unwrap();
+    for axis in [0i64, 1, -1] {
+        for largest in [0i64, 1] {
+            let k = if axis == 1 { 4 } else { 2 };
+            let attrs = [("axis", Attr::Int(axis)), ("largest", Attr::Int(largest))];
+            cross_check("TopK", &[In::Data(ties.clone()), In::Const(i64s(&[k]))], &attrs, 2, 11, 0.0);
+        }
+    }
+    let ints = Tensor::from_slice(&[2, 9], &(0..18).map(|v| (v * 7 % 5) as i64).collect::<Vec<_>>()).unwrap();
+    cross_check("TopK", &[In::Data(ints), In::Const(i64s(&[9]))], &[], 2, 11, 0.0);
+    for (axis, opset) in [(0i64, 13), (1, 13), (-1, 13), (1, 11), (0, 11)] {
+        cross_check("Hardmax", &[In::Data(ties.clone())], &[("axis", Attr::Int(axis))], 1, opset, 0.0);
+    }
+    let idx = Tensor::from_slice(&[2, 3], &[0i64, 4, -1, 5, -6, 2]).unwrap();
+    for axis in [-1i64, 0, 1] {
+        cross_check("OneHot", &[In::Data(idx.clone()), In::Const(Tensor::scalar(5.0f32)), In::Data(f32s(&[2], &[0.5, 2.0]))], &[("axis", Attr::Int(axis))], 1, 11, 0.0);
+    }
+    let x = rand_f32(&[2, 8, 3, 5], 31);
+    for mode in ["DCR", "CRD"] {
+        let attrs = [("blocksize", Attr::Int(2)), ("mode", Attr::String(mode.into()))];
+        cross_check("DepthToSpace", &[In::Data(x.clone())], &attrs, 1, 13, 0.0);
+        cross_check("SpaceToDepth", &[In::Data(rand_f32(&[2, 3, 4, 6], 32))], &attrs, 1, 13, 0.0);
+    }
+    cross_check("EyeLike", &[In::Data(rand_f32(&[4, 6], 33))], &[("k", Attr::Int(-1)), ("dtype", Attr::Int(7))], 1, 9, 0.0);
+    let data = rand_f32(&[2, 3, 4, 5], 34);
+    let nd = Tensor::from_slice(&[2, 2, 2], &[0i64, 1, -1, 2, 1, 0, 1, -3]).unwrap();
+    cross_check("GatherND", &[In::Data(data.clone()), In::Data(nd.clone())], &[], 1, 13, 0.0);
+    let bnd = Tensor::from_slice(&[2, 3, 2], &[0i64, 1, 2, 3, -1, 0, 1, 1, 2, 2, 0, -4]).unwrap();
+    cross_check("GatherND", &[In::Data(data), In::Const(bnd)], &[("batch_dims", Attr::Int(1))], 1, 13, 0.0);
+    let seq = rand_f32(&[5, 3, 2], 35);
+    cross_check("ReverseSequence", &[In::Data(seq.clone()), In::Data(i64s(&[5, 0, 2]))], &[], 1, 10, 0.0);
+    cross_check("ReverseSequence", &[In::Data(seq), In::Data(i64s(&[3, 3, 1, 2, 0]))], &[("batch_axis", Attr::Int(0)), ("time_axis", Attr::Int(1))], 1, 10, 0.0);
+}

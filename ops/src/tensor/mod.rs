@@ -28,6 +28,13 @@ mod slice;
 mod split;
 mod squeeze;
 mod tile;
+mod top_k;
+mod hardmax;
+mod one_hot;
+mod depth_space;
+mod eye_like;
+mod gather_nd;
+mod reverse_sequence;
 mod transpose;
 mod trilu;
 mod where_op;
@@ -55,4 +62,11 @@ pub(crate) fn register(r: &mut Registry) {
     cumulative::register(r);
     scatter_elements::register(r);
     scatter_nd::register(r);
+    top_k::register(r);
+    hardmax::register(r);
+    one_hot::register(r);
+    depth_space::register(r);
+    eye_like::register(r);
+    gather_nd::register(r);
+    reverse_sequence::register(r);
 }
