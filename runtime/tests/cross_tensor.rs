@@ -158,3 +158,33 @@ fn selection_and_layout_ops_agree() {
     cross_check("ReverseSequence", &[In::Data(seq.clone()), In::Data(i64s(&[5, 0, 2]))], &[], 1, 10, 0.0);
     cross_check("ReverseSequence", &[In::Data(seq), In::Data(i64s(&[3, 3, 1, 2, 0]))], &[("batch_axis", Attr::Int(0)), ("time_axis", Attr::Int(1))], 1, 10, 0.0);
 }
+
+#[test]
+fn value_dependent_ops_and_einsum_agree() {
+    let x = rand_f32(&[3, 4, 5], 41);
+    let cond = Tensor::from_bools(&[4], &[true, false, true, true]).unwrap();
+    cross_check("Compress", &[In::Data(x.clone()), In::Const(cond.clone())], &[("axis", Attr::Int(1))], 1, 11, 0.0);
+    cross_check("Compress", &[In::Data(x.clone()), In::Data(cond)], &[("axis", Attr::Int(-2))], 1, 11, 0.0);
+    let c7 = Tensor::from_bools(&[7], &[false, true, true, false, false, true, true]).unwrap();
+    cross_check("Compress", &[In::Data(x.clone()), In::Data(c7)], &[], 1, 11, 0.0);
+    // NonZero is a host op: its input must be known when the model is specialised
+    // (a constant, or a small graph input bound by value), then it folds.
+    let nz = Tensor::from_slice(&[2, 3], &[0i64, 3, 0, -1, 0, 2]).unwrap();
+    cross_check("NonZero", &[In::Data(nz.clone())], &[], 1, 13, 0.0);
+    cross_check("NonZero", &[In::Const(nz)], &[], 1, 13, 0.0);
+    let (a, b) = (rand_f32(&[2, 3, 4], 42), rand_f32(&[2, 4, 5], 43));
+    for (eq, ins) in [
+        ("bij,bjk->bik", vec![a.clone(), b.clone()]),
+        ("...ij,...jk", vec![a.clone(), b.clone()]),
+        ("bij->bji", vec![a.clone()]),
+        ("bij->j", vec![a.clone()]),
+        ("bii->bi", vec![rand_f32(&[3, 5, 5], 44)]),
+        ("bhid,bhjd->bhij", vec![rand_f32(&[1, 2, 3, 7], 45), rand_f32(&[1, 2, 5, 7], 46)]),
+        ("i,j,ij->", vec![rand_f32(&[3], 47), rand_f32(&[4], 48), rand_f32(&[3, 4], 49)]),
+    ] {
+        let inputs: Vec<In> = ins.into_iter().map(In::Data).collect();
+        cross_check("Einsum", &inputs, &[("equation", Attr::String(eq.into()))], 1, 12, 1e-5);
+    }
+    let ints = Tensor::from_slice(&[3, 4], &(0..12).map(|v| v as i32 - 5).collect::<Vec<_>>()).unwrap();
+    cross_check("Einsum", &[In::Data(ints.clone()), In::Data(ints)], &[("equation", Attr::String("ij,kj->ik".into()))], 1, 12, 0.0);
+}

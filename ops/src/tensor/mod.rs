@@ -35,6 +35,9 @@ mod depth_space;
 mod eye_like;
 mod gather_nd;
 mod reverse_sequence;
+mod non_zero;
+mod compress;
+mod einsum;
 mod transpose;
 mod trilu;
 mod where_op;
@@ -69,4 +72,7 @@ pub(crate) fn register(r: &mut Registry) {
     eye_like::register(r);
     gather_nd::register(r);
     reverse_sequence::register(r);
+    non_zero::register(r);
+    compress::register(r);
+    einsum::register(r);
 }
