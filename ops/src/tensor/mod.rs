@@ -1,8 +1,12 @@
 //! Data-movement and tensor-manipulation operators: views (Reshape, Flatten, Squeeze,
 //! Unsqueeze, Identity, Dropout), constants and shape queries (Constant,
 //! ConstantOfShape, Shape, Size, Range), Cast/CastLike, and copies that rearrange
-//! elements (Concat, Split, Slice, Pad, Transpose, Gather, Expand, Tile, Where, Resize,
-//! Upsample). Element rearrangement is byte-level, so every op works for every dtype.
+//! elements (Concat, Split, Slice, Pad, Transpose, Gather, GatherElements, GatherND,
+//! Expand, Tile, Where, Resize, Upsample, Trilu, DepthToSpace, SpaceToDepth,
+//! ReverseSequence, Compress), scatters (Scatter, ScatterElements, ScatterND), scans
+//! (CumSum, CumProd), selection (TopK, Hardmax, OneHot, EyeLike, NonZero) and Einsum.
+//! Element rearrangement is byte-level, so every op works for every dtype; ops that
+//! compute widen elements through [`numeric`].
 use crate::Registry;
 
 mod common;

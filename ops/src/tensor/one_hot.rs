@@ -22,7 +22,7 @@ impl OneHot {
             return Err(OpError::input(0, "indices must be numeric, found bool"));
         }
         let depth = constant(inputs, 1, "depth")?.to_f64_vec();
-        if depth.len() != 1 || !(depth[0] >= 1.0) || depth[0] > 1e9 {
+        if depth.len() != 1 || depth[0].is_nan() || depth[0] < 1.0 || depth[0] > 1e9 {
             return Err(OpError::input(1, format!("depth must be one positive number, found {depth:?}")));
         }
         let depth = depth[0] as usize;

@@ -114,8 +114,8 @@ impl WgslKernel for ScatterNd {
         }
         let mut matches = vec!["true".to_string()];
         let mut loads = String::new();
-        for k in 0..q {
-            let _ = writeln!(loads, "        var t{k} = idx[k * {q}u + {k}u];\n        if (t{k} < 0i) {{ t{k} = t{k} + {}i; }}", d[k]);
+        for (k, &dk) in d.iter().enumerate().take(q) {
+            let _ = writeln!(loads, "        var t{k} = idx[k * {q}u + {k}u];\n        if (t{k} < 0i) {{ t{k} = t{k} + {dk}i; }}");
             matches.push(format!("t{k} == c{k}"));
         }
         let _ = write!(

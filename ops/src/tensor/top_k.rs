@@ -88,7 +88,7 @@ impl Op for TopK {
 }
 
 /// The order of line `line` (its values), best first, ties by index.
-fn ranked<T: Copy>(line: &mut Vec<usize>, vals: &[T], cmp: impl Fn(T, T) -> Ordering) {
+fn ranked<T: Copy>(line: &mut [usize], vals: &[T], cmp: impl Fn(T, T) -> Ordering) {
     line.sort_by(|&a, &b| cmp(vals[a], vals[b]).then(a.cmp(&b)));
 }
 
