@@ -68,7 +68,8 @@ impl DimMap {
         if t.iter().enumerate().all(|(o, &v)| v == t[0] + step * o as i64) {
             return DimMap::Affine { start: t[0], step };
         }
-        if let Some(k) = t.iter().position(|&v| v != 0) {
+        // (k = 0 would be a table starting above 0, which is no division)
+        if let Some(k) = t.iter().position(|&v| v != 0).filter(|&k| k > 0) {
             let k = k as i64;
             if t.iter().enumerate().all(|(o, &v)| v == o as i64 / k) {
                 return DimMap::Div { k };
@@ -338,6 +339,7 @@ mod tests {
         assert_eq!(DimMap::Table(vec![3, 5, 7]).simplified(), DimMap::Affine { start: 3, step: 2 });
         assert_eq!(DimMap::Table(vec![0, 0, 0, 1, 1, 1, 2]).simplified(), DimMap::Div { k: 3 });
         assert!(matches!(DimMap::Table(vec![0, 0, 1, 2]).simplified(), DimMap::Table(_)));
+        assert!(matches!(DimMap::Table(vec![1, 2, 5, 6]).simplified(), DimMap::Table(_)));
     }
 
     #[test]

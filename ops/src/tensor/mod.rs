@@ -1,16 +1,22 @@
 //! Data-movement and tensor-manipulation operators: views (Reshape, Flatten, Squeeze,
 //! Unsqueeze, Identity, Dropout), constants and shape queries (Constant,
 //! ConstantOfShape, Shape, Size, Range), Cast/CastLike, and copies that rearrange
-//! elements (Concat, Split, Slice, Pad, Transpose, Gather, Expand, Tile, Where, Resize,
-//! Upsample). Element rearrangement is byte-level, so every op works for every dtype.
+//! elements (Concat, Split, Slice, Pad, Transpose, Gather, GatherElements, GatherND,
+//! Expand, Tile, Where, Resize, Upsample, Trilu, DepthToSpace, SpaceToDepth,
+//! ReverseSequence, Compress), scatters (Scatter, ScatterElements, ScatterND), scans
+//! (CumSum, CumProd), selection (TopK, Hardmax, OneHot, EyeLike, NonZero) and Einsum.
+//! Element rearrangement is byte-level, so every op works for every dtype; ops that
+//! compute widen elements through [`numeric`].
 use crate::Registry;
 
 mod common;
 mod index_map;
+mod numeric;
 
 mod cast;
 mod concat;
 mod constant;
+mod cumulative;
 mod expand;
 mod gather;
 mod gather_elements;
@@ -18,13 +24,26 @@ mod identity;
 mod pad;
 mod range;
 mod reshape;
+mod scatter_elements;
+mod scatter_nd;
 mod resize;
 mod shape;
 mod slice;
 mod split;
 mod squeeze;
 mod tile;
+mod top_k;
+mod hardmax;
+mod one_hot;
+mod depth_space;
+mod eye_like;
+mod gather_nd;
+mod reverse_sequence;
+mod non_zero;
+mod compress;
+mod einsum;
 mod transpose;
+mod trilu;
 mod where_op;
 
 pub(crate) fn register(r: &mut Registry) {
@@ -46,4 +65,18 @@ pub(crate) fn register(r: &mut Registry) {
     where_op::register(r);
     range::register(r);
     resize::register(r);
+    trilu::register(r);
+    cumulative::register(r);
+    scatter_elements::register(r);
+    scatter_nd::register(r);
+    top_k::register(r);
+    hardmax::register(r);
+    one_hot::register(r);
+    depth_space::register(r);
+    eye_like::register(r);
+    gather_nd::register(r);
+    reverse_sequence::register(r);
+    non_zero::register(r);
+    compress::register(r);
+    einsum::register(r);
 }
