@@ -291,3 +291,38 @@ fn f16_models_run_on_every_adapter_with_or_without_shader_f16() {
         println!("{} ({}): f16 {}", a.name, a.backend, if f16_path { "converted on the GPU (SHADER_F16)" } else { "converted on the host" });
     }
 }
+
+#[test]
+fn scatter_and_gather_nd_indices_out_of_range_are_errors_on_every_backend() {
+    gpu_env();
+    // (op, data dims, indices dims, updates dims, axis attr, bound)
+    let cases: [(&str, &[usize], &[usize], Option<&[usize]>, usize); 3] = [
+        ("GatherND", &[4, 3], &[2, 1], None, 4),
+        ("ScatterND", &[4, 3], &[2, 1], Some(&[2, 3]), 4),
+        ("ScatterElements", &[6], &[2], Some(&[2]), 6),
+    ];
+    for (op, data_dims, idx_dims, upd_dims, bound) in cases {
+        let mut b = GraphBuilder::new(op);
+        let data = b.constant("data", rand_f32(data_dims, 1));
+        let idx = b.input("idx", DType::I64, kiln_graph::Shape::fixed(idx_dims));
+        let mut ins = vec![data, idx];
+        if let Some(u) = upd_dims {
+            ins.push(b.constant("upd", rand_f32(u, 2)));
+        }
+        let y = b.node(op, &ins, &[]);
+        b.output(y);
+        let mut g = b.finish().unwrap();
+        g.opsets.insert(String::new(), 18);
+        g.nodes[0].name = format!("my_{op}");
+        for (name, device) in [("cpu", DeviceChoice::Cpu), ("gpu", DeviceChoice::Gpu)] {
+            let s = Session::new(g.clone(), SessionOptions::device(device)).unwrap();
+            let n: usize = idx_dims.iter().product();
+            let good: Vec<i64> = (0..n as i64).map(|i| -(i + 1)).collect();
+            s.run(&[("idx", &Tensor::from_vec(idx_dims, good).unwrap())]).unwrap_or_else(|e| panic!("{op} on {name}: {e}"));
+            let mut bad = vec![0i64; n];
+            bad[n - 1] = bound as i64 + 1;
+            let e = s.run(&[("idx", &Tensor::from_vec(idx_dims, bad).unwrap())]).unwrap_err().to_string();
+            assert!(e.contains(&format!("my_{op}")) && e.contains(&(bound + 1).to_string()) && e.contains("out of range"), "{op} on {name}: {e}");
+        }
+    }
+}

@@ -2,8 +2,8 @@
 //! `data[batch..., t0, .., tq-1, ...]`; the first `batch_dims` dims of data and indices
 //! are batch dims that pair up. Output shape: `indices.shape[..-1] ++ data.shape[b+q..]`.
 //! Negative indices count from the end. Out-of-range indices are an error on the CPU
-//! and, when the indices are a constant, at specialisation; the GPU kernel cannot
-//! report run-time errors and clamps a run-time index into range (as Gather does).
+//! and, when the indices are a constant, at specialisation; the GPU kernel reports a
+//! run-time one through the run's status word (the run fails naming the node).
 use crate::broadcast::strides;
 use crate::cpu::{self, CpuKernel};
 use crate::op::required;
@@ -133,8 +133,10 @@ impl WgslKernel for GatherNd {
             let _ = writeln!(
                 body,
                 "    var j{k} = idx[t * {q}u + {k}u];\n    if (j{k} < 0i) {{ j{k} = j{k} + {n}i; }}\n    \
-                 off = off + u32(clamp(j{k}, 0i, {}i)) * {}u;",
-                n.max(1) - 1,
+                 if (j{k} < 0i || j{k} >= {n}i) {{ {} dst[i] = {}; return; }}\n    \
+                 off = off + u32(j{k}) * {}u;",
+                wgsl::report_index_error(&format!("idx[t * {}u + {k}u]", p.q), &format!("{n}i")),
+                wgsl::literal(wgsl::elem(data.dtype()), 0.0),
                 ds[b + k],
                 q = p.q
             );
@@ -142,9 +144,9 @@ impl WgslKernel for GatherNd {
         body += "    dst[i] = src[off];";
         let ty = wgsl::elem(data.dtype());
         let buffers = [("src", ty, true), ("idx", "i32", true), ("dst", ty, false)];
-        let bnd = vec![Binding::Input(0), Binding::Input(1), Binding::Output(0)];
+        let bnd = vec![Binding::Input(0), Binding::Input(1), Binding::Output(0), Binding::Status];
         let wg = tune.get(&wgsl::workgroup_param());
-        Ok(WgslProgram::single(wgsl::simple_kernel("GatherND", outputs[0].len(), wg, &buffers, bnd, "", &body)))
+        Ok(WgslProgram::single(wgsl::simple_kernel("GatherND", outputs[0].len(), wg, &buffers, bnd, &wgsl::status_decl(3), &body)))
     }
 }
 

@@ -6,8 +6,8 @@
 //! `reduction=none` the last one in that order wins, on the CPU and on the GPU alike
 //! (ONNX leaves the result undefined). Out-of-range indices (after adding the axis
 //! size to negative ones) are an error on the CPU and, when the indices are a
-//! constant, at specialisation. The GPU kernel cannot report errors at run time: there
-//! an out-of-range run-time index matches no output element and its update is dropped.
+//! constant, at specialisation; the GPU kernel reports a run-time one through the run's
+//! status word (the run fails naming the node).
 //!
 //! GPU: one invocation per output element scans the updates that can reach it (the
 //! `axis` dim of `indices`), in order; that dim must be at most
@@ -225,16 +225,19 @@ impl WgslKernel for ScatterElements {
             "    var acc = data[i];\n    if ({inside}) {{\n        let base = {};\n        \
              for (var k = 0u; k < {steps}u; k = k + 1u) {{\n            let at = base + k * {}u;\n            \
              var j = idx[at];\n            if (j < 0i) {{ j = j + {}i; }}\n            \
+             if (j < 0i || j >= {n}i) {{ {report} }}\n            \
              if (j == i32(c{axis})) {{\n                let u = upd[at];\n                acc = {};\n            }}\n        }}\n    }}\n    out[i] = acc;",
             base.join(" + "),
             is[axis],
             d[axis],
-            self.reduction.wgsl()
+            self.reduction.wgsl(),
+            n = d[axis],
+            report = wgsl::report_index_error("idx[at]", &format!("{}i", d[axis]))
         );
         let buffers = [("data", ty, true), ("idx", "i32", true), ("upd", ty, true), ("out", ty, false)];
-        let b = vec![Binding::Input(0), Binding::Input(1), Binding::Input(2), Binding::Output(0)];
+        let b = vec![Binding::Input(0), Binding::Input(1), Binding::Input(2), Binding::Output(0), Binding::Status];
         let wg = tune.get(&wgsl::workgroup_param());
-        Ok(WgslProgram::single(wgsl::simple_kernel("ScatterElements", outputs[0].len(), wg, &buffers, b, "", &body)))
+        Ok(WgslProgram::single(wgsl::simple_kernel("ScatterElements", outputs[0].len(), wg, &buffers, b, &wgsl::status_decl(4), &body)))
     }
 }
 

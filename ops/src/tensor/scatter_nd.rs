@@ -4,8 +4,8 @@
 //! so with duplicate tuples and `reduction=none` the last wins (on CPU and GPU).
 //!
 //! Out-of-range indices (after adding the dim to negative ones) are an error on the
-//! CPU and, for constant indices, at specialisation. The GPU kernel cannot report
-//! errors at run time: an out-of-range run-time tuple matches no element and is dropped.
+//! CPU and, for constant indices, at specialisation; the GPU kernel reports a run-time
+//! one through the run's status word (the run fails naming the node).
 //!
 //! GPU: one invocation per output element scans all index tuples (at most
 //! [`wgsl::MAX_LOOP_ITERATIONS`] of them) in order.
@@ -115,7 +115,12 @@ impl WgslKernel for ScatterNd {
         let mut matches = vec!["true".to_string()];
         let mut loads = String::new();
         for (k, &dk) in d.iter().enumerate().take(q) {
-            let _ = writeln!(loads, "        var t{k} = idx[k * {q}u + {k}u];\n        if (t{k} < 0i) {{ t{k} = t{k} + {dk}i; }}");
+            let _ = writeln!(
+                loads,
+                "        var t{k} = idx[k * {q}u + {k}u];\n        if (t{k} < 0i) {{ t{k} = t{k} + {dk}i; }}\n        \
+                 if (t{k} < 0i || t{k} >= {dk}i) {{ {} }}",
+                wgsl::report_index_error(&format!("idx[k * {q}u + {k}u]"), &format!("{dk}i"))
+            );
             matches.push(format!("t{k} == c{k}"));
         }
         let _ = write!(
@@ -126,9 +131,9 @@ impl WgslKernel for ScatterNd {
             self.reduction.wgsl()
         );
         let buffers = [("data", ty, true), ("idx", "i32", true), ("upd", ty, true), ("out", ty, false)];
-        let b = vec![Binding::Input(0), Binding::Input(1), Binding::Input(2), Binding::Output(0)];
+        let b = vec![Binding::Input(0), Binding::Input(1), Binding::Input(2), Binding::Output(0), Binding::Status];
         let wg = tune.get(&wgsl::workgroup_param());
-        Ok(WgslProgram::single(wgsl::simple_kernel("ScatterND", outputs[0].len(), wg, &buffers, b, "", &body)))
+        Ok(WgslProgram::single(wgsl::simple_kernel("ScatterND", outputs[0].len(), wg, &buffers, b, &wgsl::status_decl(4), &body)))
     }
 }
 
