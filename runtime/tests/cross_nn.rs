@@ -136,3 +136,38 @@ fn layer_normalization_agrees() {
         );
     }
 }
+
+#[test]
+fn attention_agrees() {
+    use kiln_graph::Tensor;
+    let heads = |q: i64, kv: i64| vec![("q_num_heads", Attr::Int(q)), ("kv_num_heads", Attr::Int(kv))];
+    // 4-D, grouped heads, causal, a float mask shorter than the keys, all four outputs.
+    let (q, k, v) = (rand_f32(&[2, 6, 5, 8], 1), rand_f32(&[2, 2, 7, 8], 2), rand_f32(&[2, 2, 7, 5], 3));
+    let mask = rand_f32(&[2, 1, 5, 6], 4);
+    for mode in [0i64, 1, 3] {
+        let attrs = [("is_causal", Attr::Int(1)), ("qk_matmul_output_mode", Attr::Int(mode)), ("softcap", Attr::Float(1.5))];
+        cross_check("Attention", &[In::Data(q.clone()), In::Data(k.clone()), In::Data(v.clone()), In::Data(mask.clone())], &attrs, 4, 23, 1e-5);
+    }
+    // Mode 2 (scores plus bias) without masked keys: the relative error of -inf is NaN.
+    let attrs = [("qk_matmul_output_mode", Attr::Int(2)), ("scale", Attr::Float(0.2))];
+    cross_check("Attention", &[In::Data(q.clone()), In::Data(k.clone()), In::Data(v.clone()), In::Data(rand_f32(&[5, 7], 5))], &attrs, 4, 23, 1e-5);
+    // 3-D with past keys and values and a bool mask.
+    let bools: Vec<bool> = (0..4 * 9).map(|i| i % 7 != 3).collect();
+    let bmask = Tensor::from_bools(&[4, 9], &bools).unwrap();
+    let inputs = [
+        In::Data(rand_f32(&[2, 4, 36], 5)),
+        In::Data(rand_f32(&[2, 6, 12], 6)),
+        In::Data(rand_f32(&[2, 6, 15], 7)),
+        In::Data(bmask),
+        In::Data(rand_f32(&[2, 3, 3, 4], 8)),
+        In::Data(rand_f32(&[2, 3, 3, 5], 9)),
+    ];
+    cross_check("Attention", &inputs, &heads(9, 3), 3, 23, 1e-5);
+    // nonpad_kv_seqlen (one row with a negative causal offset) and a window (opset 25).
+    let nonpad = Tensor::from_slice(&[2], &[6i64, 2]).unwrap();
+    let attrs = [("is_causal", Attr::Int(1)), ("left_window_size", Attr::Int(2))];
+    let inputs = [In::Data(rand_f32(&[2, 3, 4, 8], 1)), In::Data(rand_f32(&[2, 3, 8, 8], 2)), In::Data(rand_f32(&[2, 3, 8, 8], 3)), In::None, In::None, In::None, In::Data(nonpad)];
+    cross_check("Attention", &inputs, &attrs, 1, 25, 1e-5);
+    // Long rows: the softmax uses a workgroup of lanes per row.
+    cross_check("Attention", &[In::Data(rand_f32(&[1, 2, 3, 4], 1)), In::Data(rand_f32(&[1, 1, 25000, 4], 2)), In::Data(rand_f32(&[1, 1, 25000, 3], 3))], &[], 1, 23, 1e-5);
+}

@@ -1,9 +1,14 @@
 //! Neural-network ops: convolutions (Conv, ConvTranspose), pooling (MaxPool,
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
-//! (BatchNormalization, InstanceNormalization, LayerNormalization). Sliding-window geometry (pads,
-//! auto_pad, strides, dilations, ceil_mode) is shared in [`window`].
+//! (BatchNormalization, InstanceNormalization, LayerNormalization), and Attention.
+//! Sliding-window geometry (pads, auto_pad, strides, dilations, ceil_mode) is shared
+//! in [`window`].
 use crate::Registry;
 
+mod attention;
+#[cfg(test)]
+mod attention_tests;
+mod attention_wgsl;
 mod batch_norm;
 mod conv;
 mod conv_cpu;
@@ -26,4 +31,5 @@ pub(crate) fn register(r: &mut Registry) {
     batch_norm::register(r);
     instance_norm::register(r);
     layer_norm::register(r);
+    attention::register(r);
 }
