@@ -171,3 +171,26 @@ fn attention_agrees() {
     // Long rows: the softmax uses a workgroup of lanes per row.
     cross_check("Attention", &[In::Data(rand_f32(&[1, 2, 3, 4], 1)), In::Data(rand_f32(&[1, 1, 25000, 4], 2)), In::Data(rand_f32(&[1, 1, 25000, 3], 3))], &[], 1, 23, 1e-5);
 }
+
+#[test]
+fn losses_agree() {
+    use kiln_graph::Tensor;
+    // Small and large (a workgroup of lanes folds > 2048 positions) inputs.
+    for (dims, seed) in [(vec![3usize, 5, 7], 1u64), (vec![4, 6, 40, 30], 2)] {
+        let (n, c) = (dims[0], dims[1]);
+        let inner: usize = dims[2..].iter().product();
+        let mut tdims = vec![n];
+        tdims.extend_from_slice(&dims[2..]);
+        let labels: Vec<i64> = (0..n * inner).map(|i| ((i * 7 + seed as usize) % c) as i64).collect();
+        let target = Tensor::from_slice(&tdims, &labels).unwrap();
+        let weight = rand_f32(&[c], 9);
+        let weight = Tensor::from_slice(&[c], &weight.as_slice::<f32>().unwrap().iter().map(|w| w.abs() + 0.1).collect::<Vec<_>>()).unwrap();
+        for reduction in ["none", "sum", "mean"] {
+            let attrs = [("reduction", Attr::String(reduction.into())), ("ignore_index", Attr::Int(2))];
+            let x = rand_f32(&dims, seed);
+            cross_check("NegativeLogLikelihoodLoss", &[In::Data(x.clone()), In::Data(target.clone()), In::Const(weight.clone())], &attrs, 1, 13, 1e-5);
+            cross_check("SoftmaxCrossEntropyLoss", &[In::Data(x.clone()), In::Data(target.clone())], &attrs, 2, 13, 1e-5);
+            cross_check("SoftmaxCrossEntropyLoss", &[In::Data(x), In::Data(target.clone()), In::Const(weight.clone())], &attrs[..1], 1, 13, 1e-5);
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! Neural-network ops: convolutions (Conv, ConvTranspose), pooling (MaxPool,
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
-//! (BatchNormalization, InstanceNormalization, LayerNormalization), and Attention.
+//! (BatchNormalization, InstanceNormalization, LayerNormalization), Attention, and the losses
+//! (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss).
 //! Sliding-window geometry (pads, auto_pad, strides, dilations, ceil_mode) is shared
 //! in [`window`].
 use crate::Registry;
@@ -17,6 +18,7 @@ mod conv_transpose;
 mod global_pool;
 mod instance_norm;
 mod layer_norm;
+mod losses;
 mod plane_lanes;
 mod pool;
 #[cfg(test)]
@@ -32,4 +34,5 @@ pub(crate) fn register(r: &mut Registry) {
     instance_norm::register(r);
     layer_norm::register(r);
     attention::register(r);
+    losses::register(r);
 }
