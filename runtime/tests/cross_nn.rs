@@ -194,3 +194,23 @@ fn losses_agree() {
         }
     }
 }
+
+#[test]
+fn more_normalizations_agree() {
+    // Small blocks (one invocation each) and big ones (a workgroup of lanes each).
+    for dims in [vec![3usize, 4, 5, 3], vec![1, 6, 70, 71]] {
+        let c = dims[1];
+        let x = shifted(&dims, 1);
+        cross_check("GroupNormalization", &[In::Data(x.clone()), In::Const(rand_f32(&[c], 2)), In::Const(rand_f32(&[c], 3))], &[("num_groups", Attr::Int(2))], 1, 21, 1e-5);
+        cross_check("GroupNormalization", &[In::Data(x.clone()), In::Const(rand_f32(&[2], 2)), In::Const(rand_f32(&[2], 3))], &[("num_groups", Attr::Int(2))], 1, 18, 1e-5);
+        cross_check("RMSNormalization", &[In::Data(x.clone()), In::Const(rand_f32(&dims[2..], 4))], &[("axis", Attr::Int(2))], 1, 23, 1e-5);
+        cross_check("MeanVarianceNormalization", &[In::Data(x.clone())], &[], 1, 13, 1e-5);
+        cross_check("MeanVarianceNormalization", &[In::Data(x.clone())], &[("axes", ints(&[1, 3]))], 1, 13, 1e-5);
+        for p in [1i64, 2] {
+            cross_check("LpNormalization", &[In::Data(x.clone())], &[("axis", Attr::Int(2)), ("p", Attr::Int(p))], 1, 22, 1e-5);
+        }
+        cross_check("LRN", &[In::Data(x.clone())], &[("size", Attr::Int(3)), ("alpha", Attr::Float(0.2)), ("beta", Attr::Float(0.7))], 1, 13, 1e-5);
+    }
+    cross_check("LpNormalization", &[In::Data(rand_f32(&[3, 9000], 2))], &[], 1, 22, 1e-5);
+    cross_check("RMSNormalization", &[In::Data(rand_f32(&[5, 9000], 2)), In::Const(rand_f32(&[9000], 3))], &[], 1, 23, 1e-5);
+}

@@ -1,6 +1,7 @@
 //! Neural-network ops: convolutions (Conv, ConvTranspose), pooling (MaxPool,
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
-//! (BatchNormalization, InstanceNormalization, LayerNormalization), Attention, and the losses
+//! (BatchNormalization, InstanceNormalization, LayerNormalization, GroupNormalization,
+//! RMSNormalization, LpNormalization, MeanVarianceNormalization, LRN), Attention, and the losses
 //! (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss).
 //! Sliding-window geometry (pads, auto_pad, strides, dilations, ceil_mode) is shared
 //! in [`window`].
@@ -17,9 +18,14 @@ mod conv_small_k;
 mod conv_transpose;
 mod global_pool;
 mod instance_norm;
+mod group_norm;
 mod layer_norm;
+mod lp_norm;
+mod lrn;
 mod losses;
+mod mvn;
 mod plane_lanes;
+mod rms_norm;
 mod pool;
 #[cfg(test)]
 mod testutil;
@@ -35,4 +41,9 @@ pub(crate) fn register(r: &mut Registry) {
     layer_norm::register(r);
     attention::register(r);
     losses::register(r);
+    group_norm::register(r);
+    rms_norm::register(r);
+    lp_norm::register(r);
+    mvn::register(r);
+    lrn::register(r);
 }
