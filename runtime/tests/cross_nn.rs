@@ -214,3 +214,17 @@ fn more_normalizations_agree() {
     cross_check("LpNormalization", &[In::Data(rand_f32(&[3, 9000], 2))], &[], 1, 22, 1e-5);
     cross_check("RMSNormalization", &[In::Data(rand_f32(&[5, 9000], 2)), In::Const(rand_f32(&[9000], 3))], &[], 1, 23, 1e-5);
 }
+
+#[test]
+fn rotary_embedding_agrees() {
+    use kiln_graph::Tensor;
+    let pos = Tensor::from_slice(&[2, 5], &[0i64, 3, 7, 1, 2, 8, 4, 4, 0, 6]).unwrap();
+    for (interleaved, rdim) in [(0i64, 0i64), (1, 0), (0, 6), (1, 4)] {
+        let half = if rdim == 0 { 5 } else { rdim as usize / 2 };
+        let attrs = [("interleaved", Attr::Int(interleaved)), ("rotary_embedding_dim", Attr::Int(rdim)), ("num_heads", Attr::Int(3))];
+        let caches = || [In::Const(rand_f32(&[9, half], 1)), In::Const(rand_f32(&[9, half], 2))];
+        let [c, s] = caches();
+        cross_check("RotaryEmbedding", &[In::Data(rand_f32(&[2, 3, 5, 10], 3)), c, s, In::Data(pos.clone())], &attrs[..2], 1, 23, 1e-6);
+        cross_check("RotaryEmbedding", &[In::Data(rand_f32(&[2, 5, 30], 4)), In::Data(rand_f32(&[2, 5, half], 5)), In::Data(rand_f32(&[2, 5, half], 6))], &attrs, 1, 23, 1e-6);
+    }
+}

@@ -1,7 +1,8 @@
 //! Neural-network ops: convolutions (Conv, ConvTranspose), pooling (MaxPool,
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
 //! (BatchNormalization, InstanceNormalization, LayerNormalization, GroupNormalization,
-//! RMSNormalization, LpNormalization, MeanVarianceNormalization, LRN), Attention, and the losses
+//! RMSNormalization, LpNormalization, MeanVarianceNormalization, LRN), Attention,
+//! RotaryEmbedding, and the losses
 //! (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss).
 //! Sliding-window geometry (pads, auto_pad, strides, dilations, ceil_mode) is shared
 //! in [`window`].
@@ -26,6 +27,7 @@ mod losses;
 mod mvn;
 mod plane_lanes;
 mod rms_norm;
+mod rotary_embedding;
 mod pool;
 #[cfg(test)]
 mod testutil;
@@ -46,4 +48,5 @@ pub(crate) fn register(r: &mut Registry) {
     lp_norm::register(r);
     mvn::register(r);
     lrn::register(r);
+    rotary_embedding::register(r);
 }
