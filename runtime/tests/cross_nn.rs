@@ -228,3 +228,23 @@ fn rotary_embedding_agrees() {
         cross_check("RotaryEmbedding", &[In::Data(rand_f32(&[2, 5, 30], 4)), In::Data(rand_f32(&[2, 5, half], 5)), In::Data(rand_f32(&[2, 5, half], 6))], &attrs, 1, 23, 1e-6);
     }
 }
+
+#[test]
+fn grid_sample_agrees() {
+    let scaled = |dims: &[usize], seed: u64| {
+        let t = rand_f32(dims, seed);
+        let v: Vec<f32> = t.as_slice::<f32>().unwrap().iter().map(|g| g * 1.4).collect();
+        kiln_graph::Tensor::from_slice(dims, &v).unwrap()
+    };
+    let (x2, g2) = (rand_f32(&[2, 3, 9, 7], 1), scaled(&[2, 5, 6, 2], 2));
+    let (x3, g3) = (rand_f32(&[1, 2, 5, 4, 6], 3), scaled(&[1, 3, 2, 4, 3], 4));
+    for mode in ["nearest", "linear", "cubic"] {
+        for pad in ["zeros", "border", "reflection"] {
+            for align in [0i64, 1] {
+                let attrs = [("mode", Attr::String(mode.into())), ("padding_mode", Attr::String(pad.into())), ("align_corners", Attr::Int(align))];
+                cross_check("GridSample", &[In::Data(x2.clone()), In::Data(g2.clone())], &attrs, 1, 22, 1e-5);
+                cross_check("GridSample", &[In::Data(x3.clone()), In::Data(g3.clone())], &attrs, 1, 22, 1e-5);
+            }
+        }
+    }
+}

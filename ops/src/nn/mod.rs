@@ -2,7 +2,7 @@
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
 //! (BatchNormalization, InstanceNormalization, LayerNormalization, GroupNormalization,
 //! RMSNormalization, LpNormalization, MeanVarianceNormalization, LRN), Attention,
-//! RotaryEmbedding, and the losses
+//! RotaryEmbedding, GridSample, and the losses
 //! (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss).
 //! Sliding-window geometry (pads, auto_pad, strides, dilations, ceil_mode) is shared
 //! in [`window`].
@@ -19,6 +19,7 @@ mod conv_small_k;
 mod conv_transpose;
 mod global_pool;
 mod instance_norm;
+mod grid_sample;
 mod group_norm;
 mod layer_norm;
 mod lp_norm;
@@ -49,4 +50,5 @@ pub(crate) fn register(r: &mut Registry) {
     mvn::register(r);
     lrn::register(r);
     rotary_embedding::register(r);
+    grid_sample::register(r);
 }
