@@ -417,7 +417,8 @@ fn with_f32_out(out: &mut Tensor, f: impl FnOnce(&mut [f32])) -> Result<()> {
     let mut buf = vec![0f32; out.len()];
     f(&mut buf);
     let wide: Vec<f64> = buf.into_iter().map(|v| v as f64).collect();
-    *out = Tensor::from_f64(out.dtype(), &out.dims().to_vec(), &wide)?;
+    let dims = out.dims().to_vec();
+    *out = Tensor::from_f64(out.dtype(), &dims, &wide)?;
     Ok(())
 }
 

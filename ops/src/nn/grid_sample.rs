@@ -312,7 +312,8 @@ mod tests {
 
     /// A direct 2-D reference (bilinear and nearest only) for cross-checking the
     /// separable tap walk.
-    fn bilinear_2d(x: &[f64], h: usize, w: usize, gx: f64, gy: f64, align: bool, zeros: bool, nearest: bool) -> f64 {
+    /// `flags`: (align_corners, zeros padding (else border), nearest (else linear)).
+    fn bilinear_2d(x: &[f64], (h, w): (usize, usize), (gx, gy): (f64, f64), (align, zeros, nearest): (bool, bool, bool)) -> f64 {
         let den = |g: f64, s: usize| if align { (g + 1.0) / 2.0 * (s as f64 - 1.0) } else { ((g + 1.0) * s as f64 - 1.0) / 2.0 };
         let (px, py) = (den(gx, w), den(gy, h));
         let at = |yy: i64, xx: i64| {
@@ -351,7 +352,7 @@ mod tests {
                             for o in 0..21 {
                                 let (gx, gy) = (g[(b * 21 + o) * 2] as f64, g[(b * 21 + o) * 2 + 1] as f64);
                                 let plane = &xv[(b * c + ch) * h * w..][..h * w];
-                                want.push(bilinear_2d(plane, h, w, gx, gy, align == 1, pad == "zeros", mode == "nearest"));
+                                want.push(bilinear_2d(plane, (h, w), (gx, gy), (align == 1, pad == "zeros", mode == "nearest")));
                             }
                         }
                     }

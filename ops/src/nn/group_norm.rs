@@ -33,7 +33,7 @@ impl GroupNorm {
         if x.len() < 2 {
             return Err(OpError::input(0, format!("expected (N, C, ..), found shape {x:?}")));
         }
-        if x[1] % self.groups != 0 {
+        if !x[1].is_multiple_of(self.groups) {
             return Err(OpError::input(0, format!("{} channels cannot be split into num_groups = {} groups", x[1], self.groups)));
         }
         Ok(Blocks { channels_per_group: x[1] / self.groups, spatial: x[2..].iter().product(), count: x[0] * self.groups })

@@ -38,7 +38,7 @@ impl Rotary {
         let (batch, seq, head, seq_stride) = match x.len() {
             4 => (x[0], x[2], x[3], x[3]),
             3 => {
-                if self.num_heads == 0 || x[2] % self.num_heads != 0 {
+                if self.num_heads == 0 || !x[2].is_multiple_of(self.num_heads) {
                     return Err(OpError::input(0, format!("a 3-D input needs num_heads dividing its hidden size {}, found num_heads = {}", x[2], self.num_heads)));
                 }
                 (x[0], x[1], x[2] / self.num_heads, x[2])
