@@ -168,6 +168,19 @@ fn attention_agrees() {
     let attrs = [("is_causal", Attr::Int(1)), ("left_window_size", Attr::Int(2))];
     let inputs = [In::Data(rand_f32(&[2, 3, 4, 8], 1)), In::Data(rand_f32(&[2, 3, 8, 8], 2)), In::Data(rand_f32(&[2, 3, 8, 8], 3)), In::None, In::None, In::None, In::Data(nonpad)];
     cross_check("Attention", &inputs, &attrs, 1, 25, 1e-5);
+    // Value heads of 8 and 6 (the weighted sum writes 4 or 2 elements per invocation),
+    // with past keys and values.
+    for dv in [8usize, 6] {
+        let inputs = [
+            In::Data(rand_f32(&[2, 4, 3, 4], 1)),
+            In::Data(rand_f32(&[2, 2, 5, 4], 2)),
+            In::Data(rand_f32(&[2, 2, 5, dv], 3)),
+            In::None,
+            In::Data(rand_f32(&[2, 2, 4, 4], 4)),
+            In::Data(rand_f32(&[2, 2, 4, dv], 5)),
+        ];
+        cross_check("Attention", &inputs, &[("is_causal", Attr::Int(1))], 3, 23, 1e-5);
+    }
     // Long rows: the softmax uses a workgroup of lanes per row.
     cross_check("Attention", &[In::Data(rand_f32(&[1, 2, 3, 4], 1)), In::Data(rand_f32(&[1, 1, 25000, 4], 2)), In::Data(rand_f32(&[1, 1, 25000, 3], 3))], &[], 1, 23, 1e-5);
 }

@@ -377,17 +377,23 @@ impl Attention {
         let q = &x.q[b * g.q_strides[0] + h * g.q_strides[1] + i * g.q_strides[2]..][..g.head];
         let cap = self.softcap;
         for (j, o) in out.iter_mut().enumerate() {
+            // From stage 2 on a masked key is -inf whatever its score: skip the dot.
+            let bias = if stage >= 2 {
+                match self.bias(g, x, b, h, i, j) {
+                    Some(bias) => bias,
+                    None => {
+                        *o = f32::NEG_INFINITY;
+                        continue;
+                    }
+                }
+            } else {
+                0.0
+            };
             let mut s = dot(q, x.key(g, b, hk, j)) * g.scale;
             if stage >= 1 && cap > 0.0 {
                 s = cap * (s / cap).tanh();
             }
-            if stage >= 2 {
-                s = match self.bias(g, x, b, h, i, j) {
-                    Some(bias) => s + bias,
-                    None => f32::NEG_INFINITY,
-                };
-            }
-            *o = s;
+            *o = s + bias;
         }
         if stage < 3 {
             return;

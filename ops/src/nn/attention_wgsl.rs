@@ -77,10 +77,17 @@ impl Attention {
         let [k0, k1, k2] = g.k_strides;
         let mut body = format!(
             "let j = i % {t}u;\n    let r = i / {t}u;\n    let qi = r % {sq}u;\n    let h = (r / {sq}u) % {hq}u;\n    let b = r / {};\n    \
-             let hk = h / {}u;\n    let qb = b * {q0}u + h * {q1}u + qi * {q2}u;\n    var acc = 0.0;\n",
+             let hk = h / {}u;\n    let qb = b * {q0}u + h * {q1}u + qi * {q2}u;\n    var acc = 0.0;\n    ",
             format_args!("{}u", sq * hq),
             g.group()
         );
+        // The mask first: a masked score needs no dot product (unless output 3 wants
+        // the raw or softcapped scores).
+        body += &self.bias_wgsl(g);
+        if !(qk_out && self.mode < 2) {
+            let qk_masked = if qk_out { format!("qk[i] = {NEG_INF}; ") } else { String::new() };
+            let _ = writeln!(body, "    if (masked) {{ s[i] = {MASKED}; {qk_masked}return; }}");
+        }
         let new_keys = format!(
             "let kb = b * {k0}u + hk * {k1}u + (j - {p}u) * {k2}u;\n{}",
             wgsl::for_loop("d", "0u", &format!("{d}u"), "1u", "acc = acc + q[qb + d] * k[kb + d];")
@@ -106,8 +113,6 @@ impl Attention {
         if qk_out && self.mode == 1 {
             body += "    qk[i] = sc;\n";
         }
-        body += "    ";
-        body += &self.bias_wgsl(g);
         if qk_out && self.mode == 2 {
             let _ = writeln!(body, "    qk[i] = select(sc + bias, {NEG_INF}, masked);");
         }
@@ -152,9 +157,11 @@ impl Attention {
         Ok(lanes_dispatch("Attention softmax", rows, lanes, &buffers, bindings, &body))
     }
 
-    /// Y = probabilities x values, one invocation per element of Y.
+    /// Y = probabilities x values: each invocation sums `width` consecutive elements of
+    /// a row of Y (the widest of 4, 2, 1 dividing v_head), reading each probability once.
     fn weighted_sum_dispatch(&self, g: &Geometry, wg: u32) -> Dispatch {
         let (hq, sq, t, p, dv) = (g.q_heads, g.q_len, g.total, g.past, g.v_head);
+        let width = [4usize, 2, 1].into_iter().find(|w| dv % w == 0).unwrap_or(1);
         let mut buffers = vec![("s", "f32", false), ("v", "f32", true)];
         let mut bindings = vec![Binding::Scratch(0), Binding::Input(2)];
         if g.has_past {
@@ -163,22 +170,33 @@ impl Attention {
         }
         buffers.push(("y", "f32", false));
         bindings.push(Binding::Output(0));
-        let mut body = format!("let e = i % {dv}u;\n");
+        // `first` is the first element of Y this invocation writes.
+        let mut body = format!("let first = i * {width}u;\n    let e = first % {dv}u;\n");
         if g.three_d {
-            let _ = writeln!(body, "    let h = (i / {dv}u) % {hq}u;\n    let qi = (i / {}u) % {sq}u;\n    let b = i / {}u;", dv * hq, dv * hq * sq);
+            let _ = writeln!(body, "    let h = (first / {dv}u) % {hq}u;\n    let qi = (first / {}u) % {sq}u;\n    let b = first / {}u;", dv * hq, dv * hq * sq);
         } else {
-            let _ = writeln!(body, "    let r = i / {dv}u;\n    let qi = r % {sq}u;\n    let h = (r / {sq}u) % {hq}u;\n    let b = r / {}u;", sq * hq);
+            let _ = writeln!(body, "    let r = first / {dv}u;\n    let qi = r % {sq}u;\n    let h = (r / {sq}u) % {hq}u;\n    let b = r / {}u;", sq * hq);
         }
-        let _ = writeln!(body, "    let hk = h / {}u;\n    let pb = ((b * {hq}u + h) * {sq}u + qi) * {t}u;\n    var acc = 0.0;", g.group());
+        let _ = writeln!(body, "    let hk = h / {}u;\n    let pb = ((b * {hq}u + h) * {sq}u + qi) * {t}u;", g.group());
+        for w in 0..width {
+            let _ = writeln!(body, "    var acc{w} = 0.0;");
+        }
+        let accumulate = |src: &str, at: &str| -> String {
+            (0..width).map(|w| format!("acc{w} = acc{w} + pj * {src}[{at} + {w}u];")).collect::<Vec<_>>().join(" ")
+        };
         if g.has_past {
             let _ = writeln!(body, "    let pvb = (b * {}u + hk) * {p}u * {dv}u + e;", g.kv_heads);
-            body += &wgsl::for_loop("j", "0u", &format!("{p}u"), "1u", &format!("acc = acc + s[pb + j] * pv[pvb + j * {dv}u];"));
+            let add = accumulate("pv", &format!("pvb + j * {dv}u"));
+            body += &wgsl::for_loop("j", "0u", &format!("{p}u"), "1u", &format!("let pj = s[pb + j];\nif (pj != 0.0) {{ {add} }}"));
         }
         let [v0, v1, v2] = g.v_strides;
         let _ = writeln!(body, "    let vb = b * {v0}u + hk * {v1}u + e;");
-        body += &wgsl::for_loop("j", "0u", &format!("{}u", g.kv_len), "1u", &format!("acc = acc + s[pb + {p}u + j] * v[vb + j * {v2}u];"));
-        body += "    y[i] = acc;";
-        wgsl::simple_kernel("Attention weighted sum", g.batch * hq * sq * dv, wg, &buffers, bindings, "", &body)
+        let add = accumulate("v", &format!("vb + j * {v2}u"));
+        body += &wgsl::for_loop("j", "0u", &format!("{}u", g.kv_len), "1u", &format!("let pj = s[pb + {p}u + j];\nif (pj != 0.0) {{ {add} }}"));
+        for w in 0..width {
+            let _ = writeln!(body, "    y[first + {w}u] = acc{w};");
+        }
+        wgsl::simple_kernel("Attention weighted sum", g.batch * hq * sq * dv / width, wg, &buffers, bindings, "", &body)
     }
 
     /// present_key (`value` false) or present_value: the past then the new rows.
