@@ -136,3 +136,128 @@ fn layer_normalization_agrees() {
         );
     }
 }
+
+#[test]
+fn attention_agrees() {
+    use kiln_graph::Tensor;
+    let heads = |q: i64, kv: i64| vec![("q_num_heads", Attr::Int(q)), ("kv_num_heads", Attr::Int(kv))];
+    // 4-D, grouped heads, causal, a float mask shorter than the keys, all four outputs.
+    let (q, k, v) = (rand_f32(&[2, 6, 5, 8], 1), rand_f32(&[2, 2, 7, 8], 2), rand_f32(&[2, 2, 7, 5], 3));
+    let mask = rand_f32(&[2, 1, 5, 6], 4);
+    for mode in [0i64, 1, 3] {
+        let attrs = [("is_causal", Attr::Int(1)), ("qk_matmul_output_mode", Attr::Int(mode)), ("softcap", Attr::Float(1.5))];
+        cross_check("Attention", &[In::Data(q.clone()), In::Data(k.clone()), In::Data(v.clone()), In::Data(mask.clone())], &attrs, 4, 23, 1e-5);
+    }
+    // Mode 2 (scores plus bias) without masked keys: the relative error of -inf is NaN.
+    let attrs = [("qk_matmul_output_mode", Attr::Int(2)), ("scale", Attr::Float(0.2))];
+    cross_check("Attention", &[In::Data(q.clone()), In::Data(k.clone()), In::Data(v.clone()), In::Data(rand_f32(&[5, 7], 5))], &attrs, 4, 23, 1e-5);
+    // 3-D with past keys and values and a bool mask.
+    let bools: Vec<bool> = (0..4 * 9).map(|i| i % 7 != 3).collect();
+    let bmask = Tensor::from_bools(&[4, 9], &bools).unwrap();
+    let inputs = [
+        In::Data(rand_f32(&[2, 4, 36], 5)),
+        In::Data(rand_f32(&[2, 6, 12], 6)),
+        In::Data(rand_f32(&[2, 6, 15], 7)),
+        In::Data(bmask),
+        In::Data(rand_f32(&[2, 3, 3, 4], 8)),
+        In::Data(rand_f32(&[2, 3, 3, 5], 9)),
+    ];
+    cross_check("Attention", &inputs, &heads(9, 3), 3, 23, 1e-5);
+    // nonpad_kv_seqlen (one row with a negative causal offset) and a window (opset 25).
+    let nonpad = Tensor::from_slice(&[2], &[6i64, 2]).unwrap();
+    let attrs = [("is_causal", Attr::Int(1)), ("left_window_size", Attr::Int(2))];
+    let inputs = [In::Data(rand_f32(&[2, 3, 4, 8], 1)), In::Data(rand_f32(&[2, 3, 8, 8], 2)), In::Data(rand_f32(&[2, 3, 8, 8], 3)), In::None, In::None, In::None, In::Data(nonpad)];
+    cross_check("Attention", &inputs, &attrs, 1, 25, 1e-5);
+    // Value heads of 8 and 6 (the weighted sum writes 4 or 2 elements per invocation),
+    // with past keys and values.
+    for dv in [8usize, 6] {
+        let inputs = [
+            In::Data(rand_f32(&[2, 4, 3, 4], 1)),
+            In::Data(rand_f32(&[2, 2, 5, 4], 2)),
+            In::Data(rand_f32(&[2, 2, 5, dv], 3)),
+            In::None,
+            In::Data(rand_f32(&[2, 2, 4, 4], 4)),
+            In::Data(rand_f32(&[2, 2, 4, dv], 5)),
+        ];
+        cross_check("Attention", &inputs, &[("is_causal", Attr::Int(1))], 3, 23, 1e-5);
+    }
+    // Long rows: the softmax uses a workgroup of lanes per row.
+    cross_check("Attention", &[In::Data(rand_f32(&[1, 2, 3, 4], 1)), In::Data(rand_f32(&[1, 1, 25000, 4], 2)), In::Data(rand_f32(&[1, 1, 25000, 3], 3))], &[], 1, 23, 1e-5);
+}
+
+#[test]
+fn losses_agree() {
+    use kiln_graph::Tensor;
+    // Small and large (a workgroup of lanes folds > 2048 positions) inputs.
+    for (dims, seed) in [(vec![3usize, 5, 7], 1u64), (vec![4, 6, 40, 30], 2)] {
+        let (n, c) = (dims[0], dims[1]);
+        let inner: usize = dims[2..].iter().product();
+        let mut tdims = vec![n];
+        tdims.extend_from_slice(&dims[2..]);
+        let labels: Vec<i64> = (0..n * inner).map(|i| ((i * 7 + seed as usize) % c) as i64).collect();
+        let target = Tensor::from_slice(&tdims, &labels).unwrap();
+        let weight = rand_f32(&[c], 9);
+        let weight = Tensor::from_slice(&[c], &weight.as_slice::<f32>().unwrap().iter().map(|w| w.abs() + 0.1).collect::<Vec<_>>()).unwrap();
+        for reduction in ["none", "sum", "mean"] {
+            let attrs = [("reduction", Attr::String(reduction.into())), ("ignore_index", Attr::Int(2))];
+            let x = rand_f32(&dims, seed);
+            cross_check("NegativeLogLikelihoodLoss", &[In::Data(x.clone()), In::Data(target.clone()), In::Const(weight.clone())], &attrs, 1, 13, 1e-5);
+            cross_check("SoftmaxCrossEntropyLoss", &[In::Data(x.clone()), In::Data(target.clone())], &attrs, 2, 13, 1e-5);
+            cross_check("SoftmaxCrossEntropyLoss", &[In::Data(x), In::Data(target.clone()), In::Const(weight.clone())], &attrs[..1], 1, 13, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn more_normalizations_agree() {
+    // Small blocks (one invocation each) and big ones (a workgroup of lanes each).
+    for dims in [vec![3usize, 4, 5, 3], vec![1, 6, 70, 71]] {
+        let c = dims[1];
+        let x = shifted(&dims, 1);
+        cross_check("GroupNormalization", &[In::Data(x.clone()), In::Const(rand_f32(&[c], 2)), In::Const(rand_f32(&[c], 3))], &[("num_groups", Attr::Int(2))], 1, 21, 1e-5);
+        cross_check("GroupNormalization", &[In::Data(x.clone()), In::Const(rand_f32(&[2], 2)), In::Const(rand_f32(&[2], 3))], &[("num_groups", Attr::Int(2))], 1, 18, 1e-5);
+        cross_check("RMSNormalization", &[In::Data(x.clone()), In::Const(rand_f32(&dims[2..], 4))], &[("axis", Attr::Int(2))], 1, 23, 1e-5);
+        cross_check("MeanVarianceNormalization", &[In::Data(x.clone())], &[], 1, 13, 1e-5);
+        cross_check("MeanVarianceNormalization", &[In::Data(x.clone())], &[("axes", ints(&[1, 3]))], 1, 13, 1e-5);
+        for p in [1i64, 2] {
+            cross_check("LpNormalization", &[In::Data(x.clone())], &[("axis", Attr::Int(2)), ("p", Attr::Int(p))], 1, 22, 1e-5);
+        }
+        cross_check("LRN", &[In::Data(x.clone())], &[("size", Attr::Int(3)), ("alpha", Attr::Float(0.2)), ("beta", Attr::Float(0.7))], 1, 13, 1e-5);
+    }
+    cross_check("LpNormalization", &[In::Data(rand_f32(&[3, 9000], 2))], &[], 1, 22, 1e-5);
+    cross_check("RMSNormalization", &[In::Data(rand_f32(&[5, 9000], 2)), In::Const(rand_f32(&[9000], 3))], &[], 1, 23, 1e-5);
+}
+
+#[test]
+fn rotary_embedding_agrees() {
+    use kiln_graph::Tensor;
+    let pos = Tensor::from_slice(&[2, 5], &[0i64, 3, 7, 1, 2, 8, 4, 4, 0, 6]).unwrap();
+    for (interleaved, rdim) in [(0i64, 0i64), (1, 0), (0, 6), (1, 4)] {
+        let half = if rdim == 0 { 5 } else { rdim as usize / 2 };
+        let attrs = [("interleaved", Attr::Int(interleaved)), ("rotary_embedding_dim", Attr::Int(rdim)), ("num_heads", Attr::Int(3))];
+        let caches = || [In::Const(rand_f32(&[9, half], 1)), In::Const(rand_f32(&[9, half], 2))];
+        let [c, s] = caches();
+        cross_check("RotaryEmbedding", &[In::Data(rand_f32(&[2, 3, 5, 10], 3)), c, s, In::Data(pos.clone())], &attrs[..2], 1, 23, 1e-6);
+        cross_check("RotaryEmbedding", &[In::Data(rand_f32(&[2, 5, 30], 4)), In::Data(rand_f32(&[2, 5, half], 5)), In::Data(rand_f32(&[2, 5, half], 6))], &attrs, 1, 23, 1e-6);
+    }
+}
+
+#[test]
+fn grid_sample_agrees() {
+    let scaled = |dims: &[usize], seed: u64| {
+        let t = rand_f32(dims, seed);
+        let v: Vec<f32> = t.as_slice::<f32>().unwrap().iter().map(|g| g * 1.4).collect();
+        kiln_graph::Tensor::from_slice(dims, &v).unwrap()
+    };
+    let (x2, g2) = (rand_f32(&[2, 3, 9, 7], 1), scaled(&[2, 5, 6, 2], 2));
+    let (x3, g3) = (rand_f32(&[1, 2, 5, 4, 6], 3), scaled(&[1, 3, 2, 4, 3], 4));
+    for mode in ["nearest", "linear", "cubic"] {
+        for pad in ["zeros", "border", "reflection"] {
+            for align in [0i64, 1] {
+                let attrs = [("mode", Attr::String(mode.into())), ("padding_mode", Attr::String(pad.into())), ("align_corners", Attr::Int(align))];
+                cross_check("GridSample", &[In::Data(x2.clone()), In::Data(g2.clone())], &attrs, 1, 22, 1e-5);
+                cross_check("GridSample", &[In::Data(x3.clone()), In::Data(g3.clone())], &attrs, 1, 22, 1e-5);
+            }
+        }
+    }
+}

@@ -1,9 +1,17 @@
 //! Neural-network ops: convolutions (Conv, ConvTranspose), pooling (MaxPool,
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
-//! (BatchNormalization, InstanceNormalization, LayerNormalization). Sliding-window geometry (pads,
-//! auto_pad, strides, dilations, ceil_mode) is shared in [`window`].
+//! (BatchNormalization, InstanceNormalization, LayerNormalization, GroupNormalization,
+//! RMSNormalization, LpNormalization, MeanVarianceNormalization, LRN), Attention,
+//! RotaryEmbedding, GridSample, and the losses
+//! (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss).
+//! Sliding-window geometry (pads, auto_pad, strides, dilations, ceil_mode) is shared
+//! in [`window`].
 use crate::Registry;
 
+mod attention;
+#[cfg(test)]
+mod attention_tests;
+mod attention_wgsl;
 mod batch_norm;
 mod conv;
 mod conv_cpu;
@@ -11,8 +19,16 @@ mod conv_small_k;
 mod conv_transpose;
 mod global_pool;
 mod instance_norm;
+mod grid_sample;
+mod group_norm;
 mod layer_norm;
+mod lp_norm;
+mod lrn;
+mod losses;
+mod mvn;
 mod plane_lanes;
+mod rms_norm;
+mod rotary_embedding;
 mod pool;
 #[cfg(test)]
 mod testutil;
@@ -26,4 +42,13 @@ pub(crate) fn register(r: &mut Registry) {
     batch_norm::register(r);
     instance_norm::register(r);
     layer_norm::register(r);
+    attention::register(r);
+    losses::register(r);
+    group_norm::register(r);
+    rms_norm::register(r);
+    lp_norm::register(r);
+    mvn::register(r);
+    lrn::register(r);
+    rotary_embedding::register(r);
+    grid_sample::register(r);
 }

@@ -1,0 +1,253 @@
+//! RotaryEmbedding (opset 23): rotates pairs of the first `rotary_embedding_dim`
+//! features of each head (default: all) by the angle whose cosine and sine are read
+//! from `cos_cache`/`sin_cache` — at row `position_ids[b, s]` of a `(max_pos, R/2)`
+//! cache, or at `[b, s]` of a `(B, S, R/2)` cache without position ids. Pairs are
+//! `(k, k + R/2)` or, with `interleaved`, `(2k, 2k + 1)`. Input `(B, H, S, D)`, or
+//! `(B, S, H * D)` with `num_heads`. WGSL: one invocation per output element.
+use crate::cpu::{self, CpuKernel};
+use crate::op::{expect_dtype, required};
+use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
+use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{DType, Tensor};
+
+const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16, DType::F64];
+
+#[derive(Debug)]
+pub struct Rotary {
+    interleaved: bool,
+    rotary_dim: usize,
+    num_heads: usize,
+}
+
+/// Sizes of one application.
+struct Dims {
+    batch: usize,
+    seq: usize,
+    head: usize,
+    /// Elements between consecutive positions of one head.
+    seq_stride: usize,
+    /// Rotated features per head (R) and cache row length (R / 2).
+    rotary: usize,
+    half: usize,
+    /// Rows of a position-indexed cache (0 without position ids).
+    cache_rows: usize,
+}
+
+impl Rotary {
+    fn dims(&self, x: &[usize], cos: &[usize], sin: &[usize], positions: Option<&[usize]>) -> Result<Dims> {
+        let (batch, seq, head, seq_stride) = match x.len() {
+            4 => (x[0], x[2], x[3], x[3]),
+            3 => {
+                if self.num_heads == 0 || !x[2].is_multiple_of(self.num_heads) {
+                    return Err(OpError::input(0, format!("a 3-D input needs num_heads dividing its hidden size {}, found num_heads = {}", x[2], self.num_heads)));
+                }
+                (x[0], x[1], x[2] / self.num_heads, x[2])
+            }
+            _ => return Err(OpError::input(0, format!("expected (B, H, S, D) or (B, S, hidden), found shape {x:?}"))),
+        };
+        let rotary = if self.rotary_dim == 0 { head } else { self.rotary_dim };
+        if rotary > head || rotary % 2 != 0 {
+            return Err(OpError::invalid(format!("rotary_embedding_dim {rotary} must be even and at most the head size {head}")));
+        }
+        let half = rotary / 2;
+        let want: Vec<usize> = match positions {
+            Some(p) => {
+                if p != [batch, seq] {
+                    return Err(OpError::input(3, format!("position_ids must have shape (batch, seq) = {:?}, found {p:?}", [batch, seq])));
+                }
+                vec![cos.first().copied().unwrap_or(0), half]
+            }
+            None => vec![batch, seq, half],
+        };
+        for (i, c, what) in [(1, cos, "cos_cache"), (2, sin, "sin_cache")] {
+            if c != want.as_slice() {
+                let form = if positions.is_some() { "(max_position, rotary_dim / 2)" } else { "(batch, seq, rotary_dim / 2)" };
+                return Err(OpError::input(i, format!("{what} must have shape {form} = {want:?}, found {c:?}")));
+            }
+        }
+        Ok(Dims { batch, seq, head, seq_stride, rotary, half, cache_rows: if positions.is_some() { want[0] } else { 0 } })
+    }
+}
+
+impl Op for Rotary {
+    fn name(&self) -> &str {
+        "RotaryEmbedding"
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let dtype = expect_dtype(inputs, 0, FLOATS)?;
+        for i in [1, 2] {
+            if required(inputs, i)?.dtype() != dtype {
+                return Err(OpError::input(i, format!("dtype {} differs from the input's {dtype}", required(inputs, i)?.dtype())));
+            }
+        }
+        let positions = inputs.get(3).copied().flatten();
+        if positions.is_some() {
+            expect_dtype(inputs, 3, &[DType::I64, DType::I32])?;
+        }
+        let x = required(inputs, 0)?;
+        self.dims(x.dims(), required(inputs, 1)?.dims(), required(inputs, 2)?.dims(), positions.map(|p| p.dims()))?;
+        Ok(vec![TensorType::new(dtype, x.dims())])
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+impl CpuKernel for Rotary {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let x = cpu::input(inputs, 0)?;
+        let (cos_t, sin_t) = (cpu::input(inputs, 1)?, cpu::input(inputs, 2)?);
+        let positions = inputs.get(3).copied().flatten();
+        let d = self.dims(x.dims(), cos_t.dims(), sin_t.dims(), positions.map(|p| p.dims()))?;
+        let pos = positions.map(|p| p.to_i64_vec()).transpose()?;
+        let (xv, cos, sin) = (x.to_f64_vec(), cos_t.to_f64_vec(), sin_t.to_f64_vec());
+        let mut y = xv.clone();
+        let per_batch = xv.len() / d.batch.max(1);
+        for (i, out) in y.iter_mut().enumerate() {
+            let f = i % d.head;
+            if f >= d.rotary {
+                continue;
+            }
+            let (b, s) = (i / per_batch.max(1), (i / d.seq_stride) % d.seq);
+            let row = match &pos {
+                Some(p) => {
+                    let r = p[b * d.seq + s];
+                    if r < 0 || r as usize >= d.cache_rows {
+                        return Err(OpError::input(3, format!("position {r} is outside the cache's {} rows", d.cache_rows)));
+                    }
+                    r as usize
+                }
+                None => b * d.seq + s,
+            };
+            let (k, first, partner) = if self.interleaved {
+                (f / 2, f % 2 == 0, if f % 2 == 0 { i + 1 } else { i - 1 })
+            } else if f < d.half {
+                (f, true, i + d.half)
+            } else {
+                (f - d.half, false, i - d.half)
+            };
+            let (c, sn) = (cos[row * d.half + k], sin[row * d.half + k]);
+            *out = if first { c * xv[i] - sn * xv[partner] } else { sn * xv[partner] + c * xv[i] };
+        }
+        outputs[0] = Tensor::from_f64(x.dtype(), x.dims(), &y)?;
+        Ok(())
+    }
+}
+
+impl WgslKernel for Rotary {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let x = required(inputs, 0)?;
+        let positions = inputs.get(3).copied().flatten();
+        let d = self.dims(x.dims(), required(inputs, 1)?.dims(), required(inputs, 2)?.dims(), positions.map(|p| p.dims()))?;
+        let n = outputs[0].len();
+        if n == 0 {
+            return Ok(WgslProgram::default());
+        }
+        let per_batch = n / d.batch.max(1);
+        let mut buffers = vec![("x", "f32", true), ("cos_c", "f32", true), ("sin_c", "f32", true)];
+        let mut bindings = vec![Binding::Input(0), Binding::Input(1), Binding::Input(2)];
+        let (seq, half) = (d.seq, d.half);
+        let row = if positions.is_some() {
+            buffers.push(("pos", "i32", true));
+            bindings.push(Binding::Input(3));
+            format!("u32(clamp(pos[b * {seq}u + s], 0i, {}i))", d.cache_rows.saturating_sub(1))
+        } else {
+            format!("b * {seq}u + s")
+        };
+        buffers.push(("y", "f32", false));
+        bindings.push(Binding::Output(0));
+        let pair = if self.interleaved {
+            "let k = f / 2u;\n    let first = f % 2u == 0u;\n    let partner = select(i - 1u, i + 1u, first);".to_string()
+        } else {
+            format!("let first = f < {half}u;\n    let k = select(f - {half}u, f, first);\n    let partner = select(i - {half}u, i + {half}u, first);")
+        };
+        let body = format!(
+            "let f = i % {}u;\n    if (f >= {}u) {{ y[i] = x[i]; return; }}\n    let b = i / {per_batch}u;\n    let s = (i / {}u) % {seq}u;\n    \
+             {pair}\n    let at = ({row}) * {half}u + k;\n    let c = cos_c[at];\n    let sn = sin_c[at];\n    \
+             y[i] = select(sn * x[partner] + c * x[i], c * x[i] - sn * x[partner], first);",
+            d.head, d.rotary, d.seq_stride
+        );
+        let wg = tune.get(&wgsl::workgroup_param());
+        Ok(WgslProgram::single(wgsl::simple_kernel(self.name(), n, wg, &buffers, bindings, "", &body)))
+    }
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("", "RotaryEmbedding", |spec: &NodeSpec| {
+        let nonneg = |name: &str| -> Result<usize> {
+            let v = spec.int(name, 0)?;
+            usize::try_from(v).map_err(|_| spec.bad(name, format!("expected a count >= 0, found {v}")))
+        };
+        Ok(Box::new(Rotary { interleaved: spec.int("interleaved", 0)? != 0, rotary_dim: nonneg("rotary_embedding_dim")?, num_heads: nonneg("num_heads")? }))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{assert_close, make, run, tensor};
+    use kiln_graph::{Attr, Tensor};
+
+    /// Reference on a (B, S, H, D) view: rotate each head's first `r` features.
+    fn reference(x: &[f64], dims4: [usize; 4], heads_first: bool, cos: &dyn Fn(usize, usize, usize) -> (f64, f64), r: usize, interleaved: bool) -> Vec<f64> {
+        let [b_n, h_n, s_n, d_n] = dims4;
+        let idx = |b: usize, h: usize, s: usize, f: usize| if heads_first { ((b * h_n + h) * s_n + s) * d_n + f } else { ((b * s_n + s) * h_n + h) * d_n + f };
+        let mut y = x.to_vec();
+        for b in 0..b_n {
+            for h in 0..h_n {
+                for s in 0..s_n {
+                    for k in 0..r / 2 {
+                        let (i1, i2) = if interleaved { (2 * k, 2 * k + 1) } else { (k, k + r / 2) };
+                        let (c, sn) = cos(b, s, k);
+                        let (x1, x2) = (x[idx(b, h, s, i1)], x[idx(b, h, s, i2)]);
+                        y[idx(b, h, s, i1)] = c * x1 - sn * x2;
+                        y[idx(b, h, s, i2)] = sn * x1 + c * x2;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn rotary_embedding_matches_a_reference() {
+        let (b, h, s, d) = (2usize, 3usize, 5usize, 10usize);
+        for interleaved in [false, true] {
+            for r in [0usize, 6] {
+                let rot = if r == 0 { d } else { r };
+                let mut attrs = vec![("interleaved", Attr::Int(interleaved as i64)), ("rotary_embedding_dim", Attr::Int(r as i64))];
+                // Position ids into a (9, R/2) cache, 4-D input.
+                let (cos, sin) = (tensor(&[9, rot / 2], 1), tensor(&[9, rot / 2], 2));
+                let pos: Vec<i64> = (0..b * s).map(|i| (i * 4 % 9) as i64).collect();
+                let pt = Tensor::from_slice(&[b, s], &pos).unwrap();
+                let x = tensor(&[b, h, s, d], 3);
+                let op = make("RotaryEmbedding", 4, 1, &attrs).unwrap();
+                let y = run(op.as_ref(), &[Some(&x), Some(&cos), Some(&sin), Some(&pt)], &[]).unwrap().remove(0);
+                let (cv, sv) = (cos.to_f64_vec(), sin.to_f64_vec());
+                let at = |bb: usize, ss: usize, k: usize| {
+                    let row = pos[bb * s + ss] as usize;
+                    (cv[row * rot / 2 + k], sv[row * rot / 2 + k])
+                };
+                assert_close(&y, &reference(&x.to_f64_vec(), [b, h, s, d], true, &at, rot, interleaved), 1e-6, "4-D with positions");
+                // A (B, S, R/2) cache, 3-D input.
+                attrs.push(("num_heads", Attr::Int(h as i64)));
+                let (cos, sin) = (tensor(&[b, s, rot / 2], 4), tensor(&[b, s, rot / 2], 5));
+                let x = tensor(&[b, s, h * d], 6);
+                let y = run(make("RotaryEmbedding", 3, 1, &attrs).unwrap().as_ref(), &[Some(&x), Some(&cos), Some(&sin)], &[]).unwrap().remove(0);
+                let (cv, sv) = (cos.to_f64_vec(), sin.to_f64_vec());
+                let at = |bb: usize, ss: usize, k: usize| (cv[(bb * s + ss) * rot / 2 + k], sv[(bb * s + ss) * rot / 2 + k]);
+                assert_close(&y, &reference(&x.to_f64_vec(), [b, h, s, d], false, &at, rot, interleaved), 1e-6, "3-D without positions");
+            }
+        }
+        let op = make("RotaryEmbedding", 3, 1, &[]).unwrap();
+        let err = run(op.as_ref(), &[Some(&tensor(&[1, 2, 3, 4], 1)), Some(&tensor(&[1, 3, 3], 2)), Some(&tensor(&[1, 3, 2], 3))], &[]).unwrap_err();
+        assert!(err.to_string().contains("cos_cache"), "{err}");
+        let err = run(op.as_ref(), &[Some(&tensor(&[1, 3, 8], 1)), Some(&tensor(&[1, 3, 2], 2)), Some(&tensor(&[1, 3, 2], 3))], &[]).unwrap_err();
+        assert!(err.to_string().contains("num_heads"), "{err}");
+    }
+}
