@@ -184,19 +184,24 @@ impl WgslKernel for Loss {
         let _ = std::fmt::Write::write_fmt(
             &mut body,
             format_args!(
-                "    let t = labels[i];\n    let tc = u32(clamp(t, 0i, {}i));\n    var w = {w};\n{}    let l = -(x[base + tc * {inner}u] - lse) * w;\n",
-                c - 1,
+                "    let t = labels[i];\n    let ignored = {};\n    \
+                 if (!ignored && (t < 0i || t >= {c}i)) {{ {} }}\n    \
+                 let tc = select(u32(t), 0u, ignored || t < 0i || t >= {c}i);\n    var w = {w};\n    \
+                 if (ignored) {{ w = 0.0; }}\n    let l = -(x[base + tc * {inner}u] - lse) * w;\n",
                 match self.ignore_index {
-                    Some(ii) => format!("    if (t == {}) {{ w = 0.0; }}\n", wgsl::literal("i32", ii as f64)),
-                    None => String::new(),
-                }
+                    Some(ii) => format!("t == {}", wgsl::literal("i32", ii as f64)),
+                    None => "false".to_string(),
+                },
+                wgsl::report_index_error("t", &format!("{c}i")),
             ),
         );
+        let status = bindings.len();
+        bindings.push(Binding::Status);
         body += "    losses[i] = select(l, 0.0, w == 0.0);\n";
         if reduce {
             body += "    weights[i] = w;\n";
         }
-        let mut prog = WgslProgram::single(wgsl::simple_kernel(self.name(), positions, wg, &buffers, bindings, "", &body));
+        let mut prog = WgslProgram::single(wgsl::simple_kernel(self.name(), positions, wg, &buffers, bindings, &wgsl::status_decl(status), &body));
         if reduce {
             prog.scratch_bytes = vec![positions as u64 * 4, positions as u64 * 4];
             let lanes = plane_lanes(self.name(), positions, 2, 2)?;
