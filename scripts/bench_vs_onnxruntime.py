@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Kiln against onnxruntime on the same machine, in the same command.
 
-For each zoo model: `kiln bench --json` (CPU, and the GPU with --gpu) on the model's
-first data set, and onnxruntime's CPU session (graph optimisations on,
+For each zoo model: `kiln bench --json` (CPU, and the GPU with --gpu) on one data set
+of the model (--data-set, default the first), and onnxruntime's CPU session (graph optimisations on,
 intra_op_num_threads=2, the same inputs), median of the same number of runs.
 
 Usage: scripts/bench_vs_onnxruntime.py [--iters N] [--gpu] [--kiln PATH] [MODEL ...]
@@ -26,8 +26,8 @@ ROOT = os.path.dirname(HERE)
 DEFAULT_MODELS = ["resnet18", "mobilenet_v2", "squeezenet1_1"]
 
 
-def inputs_of(model_dir):
-    ds = os.path.join(model_dir, "test_data_set_0")
+def inputs_of(model_dir, data_set=0):
+    ds = os.path.join(model_dir, f"test_data_set_{data_set}")
     files = sorted(f for f in os.listdir(ds) if f.startswith("input_"))
     out = []
     for f in files:
@@ -72,13 +72,14 @@ def main():
     ap.add_argument("--gpu-iters", type=int, default=3)
     ap.add_argument("--kiln", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release", "kiln"))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--data-set", type=int, default=0, help="which test_data_set_N of each model to feed")
     args = ap.parse_args()
     zoo = os.environ.get("KILN_ZOO", os.path.join(ROOT, "..", "shared", "zoo"))
     rows = []
     for m in args.models:
         d = os.path.join(zoo, m)
         model = os.path.join(d, "model.onnx")
-        inputs = inputs_of(d)
+        inputs = inputs_of(d, args.data_set)
         feeds = {n: a for n, _, a in inputs}
         ort_ms = bench_ort(model, feeds, args.iters, args.warmup)
         k = bench_kiln(args.kiln, model, inputs, "cpu", args.iters, args.warmup)

@@ -341,7 +341,7 @@ impl UnaryKind {
             xs.iter_mut().for_each(|v| *v = f(*v));
         }
         match *self {
-            UnaryKind::Erf => each(xs, libm::erff),
+            UnaryKind::Erf => each(xs, crate::cpu::fast_erf),
             UnaryKind::Tanh => each(xs, crate::cpu::fast_tanh),
             UnaryKind::Sigmoid => each(xs, crate::cpu::fast_sigmoid),
             UnaryKind::LeakyRelu { alpha } => each(xs, |x| if x >= 0.0 { x } else { alpha * x }),
@@ -364,7 +364,7 @@ impl UnaryKind {
             }),
             UnaryKind::Swish { alpha } => each(xs, |x| x / (1.0 + (-alpha * x).exp())),
             UnaryKind::Gelu { tanh: false } => {
-                each(xs, |x| 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)))
+                each(xs, |x| 0.5 * x * (1.0 + crate::cpu::fast_erf(x * std::f32::consts::FRAC_1_SQRT_2)))
             }
             UnaryKind::Gelu { tanh: true } => each(xs, |x| {
                 0.5 * x * (1.0 + crate::cpu::fast_tanh(GELU_TANH_SCALE as f32 * (x + 0.044715 * x * x * x)))
