@@ -336,7 +336,10 @@ impl UnaryKind {
     }
 
     /// Applies the op to an f32 slice in place: the hot path, monomorphised per kind.
+    /// Inlined, so that callers compiled for wider vectors (AVX2) vectorise it too.
+    #[inline(always)]
     pub fn apply_slice_f32(&self, xs: &mut [f32]) {
+        #[inline(always)]
         fn each(xs: &mut [f32], f: impl Fn(f32) -> f32) {
             xs.iter_mut().for_each(|v| *v = f(*v));
         }
