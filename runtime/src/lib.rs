@@ -19,4 +19,4 @@ pub use device::{list_devices, AdapterInfo, DeviceChoice, DeviceKind, DevicesRep
 pub use error::{Result, RuntimeError};
 pub use session::{NodeProfile, RunStats, Session, SessionOptions};
 pub use specialize::{Specialized, Step};
-pub use symbolic::{value_dtypes, SymbolicShapes};
+pub use symbolic::{value_types, SymbolicShapes};

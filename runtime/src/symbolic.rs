@@ -164,11 +164,13 @@ pub struct SymbolicShapes {
     pub outputs: Vec<Option<Shape>>,
 }
 
-/// Runs the probes; fails only when some node can never run.
-pub(crate) fn check(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Result<SymbolicShapes> {
+/// The model's symbols, their probe bindings, and the inference walk of each probe
+/// (with the node it stopped at, if any). `None` when there are too many symbols.
+#[allow(clippy::type_complexity)]
+fn probe(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Option<(Vec<String>, Vec<Vec<i64>>, Vec<Walk>, Vec<Option<(NodeId, SpecializeError)>>)> {
     let mut names: Vec<String> = vec![];
     for &v in &graph.inputs {
-        for d in &graph.values[v].ty.as_ref().expect("checked by the session").shape.0 {
+        for d in &graph.values[v].ty.as_ref()?.shape.0 {
             if let Dim::Sym(s) = d {
                 if !names.contains(s) {
                     names.push(s.clone());
@@ -178,29 +180,32 @@ pub(crate) fn check(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Res
     }
     if names.len() > MAX_SYMBOLS {
         log::info!("'{}' has {} symbolic dims; shapes are checked when inputs are bound", graph.name, names.len());
-        return Ok(SymbolicShapes::default());
+        return None;
     }
     let probe_count = if names.is_empty() { 1 } else { PROBES };
     let probes: Vec<Vec<i64>> = (0..probe_count).map(|k| (0..names.len()).map(|i| PRIMES[k * names.len() + i]).collect()).collect();
     let mut walks = vec![];
     let mut failures: Vec<Option<(NodeId, SpecializeError)>> = vec![];
     for p in &probes {
-        let types: Vec<TensorType> = graph
-            .inputs
-            .iter()
-            .map(|&v| {
-                let ty = graph.values[v].ty.as_ref().expect("checked by the session");
-                let dims = ty.shape.0.iter().map(|d| match d {
-                    Dim::Fixed(n) => *n,
-                    Dim::Sym(s) => p[names.iter().position(|x| x == s).expect("collected above")] as usize,
-                });
-                TensorType::new(ty.dtype, dims.collect::<Vec<_>>())
-            })
-            .collect();
+        let mut types = vec![];
+        for &v in &graph.inputs {
+            let ty = graph.values[v].ty.as_ref()?;
+            let dims = ty.shape.0.iter().map(|d| match d {
+                Dim::Fixed(n) => *n,
+                Dim::Sym(s) => p[names.iter().position(|x| x == s).expect("collected above")] as usize,
+            });
+            types.push(TensorType::new(ty.dtype, dims.collect::<Vec<_>>()));
+        }
         let mut walk = Walk::new(graph, &types, &vec![None; types.len()]);
         failures.push(walk.run(graph, ops, order).err());
         walks.push(walk);
     }
+    Some((names, probes, walks, failures))
+}
+
+/// Runs the probes; fails only when some node can never run.
+pub(crate) fn check(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Result<SymbolicShapes> {
+    let Some((names, probes, walks, failures)) = probe(graph, ops, order) else { return Ok(SymbolicShapes::default()) };
     let probe_set = ProbeSet { names: &names, probes: &probes, walks: &walks };
     let first = failures.iter().map(|f| f.as_ref().map(|(n, _)| *n)).collect::<Vec<_>>();
     for (p, f) in probes.iter().zip(&failures) {
@@ -216,38 +221,21 @@ pub(crate) fn check(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Res
             probe_set.recheck(graph, ops, *node, error)?;
         }
     }
-    let outputs = graph.outputs.iter().map(|&v| probe_set.shape(v).map(|dims| Shape(dims.into_iter().map(|d| d.map_or(Dim::Sym("?".into()), |e| probe_set.dim(&e))).collect()))).collect();
+    let outputs = graph.outputs.iter().map(|&v| probe_set.value_type(v).map(|t| t.shape)).collect();
     Ok(SymbolicShapes { outputs })
 }
 
-/// The dtype of every value that inference reaches for one generic binding of the
-/// symbols (for graph passes, which need dtypes but not shapes); `None` past a node
-/// that cannot be inferred without input values.
-pub fn value_dtypes(graph: &Graph, registry: &kiln_ops::Registry) -> Vec<Option<DType>> {
-    let mut out = vec![None; graph.values.len()];
-    let (Ok(order), Ok(ops)) = (graph.validate(), crate::session::create_ops(graph, registry)) else { return out };
-    let mut names: Vec<&str> = vec![];
-    let mut types = vec![];
-    for &v in &graph.inputs {
-        let Some(ty) = graph.values[v].ty.as_ref() else { return out };
-        let dims = ty.shape.0.iter().map(|d| match d {
-            Dim::Fixed(n) => *n,
-            Dim::Sym(s) => {
-                let i = names.iter().position(|x| x == s).unwrap_or_else(|| {
-                    names.push(s);
-                    names.len() - 1
-                });
-                PRIMES[i % PRIMES.len()] as usize
-            }
-        });
-        types.push(TensorType::new(ty.dtype, dims.collect::<Vec<_>>()));
-    }
-    let mut walk = Walk::new(graph, &types, &vec![None; types.len()]);
-    let _ = walk.run(graph, &ops, &order);
-    for (o, t) in out.iter_mut().zip(&walk.types) {
-        *o = t.as_ref().map(|t| t.dtype);
-    }
-    out
+/// The type of every value as far as inference reaches, with dims fitted in terms of
+/// the input symbols (`Dim::Sym("batch*seq")`; `?` for a dim that does not fit): what
+/// graph passes know about shapes before inputs are bound. `None` for values past a
+/// node that cannot be inferred without input values, and for every value of a graph
+/// that cannot be inferred at all.
+pub fn value_types(graph: &Graph, registry: &kiln_ops::Registry) -> Vec<Option<kiln_graph::ValueType>> {
+    let none = vec![None; graph.values.len()];
+    let (Ok(order), Ok(ops)) = (graph.validate(), crate::session::create_ops(graph, registry)) else { return none };
+    let Some((names, probes, walks, _)) = probe(graph, &ops, &order) else { return none };
+    let probe_set = ProbeSet { names: &names, probes: &probes, walks: &walks };
+    (0..graph.values.len()).map(|v| probe_set.value_type(v)).collect()
 }
 
 struct ProbeSet<'a> {
@@ -274,6 +262,13 @@ impl ProbeSet<'_> {
             Some(c) if c >= 0 => Dim::Fixed(c as usize),
             _ => Dim::Sym(e.render(self.names)),
         }
+    }
+
+    /// Value `v`'s dtype and fitted shape (unknown dims as `?`).
+    fn value_type(&self, v: ValueId) -> Option<kiln_graph::ValueType> {
+        let dtype = self.walks.first()?.types[v].as_ref()?.dtype;
+        let dims = self.shape(v)?;
+        Some(kiln_graph::ValueType { dtype, shape: Shape(dims.into_iter().map(|d| d.map_or(Dim::Sym("?".into()), |e| self.dim(&e))).collect()) })
     }
 
     /// Fitted dims of value `v` (None per dim that does not fit; None if untyped).

@@ -52,7 +52,7 @@ fn kind_of(g: &Graph, node: &Node, dtypes: &[Option<DType>]) -> Option<Kind> {
 
 /// Fuses elementwise groups; returns how many nodes were removed.
 pub fn fuse_elementwise(g: &mut Graph) -> usize {
-    let dtypes = kiln_runtime::value_dtypes(g, Registry::builtin());
+    let dtypes: Vec<Option<DType>> = kiln_runtime::value_types(g, Registry::builtin()).into_iter().map(|t| t.map(|t| t.dtype)).collect();
     let Ok(order) = g.validate() else { return 0 };
     let kinds: Vec<Option<Kind>> = g.nodes.iter().map(|n| kind_of(g, n, &dtypes)).collect();
     let prod = producers(g);

@@ -1,8 +1,20 @@
 //! Graph passes: each a named function `&mut Graph -> changes`, testable alone, run in
 //! order by [`optimize`].
+mod algebraic;
+mod cse;
+mod eliminate_dead;
+mod eliminate_identity;
+mod fold_batchnorm;
+mod fold_constants;
 mod fuse_activation;
 mod fuse_elementwise;
 
+pub use algebraic::simplify_algebra;
+pub use cse::eliminate_common_subexpressions;
+pub use eliminate_dead::eliminate_dead;
+pub use eliminate_identity::eliminate_identity;
+pub use fold_batchnorm::fold_batchnorm;
+pub use fold_constants::fold_constants;
 pub use fuse_activation::fuse_activation;
 pub use fuse_elementwise::fuse_elementwise;
 
@@ -17,6 +29,12 @@ pub struct Pass {
 
 /// The passes [`optimize`] runs, in order.
 pub const PASSES: &[Pass] = &[
+    Pass { name: "eliminate-identity", run: eliminate_identity },
+    Pass { name: "fold-constants", run: fold_constants },
+    Pass { name: "fold-batchnorm", run: fold_batchnorm },
+    Pass { name: "cse", run: eliminate_common_subexpressions },
+    Pass { name: "simplify-algebra", run: simplify_algebra },
+    Pass { name: "eliminate-dead", run: eliminate_dead },
     Pass { name: "fuse-activation", run: fuse_activation },
     Pass { name: "fuse-elementwise", run: fuse_elementwise },
 ];
@@ -79,4 +97,87 @@ pub(crate) fn remove_nodes(g: &mut Graph, dead: &[NodeId]) {
 pub(crate) fn scalar_const(g: &Graph, v: Option<ValueId>) -> Option<f32> {
     let t = g.initializers.get(&v?)?;
     (t.len() == 1).then(|| t.to_f64_vec()[0] as f32)
+}
+
+/// Every reader of `from` (node inputs and graph outputs) reads `to` instead.
+pub(crate) fn replace_uses(g: &mut Graph, from: ValueId, to: ValueId) {
+    for n in &mut g.nodes {
+        for v in n.inputs.iter_mut().flatten() {
+            if *v == from {
+                *v = to;
+            }
+        }
+    }
+    for o in &mut g.outputs {
+        if *o == from {
+            *o = to;
+        }
+    }
+}
+
+/// Makes node `n`'s output `out` disappear by passing `src` through: readers of `out`
+/// read `src`. When `out` is a graph output (whose name the user sees), `src`'s
+/// producer writes `out` directly instead. Returns false when neither is possible
+/// (a graph input or a weight passed straight to an output).
+pub(crate) fn bypass(g: &mut Graph, out: ValueId, src: ValueId) -> bool {
+    if !g.outputs.contains(&out) {
+        replace_uses(g, out, src);
+        return true;
+    }
+    if g.outputs.contains(&src) || g.inputs.contains(&src) || g.initializers.contains_key(&src) {
+        return false;
+    }
+    let Some(p) = g.nodes.iter().position(|n| n.outputs.contains(&src)) else { return false };
+    for o in &mut g.nodes[p].outputs {
+        if *o == src {
+            *o = out;
+        }
+    }
+    for n in &mut g.nodes {
+        for v in n.inputs.iter_mut().flatten() {
+            if *v == src {
+                *v = out;
+            }
+        }
+    }
+    true
+}
+
+/// A stable text form of a graph, one node per line in topological order (values by
+/// name, weights as dtype and dims): the golden files of the pass tests and
+/// `kiln inspect` use it.
+pub fn dump(g: &Graph) -> String {
+    let name = |v: ValueId| g.values[v].name.clone();
+    let mut out = String::new();
+    let ins: Vec<String> = g.inputs.iter().map(|&v| format!("{}: {}", name(v), g.values[v].ty.as_ref().map(|t| t.to_string()).unwrap_or("?".into()))).collect();
+    out += &format!("inputs: {}\n", ins.join(", "));
+    let mut weights: Vec<(String, String)> = g.initializers.iter().map(|(&v, t)| (name(v), format!("{}{:?}", t.dtype(), t.dims()))).collect();
+    weights.sort();
+    for (n, t) in weights {
+        out += &format!("weight {n}: {t}\n");
+    }
+    let order = g.validate().unwrap_or_else(|_| (0..g.nodes.len()).collect());
+    for i in order {
+        let n = &g.nodes[i];
+        let ins: Vec<String> = n.inputs.iter().map(|v| v.map(name).unwrap_or_default()).collect();
+        let outs: Vec<String> = n.outputs.iter().map(|&v| name(v)).collect();
+        let attrs: Vec<String> = n.attrs.iter().map(|(k, a)| format!("{k}={}", attr_text(a))).collect();
+        let op = if n.domain.is_empty() { n.op_type.clone() } else { format!("{}.{}", n.domain, n.op_type) };
+        out += &format!("{} = {op}({}){}\n", outs.join(", "), ins.join(", "), if attrs.is_empty() { String::new() } else { format!(" {{{}}}", attrs.join(", ")) });
+    }
+    out += &format!("outputs: {}\n", g.outputs.iter().map(|&v| name(v)).collect::<Vec<_>>().join(", "));
+    out
+}
+
+fn attr_text(a: &kiln_graph::Attr) -> String {
+    use kiln_graph::Attr;
+    match a {
+        Attr::Int(i) => i.to_string(),
+        Attr::Float(f) => format!("{f}"),
+        Attr::String(s) => format!("{s:?}"),
+        Attr::Ints(v) => format!("{v:?}"),
+        Attr::Floats(v) => format!("{v:?}"),
+        Attr::Strings(v) => format!("{v:?}"),
+        Attr::Tensor(t) => format!("tensor {}{:?}", t.dtype(), t.dims()),
+    }
 }

@@ -1,0 +1,48 @@
+//! Identity elimination: nodes that pass their input through unchanged disappear and
+//! their readers read the input: Identity, inference-mode Dropout (when its mask is
+//! unused), Cast to the dtype the value already has, Reshape/Expand/Flatten/Squeeze/
+//! Unsqueeze whose output shape equals the input's (symbolic shapes compared as fitted),
+//! and Transpose by the identity permutation.
+use super::{bypass, use_counts};
+use kiln_graph::{Attr, Dim, Graph, ValueType};
+use kiln_ops::Registry;
+
+fn same_known_shape(a: &ValueType, b: &ValueType) -> bool {
+    a.shape == b.shape && a.dtype == b.dtype && !a.shape.0.iter().any(|d| matches!(d, Dim::Sym(s) if s == "?"))
+}
+
+/// Removes pass-through nodes; returns how many.
+pub fn eliminate_identity(g: &mut Graph) -> usize {
+    let types = kiln_runtime::value_types(g, Registry::builtin());
+    let uses = use_counts(g);
+    let mut dead = vec![];
+    for n in 0..g.nodes.len() {
+        let node = &g.nodes[n];
+        if !(node.domain.is_empty() || node.domain == "ai.onnx") || node.outputs.is_empty() {
+            continue;
+        }
+        let (Some(src), out) = (node.inputs.first().copied().flatten(), node.outputs[0]) else { continue };
+        let extra_outputs_unused = node.outputs[1..].iter().all(|&o| uses[o] == 0);
+        let ty = |v: usize| types.get(v).cloned().flatten();
+        let passes = match node.op_type.as_str() {
+            "Identity" => true,
+            "Dropout" => {
+                // Inference: training_mode absent or a constant false.
+                let training = node.inputs.get(2).copied().flatten().map(|v| g.initializers.get(&v).map(|t| t.to_f64_vec().first().copied().unwrap_or(0.0) != 0.0));
+                extra_outputs_unused && matches!(training, None | Some(Some(false)))
+            }
+            "Cast" => matches!((node.attrs.get("to"), ty(src)), (Some(Attr::Int(to)), Some(t)) if t.dtype.onnx_code() as i64 == *to),
+            "Reshape" | "Expand" | "Flatten" | "Squeeze" | "Unsqueeze" => matches!((ty(src), ty(out)), (Some(a), Some(b)) if same_known_shape(&a, &b)),
+            "Transpose" => match node.attrs.get("perm") {
+                Some(Attr::Ints(p)) => p.iter().enumerate().all(|(i, &x)| x == i as i64),
+                _ => matches!(ty(src), Some(t) if t.shape.rank() <= 1),
+            },
+            _ => false,
+        };
+        if passes && extra_outputs_unused && bypass(g, out, src) {
+            dead.push(n);
+        }
+    }
+    super::remove_nodes(g, &dead);
+    dead.len()
+}

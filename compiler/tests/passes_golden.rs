@@ -1,0 +1,175 @@
+//! Every graph pass on a small graph built for it: the graph before and after, as
+//! `kiln_compiler::passes::dump` writes it, must equal tests/golden/<pass>.txt.
+//! `KILN_UPDATE_GOLDEN=1` rewrites the files (review the diff). The same graphs also run
+//! before and after the pass on the CPU, and must give the same outputs.
+use kiln_compiler::passes::{self, dump};
+use kiln_graph::{Attr, DType, Graph, GraphBuilder, Shape, Tensor, ValueId};
+use kiln_runtime::{DeviceChoice, Session, SessionOptions};
+use std::path::PathBuf;
+
+fn t(dims: &[usize], seed: u64) -> Tensor {
+    let n: usize = dims.iter().product();
+    let v: Vec<f32> = (0..n).map(|i| (((i as u64 * 2654435761 + seed * 97) % 1000) as f32 / 500.0) - 1.0).collect();
+    Tensor::from_vec(dims, v).unwrap()
+}
+
+fn finish(mut b: GraphBuilder, outputs: &[(ValueId, &str)]) -> Graph {
+    for &(v, name) in outputs {
+        b.rename(v, name);
+        b.output(v);
+    }
+    let mut g = b.finish().unwrap();
+    g.opsets.insert(String::new(), 17);
+    for (i, n) in g.nodes.iter_mut().enumerate() {
+        n.name = format!("n{i}_{}", n.op_type.to_lowercase());
+    }
+    g
+}
+
+fn x_input(b: &mut GraphBuilder, dims: &[usize]) -> ValueId {
+    let mut shape: Vec<kiln_graph::Dim> = vec!["batch".into()];
+    shape.extend(dims.iter().map(|&d| kiln_graph::Dim::from(d)));
+    b.input("x", DType::F32, Shape(shape))
+}
+
+fn run(g: &Graph, x: &Tensor) -> Vec<Tensor> {
+    let s = Session::new(g.clone(), SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+    s.run(&[("x", x)]).unwrap()
+}
+
+fn golden(name: &str, mut g: Graph, pass: fn(&mut Graph) -> usize, x_dims: &[usize]) -> usize {
+    let before = dump(&g);
+    let x = t(x_dims, 5);
+    let want = run(&g, &x);
+    let changes = pass(&mut g);
+    g.validate().unwrap();
+    let after = dump(&g);
+    let got = run(&g, &x);
+    for (a, b) in got.iter().zip(&want) {
+        assert_eq!(a.dims(), b.dims(), "{name}");
+        assert!(a.rel_l2_error(b) < 1e-5, "{name}: outputs changed (rel L2 {})", a.rel_l2_error(b));
+    }
+    let text = format!("# pass {name}: {changes} change(s)\n## before\n{before}## after\n{after}");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}.txt"));
+    if std::env::var_os("KILN_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    } else {
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{} is missing: run with KILN_UPDATE_GOLDEN=1", path.display()));
+        assert_eq!(text, expected, "{name}: the graph after the pass differs from {} (KILN_UPDATE_GOLDEN=1 rewrites it)", path.display());
+    }
+    changes
+}
+
+#[test]
+fn eliminate_identity() {
+    let mut b = GraphBuilder::new("identity");
+    let x = x_input(&mut b, &[4]);
+    let i = b.node("Identity", &[x], &[]);
+    let c = b.node("Cast", &[i], &[("to", Attr::Int(1))]); // f32 -> f32
+    let shape = b.constant("same_shape", Tensor::from_vec(&[2], vec![-1i64, 4]).unwrap());
+    let r = b.node("Reshape", &[c, shape], &[]);
+    let p = b.node("Transpose", &[r], &[("perm", Attr::Ints(vec![0, 1]))]);
+    let y = b.node("Relu", &[p], &[]);
+    let o = b.node("Identity", &[y], &[]); // a graph output: Relu writes it directly
+    let g = finish(b, &[(o, "y")]);
+    assert_eq!(golden("eliminate_identity", g, passes::eliminate_identity, &[3, 4]), 5);
+}
+
+#[test]
+fn fold_constants() {
+    let mut b = GraphBuilder::new("fold");
+    let x = x_input(&mut b, &[4]);
+    let a = b.constant("a", t(&[4], 1));
+    let c = b.constant("c", t(&[4], 2));
+    let s = b.node("Add", &[a, c], &[]);
+    let e = b.node("Exp", &[s], &[]);
+    let y = b.node("Mul", &[x, e], &[]);
+    let g = finish(b, &[(y, "y")]);
+    assert_eq!(golden("fold_constants", g, passes::fold_constants, &[2, 4]), 2);
+}
+
+#[test]
+fn fold_batchnorm() {
+    let mut b = GraphBuilder::new("bn");
+    let x = x_input(&mut b, &[3, 5, 5]);
+    let w = b.constant("w", t(&[4, 3, 3, 3], 1));
+    let bias = b.constant("bias", t(&[4], 2));
+    let conv = b.node("Conv", &[x, w, bias], &[("pads", Attr::Ints(vec![1, 1, 1, 1]))]);
+    let scale = b.constant("scale", t(&[4], 3));
+    let shift = b.constant("shift", t(&[4], 4));
+    let mean = b.constant("mean", t(&[4], 5));
+    let var = b.constant("var", Tensor::from_vec(&[4], vec![0.5f32, 1.0, 2.0, 0.1]).unwrap());
+    let y = b.node("BatchNormalization", &[conv, scale, shift, mean, var], &[("epsilon", Attr::Float(1e-3))]);
+    let g = finish(b, &[(y, "y")]);
+    assert_eq!(golden("fold_batchnorm", g, passes::fold_batchnorm, &[2, 3, 5, 5]), 1);
+}
+
+#[test]
+fn cse() {
+    let mut b = GraphBuilder::new("cse");
+    let x = x_input(&mut b, &[4]);
+    let a1 = b.node("Exp", &[x], &[]);
+    let a2 = b.node("Exp", &[x], &[]);
+    let b1 = b.node("Neg", &[a1], &[]);
+    let b2 = b.node("Neg", &[a2], &[]);
+    let y = b.node("Add", &[b1, b2], &[]);
+    let g = finish(b, &[(y, "y")]);
+    assert_eq!(golden("cse", g, passes::eliminate_common_subexpressions, &[2, 4]), 2);
+}
+
+#[test]
+fn simplify_algebra() {
+    let mut b = GraphBuilder::new("algebra");
+    let x = x_input(&mut b, &[3, 4]);
+    let t1 = b.node("Transpose", &[x], &[("perm", Attr::Ints(vec![0, 2, 1]))]);
+    let t2 = b.node("Transpose", &[t1], &[("perm", Attr::Ints(vec![0, 2, 1]))]);
+    let s1 = b.constant("s1", Tensor::from_vec(&[2], vec![-1i64, 12]).unwrap());
+    let r1 = b.node("Reshape", &[t2, s1], &[]);
+    let s2 = b.constant("s2", Tensor::from_vec(&[3], vec![-1i64, 6, 2]).unwrap());
+    let r2 = b.node("Reshape", &[r1, s2], &[]);
+    let one = b.constant("one", Tensor::scalar(1f32));
+    let m = b.node("Mul", &[r2, one], &[]);
+    let zero = b.constant("zero", Tensor::from_vec(&[1], vec![0f32]).unwrap());
+    let y = b.node("Add", &[m, zero], &[]);
+    let g = finish(b, &[(y, "y")]);
+    assert_eq!(golden("simplify_algebra", g, passes::simplify_algebra, &[2, 3, 4]), 4);
+}
+
+#[test]
+fn eliminate_dead() {
+    let mut b = GraphBuilder::new("dead");
+    let x = x_input(&mut b, &[4]);
+    let unused_w = b.constant("unused", t(&[4], 1));
+    let d = b.node("Mul", &[x, unused_w], &[]);
+    let _ = b.node("Exp", &[d], &[]);
+    let y = b.node("Relu", &[x], &[]);
+    let g = finish(b, &[(y, "y")]);
+    assert_eq!(golden("eliminate_dead", g, passes::eliminate_dead, &[2, 4]), 3);
+}
+
+#[test]
+fn fuse_activation() {
+    let mut b = GraphBuilder::new("act");
+    let x = x_input(&mut b, &[3, 5, 5]);
+    let w = b.constant("w", t(&[4, 3, 1, 1], 1));
+    let c = b.node("Conv", &[x, w], &[]);
+    let y = b.node("Relu", &[c], &[]);
+    let g = finish(b, &[(y, "y")]);
+    assert_eq!(golden("fuse_activation", g, passes::fuse_activation, &[2, 3, 5, 5]), 1);
+}
+
+#[test]
+fn fuse_elementwise() {
+    let mut b = GraphBuilder::new("ew");
+    let x = x_input(&mut b, &[8]);
+    let w = b.constant("w", t(&[8, 8], 1));
+    let h = b.node("MatMul", &[x, w], &[]);
+    let bias = b.constant("bias", t(&[8], 2));
+    let a = b.node("Add", &[h, bias], &[]);
+    let half = b.constant("half", Tensor::scalar(0.5f32));
+    let m = b.node("Mul", &[a, half], &[]);
+    let e = b.node("Erf", &[m], &[]);
+    let y = b.node("Mul", &[e, a], &[]);
+    let g = finish(b, &[(y, "y")]);
+    assert_eq!(golden("fuse_elementwise", g, passes::fuse_elementwise, &[2, 8]), 3);
+}
