@@ -173,3 +173,20 @@ fn fuse_elementwise() {
     let g = finish(b, &[(y, "y")]);
     assert_eq!(golden("fuse_elementwise", g, passes::fuse_elementwise, &[2, 8]), 3);
 }
+
+#[test]
+fn fuse_bias() {
+    let mut b = GraphBuilder::new("bias");
+    let x = x_input(&mut b, &[5, 8]);
+    let w = b.constant("w", t(&[8, 6], 1));
+    let h = b.node("MatMul", &[x, w], &[]);
+    let bias = b.constant("bias", t(&[1, 6], 2));
+    let y = b.node("Add", &[bias, h], &[]);
+    let r = b.node("Relu", &[y], &[]);
+    let w2 = b.constant("w2", t(&[6, 3], 3));
+    let h2 = b.node("MatMul", &[r, w2], &[]);
+    let wide = b.constant("wide", t(&[2, 1, 3], 4)); // broadcasts over rows: not a bias
+    let z = b.node("Add", &[h2, wide], &[]);
+    let g = finish(b, &[(z, "z")]);
+    assert_eq!(golden("fuse_bias", g, passes::fuse_bias, &[2, 5, 8]), 1);
+}

@@ -7,6 +7,7 @@ mod eliminate_identity;
 mod fold_batchnorm;
 mod fold_constants;
 mod fuse_activation;
+mod fuse_bias;
 mod fuse_elementwise;
 
 pub use algebraic::simplify_algebra;
@@ -16,6 +17,7 @@ pub use eliminate_identity::eliminate_identity;
 pub use fold_batchnorm::fold_batchnorm;
 pub use fold_constants::fold_constants;
 pub use fuse_activation::fuse_activation;
+pub use fuse_bias::fuse_bias;
 pub use fuse_elementwise::fuse_elementwise;
 
 use kiln_graph::{Graph, NodeId, ValueId};
@@ -35,6 +37,7 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "cse", run: eliminate_common_subexpressions },
     Pass { name: "simplify-algebra", run: simplify_algebra },
     Pass { name: "eliminate-dead", run: eliminate_dead },
+    Pass { name: "fuse-bias", run: fuse_bias },
     Pass { name: "fuse-activation", run: fuse_activation },
     Pass { name: "fuse-elementwise", run: fuse_elementwise },
 ];

@@ -19,7 +19,13 @@ pub(crate) const PRODUCT_DTYPES: &[DType] = &[
 pub struct MatMul {
     /// Activation fused by the graph compiler (see `elementwise::fused_activation`).
     pub activation: Option<crate::elementwise::UnaryKind>,
+    /// A bias fused by the graph compiler (attribute [`BIAS_ATTR`]): input 2 is a vector
+    /// of the output's last dim, added to every row before the activation.
+    pub bias: bool,
 }
+
+/// The attribute that marks a MatMul whose input 2 is a fused bias vector.
+pub const BIAS_ATTR: &str = "kiln_bias";
 
 /// The product plan and output dims for operand dims `a` and `b`.
 pub fn plan(a: &[usize], b: &[usize]) -> Result<(BatchedProduct, Vec<usize>)> {
@@ -56,6 +62,13 @@ impl Op for MatMul {
             return Err(OpError::input(1, format!("dtype {} differs from A's {dtype}", b.dtype())));
         }
         let (_, dims) = plan(required(inputs, 0)?.dims(), b.dims())?;
+        if self.bias {
+            let c = required(inputs, 2)?;
+            let n = dims.last().copied().unwrap_or(1);
+            if c.dtype() != dtype || c.ty.len() != n || c.dims().last().copied().unwrap_or(1) != n {
+                return Err(OpError::input(2, format!("a fused bias must be a {dtype} vector of {n} elements, got {} {:?}", c.dtype(), c.dims())));
+            }
+        }
         Ok(vec![TensorType::new(dtype, dims)])
     }
 
@@ -81,7 +94,24 @@ impl CpuKernel for MatMul {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let (a, b) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let (p, _) = plan(a.dims(), b.dims())?;
-        p.run(a, b, &mut outputs[0], 1.0, false)?;
+        let accumulate = self.bias && p.m * p.n > 0;
+        if accumulate {
+            let c = cpu::input(inputs, 2)?;
+            let out = &mut outputs[0];
+            let n = c.len();
+            match out.dtype() {
+                DType::F32 => {
+                    let cv = c.as_slice::<f32>()?;
+                    cpu::par_chunks_mut(out.as_mut_slice::<f32>()?, n, 1, |_, part| part.chunks_mut(n).for_each(|row| row.copy_from_slice(cv)));
+                }
+                _ => {
+                    let rows = out.len() / n.max(1);
+                    let bytes = c.bytes().repeat(rows);
+                    out.bytes_mut().copy_from_slice(&bytes);
+                }
+            }
+        }
+        p.run(a, b, &mut outputs[0], 1.0, accumulate)?;
         crate::elementwise::apply_activation(self.activation, &mut outputs[0])
     }
 }
@@ -94,7 +124,8 @@ impl WgslKernel for MatMul {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (a, b) = (required(inputs, 0)?, required(inputs, 1)?);
         let (p, _) = plan(a.dims(), b.dims())?;
-        product_wgsl::generate("MatMul", &p, wgsl::elem(outputs[0].dtype), &Epilogue { activation: self.activation, ..Epilogue::NONE }, tune)
+        let bias = self.bias.then_some((0, 1));
+        product_wgsl::generate("MatMul", &p, wgsl::elem(outputs[0].dtype), &Epilogue { activation: self.activation, bias, beta: 1.0, ..Epilogue::NONE }, tune)
     }
 }
 

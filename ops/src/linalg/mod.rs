@@ -8,11 +8,17 @@ mod product;
 mod product_wgsl;
 
 pub use gemm::Gemm;
-pub use matmul::MatMul;
+pub use matmul::{MatMul, BIAS_ATTR};
 pub(crate) use product::write_i64;
 
 pub(crate) fn register(r: &mut Registry) {
-    r.register("", "MatMul", |spec| Ok(Box::new(MatMul { activation: crate::elementwise::fused_activation(spec)? })));
+    r.register("", "MatMul", |spec| {
+        let bias = spec.int(matmul::BIAS_ATTR, 0)? != 0;
+        if bias && spec.node.inputs.len() != 3 {
+            return Err(spec.bad(matmul::BIAS_ATTR, format!("a MatMul with a fused bias takes 3 inputs, got {}", spec.node.inputs.len())));
+        }
+        Ok(Box::new(MatMul { activation: crate::elementwise::fused_activation(spec)?, bias }))
+    });
     r.register("", "Gemm", |spec| Ok(Box::new(Gemm::parse(spec)?)));
 }
 
