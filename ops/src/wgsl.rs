@@ -29,11 +29,23 @@ pub fn status_decl(binding: usize) -> String {
     format!("@group(0) @binding({binding}) var<storage, read_write> kiln_status: array<atomic<u32>, 4>;\n")
 }
 
+/// What a status word reports (its word 0).
+pub const STATUS_INDEX: u32 = 1;
+pub const STATUS_OVERFLOW: u32 = 2;
+
 /// WGSL statements reporting that index `value` is outside `[-bound, bound)` (both i32
 /// expressions). The run then fails with "index VALUE is out of range ... of size BOUND".
 pub fn report_index_error(value: &str, bound: &str) -> String {
     format!(
-        "atomicStore(&kiln_status[1], bitcast<u32>({value})); atomicStore(&kiln_status[2], bitcast<u32>({bound})); atomicStore(&kiln_status[0], 1u);"
+        "atomicStore(&kiln_status[1], bitcast<u32>({value})); atomicStore(&kiln_status[2], bitcast<u32>({bound})); atomicStore(&kiln_status[0], {STATUS_INDEX}u);"
+    )
+}
+
+/// WGSL statements reporting that a 64-bit integer result of operands `a` and `b` (i32
+/// or u32 expressions) does not fit the 32 bits the GPU computes in.
+pub fn report_overflow(a: &str, b: &str) -> String {
+    format!(
+        "atomicStore(&kiln_status[1], bitcast<u32>({a})); atomicStore(&kiln_status[2], bitcast<u32>({b})); atomicStore(&kiln_status[0], {STATUS_OVERFLOW}u);"
     )
 }
 

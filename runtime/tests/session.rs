@@ -223,6 +223,21 @@ fn an_i64_value_beyond_32_bits_is_an_error_on_the_gpu() {
     assert_eq!(fits[0].to_i64_vec().unwrap(), vec![-4, i32::MAX as i64]);
     let e = s.run(&[("x", &Tensor::from_vec(&[2], vec![3i64, 1 << 40]).unwrap())]).unwrap_err().to_string();
     assert!(e.contains("input 'x'") && e.contains(&(1i64 << 40).to_string()) && e.contains("32-bit"), "{e}");
+    // A result beyond 32 bits is an error too, never a wrapped value.
+    let e = s.run(&[("x", &Tensor::from_vec(&[2], vec![3i64, i32::MAX as i64]).unwrap())]).unwrap_err().to_string();
+    assert!(e.contains("Add") && e.contains(&i32::MAX.to_string()) && e.contains("does not fit"), "{e}");
+    // Sub and Mul as well, on both signs.
+    for (op, a, b) in [("Sub", i32::MIN as i64 + 1, 2i64), ("Mul", 1 << 20, 1 << 12), ("Mul", -(1 << 16), 1 << 15 + 1)] {
+        let mut gb = GraphBuilder::new("wide2");
+        let x = gb.input("x", DType::I64, sym(&["n"], &[]));
+        let c = gb.constant("c", Tensor::from_vec(&[1], vec![b]).unwrap());
+        let y = gb.node(op, &[x, c], &[]);
+        gb.output(y);
+        let s = Session::new(gb.finish().unwrap(), SessionOptions::device(DeviceChoice::Gpu)).unwrap();
+        let e = s.run(&[("x", &Tensor::from_vec(&[1], vec![a]).unwrap())]).unwrap_err().to_string();
+        assert!(e.contains(op) && e.contains("does not fit"), "{op}: {e}");
+        assert!(s.run(&[("x", &Tensor::from_vec(&[1], vec![3i64]).unwrap())]).is_ok(), "{op}");
+    }
 }
 
 #[test]
@@ -325,4 +340,24 @@ fn scatter_and_gather_nd_indices_out_of_range_are_errors_on_every_backend() {
             assert!(e.contains(&format!("my_{op}")) && e.contains(&(bound + 1).to_string()) && e.contains("out of range"), "{op} on {name}: {e}");
         }
     }
+}
+
+#[test]
+fn a_u64_left_shift_beyond_32_bits_is_an_error_on_the_gpu() {
+    gpu_env();
+    let mut b = GraphBuilder::new("shift");
+    let x = b.input("x", DType::U64, sym(&["n"], &[]));
+    let s = b.constant("s", Tensor::from_vec(&[1], vec![4u64]).unwrap());
+    let y = b.node("BitShift", &[x, s], &[("direction", Attr::String("LEFT".into()))]);
+    b.output(y);
+    let mut g = b.finish().unwrap();
+    g.opsets.insert(String::new(), 11);
+    let gpu = Session::new(g.clone(), SessionOptions::device(DeviceChoice::Gpu)).unwrap();
+    let ok = gpu.run(&[("x", &Tensor::from_vec(&[2], vec![1u64, 1 << 27]).unwrap())]).unwrap();
+    assert_eq!(ok[0].to_i64_vec().unwrap(), vec![16, 1 << 31]);
+    let e = gpu.run(&[("x", &Tensor::from_vec(&[2], vec![1u64, 1 << 28]).unwrap())]).unwrap_err().to_string();
+    assert!(e.contains("BitShift") && e.contains("does not fit"), "{e}");
+    // The CPU computes it in 64 bits.
+    let cpu = Session::new(g, SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+    assert_eq!(cpu.run(&[("x", &Tensor::from_vec(&[1], vec![1u64 << 28]).unwrap())]).unwrap()[0].to_i64_vec().unwrap(), vec![1 << 32]);
 }

@@ -409,6 +409,33 @@ impl WgslKernel for Binary {
             let raw = format!("in{i}[off{i}(i)]");
             Ok(if wgsl::elem(a.dtype()) != in_ty { format!("{in_ty}({raw})") } else { raw })
         };
+        let wide = matches!(out.dtype, DType::I64 | DType::U64);
+        if wide && matches!(self.kind, BinaryKind::Add | BinaryKind::Sub | BinaryKind::Mul | BinaryKind::Sum) {
+            // 64-bit integers computed in 32 bits: a result that does not fit is reported.
+            let status = bindings.len();
+            bindings.push(Binding::Status);
+            helpers += &wgsl::status_decl(status);
+            let signed = in_ty == "i32";
+            let mut body = format!("var acc = {};\n", read(0)?);
+            for i in 1..inputs.len() {
+                let b = read(i)?;
+                let (op, overflow) = match (self.kind, signed) {
+                    (BinaryKind::Sub, true) => ("-", "((acc ^ b) & (acc ^ r)) < 0i"),
+                    (BinaryKind::Sub, false) => ("-", "b > acc"),
+                    (BinaryKind::Mul, true) => ("*", "(acc != 0i && (r / acc != b || (acc == -1i && b == bitcast<i32>(0x80000000u)))) || (b == -1i && acc == bitcast<i32>(0x80000000u))"),
+                    (BinaryKind::Mul, false) => ("*", "acc != 0u && r / acc != b"),
+                    (_, true) => ("+", "((acc ^ r) & (b ^ r)) < 0i"),
+                    (_, false) => ("+", "r < acc"),
+                };
+                body += &format!(
+                    "    {{\n        let b = {b};\n        let r = acc {op} b;\n        if ({overflow}) {{ {} }}\n        acc = r;\n    }}\n",
+                    wgsl::report_overflow("acc", "b")
+                );
+            }
+            body += "    out[i] = acc;";
+            let refs: Vec<(&str, &str, bool)> = buffers.iter().map(|(n, t, r)| (*n, *t, *r)).collect();
+            return Ok(WgslProgram::single(wgsl::simple_kernel(self.name(), out.len(), wg, &refs, bindings, &helpers, &body)));
+        }
         let mut expr = read(0)?;
         for i in 1..inputs.len() {
             expr = self.kind.wgsl_expr(&expr, &read(i)?, in_ty);

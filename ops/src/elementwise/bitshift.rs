@@ -10,7 +10,7 @@
 use super::zip::{self, int_width, is_unsigned, INTEGERS};
 use crate::cpu::{self, CpuKernel};
 use crate::op::required;
-use crate::wgsl::{self, WgslKernel, WgslProgram};
+use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{Arg, NodeSpec, Op, Registry, Result, TensorType, TuneValues};
 use kiln_graph::Tensor;
 
@@ -107,6 +107,22 @@ impl WgslKernel for BitShift {
             // the full width or more leave the sign fill.
             format!("select(a >> 31u, a >> u32(clamp(b, 0, 31)), b >= 0 && b < {full})")
         };
+        if full == 64 && self.left {
+            // 64-bit values live in 32-bit lanes: a left shift whose result leaves the
+            // lane is reported (the run fails), never wrapped.
+            let (ty, zero, shift) = if is_unsigned(d) { ("u32", "0u", "b") } else { ("i32", "0i", "u32(b)") };
+            let valid = if is_unsigned(d) { "b < 64u" } else { "b >= 0 && b < 64" };
+            let helper = format!(
+                "fn kiln_shl(a: {ty}, b: {ty}) -> {ty} {{\n    if (!({valid}) || a == {zero}) {{ return {zero}; }}\n    \
+                 if ({shift} >= 32u) {{ {report} return {zero}; }}\n    let r = a << {shift};\n    \
+                 if ((r >> {shift}) != a) {{ {report} }}\n    return r;\n}}\n",
+                report = wgsl::report_overflow("a", "b")
+            );
+            let mut dispatch = zip::binary_kernel("BitShift", a, b, &outputs[0], wg, &helper, "kiln_shl(a, b)");
+            dispatch.bindings.push(Binding::Status);
+            dispatch.source = wgsl::status_decl(3) + &dispatch.source;
+            return Ok(WgslProgram::single(dispatch));
+        }
         Ok(WgslProgram::single(zip::binary_kernel("BitShift", a, b, &outputs[0], wg, "", &expr)))
     }
 }

@@ -440,17 +440,18 @@ impl GpuPlan {
         s.unmap();
         for (k, (_, node, op)) in self.statuses.iter().enumerate() {
             let w = &words[4 * k..4 * k + 4];
-            if w[0] != 0 {
-                let (value, bound) = (w[1] as i32, w[2] as i32);
-                return Ok(Some(RuntimeError::Node {
-                    node: node.clone(),
-                    op: op.clone(),
-                    source: kiln_ops::OpError::invalid(format!(
-                        "index {value} is out of range for an axis of size {bound} (valid: -{bound} to {}; found by the GPU kernel)",
-                        bound - 1
-                    )),
-                }));
-            }
+            let what = match w[0] {
+                0 => continue,
+                kiln_ops::wgsl::STATUS_OVERFLOW => format!(
+                    "a 64-bit integer result of {} and {} does not fit the 32 bits the GPU computes in (found by the GPU kernel); run this model on the CPU",
+                    w[1] as i32, w[2] as i32
+                ),
+                _ => {
+                    let (value, bound) = (w[1] as i32, w[2] as i32);
+                    format!("index {value} is out of range for an axis of size {bound} (valid: -{bound} to {}; found by the GPU kernel)", bound - 1)
+                }
+            };
+            return Ok(Some(RuntimeError::Node { node: node.clone(), op: op.clone(), source: kiln_ops::OpError::invalid(what) }));
         }
         Ok(None)
     }
