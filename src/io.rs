@@ -5,18 +5,31 @@ use kiln::runtime::{DeviceChoice, Session, SessionOptions};
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Imports a model file (.onnx), runs the graph passes (unless `no_passes`) and opens
-/// a session on `device`.
-pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool) -> Result<Session> {
-    let mut graph = match model.extension().and_then(|e| e.to_str()) {
-        Some("onnx") | None => kiln::compiler::onnx::import_file(model).with_context(|| format!("cannot import {}", model.display()))?,
-        Some(ext) => bail!("{}: unknown model format '.{ext}' (expected .onnx)", model.display()),
-    };
-    if !no_passes {
-        for r in kiln::compiler::passes::optimize(&mut graph) {
-            log::info!("pass {}: {} change(s)", r.name, r.changes);
+/// Opens a model for a session: a `.kiln` artifact is loaded as compiled (no import, no
+/// passes); an `.onnx` file is imported and, unless `no_passes`, optimised.
+pub fn load_graph(model: &Path, no_passes: bool) -> Result<kiln::graph::Graph> {
+    match model.extension().and_then(|e| e.to_str()) {
+        Some("kiln") => {
+            let (graph, info) = kiln::runtime::artifact::load(model)?;
+            log::info!("loaded {} (compiled by kiln {} from {} for device '{}')", model.display(), info.kiln_version, info.source, info.device);
+            Ok(graph)
         }
+        Some("onnx") | None => {
+            let mut graph = kiln::compiler::onnx::import_file(model).with_context(|| format!("cannot import {}", model.display()))?;
+            if !no_passes {
+                for r in kiln::compiler::passes::optimize(&mut graph) {
+                    log::info!("pass {}: {} change(s)", r.name, r.changes);
+                }
+            }
+            Ok(graph)
+        }
+        Some(ext) => bail!("{}: unknown model format '.{ext}' (expected .onnx or .kiln)", model.display()),
     }
+}
+
+/// Loads a model (see [`load_graph`]) and opens a session on `device`.
+pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool) -> Result<Session> {
+    let graph = load_graph(model, no_passes)?;
     Session::new(graph, SessionOptions::device(device.clone())).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))
 }
 

@@ -23,6 +23,8 @@ enum Command {
     Devices(commands::devices::Args),
     /// Run a model once and print (or save) its outputs.
     Run(commands::run::Args),
+    /// Compile a model to a .kiln artifact (optimised graph + weights) that loads fast.
+    Compile(commands::compile::Args),
     /// Measure a model's latency.
     Bench(commands::bench::Args),
     /// List the operators Kiln implements.
@@ -48,6 +50,7 @@ fn main() {
         Command::Demo(a) => commands::demo::main(a),
         Command::Devices(a) => commands::devices::main(a),
         Command::Run(a) => commands::run::main(a),
+        Command::Compile(a) => commands::compile::main(a),
         Command::Ops(a) => commands::ops::main(a),
         Command::Bench(a) => commands::bench::main(a),
     };

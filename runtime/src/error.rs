@@ -25,6 +25,8 @@ pub enum RuntimeError {
     Unsupported { node: String, what: String },
     #[error("value out of range for the device: {0}")]
     OutOfRange(String),
+    #[error("artifact {0}")]
+    Artifact(String),
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

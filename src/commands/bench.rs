@@ -7,7 +7,7 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model (.onnx).
+    /// The model (.onnx, or a .kiln artifact from `kiln compile`).
     model: PathBuf,
     /// cpu, gpu, auto, or an adapter name / gpu:N (see `kiln devices`).
     #[arg(long, default_value = "auto")]

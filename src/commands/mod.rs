@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod compile;
 pub mod demo;
 pub mod devices;
 pub mod ops;

@@ -1,0 +1,295 @@
+//! `.kiln` artifacts: a compiled graph that loads without the compiler or protobuf.
+//!
+//! Layout (all integers little-endian):
+//!
+//! | bytes            | content                                                     |
+//! |------------------|-------------------------------------------------------------|
+//! | 0..8             | magic `KILNART\0`                                            |
+//! | 8..12            | format version (u32), [`FORMAT`]                             |
+//! | 12..20           | header length H (u64)                                        |
+//! | 20..24           | CRC-32 of the header                                         |
+//! | 24..24+H         | header: JSON ([`Header`]): graph, weight table, metadata     |
+//! | padded to 64     | weights: raw bytes, each weight at a 64-byte aligned offset  |
+//!
+//! The header records the CRC-32 and length of the weight blob. Loading maps the file,
+//! checks magic, version, both checksums and every offset, and rebuilds the graph; no
+//! ONNX parsing, no graph passes.
+//!
+//! Compatibility rule: a runtime reads exactly the artifact format it was built with
+//! ([`FORMAT`]); any change to the layout or to the header's meaning bumps it, and an
+//! artifact of another format is refused with a message that says to recompile it.
+use crate::{Result, RuntimeError};
+use kiln_graph::{Attr, DType, Graph, Node, Tensor, ValueInfo, ValueType};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// The artifact format this runtime writes and reads.
+pub const FORMAT: u32 = 1;
+const MAGIC: &[u8; 8] = b"KILNART\0";
+const ALIGN: usize = 64;
+const PREFIX: usize = 24;
+
+/// What a `.kiln` file says besides the graph.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ArtifactInfo {
+    /// The Kiln version that wrote it.
+    pub kiln_version: String,
+    /// The source model file.
+    pub source: String,
+    /// The device it was compiled for (`cpu`, `gpu`, an adapter name, `auto`).
+    pub device: String,
+    /// Symbols fixed at compile time (`--fix NAME=VALUE`).
+    pub fixed: Vec<(String, usize)>,
+    /// What each graph pass changed.
+    pub passes: Vec<(String, usize)>,
+    /// WGSL kernels generated at compile time for the fixed shapes (label, source):
+    /// compiled into pipelines when the artifact is loaded for a GPU.
+    pub wgsl: Vec<(String, String)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    info: ArtifactInfo,
+    graph: GraphRecord,
+    weights_len: u64,
+    weights_crc: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct GraphRecord {
+    name: String,
+    values: Vec<(String, Option<ValueType>)>,
+    nodes: Vec<NodeRecord>,
+    inputs: Vec<usize>,
+    outputs: Vec<usize>,
+    opsets: BTreeMap<String, i64>,
+    weights: Vec<WeightRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct NodeRecord {
+    name: String,
+    op_type: String,
+    domain: String,
+    attrs: BTreeMap<String, AttrRecord>,
+    inputs: Vec<Option<usize>>,
+    outputs: Vec<usize>,
+}
+
+#[derive(Serialize, Deserialize)]
+enum AttrRecord {
+    Int(i64),
+    Float(f32),
+    String(String),
+    /// A small tensor attribute, kept in the header.
+    Tensor { dtype: DType, dims: Vec<usize>, bytes: Vec<u8> },
+    Ints(Vec<i64>),
+    Floats(Vec<f32>),
+    Strings(Vec<String>),
+}
+
+#[derive(Serialize, Deserialize)]
+struct WeightRecord {
+    value: usize,
+    dtype: DType,
+    dims: Vec<usize>,
+    offset: u64,
+    len: u64,
+}
+
+fn bad(path: &Path, what: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Artifact(format!("{}: {what}", path.display()))
+}
+
+fn attr_record(a: &Attr) -> AttrRecord {
+    match a {
+        Attr::Int(v) => AttrRecord::Int(*v),
+        Attr::Float(v) => AttrRecord::Float(*v),
+        Attr::String(v) => AttrRecord::String(v.clone()),
+        Attr::Tensor(t) => AttrRecord::Tensor { dtype: t.dtype(), dims: t.dims().to_vec(), bytes: t.bytes().to_vec() },
+        Attr::Ints(v) => AttrRecord::Ints(v.clone()),
+        Attr::Floats(v) => AttrRecord::Floats(v.clone()),
+        Attr::Strings(v) => AttrRecord::Strings(v.clone()),
+    }
+}
+
+fn attr(r: AttrRecord) -> std::result::Result<Attr, String> {
+    Ok(match r {
+        AttrRecord::Int(v) => Attr::Int(v),
+        AttrRecord::Float(v) => Attr::Float(v),
+        AttrRecord::String(v) => Attr::String(v),
+        AttrRecord::Tensor { dtype, dims, bytes } => Attr::Tensor(Tensor::from_bytes(dtype, &dims, &bytes).map_err(|e| e.to_string())?),
+        AttrRecord::Ints(v) => Attr::Ints(v),
+        AttrRecord::Floats(v) => Attr::Floats(v),
+        AttrRecord::Strings(v) => Attr::Strings(v),
+    })
+}
+
+/// Writes `graph` (and `info`) as a `.kiln` artifact.
+pub fn save(path: &Path, graph: &Graph, info: &ArtifactInfo) -> Result<()> {
+    let mut ids: Vec<usize> = graph.initializers.keys().copied().collect();
+    ids.sort_unstable();
+    let mut blob: Vec<u8> = vec![];
+    let mut weights = vec![];
+    for v in ids {
+        let t = &graph.initializers[&v];
+        blob.resize(blob.len().next_multiple_of(ALIGN), 0);
+        weights.push(WeightRecord { value: v, dtype: t.dtype(), dims: t.dims().to_vec(), offset: blob.len() as u64, len: t.bytes().len() as u64 });
+        blob.extend_from_slice(t.bytes());
+    }
+    let record = GraphRecord {
+        name: graph.name.clone(),
+        values: graph.values.iter().map(|v| (v.name.clone(), v.ty.clone())).collect(),
+        nodes: graph
+            .nodes
+            .iter()
+            .map(|n| NodeRecord {
+                name: n.name.clone(),
+                op_type: n.op_type.clone(),
+                domain: n.domain.clone(),
+                attrs: n.attrs.iter().map(|(k, a)| (k.clone(), attr_record(a))).collect(),
+                inputs: n.inputs.clone(),
+                outputs: n.outputs.clone(),
+            })
+            .collect(),
+        inputs: graph.inputs.clone(),
+        outputs: graph.outputs.clone(),
+        opsets: graph.opsets.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        weights,
+    };
+    let header = Header { info: info.clone(), graph: record, weights_len: blob.len() as u64, weights_crc: crc32fast::hash(&blob) };
+    let json = serde_json::to_vec(&header).map_err(|e| bad(path, format!("cannot encode the header: {e}")))?;
+    let mut out = Vec::with_capacity(PREFIX + json.len() + ALIGN + blob.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT.to_le_bytes());
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&json).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.resize(out.len().next_multiple_of(ALIGN), 0);
+    out.extend_from_slice(&blob);
+    std::fs::write(path, out).map_err(|e| bad(path, format!("cannot write: {e}")))
+}
+
+/// Reads a `.kiln` artifact: the graph, ready for [`crate::Session::new`], and its info.
+pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
+    let file = std::fs::File::open(path).map_err(|e| bad(path, format!("cannot open: {e}")))?;
+    // SAFETY: the map is read-only and dropped before this function returns; a file
+    // changed underneath would at worst fail the checksums below.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(path, format!("cannot map: {e}")))?;
+    let bytes: &[u8] = &map;
+    if bytes.len() < PREFIX || &bytes[..8] != MAGIC {
+        return Err(bad(path, "not a Kiln artifact (bad magic; compile one with `kiln compile MODEL.onnx -o MODEL.kiln`)"));
+    }
+    let format = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    if format != FORMAT {
+        return Err(bad(path, format!("artifact format {format}, but this Kiln ({}) reads format {FORMAT} only: recompile the model with this version's `kiln compile`", env!("CARGO_PKG_VERSION"))));
+    }
+    let header_len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
+    let header_crc = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
+    let header_end = usize::try_from(header_len).ok().and_then(|h| h.checked_add(PREFIX)).filter(|&e| e <= bytes.len())
+        .ok_or_else(|| bad(path, format!("truncated: the header needs {header_len} bytes, the file has {}", bytes.len())))?;
+    let json = &bytes[PREFIX..header_end];
+    if crc32fast::hash(json) != header_crc {
+        return Err(bad(path, "corrupted: the header's checksum does not match"));
+    }
+    let header: Header = serde_json::from_slice(json).map_err(|e| bad(path, format!("corrupted header: {e}")))?;
+    let start = header_end.next_multiple_of(ALIGN);
+    let blob = usize::try_from(header.weights_len).ok().and_then(|l| Some(start..start.checked_add(l)?)).filter(|r| r.end <= bytes.len())
+        .ok_or_else(|| bad(path, format!("truncated: the weights need {} bytes after offset {start}, the file has {}", header.weights_len, bytes.len())))?;
+    let blob = &bytes[blob];
+    if crc32fast::hash(blob) != header.weights_crc {
+        return Err(bad(path, "corrupted: the weights' checksum does not match"));
+    }
+    let g = header.graph;
+    let n_values = g.values.len();
+    let check = |v: usize, what: &str| if v < n_values { Ok(v) } else { Err(bad(path, format!("corrupted: {what} refers to value {v} of {n_values}"))) };
+    let mut graph = Graph::new(g.name);
+    graph.values = g.values.into_iter().map(|(name, ty)| ValueInfo { name, ty }).collect();
+    for &v in g.inputs.iter().chain(&g.outputs) {
+        check(v, "a graph input or output")?;
+    }
+    graph.inputs = g.inputs;
+    graph.outputs = g.outputs;
+    graph.opsets = g.opsets.into_iter().collect::<HashMap<_, _>>();
+    for n in g.nodes {
+        for v in n.inputs.iter().flatten().chain(&n.outputs) {
+            check(*v, &format!("node '{}'", n.name))?;
+        }
+        let attrs = n.attrs.into_iter().map(|(k, a)| attr(a).map(|a| (k, a))).collect::<std::result::Result<_, _>>().map_err(|e| bad(path, format!("node '{}': {e}", n.name)))?;
+        graph.nodes.push(Node { name: n.name, op_type: n.op_type, domain: n.domain, attrs, inputs: n.inputs, outputs: n.outputs });
+    }
+    for w in g.weights {
+        let v = check(w.value, "a weight")?;
+        let range = usize::try_from(w.offset).ok().zip(usize::try_from(w.len).ok()).and_then(|(o, l)| Some(o..o.checked_add(l)?)).filter(|r| r.end <= blob.len());
+        let range = range.ok_or_else(|| bad(path, format!("corrupted: weight '{}' lies outside the weight blob", graph.values[v].name)))?;
+        let t = Tensor::from_bytes(w.dtype, &w.dims, &blob[range]).map_err(|e| bad(path, format!("weight '{}': {e}", graph.values[v].name)))?;
+        graph.initializers.insert(v, t);
+    }
+    graph.validate()?;
+    Ok((graph, header.info))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_graph::{GraphBuilder, Shape};
+
+    fn graph() -> Graph {
+        let mut b = GraphBuilder::new("tiny");
+        let x = b.input("x", DType::F32, Shape(vec!["n".into(), 3usize.into()]));
+        let w = b.constant("w", Tensor::from_vec(&[3], vec![1f32, 2.0, 3.0]).unwrap());
+        let idx = b.constant("idx", Tensor::from_vec(&[2], vec![0i64, 2]).unwrap());
+        let y = b.node("Mul", &[x, w], &[("note", Attr::Tensor(Tensor::scalar(7i32))), ("list", Attr::Floats(vec![0.5]))]);
+        let z = b.node("Gather", &[y, idx], &[("axis", Attr::Int(1))]);
+        b.output(z);
+        let mut g = b.finish().unwrap();
+        g.opsets.insert(String::new(), 17);
+        g
+    }
+
+    fn tmp(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("kiln-artifact-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn round_trip_keeps_the_graph() {
+        let g = graph();
+        let p = tmp("rt.kiln");
+        let info = ArtifactInfo { kiln_version: "test".into(), device: "cpu".into(), fixed: vec![("n".into(), 2)], ..Default::default() };
+        save(&p, &g, &info).unwrap();
+        let (back, info2) = load(&p).unwrap();
+        assert_eq!(info2, info);
+        assert_eq!(back.nodes, g.nodes);
+        assert_eq!(back.values, g.values);
+        assert_eq!((back.inputs.clone(), back.outputs.clone()), (g.inputs.clone(), g.outputs.clone()));
+        for (v, t) in &g.initializers {
+            assert_eq!(back.initializers[v].bytes(), t.bytes());
+            assert_eq!(back.initializers[v].dims(), t.dims());
+        }
+        std::fs::remove_file(p).ok();
+    }
+
+    #[test]
+    fn damaged_files_are_clear_errors() {
+        let p = tmp("bad.kiln");
+        save(&p, &graph(), &ArtifactInfo::default()).unwrap();
+        let good = std::fs::read(&p).unwrap();
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (good[..good.len() - 3].to_vec(), "truncated"),
+            (good[..30].to_vec(), "truncated"),
+            ({ let mut b = good.clone(); let n = b.len(); b[n - 1] ^= 1; b }, "weights' checksum"),
+            ({ let mut b = good.clone(); b[40] ^= 1; b }, "header's checksum"),
+            ({ let mut b = good.clone(); b[8] = 99; b }, "artifact format 99"),
+            (b"PK\x03\x04 not kiln at all".to_vec(), "not a Kiln artifact"),
+            (vec![], "not a Kiln artifact"),
+        ];
+        for (bytes, want) in cases {
+            std::fs::write(&p, &bytes).unwrap();
+            let e = load(&p).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains("bad.kiln"), "{want}: {e}");
+        }
+        std::fs::remove_file(&p).ok();
+        assert!(load(&p).map(|_| ()).unwrap_err().to_string().contains("cannot open"));
+    }
+}

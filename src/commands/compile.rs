@@ -1,0 +1,85 @@
+//! `kiln compile`: import, fix symbols, optimise, and write a `.kiln` artifact that
+//! `kiln run`/`kiln bench` and the runtime load without the compiler.
+use crate::io;
+use anyhow::{bail, Context, Result};
+use kiln::graph::Dim;
+use kiln::runtime::artifact::{self, ArtifactInfo};
+use kiln::runtime::{DeviceChoice, Session, SessionOptions};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The model (.onnx).
+    model: PathBuf,
+    /// Where to write the artifact (default: the model's path with .kiln).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// The device to compile for: cpu, gpu, auto, or an adapter name / gpu:N. The model
+    /// is checked on it (and, with every dim fixed, its kernels are generated).
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Fix a symbolic dim, NAME=VALUE (repeatable): shape computations that depend on it
+    /// are folded now.
+    #[arg(long = "fix")]
+    fix: Vec<String>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main(args: Args) -> Result<()> {
+    let start = Instant::now();
+    if args.model.extension().and_then(|e| e.to_str()) == Some("kiln") {
+        bail!("{} is already a compiled artifact; compile the .onnx model", args.model.display());
+    }
+    let mut graph = kiln::compiler::onnx::import_file(&args.model).with_context(|| format!("cannot import {}", args.model.display()))?;
+    let fixed = io::parse_dims(&args.fix)?;
+    let mut fixed_list: Vec<(String, usize)> = fixed.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    fixed_list.sort();
+    let mut symbols: Vec<String> = graph.inputs.iter().filter_map(|&v| graph.values[v].ty.as_ref()).flat_map(|t| t.shape.symbols().map(String::from).collect::<Vec<_>>()).collect();
+    symbols.sort();
+    symbols.dedup();
+    for (name, _) in &fixed_list {
+        if !symbols.contains(name) {
+            bail!("--fix {name}: the model's inputs have no symbolic dim '{name}' (they have: {})", if symbols.is_empty() { "none".to_string() } else { symbols.join(", ") });
+        }
+    }
+    for &v in &graph.inputs.clone() {
+        if let Some(ty) = graph.values[v].ty.as_mut() {
+            for d in ty.shape.0.iter_mut() {
+                if let Dim::Sym(s) = d {
+                    if let Some(&n) = fixed.get(s.as_str()) {
+                        *d = Dim::Fixed(n);
+                    }
+                }
+            }
+        }
+    }
+    let passes: Vec<(String, usize)> = kiln::compiler::passes::optimize(&mut graph).into_iter().map(|r| (r.name.to_string(), r.changes)).collect();
+    // Check the result on the target device (the session's symbolic check and device
+    // limits) before writing anything.
+    let session = Session::new(graph.clone(), SessionOptions::device(args.device.clone()))
+        .with_context(|| format!("{} does not compile for device '{}'", args.model.display(), args.device))?;
+    let info = ArtifactInfo {
+        kiln_version: env!("CARGO_PKG_VERSION").into(),
+        source: args.model.display().to_string(),
+        device: args.device.to_string(),
+        fixed: fixed_list,
+        passes,
+        wgsl: vec![],
+    };
+    let out = args.output.clone().unwrap_or_else(|| args.model.with_extension("kiln"));
+    artifact::save(&out, &graph, &info)?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    if args.json {
+        println!("{}", serde_json::json!({"model": args.model, "artifact": out, "bytes": bytes, "compile_ms": ms, "nodes": graph.nodes.len(), "device": session.device_name(), "passes": info.passes}));
+    } else {
+        println!("{} -> {} ({} bytes, {} nodes) for {} in {ms:.0} ms", args.model.display(), out.display(), bytes, graph.nodes.len(), session.device_name());
+        for (name, n) in &info.passes {
+            println!("  pass {name}: {n} change(s)");
+        }
+    }
+    Ok(())
+}

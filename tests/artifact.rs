@@ -1,0 +1,95 @@
+//! `.kiln` artifacts end to end: `kiln compile` output runs like the ONNX model on both
+//! backends, `--fix` folds shape computations and pins the shapes, damaged or foreign
+//! files are clear errors, and the runtime loads artifacts without the compiler.
+mod common;
+use common::*;
+use kiln::runtime::{artifact, Session, SessionOptions};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn compile(model: &str, extra: &[&str]) -> PathBuf {
+    gpu_env();
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!("kiln-artifact-{}-{model}-{k}.kiln", std::process::id()));
+    let src = zoo().join(model).join("model.onnx");
+    let mut args = vec!["compile", src.to_str().unwrap(), "-o", out.to_str().unwrap(), "--device", "cpu"];
+    args.extend_from_slice(extra);
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln")).args(&args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+#[test]
+fn compiled_transformers_match_onnxruntime_on_both_backends() {
+    for model in ["bert_tiny", "gpt2_tiny"] {
+        let path = compile(model, &[]);
+        let dir = zoo().join(model);
+        for (name, device) in backends() {
+            let (graph, info) = artifact::load(&path).unwrap();
+            assert_eq!(info.device, "cpu");
+            let s = Session::new(graph, SessionOptions::device(device)).unwrap();
+            for set in data_sets(&dir) {
+                let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+                let outs = s.run(&inputs).unwrap();
+                for (got, want) in outs.iter().zip(&set.outputs) {
+                    let tol = if name == "cpu" { 1e-4 } else { 1e-3 };
+                    assert!(rel_l2(got, want) < tol, "{model} on {name}, {}: rel L2 {}", set.dir.display(), rel_l2(got, want));
+                }
+            }
+        }
+        std::fs::remove_file(path).ok();
+    }
+}
+
+#[test]
+fn fixed_dims_fold_shape_subgraphs_and_pin_the_shapes() {
+    let free = compile("bert_tiny", &[]);
+    let fixed = compile("bert_tiny", &["--fix", "batch=1", "--fix", "sequence=128"]);
+    let (g_free, _) = artifact::load(&free).unwrap();
+    let (g_fixed, info) = artifact::load(&fixed).unwrap();
+    assert_eq!(info.fixed, vec![("batch".to_string(), 1), ("sequence".to_string(), 128)]);
+    assert!(g_fixed.nodes.len() * 2 < g_free.nodes.len(), "fixed {} vs free {} nodes", g_fixed.nodes.len(), g_free.nodes.len());
+    let s = Session::new(g_fixed, SessionOptions::device(kiln::runtime::DeviceChoice::Cpu)).unwrap();
+    let set = &data_sets(&zoo().join("bert_tiny"))[0];
+    let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let outs = s.run(&inputs).unwrap();
+    assert!(rel_l2(&outs[0], &set.outputs[0]) < 1e-4);
+    // Another sequence length is a clear input error now.
+    let other = &data_sets(&zoo().join("bert_tiny"))[1];
+    let inputs: Vec<(&str, &kiln::graph::Tensor)> = other.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let e = s.run(&inputs).unwrap_err().to_string();
+    assert!(e.contains("input_ids") && e.contains("128"), "{e}");
+    std::fs::remove_file(free).ok();
+    std::fs::remove_file(fixed).ok();
+}
+
+#[test]
+fn damaged_artifacts_are_clear_cli_errors() {
+    let path = compile("mlp", &[]);
+    let bytes = std::fs::read(&path).unwrap();
+    for (damage, want) in [(bytes[..bytes.len() / 2].to_vec(), "truncated"), ({ let mut b = bytes.clone(); let n = b.len(); b[n - 5] ^= 0x40; b }, "checksum"), ({ let mut b = bytes.clone(); b[8] = 7; b }, "format 7")] {
+        std::fs::write(&path, &damage).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_kiln")).args(["run", path.to_str().unwrap(), "--device", "cpu"]).output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && e.contains(want) && !e.contains("panicked"), "{want}: {e}");
+    }
+    std::fs::remove_file(path).ok();
+}
+
+/// The runtime crate (which loads artifacts) must not depend on the compiler or protobuf.
+#[test]
+fn the_runtime_does_not_link_the_compiler_or_protobuf() {
+    let manifest = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("runtime/Cargo.toml")).unwrap();
+    let deps = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
+    for banned in ["kiln-compiler", "prost", "protobuf"] {
+        assert!(!deps.contains(banned), "runtime/Cargo.toml depends on {banned}");
+    }
+    // And transitively, as cargo resolves it.
+    let o = Command::new(env!("CARGO")).args(["tree", "-p", "kiln-runtime", "-e", "normal", "--prefix", "none", "--offline"]).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
+    assert!(o.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&o.stderr));
+    let tree = String::from_utf8_lossy(&o.stdout);
+    for banned in ["kiln-compiler ", "prost ", "protobuf "] {
+        assert!(!tree.contains(banned), "kiln-runtime depends on {banned}");
+    }
+}
