@@ -67,6 +67,26 @@ impl Tensor {
         Ok(Tensor { dtype, dims: dims.to_vec(), data: Arc::new(data), len_bytes: bytes.len() })
     }
 
+    /// A tensor of `dtype` and `dims` on recycled storage (at least as many 8-byte words
+    /// as it needs; contents unspecified). With [`Tensor::into_storage`], a memory plan
+    /// hands one buffer from tensor to tensor without allocating or copying.
+    pub fn on_storage(dtype: DType, dims: &[usize], storage: Arc<Vec<u64>>) -> Result<Tensor> {
+        let n: usize = dims.iter().product();
+        let len_bytes = n * dtype.size();
+        if storage.len() < words(len_bytes) {
+            return Err(GraphError::BadTensor {
+                name: String::new(),
+                what: format!("storage of {} bytes is too small for a {dtype} tensor of shape {dims:?}", storage.len() * 8),
+            });
+        }
+        Ok(Tensor { dtype, dims: dims.to_vec(), data: storage, len_bytes })
+    }
+
+    /// The tensor's storage (shared with its clones).
+    pub fn into_storage(self) -> Arc<Vec<u64>> {
+        self.data
+    }
+
     pub fn dtype(&self) -> DType {
         self.dtype
     }

@@ -100,6 +100,14 @@ pub trait Op: Send + Sync + fmt::Debug {
     fn is_view(&self) -> bool {
         false
     }
+
+    /// True when the CPU kernel writes every element of every output. The CPU memory
+    /// plan hands out recycled buffers with stale contents; an op that leaves some
+    /// elements alone (relying on zeroed outputs) keeps the default `false` and gets its
+    /// outputs zeroed first.
+    fn overwrites_outputs(&self) -> bool {
+        false
+    }
 }
 
 /// Required input `i`, or an error saying it is missing.

@@ -8,7 +8,7 @@
 //! Invariant: only this crate links wgpu.
 
 pub mod artifact;
-mod cpu;
+pub mod cpu;
 mod device;
 mod error;
 mod gpu;

@@ -56,6 +56,8 @@ pub struct RunStats {
     pub folded_nodes: usize,
     /// Whether this run built a new specialisation.
     pub specialized: bool,
+    /// The CPU memory plan of this specialisation (None on a GPU).
+    pub memory: Option<crate::cpu::MemoryPlan>,
 }
 
 /// A model ready to run on one device. `Send + Sync`: share it between threads
@@ -272,7 +274,11 @@ impl Session {
                 (o, p.dispatch_count(), submits)
             }
         };
-        Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized }))
+        let memory = match &plan.exec {
+            Exec::Cpu(p) => Some(p.memory),
+            Exec::Gpu(_) => None,
+        };
+        Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized, memory }))
     }
 }
 

@@ -84,6 +84,7 @@ pub fn main(args: Args) -> Result<()> {
             "median_ms": s.median, "p90_ms": s.p90, "min_ms": s.min, "mean_ms": s.mean,
             "throughput_per_s": 1e3 / s.median, "load_ms": load_ms, "first_run_ms": first_ms,
             "kernels_per_run": run.kernels, "submits_per_run": run.submits,
+            "memory": run.memory.map(|m| serde_json::json!({"planned_bytes": m.planned, "lower_bound_bytes": m.lower_bound, "unshared_bytes": m.unshared})),
         });
         println!("{j}");
         return Ok(());
@@ -95,6 +96,16 @@ pub fn main(args: Args) -> Result<()> {
         args.iters, s.median, s.p90, s.min, s.mean, 1e3 / s.median
     );
     println!("  {} kernels per run, {} submits per run", run.kernels, run.submits);
+    if let Some(m) = run.memory {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        println!(
+            "  intermediates: planned {:.2} MiB = {:.2}x the lower bound {:.2} MiB (unshared {:.2} MiB)",
+            mib(m.planned),
+            m.planned as f64 / m.lower_bound.max(1) as f64,
+            mib(m.lower_bound),
+            mib(m.unshared)
+        );
+    }
     if args.profile {
         let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let prof = session.profile(&refs, args.iters)?;

@@ -188,6 +188,10 @@ pub struct Binary {
 const LOGICAL: &[DType] = &[DType::Bool];
 
 impl Op for Binary {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         self.kind.op_name()
     }

@@ -519,6 +519,10 @@ impl Unary {
 }
 
 impl Op for Unary {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         self.kind.op_name()
     }

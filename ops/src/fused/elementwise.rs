@@ -118,6 +118,10 @@ impl FusedElementwise {
 }
 
 impl Op for FusedElementwise {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "FusedElementwise"
     }

@@ -76,6 +76,10 @@ fn dims_of<'a>(inputs: &[Option<Arg<'a>>], i: usize) -> Option<&'a [usize]> {
 }
 
 impl Op for Gemm {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "Gemm"
     }

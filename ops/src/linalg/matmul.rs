@@ -51,6 +51,10 @@ pub fn plan(a: &[usize], b: &[usize]) -> Result<(BatchedProduct, Vec<usize>)> {
 }
 
 impl Op for MatMul {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "MatMul"
     }

@@ -40,6 +40,10 @@ fn layout(dims: &[usize]) -> Result<(usize, usize)> {
 }
 
 impl Op for BatchNorm {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "BatchNormalization"
     }

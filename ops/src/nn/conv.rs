@@ -62,6 +62,10 @@ impl Conv {
 }
 
 impl Op for Conv {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "Conv"
     }

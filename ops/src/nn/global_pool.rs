@@ -22,6 +22,10 @@ fn plane_size(dims: &[usize]) -> Result<usize> {
 }
 
 impl Op for GlobalPool {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         if self.max { "GlobalMaxPool" } else { "GlobalAveragePool" }
     }

@@ -33,6 +33,10 @@ fn normalize(plane: &[f64], scale: f64, bias: f64, eps: f64, out: &mut [f64]) {
 }
 
 impl Op for InstanceNorm {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "InstanceNormalization"
     }

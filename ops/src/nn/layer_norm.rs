@@ -34,6 +34,10 @@ impl LayerNorm {
 }
 
 impl Op for LayerNorm {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "LayerNormalization"
     }

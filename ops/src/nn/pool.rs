@@ -342,6 +342,10 @@ fn tap_range(g: &Geometry, d: usize, start: i64) -> (usize, usize) {
 }
 
 impl Op for Pool {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         match self.kind {
             PoolKind::Max { .. } => "MaxPool",

@@ -83,6 +83,10 @@ impl Reduce {
 }
 
 impl Op for Reduce {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         self.kind.op_name()
     }

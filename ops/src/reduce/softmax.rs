@@ -43,6 +43,10 @@ impl Softmax {
 }
 
 impl Op for Softmax {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         if self.log { "LogSoftmax" } else { "Softmax" }
     }

@@ -37,6 +37,10 @@ impl Concat {
 }
 
 impl Op for Concat {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "Concat"
     }

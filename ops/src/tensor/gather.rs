@@ -18,6 +18,10 @@ fn split_dims(dims: &[usize], axis: usize) -> (usize, usize, usize) {
 }
 
 impl Op for Gather {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "Gather"
     }

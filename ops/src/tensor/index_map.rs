@@ -373,6 +373,10 @@ pub(crate) trait PlansIndexMap: Send + Sync + std::fmt::Debug {
 pub(crate) struct MappedOp<T>(pub T);
 
 impl<T: PlansIndexMap> crate::Op for MappedOp<T> {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         T::NAME
     }

@@ -54,6 +54,10 @@ impl Split {
 }
 
 impl Op for Split {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "Split"
     }

@@ -11,6 +11,10 @@ use kiln_graph::{DType, Tensor};
 pub struct Where;
 
 impl Op for Where {
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "Where"
     }

@@ -1,0 +1,36 @@
+//! The CPU memory plan on real models: recycled buffers are filled with NaN before every
+//! kernel (`KILN_POISON_BUFFERS`), so an op that claims to overwrite its outputs but
+//! leaves elements alone fails here; outputs must still match onnxruntime, over several
+//! runs of one session; and the plan must stay close to its lower bound.
+mod common;
+use common::*;
+use kiln::runtime::{DeviceChoice, Session, SessionOptions};
+
+#[test]
+fn poisoned_recycled_buffers_do_not_change_results_and_the_plan_is_tight() {
+    // Before any session exists in this process (the runtime reads it once).
+    std::env::set_var("KILN_POISON_BUFFERS", "1");
+    for model in ["resnet18", "mobilenet_v2", "squeezenet1_1", "bert_tiny", "gpt2_tiny", "ppocr_det"] {
+        let dir = zoo().join(model);
+        let mut g = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap();
+        kiln::compiler::passes::optimize(&mut g);
+        let s = Session::new(g, SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+        for round in 0..2 {
+            for set in data_sets(&dir) {
+                let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+                let (outs, stats) = s.run_with_stats(&inputs).unwrap();
+                for (got, want) in outs.iter().zip(&set.outputs) {
+                    let ok = if model == "ppocr_det" {
+                        got.to_f64_vec().iter().zip(want.to_f64_vec()).all(|(a, b)| (a - b).abs() <= 1e-6)
+                    } else {
+                        rel_l2(got, want) < 1e-4
+                    };
+                    assert!(ok, "{model} round {round} {}: rel L2 {}", set.dir.display(), rel_l2(got, want));
+                }
+                let m = stats.memory.expect("CPU runs report their memory plan");
+                assert!(m.lower_bound <= m.planned && m.planned <= m.unshared, "{model}: {m:?}");
+                assert!((m.planned as f64) < 1.5 * m.lower_bound as f64, "{model}: planned {} vs lower bound {}", m.planned, m.lower_bound);
+            }
+        }
+    }
+}
