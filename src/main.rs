@@ -27,6 +27,8 @@ enum Command {
     Compile(commands::compile::Args),
     /// Measure a model's latency.
     Bench(commands::bench::Args),
+    /// Show what the compiler made of a model: nodes, fusion, passes, memory, DOT.
+    Inspect(commands::inspect::Args),
     /// List the operators Kiln implements.
     Ops(commands::ops::Args),
 }
@@ -50,6 +52,7 @@ fn main() {
         Command::Demo(a) => commands::demo::main(a),
         Command::Devices(a) => commands::devices::main(a),
         Command::Run(a) => commands::run::main(a),
+        Command::Inspect(a) => commands::inspect::main(a),
         Command::Compile(a) => commands::compile::main(a),
         Command::Ops(a) => commands::ops::main(a),
         Command::Bench(a) => commands::bench::main(a),

@@ -142,3 +142,38 @@ fn devices_json_lists_cpu_and_adapters() {
     assert!(!j["adapters"].as_array().unwrap().is_empty(), "no GPU adapter: install mesa-vulkan-drivers");
 }
 
+
+#[test]
+fn inspect_shows_nodes_passes_memory_and_writes_dot() {
+    let dir = tmp("inspect");
+    let dot = dir.join("g.dot");
+    let o = kiln(&["inspect", model("resnet18").to_str().unwrap(), "--passes", "--json", "--dot", dot.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let nodes = v["nodes"].as_array().unwrap();
+    assert!(nodes.iter().any(|n| n["op"] == "Conv" && n["fused"].as_str().unwrap().contains("Relu")), "{v}");
+    assert!(nodes.iter().all(|n| n["shape"].as_str().unwrap().starts_with("f32[")), "{v}");
+    let passes = v["passes"].as_array().unwrap();
+    assert!(passes.iter().any(|p| p["pass"] == "fuse-activation" && p["changes"].as_u64().unwrap() > 0), "{v}");
+    let m = &v["memory"];
+    assert!(m["planned_bytes"].as_u64().unwrap() >= m["lower_bound_bytes"].as_u64().unwrap());
+    let d = std::fs::read_to_string(&dot).unwrap();
+    assert!(d.starts_with("digraph") && d.contains("cluster_device") && d.matches("->").count() >= nodes.len());
+    // A model that does not exist is a clean error.
+    assert_clean_error(&kiln(&["inspect", "/nonexistent.onnx"]), "nonexistent");
+}
+
+#[test]
+fn compile_writes_an_artifact_that_run_accepts() {
+    let dir = tmp("compile");
+    let art = dir.join("mlp.kiln");
+    let o = kiln(&["compile", model("mlp").to_str().unwrap(), "-o", art.to_str().unwrap(), "--device", "cpu", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["bytes"].as_u64().unwrap() > 0 && v["compile_ms"].as_f64().is_some(), "{v}");
+    let o = kiln(&["run", art.to_str().unwrap(), "--device", "cpu", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Compiling an artifact again, or fixing a symbol the model lacks, are clean errors.
+    assert_clean_error(&kiln(&["compile", art.to_str().unwrap()]), "already a compiled artifact");
+    assert_clean_error(&kiln(&["compile", model("mlp").to_str().unwrap(), "--fix", "nope=2", "-o", art.to_str().unwrap()]), "no symbolic dim 'nope'");
+}

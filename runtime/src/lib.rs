@@ -18,6 +18,6 @@ mod symbolic;
 
 pub use device::{list_devices, AdapterInfo, DeviceChoice, DeviceKind, DevicesReport};
 pub use error::{Result, RuntimeError};
-pub use session::{NodeProfile, RunStats, Session, SessionOptions};
+pub use session::{NodeProfile, NodeReport, RunStats, Session, SessionOptions};
 pub use specialize::{Specialized, Step};
 pub use symbolic::{value_types, SymbolicShapes};

@@ -310,6 +310,52 @@ pub(crate) fn create_ops(graph: &Graph, registry: &Registry) -> Result<Vec<Box<d
     }
 }
 
+/// One node of a specialisation, as `kiln inspect` shows it.
+#[derive(Clone, Debug)]
+pub struct NodeReport {
+    pub node: String,
+    pub op: String,
+    /// Folded on the host when the shapes were specialised (not run per inference).
+    pub folded: bool,
+    pub outputs: Vec<TensorType>,
+    /// Work estimate (0 for folded nodes).
+    pub cost: kiln_ops::Cost,
+}
+
+impl Session {
+    /// Every node of the specialisation for these inputs: output types, whether it was
+    /// folded, and its cost estimate.
+    pub fn report(&self, inputs: &[(&str, &Tensor)]) -> Result<Vec<NodeReport>> {
+        let (tensors, types) = self.bind(inputs)?;
+        self.plan(&tensors, types.clone())?;
+        let bound = self.by_value.lock().map_err(|_| poisoned())?.clone();
+        let mut values: Vec<Option<&Tensor>> = vec![None; tensors.len()];
+        for &i in &bound {
+            values[i] = Some(tensors[i]);
+        }
+        let spec = match specialize(&self.graph, &self.ops, &self.order, &types, &values) {
+            Ok(s) => s,
+            Err(SpecializeError::Other(e)) | Err(SpecializeError::NeedsValue { error: e, .. }) => return Err(e),
+        };
+        let live: std::collections::HashSet<NodeId> = spec.steps.iter().map(|s| s.node).collect();
+        Ok(self
+            .order
+            .iter()
+            .map(|&n| {
+                let node = &self.graph.nodes[n];
+                let outputs: Vec<TensorType> = node.outputs.iter().filter_map(|&o| spec.types[o].clone()).collect();
+                let cost = if live.contains(&n) {
+                    let args = spec.args(&node.inputs);
+                    self.ops[n].cost(&args, &outputs)
+                } else {
+                    kiln_ops::Cost::default()
+                };
+                NodeReport { node: node.name.clone(), op: node.op_type.clone(), folded: !live.contains(&n), outputs, cost }
+            })
+            .collect())
+    }
+}
+
 /// Time spent per node over profiled runs.
 #[derive(Clone, Debug)]
 pub struct NodeProfile {
