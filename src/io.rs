@@ -27,10 +27,13 @@ pub fn load_graph(model: &Path, no_passes: bool) -> Result<kiln::graph::Graph> {
     }
 }
 
-/// Loads a model (see [`load_graph`]) and opens a session on `device`.
-pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool) -> Result<Session> {
+/// Loads a model (see [`load_graph`]) and opens a session on `device`, with placement
+/// overrides (`OP_OR_NODE=cpu|gpu`).
+pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool, place: &[String]) -> Result<Session> {
     let graph = load_graph(model, no_passes)?;
-    Session::new(graph, SessionOptions::device(device.clone())).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))
+    let placement = place.iter().map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
+    let options = SessionOptions { device: device.clone(), registry: None, placement };
+    Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))
 }
 
 /// Reads a tensor from .npy or from a serialized ONNX TensorProto (.pb).

@@ -34,6 +34,13 @@ enum Command {
 }
 
 fn main() {
+    // Output piped into `head` and closed early: end quietly like other Unix tools
+    // instead of panicking on a write error.
+    #[cfg(unix)]
+    // SAFETY: restores the default SIGPIPE action before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     // Mesa complains on stderr when XDG_RUNTIME_DIR is unset (containers, CI).
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {

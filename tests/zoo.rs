@@ -77,3 +77,23 @@ fn transformer_output_shapes_are_symbolic() {
         assert_eq!(got, want, "{model}");
     }
 }
+
+/// A GPU session with Softmax placed on the CPU: the GPU work splits into three
+/// segments around bert's two Softmax nodes, and every data set still matches.
+#[test]
+fn bert_with_softmax_on_the_cpu_matches_onnxruntime() {
+    gpu_env();
+    let dir = zoo().join("bert_tiny");
+    let mut g = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap();
+    kiln::compiler::passes::optimize(&mut g);
+    let opts = SessionOptions { device: kiln::runtime::DeviceChoice::Gpu, registry: None, placement: vec!["Softmax=cpu".parse().unwrap()] };
+    let s = Session::new(g, opts).unwrap();
+    for set in data_sets(&dir) {
+        let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let (outs, stats) = s.run_with_stats(&inputs).unwrap();
+        assert_eq!(stats.submits, 3, "two Softmax nodes split the GPU work in three");
+        for (got, want) in outs.iter().zip(&set.outputs) {
+            assert!(rel_l2(got, want) < 1e-3, "rel L2 {}", rel_l2(got, want));
+        }
+    }
+}

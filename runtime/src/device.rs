@@ -41,7 +41,7 @@ impl fmt::Display for DeviceChoice {
 }
 
 /// The kind of device a session ended up on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum DeviceKind {
     Cpu,
     Gpu,

@@ -27,6 +27,8 @@ pub enum RuntimeError {
     OutOfRange(String),
     #[error("artifact {0}")]
     Artifact(String),
+    #[error("placement {0}")]
+    Placement(String),
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

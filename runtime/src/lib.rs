@@ -12,12 +12,14 @@ pub mod cpu;
 mod device;
 mod error;
 mod gpu;
+mod partition;
 mod session;
 mod specialize;
 mod symbolic;
 
 pub use device::{list_devices, AdapterInfo, DeviceChoice, DeviceKind, DevicesReport};
 pub use error::{Result, RuntimeError};
+pub use partition::PlacementRule;
 pub use session::{NodeProfile, NodeReport, RunStats, Session, SessionOptions};
 pub use specialize::{Specialized, Step};
 pub use symbolic::{value_types, SymbolicShapes};

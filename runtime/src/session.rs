@@ -2,6 +2,7 @@
 //! shape signature.
 use crate::cpu::CpuPlan;
 use crate::gpu::{self, poisoned, GpuContext, GpuPlan};
+use crate::partition::HeteroPlan;
 use crate::specialize::{specialize, SpecializeError, Specialized};
 use crate::{DeviceChoice, DeviceKind, Result, RuntimeError};
 use kiln_graph::{Dim, Graph, NodeId, Tensor};
@@ -16,17 +17,20 @@ pub struct SessionOptions {
     pub device: DeviceChoice,
     /// Operators to use (defaults to [`Registry::builtin`]); add custom ops here.
     pub registry: Option<Registry>,
+    /// Placement overrides by node name or op type (a GPU session runs the rest on the
+    /// GPU where a kernel exists, on the CPU otherwise).
+    pub placement: Vec<crate::PlacementRule>,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { device: DeviceChoice::Auto, registry: None }
+        SessionOptions { device: DeviceChoice::Auto, registry: None, placement: vec![] }
     }
 }
 
 impl SessionOptions {
     pub fn device(device: DeviceChoice) -> Self {
-        SessionOptions { device, registry: None }
+        SessionOptions { device, ..Default::default() }
     }
 }
 
@@ -38,6 +42,9 @@ enum Backend {
 enum Exec {
     Cpu(CpuPlan),
     Gpu(GpuPlan),
+    /// Steps on both devices, in segments; the constants are those graph outputs that
+    /// were folded.
+    Hetero(HeteroPlan, HashMap<kiln_graph::ValueId, Tensor>),
 }
 
 struct Plan {
@@ -72,6 +79,7 @@ pub struct Session {
     /// inputs that feed shapes, axes or pads. Found on the first run that needs them.
     by_value: Mutex<Vec<usize>>,
     symbolic: crate::symbolic::SymbolicShapes,
+    placement: Vec<crate::PlacementRule>,
 }
 
 /// What a specialisation depends on: input types, and the values of inputs bound by value.
@@ -108,7 +116,8 @@ impl Session {
             None => Backend::Cpu,
             Some(adapter) => Backend::Gpu { ctx: gpu::context_for(adapter)?, weights: Default::default() },
         };
-        Ok(Session { graph, ops, order, backend, plans: Mutex::default(), by_value: Mutex::default(), symbolic })
+        crate::partition::check_rules(&graph, &options.placement, matches!(backend, Backend::Gpu { .. }))?;
+        Ok(Session { graph, ops, order, backend, plans: Mutex::default(), by_value: Mutex::default(), symbolic, placement: options.placement })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -239,7 +248,25 @@ impl Session {
             };
             let exec = match &self.backend {
                 Backend::Cpu => Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, &spec)?),
-                Backend::Gpu { ctx, weights } => Exec::Gpu(GpuPlan::build(ctx.clone(), &self.graph, &self.ops, &spec, weights)?),
+                Backend::Gpu { ctx, weights } => {
+                    let devices = crate::partition::place(&self.graph, &self.ops, &spec, &self.placement)?;
+                    if devices.iter().all(|d| *d == DeviceKind::Gpu) {
+                        Exec::Gpu(GpuPlan::build(ctx.clone(), &self.graph, &self.ops, &spec, weights)?)
+                    } else if devices.iter().all(|d| *d == DeviceKind::Cpu) {
+                        Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, &spec)?)
+                    } else {
+                        let hetero = HeteroPlan::build(&self.graph, &self.ops, &spec, &devices, ctx, weights)?;
+                        log::info!(
+                            "'{}' runs in {} segments: {} steps on the CPU, {} on the GPU",
+                            self.graph.name,
+                            hetero.segment_count(),
+                            devices.iter().filter(|d| **d == DeviceKind::Cpu).count(),
+                            devices.iter().filter(|d| **d == DeviceKind::Gpu).count()
+                        );
+                        let consts = self.graph.outputs.iter().filter_map(|o| spec.constants.get(o).map(|t| (*o, t.clone()))).collect();
+                        Exec::Hetero(hetero, consts)
+                    }
+                }
             };
             let plan = Arc::new(Plan { exec, folded: spec.folded });
             let shapes: Vec<String> = types.iter().map(|t| t.to_string()).collect();
@@ -273,10 +300,11 @@ impl Session {
                 let (o, submits) = p.run(&tensors)?;
                 (o, p.dispatch_count(), submits)
             }
+            Exec::Hetero(p, consts) => p.run(&self.graph, &self.ops, &tensors, consts)?,
         };
         let memory = match &plan.exec {
             Exec::Cpu(p) => Some(p.memory),
-            Exec::Gpu(_) => None,
+            _ => None,
         };
         Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized, memory }))
     }
@@ -320,6 +348,8 @@ pub struct NodeReport {
     pub outputs: Vec<TensorType>,
     /// Work estimate (0 for folded nodes).
     pub cost: kiln_ops::Cost,
+    /// Where it runs (None when folded).
+    pub device: Option<DeviceKind>,
 }
 
 impl Session {
@@ -337,6 +367,13 @@ impl Session {
             Ok(s) => s,
             Err(SpecializeError::Other(e)) | Err(SpecializeError::NeedsValue { error: e, .. }) => return Err(e),
         };
+        let devices: HashMap<NodeId, DeviceKind> = match &self.backend {
+            Backend::Cpu => spec.steps.iter().map(|s| (s.node, DeviceKind::Cpu)).collect(),
+            Backend::Gpu { .. } => {
+                let d = crate::partition::place(&self.graph, &self.ops, &spec, &self.placement)?;
+                spec.steps.iter().map(|s| s.node).zip(d).collect()
+            }
+        };
         let live: std::collections::HashSet<NodeId> = spec.steps.iter().map(|s| s.node).collect();
         Ok(self
             .order
@@ -350,7 +387,7 @@ impl Session {
                 } else {
                     kiln_ops::Cost::default()
                 };
-                NodeReport { node: node.name.clone(), op: node.op_type.clone(), folded: !live.contains(&n), outputs, cost }
+                NodeReport { node: node.name.clone(), op: node.op_type.clone(), folded: !live.contains(&n), outputs, cost, device: devices.get(&n).copied() }
             })
             .collect())
     }

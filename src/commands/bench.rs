@@ -30,6 +30,10 @@ pub struct Args {
     /// Run the imported graph as is, without the graph passes (fusion, ...).
     #[arg(long)]
     no_passes: bool,
+    /// Place nodes (by name or op type) on a device: OP_OR_NODE=cpu|gpu (repeatable);
+    /// on a GPU the rest runs on the GPU where a kernel exists, else on the CPU.
+    #[arg(long = "place")]
+    place: Vec<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -73,7 +77,7 @@ pub fn main(args: Args) -> Result<()> {
         bail!("--iters must be at least 1");
     }
     let t0 = Instant::now();
-    let session = io::open_session(&args.model, &args.device, args.no_passes)?;
+    let session = io::open_session(&args.model, &args.device, args.no_passes, &args.place)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = io::complete_inputs(&session, io::parse_inputs(&args.inputs)?, &io::parse_dims(&args.dims)?);
     let (times, run, first_ms) = time_runs(&session, &inputs, args.warmup, args.iters)?;

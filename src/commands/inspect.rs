@@ -85,6 +85,14 @@ pub fn main(args: Args) -> Result<()> {
     let (_, stats) = session.run_with_stats(&refs)?;
     let device = session.device_name();
     let order = graph.validate()?;
+    let devices: Vec<String> = report
+        .iter()
+        .map(|r| match r.device {
+            None => "host (folded)".to_string(),
+            Some(kiln::runtime::DeviceKind::Cpu) => if device.starts_with("cpu") { device.clone() } else { "cpu".to_string() },
+            Some(kiln::runtime::DeviceKind::Gpu) => device.clone(),
+        })
+        .collect();
     let rows: Vec<(String, String, String, String, u64, u64, bool)> = order
         .iter()
         .zip(&report)
@@ -100,7 +108,8 @@ pub fn main(args: Args) -> Result<()> {
     if args.json {
         let nodes: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(name, op, group, shape, flops, bytes, folded)| serde_json::json!({"node": name, "op": op, "fused": group, "device": if *folded { "host (folded)" } else { device.as_str() }, "shape": shape, "flops": flops, "bytes": bytes}))
+            .zip(&devices)
+            .map(|((name, op, group, shape, flops, bytes, _), dev)| serde_json::json!({"node": name, "op": op, "fused": group, "device": dev, "shape": shape, "flops": flops, "bytes": bytes}))
             .collect();
         let passes: Vec<serde_json::Value> = pass_report.iter().map(|(n, c, r, a)| serde_json::json!({"pass": n, "changes": c, "removed": r, "added": a})).collect();
         let memory = stats.memory.map(|m| serde_json::json!({"planned_bytes": m.planned, "lower_bound_bytes": m.lower_bound, "unshared_bytes": m.unshared}));
@@ -124,9 +133,9 @@ pub fn main(args: Args) -> Result<()> {
     }
     let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).clamp(4, 48);
     println!("{:w$}  {:18} {:14} {:24} {:>9} {:>9}  device", "node", "op", "fused", "shape", "flops", "bytes");
-    for (name, op, group, shape, flops, bytes, folded) in &rows {
+    for ((name, op, group, shape, flops, bytes, _), dev) in rows.iter().zip(&devices) {
         let name: String = if name.len() > w { format!("..{}", &name[name.len() - (w - 2)..]) } else { name.clone() };
-        println!("{name:w$}  {op:18} {group:14} {shape:24} {:>9} {:>9}  {}", human(*flops), human(*bytes), if *folded { "host (folded)" } else { device.as_str() });
+        println!("{name:w$}  {op:18} {group:14} {shape:24} {:>9} {:>9}  {dev}", human(*flops), human(*bytes));
     }
     let total_flops: u64 = rows.iter().map(|r| r.4).sum();
     println!("{} nodes, {} kernels per run on {device}, {} FLOPs per run", rows.len(), stats.kernels, human(total_flops));

@@ -23,13 +23,17 @@ pub struct Args {
     /// Run the imported graph as is, without the graph passes (fusion, ...).
     #[arg(long)]
     no_passes: bool,
+    /// Place nodes (by name or op type) on a device: OP_OR_NODE=cpu|gpu (repeatable);
+    /// on a GPU the rest runs on the GPU where a kernel exists, else on the CPU.
+    #[arg(long = "place")]
+    place: Vec<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn main(args: Args) -> Result<()> {
-    let session = io::open_session(&args.model, &args.device, args.no_passes)?;
+    let session = io::open_session(&args.model, &args.device, args.no_passes, &args.place)?;
     let given = io::parse_inputs(&args.inputs)?;
     let inputs = io::complete_inputs(&session, given, &io::parse_dims(&args.dims)?);
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
