@@ -11,63 +11,93 @@
 use crate::cpu::CpuPlan;
 use crate::gpu::{self, GpuContext, GpuPlan};
 use crate::specialize::{Specialized, Step};
-use crate::{DeviceKind, Result, RuntimeError};
+use crate::{DeviceChoice, Result, RuntimeError};
 use kiln_graph::{Graph, Tensor, ValueId};
 use kiln_ops::{Op, TuneValues};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// A user's placement rule: nodes named `pattern`, or of op type `pattern`, run on
-/// `device`.
+/// `device`: `cpu`, `gpu` (the session's GPU, or the best adapter for a CPU session),
+/// or a particular adapter (`gpu:1`, a name as `kiln devices` lists it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlacementRule {
     pub pattern: String,
-    pub device: DeviceKind,
+    pub device: DeviceChoice,
 }
 
 impl std::str::FromStr for PlacementRule {
     type Err = String;
-    /// `PATTERN=cpu|gpu`.
+    /// `PATTERN=DEVICE`.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let (p, d) = s.rsplit_once('=').ok_or_else(|| format!("placement '{s}': expected OP_OR_NODE=cpu|gpu"))?;
-        let device = match d {
-            "cpu" => DeviceKind::Cpu,
-            "gpu" => DeviceKind::Gpu,
-            other => return Err(format!("placement '{s}': device '{other}' is not cpu or gpu")),
-        };
+        let (p, d) = s.rsplit_once('=').ok_or_else(|| format!("placement '{s}': expected OP_OR_NODE=DEVICE (cpu, gpu, gpu:N or an adapter name)"))?;
+        let device: DeviceChoice = d.parse().map_err(|e| format!("placement '{s}': {e}"))?;
+        if device == DeviceChoice::Auto || p.is_empty() {
+            return Err(format!("placement '{s}': name an op type or node, and a device (cpu, gpu, gpu:N or an adapter name), not 'auto'"));
+        }
         Ok(PlacementRule { pattern: p.to_string(), device })
     }
 }
 
-/// Checks rules against the graph and the session's devices.
-pub(crate) fn check_rules(graph: &Graph, rules: &[PlacementRule], has_gpu: bool) -> Result<()> {
+/// Where a step runs: the CPU, or GPU number `k` of the session (0 = its main GPU, or
+/// the first adapter a rule names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Dev {
+    Cpu,
+    Gpu(usize),
+}
+
+/// Checks the rules against the graph and opens the adapters they name. `main` is the
+/// session's own GPU, if any. Returns every GPU the session may use (main first) and,
+/// per rule, its device.
+#[allow(clippy::type_complexity)]
+pub(crate) fn resolve_rules(graph: &Graph, rules: &[PlacementRule], main: Option<Arc<GpuContext>>) -> Result<(Vec<Arc<GpuContext>>, Vec<Dev>)> {
+    let mut gpus: Vec<Arc<GpuContext>> = main.into_iter().collect();
+    let mut devs = vec![];
     for r in rules {
         if !graph.nodes.iter().any(|n| n.name == r.pattern || n.op_type == r.pattern) {
             return Err(RuntimeError::Placement(format!("'{}': no node and no op type of that name in '{}'", r.pattern, graph.name)));
         }
-        if r.device == DeviceKind::Gpu && !has_gpu {
-            return Err(RuntimeError::Placement(format!("'{}={}': this session has no GPU (it runs on the CPU); open it with a GPU device", r.pattern, "gpu")));
-        }
+        let dev = match &r.device {
+            DeviceChoice::Cpu => Dev::Cpu,
+            DeviceChoice::Gpu if !gpus.is_empty() => Dev::Gpu(0),
+            choice => {
+                let adapter = gpu::select(choice)
+                    .map_err(|e| RuntimeError::Placement(format!("'{}={}': {e}", r.pattern, r.device)))?
+                    .ok_or_else(|| RuntimeError::Placement(format!("'{}={}': no such GPU", r.pattern, r.device)))?;
+                let ctx = gpu::context_for(adapter)?;
+                match gpus.iter().position(|g| Arc::ptr_eq(g, &ctx)) {
+                    Some(k) => Dev::Gpu(k),
+                    None => {
+                        gpus.push(ctx);
+                        Dev::Gpu(gpus.len() - 1)
+                    }
+                }
+            }
+        };
+        devs.push(dev);
     }
-    Ok(())
+    Ok((gpus, devs))
 }
 
-/// Where each step runs.
-pub(crate) fn place(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, rules: &[PlacementRule]) -> Result<Vec<DeviceKind>> {
+/// Where each step runs: the last rule that names the node or its op type, else the
+/// main GPU (if the session has one) when the op's kernel generates for these inputs,
+/// else the CPU.
+pub(crate) fn place(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, rules: &[PlacementRule], rule_devs: &[Dev], has_main_gpu: bool) -> Result<Vec<Dev>> {
     spec.steps
         .iter()
         .map(|s| {
             let node = &graph.nodes[s.node];
             let op = &ops[s.node];
-            let ruled = rules.iter().rev().find(|r| r.pattern == node.name || r.pattern == node.op_type).map(|r| r.device);
+            let ruled = rules.iter().zip(rule_devs).rev().find(|(r, _)| r.pattern == node.name || r.pattern == node.op_type).map(|(_, d)| *d);
             let gpu_ok = op.is_view() || op.wgsl().is_some_and(|k| k.generate(&spec.args(&s.inputs), &out_types(spec, s), &TuneValues::default()).is_ok());
-            let device = ruled.unwrap_or(if gpu_ok { DeviceKind::Gpu } else { DeviceKind::Cpu });
+            let device = ruled.unwrap_or(if gpu_ok && has_main_gpu { Dev::Gpu(0) } else { Dev::Cpu });
             match device {
-                DeviceKind::Gpu if !gpu_ok => Err(RuntimeError::Placement(format!(
-                    "node '{}' ({}) is placed on the GPU, but it has no GPU kernel for these inputs",
+                Dev::Gpu(_) if !gpu_ok => Err(RuntimeError::Placement(format!(
+                    "node '{}' ({}) is placed on a GPU, but it has no GPU kernel for these inputs",
                     node.name, node.op_type
                 ))),
-                DeviceKind::Cpu if op.cpu().is_none() && !op.is_view() => Err(RuntimeError::Placement(format!(
+                Dev::Cpu if op.cpu().is_none() && !op.is_view() => Err(RuntimeError::Placement(format!(
                     "node '{}' ({}) is placed on the CPU, but it has no CPU kernel",
                     node.name, node.op_type
                 ))),
@@ -97,9 +127,9 @@ pub(crate) struct HeteroPlan {
 }
 
 impl HeteroPlan {
-    pub fn build(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, devices: &[DeviceKind], ctx: &Arc<GpuContext>, weights: &gpu::WeightCache) -> Result<HeteroPlan> {
+    pub fn build(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, devices: &[Dev], gpus: &[(Arc<GpuContext>, gpu::WeightCache)]) -> Result<HeteroPlan> {
         // Split the steps into runs of one device.
-        let mut runs: Vec<(DeviceKind, Vec<Step>)> = vec![];
+        let mut runs: Vec<(Dev, Vec<Step>)> = vec![];
         for (s, &d) in spec.steps.iter().zip(devices) {
             match runs.last_mut() {
                 Some((dev, steps)) if *dev == d => steps.push(s.clone()),
@@ -124,8 +154,11 @@ impl HeteroPlan {
             view.outputs = outputs;
             let sub = Specialized { types: spec.types.clone(), constants: spec.constants.clone(), steps, folded: 0 };
             let plan = match device {
-                DeviceKind::Cpu => SegmentPlan::Cpu(CpuPlan::build(&view, ops, &sub)?),
-                DeviceKind::Gpu => SegmentPlan::Gpu(GpuPlan::build(ctx.clone(), &view, ops, &sub, weights)?),
+                Dev::Cpu => SegmentPlan::Cpu(CpuPlan::build(&view, ops, &sub)?),
+                Dev::Gpu(k) => {
+                    let (ctx, weights) = &gpus[k];
+                    SegmentPlan::Gpu(GpuPlan::build(ctx.clone(), &view, ops, &sub, weights)?)
+                }
             };
             segments.push(Segment { graph: view, plan });
         }

@@ -34,9 +34,10 @@ impl SessionOptions {
     }
 }
 
+/// The session's main device (with a GPU, its context is `gpus[0]`).
 enum Backend {
     Cpu,
-    Gpu { ctx: Arc<GpuContext>, weights: gpu::WeightCache },
+    Gpu,
 }
 
 enum Exec {
@@ -74,6 +75,11 @@ pub struct Session {
     ops: Vec<Box<dyn Op>>,
     order: Vec<NodeId>,
     backend: Backend,
+    /// Every GPU the session uses with its uploaded weights: the main GPU first, then
+    /// adapters that placement rules name.
+    gpus: Vec<(Arc<GpuContext>, gpu::WeightCache)>,
+    /// The device of each placement rule.
+    rule_devs: Vec<crate::partition::Dev>,
     plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
     /// Graph inputs whose values (not only types) specialise the model: small integer
     /// inputs that feed shapes, axes or pads. Found on the first run that needs them.
@@ -112,12 +118,13 @@ impl Session {
         let start = Instant::now();
         let symbolic = crate::symbolic::check(&graph, &ops, &order)?;
         log::info!("checked the shapes of '{}' symbolically in {:.1} ms", graph.name, start.elapsed().as_secs_f64() * 1e3);
-        let backend = match gpu::select(&options.device)? {
-            None => Backend::Cpu,
-            Some(adapter) => Backend::Gpu { ctx: gpu::context_for(adapter)?, weights: Default::default() },
+        let (backend, main) = match gpu::select(&options.device)? {
+            None => (Backend::Cpu, None),
+            Some(adapter) => (Backend::Gpu, Some(gpu::context_for(adapter)?)),
         };
-        crate::partition::check_rules(&graph, &options.placement, matches!(backend, Backend::Gpu { .. }))?;
-        Ok(Session { graph, ops, order, backend, plans: Mutex::default(), by_value: Mutex::default(), symbolic, placement: options.placement })
+        let (contexts, rule_devs) = crate::partition::resolve_rules(&graph, &options.placement, main)?;
+        let gpus = contexts.into_iter().map(|c| (c, gpu::WeightCache::default())).collect();
+        Ok(Session { graph, ops, order, backend, gpus, rule_devs, plans: Mutex::default(), by_value: Mutex::default(), symbolic, placement: options.placement })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -127,7 +134,7 @@ impl Session {
     pub fn device_kind(&self) -> DeviceKind {
         match self.backend {
             Backend::Cpu => DeviceKind::Cpu,
-            Backend::Gpu { .. } => DeviceKind::Gpu,
+            Backend::Gpu => DeviceKind::Gpu,
         }
     }
 
@@ -136,7 +143,7 @@ impl Session {
     pub fn device_name(&self) -> String {
         match &self.backend {
             Backend::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
-            Backend::Gpu { ctx, .. } => format!("{} ({:?})", ctx.info.name, ctx.info.backend),
+            Backend::Gpu => format!("{} ({:?})", self.gpus[0].0.info.name, self.gpus[0].0.info.backend),
         }
     }
 
@@ -246,28 +253,7 @@ impl Session {
                     continue;
                 }
             };
-            let exec = match &self.backend {
-                Backend::Cpu => Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, &spec)?),
-                Backend::Gpu { ctx, weights } => {
-                    let devices = crate::partition::place(&self.graph, &self.ops, &spec, &self.placement)?;
-                    if devices.iter().all(|d| *d == DeviceKind::Gpu) {
-                        Exec::Gpu(GpuPlan::build(ctx.clone(), &self.graph, &self.ops, &spec, weights)?)
-                    } else if devices.iter().all(|d| *d == DeviceKind::Cpu) {
-                        Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, &spec)?)
-                    } else {
-                        let hetero = HeteroPlan::build(&self.graph, &self.ops, &spec, &devices, ctx, weights)?;
-                        log::info!(
-                            "'{}' runs in {} segments: {} steps on the CPU, {} on the GPU",
-                            self.graph.name,
-                            hetero.segment_count(),
-                            devices.iter().filter(|d| **d == DeviceKind::Cpu).count(),
-                            devices.iter().filter(|d| **d == DeviceKind::Gpu).count()
-                        );
-                        let consts = self.graph.outputs.iter().filter_map(|o| spec.constants.get(o).map(|t| (*o, t.clone()))).collect();
-                        Exec::Hetero(hetero, consts)
-                    }
-                }
-            };
+            let exec = self.exec(&spec)?;
             let plan = Arc::new(Plan { exec, folded: spec.folded });
             let shapes: Vec<String> = types.iter().map(|t| t.to_string()).collect();
             log::info!(
@@ -310,6 +296,51 @@ impl Session {
     }
 }
 
+impl Session {
+    /// The plan of a specialisation: one device, or segments across devices.
+    fn exec(&self, spec: &Specialized) -> Result<Exec> {
+        use crate::partition::Dev;
+        let main_gpu = matches!(self.backend, Backend::Gpu);
+        if !main_gpu && self.placement.is_empty() {
+            return Ok(Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, spec)?));
+        }
+        let devices = crate::partition::place(&self.graph, &self.ops, spec, &self.placement, &self.rule_devs, main_gpu)?;
+        if main_gpu && devices.iter().all(|d| *d == Dev::Gpu(0)) {
+            let (ctx, weights) = &self.gpus[0];
+            return Ok(Exec::Gpu(GpuPlan::build(ctx.clone(), &self.graph, &self.ops, spec, weights)?));
+        }
+        if devices.iter().all(|d| *d == Dev::Cpu) {
+            return Ok(Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, spec)?));
+        }
+        let hetero = HeteroPlan::build(&self.graph, &self.ops, spec, &devices, &self.gpus)?;
+        log::info!(
+            "'{}' runs in {} segments: {} steps on the CPU, {} on GPUs",
+            self.graph.name,
+            hetero.segment_count(),
+            devices.iter().filter(|d| **d == Dev::Cpu).count(),
+            devices.iter().filter(|d| **d != Dev::Cpu).count()
+        );
+        let consts = self.graph.outputs.iter().filter_map(|o| spec.constants.get(o).map(|t| (*o, t.clone()))).collect();
+        Ok(Exec::Hetero(hetero, consts))
+    }
+
+    /// Where each step of a specialisation runs, by device name.
+    fn step_devices(&self, spec: &Specialized) -> Result<HashMap<NodeId, String>> {
+        use crate::partition::Dev;
+        let main_gpu = matches!(self.backend, Backend::Gpu);
+        let devices = if !main_gpu && self.placement.is_empty() {
+            vec![Dev::Cpu; spec.steps.len()]
+        } else {
+            crate::partition::place(&self.graph, &self.ops, spec, &self.placement, &self.rule_devs, main_gpu)?
+        };
+        let name = |d: Dev| match d {
+            Dev::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
+            Dev::Gpu(k) => format!("{} ({:?})", self.gpus[k].0.info.name, self.gpus[k].0.info.backend),
+        };
+        Ok(spec.steps.iter().map(|s| s.node).zip(devices.into_iter().map(name)).collect())
+    }
+}
+
 /// Creates every node's op; all failures are reported together.
 pub(crate) fn create_ops(graph: &Graph, registry: &Registry) -> Result<Vec<Box<dyn Op>>> {
     let opset = graph.opset();
@@ -348,8 +379,8 @@ pub struct NodeReport {
     pub outputs: Vec<TensorType>,
     /// Work estimate (0 for folded nodes).
     pub cost: kiln_ops::Cost,
-    /// Where it runs (None when folded).
-    pub device: Option<DeviceKind>,
+    /// Where it runs, by device name (None when folded).
+    pub device: Option<String>,
 }
 
 impl Session {
@@ -367,13 +398,7 @@ impl Session {
             Ok(s) => s,
             Err(SpecializeError::Other(e)) | Err(SpecializeError::NeedsValue { error: e, .. }) => return Err(e),
         };
-        let devices: HashMap<NodeId, DeviceKind> = match &self.backend {
-            Backend::Cpu => spec.steps.iter().map(|s| (s.node, DeviceKind::Cpu)).collect(),
-            Backend::Gpu { .. } => {
-                let d = crate::partition::place(&self.graph, &self.ops, &spec, &self.placement)?;
-                spec.steps.iter().map(|s| s.node).zip(d).collect()
-            }
-        };
+        let devices = self.step_devices(&spec)?;
         let live: std::collections::HashSet<NodeId> = spec.steps.iter().map(|s| s.node).collect();
         Ok(self
             .order
@@ -387,7 +412,7 @@ impl Session {
                 } else {
                     kiln_ops::Cost::default()
                 };
-                NodeReport { node: node.name.clone(), op: node.op_type.clone(), folded: !live.contains(&n), outputs, cost, device: devices.get(&n).copied() }
+                NodeReport { node: node.name.clone(), op: node.op_type.clone(), folded: !live.contains(&n), outputs, cost, device: devices.get(&n).cloned() }
             })
             .collect())
     }

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use kiln_graph::{DType, GraphBuilder, Tensor};
 use kiln_ops::{Arg, CpuKernel, Op, Registry, TensorType, WgslKernel};
-use kiln_runtime::{DeviceChoice, DeviceKind, PlacementRule, Session, SessionOptions};
+use kiln_runtime::{DeviceChoice, PlacementRule, Session, SessionOptions};
 
 /// A custom op with only a CPU kernel: y = 2x + 1.
 #[derive(Debug)]
@@ -77,9 +77,9 @@ fn an_op_without_a_gpu_kernel_runs_on_the_cpu_between_gpu_segments() {
     assert_eq!(stats.submits, 2);
     assert_eq!(stats.kernels, 6);
     let report = gpu.report(&[("x", &x)]).unwrap();
-    let placed: Vec<(String, Option<DeviceKind>)> = report.iter().map(|r| (r.op.clone(), r.device)).collect();
-    assert!(placed.contains(&("CpuOnly".to_string(), Some(DeviceKind::Cpu))), "{placed:?}");
-    assert!(placed.contains(&("MatMul".to_string(), Some(DeviceKind::Gpu))), "{placed:?}");
+    let placed: Vec<(String, String)> = report.iter().map(|r| (r.op.clone(), r.device.clone().unwrap_or_default())).collect();
+    assert!(placed.iter().any(|(op, d)| op == "CpuOnly" && d.starts_with("cpu")), "{placed:?}");
+    assert!(placed.iter().any(|(op, d)| op == "MatMul" && d.contains("Vulkan")), "{placed:?}");
 }
 
 #[test]
@@ -107,10 +107,39 @@ fn unsatisfiable_placements_are_clear_errors() {
     let err = |device: DeviceChoice, rules: &[&str]| Session::new(graph(), opts(device, rules)).err().expect("an error").to_string();
     let e = err(DeviceChoice::Gpu, &["Conv=cpu"]);
     assert!(e.contains("'Conv'") && e.contains("no node and no op type"), "{e}");
-    let e = err(DeviceChoice::Cpu, &["Relu=gpu"]);
-    assert!(e.contains("no GPU"), "{e}");
+    let e = err(DeviceChoice::Gpu, &["Relu=gpu:99"]);
+    assert!(e.contains("gpu:99") && e.contains("no adapter"), "{e}");
     let s = Session::new(graph(), opts(DeviceChoice::Gpu, &["CpuOnly=gpu"])).unwrap();
     let e = s.run(&[("x", &rand_f32(&[1, 16], 0))]).unwrap_err().to_string();
     assert!(e.contains("CpuOnly") && e.contains("no GPU kernel"), "{e}");
-    assert!("Relu=tpu".parse::<PlacementRule>().unwrap_err().contains("tpu"));
+    let e = err(DeviceChoice::Gpu, &["Relu=tpu"]);
+    assert!(e.contains("Relu=tpu") && e.contains("tpu"), "{e}");
+    for bad in ["Relu=auto", "=cpu", "Relu"] {
+        assert!(bad.parse::<PlacementRule>().is_err(), "{bad}");
+    }
+}
+
+/// Two adapters of one machine are distinct devices: the GL adapter runs the Tanh and
+/// Sigmoid nodes of a session whose main GPU is the Vulkan adapter; a CPU session can
+/// send work to a GPU too.
+#[test]
+fn several_adapters_and_a_cpu_session_share_one_graph() {
+    gpu_env();
+    let adapters = kiln_runtime::list_devices().adapters;
+    assert!(adapters.len() >= 2, "this test needs two adapters (lavapipe offers Vulkan and GL): {adapters:?}");
+    let gl = adapters.iter().find(|a| a.backend.to_lowercase().contains("gl")).map(|a| format!("gpu:{}", a.index)).expect("a GL adapter");
+    let vk = adapters.iter().find(|a| a.backend.to_lowercase().contains("vulkan")).map(|a| format!("gpu:{}", a.index)).expect("a Vulkan adapter");
+    let x = rand_f32(&[4, 16], 9);
+    let want = Session::new(graph(), opts(DeviceChoice::Cpu, &[])).unwrap().run(&[("x", &x)]).unwrap();
+    let s = Session::new(graph(), opts(DeviceChoice::Adapter(vk.clone()), &[&format!("Tanh={gl}"), &format!("Sigmoid={gl}")])).unwrap();
+    let (got, stats) = s.run_with_stats(&[("x", &x)]).unwrap();
+    assert!(rel_l2(&got[0], &want[0]) < 1e-5);
+    let devices: Vec<String> = s.report(&[("x", &x)]).unwrap().into_iter().filter_map(|r| r.device).collect();
+    assert!(devices.iter().any(|d| d.contains("Gl")) && devices.iter().any(|d| d.contains("Vulkan")) && devices.iter().any(|d| d.starts_with("cpu")), "{devices:?}");
+    assert!(stats.submits >= 2, "{stats:?}");
+    // A CPU session with the MatMul on a GPU.
+    let s = Session::new(graph(), opts(DeviceChoice::Cpu, &[&format!("MatMul={vk}")])).unwrap();
+    let (got, stats) = s.run_with_stats(&[("x", &x)]).unwrap();
+    assert!(rel_l2(&got[0], &want[0]) < 1e-5);
+    assert_eq!(stats.submits, 1);
 }

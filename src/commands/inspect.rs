@@ -85,14 +85,7 @@ pub fn main(args: Args) -> Result<()> {
     let (_, stats) = session.run_with_stats(&refs)?;
     let device = session.device_name();
     let order = graph.validate()?;
-    let devices: Vec<String> = report
-        .iter()
-        .map(|r| match r.device {
-            None => "host (folded)".to_string(),
-            Some(kiln::runtime::DeviceKind::Cpu) => if device.starts_with("cpu") { device.clone() } else { "cpu".to_string() },
-            Some(kiln::runtime::DeviceKind::Gpu) => device.clone(),
-        })
-        .collect();
+    let devices: Vec<String> = report.iter().map(|r| r.device.clone().unwrap_or_else(|| "host (folded)".to_string())).collect();
     let rows: Vec<(String, String, String, String, u64, u64, bool)> = order
         .iter()
         .zip(&report)
