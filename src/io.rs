@@ -31,8 +31,9 @@ pub fn load_graph(model: &Path, no_passes: bool) -> Result<kiln::graph::Graph> {
 /// overrides (`OP_OR_NODE=cpu|gpu`).
 pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool, place: &[String]) -> Result<Session> {
     let graph = load_graph(model, no_passes)?;
-    let placement = place.iter().map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
-    let options = SessionOptions { device: device.clone(), registry: None, placement };
+    let auto_place = place.iter().any(|p| p == "auto");
+    let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
+    let options = SessionOptions { device: device.clone(), registry: None, placement, auto_place };
     Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))
 }
 

@@ -20,11 +20,14 @@ pub struct SessionOptions {
     /// Placement overrides by node name or op type (a GPU session runs the rest on the
     /// GPU where a kernel exists, on the CPU otherwise).
     pub placement: Vec<crate::PlacementRule>,
+    /// Place the other nodes of a GPU session by the cost model (each device measured
+    /// once per process, `partition::calibrate`) instead of "GPU where possible".
+    pub auto_place: bool,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { device: DeviceChoice::Auto, registry: None, placement: vec![] }
+        SessionOptions { device: DeviceChoice::Auto, registry: None, placement: vec![], auto_place: false }
     }
 }
 
@@ -86,6 +89,8 @@ pub struct Session {
     by_value: Mutex<Vec<usize>>,
     symbolic: crate::symbolic::SymbolicShapes,
     placement: Vec<crate::PlacementRule>,
+    /// The device profiles (CPU, main GPU) of cost-model placement, when asked for.
+    auto_place: Option<(crate::partition::DeviceProfile, crate::partition::DeviceProfile)>,
 }
 
 /// What a specialisation depends on: input types, and the values of inputs bound by value.
@@ -124,7 +129,14 @@ impl Session {
         };
         let (contexts, rule_devs) = crate::partition::resolve_rules(&graph, &options.placement, main)?;
         let gpus = contexts.into_iter().map(|c| (c, gpu::WeightCache::default())).collect();
-        Ok(Session { graph, ops, order, backend, gpus, rule_devs, plans: Mutex::default(), by_value: Mutex::default(), symbolic, placement: options.placement })
+        let auto_place = match (options.auto_place, &backend) {
+            (true, Backend::Gpu) => Some((crate::partition::calibrate(&DeviceChoice::Cpu)?, crate::partition::calibrate(&options.device)?)),
+            (true, Backend::Cpu) => {
+                return Err(RuntimeError::Placement("cost-model placement chooses between the CPU and a GPU; this session has no GPU".into()))
+            }
+            _ => None,
+        };
+        Ok(Session { graph, ops, order, backend, gpus, rule_devs, plans: Mutex::default(), by_value: Mutex::default(), symbolic, placement: options.placement, auto_place })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -304,7 +316,7 @@ impl Session {
         if !main_gpu && self.placement.is_empty() {
             return Ok(Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, spec)?));
         }
-        let devices = crate::partition::place(&self.graph, &self.ops, spec, &self.placement, &self.rule_devs, main_gpu)?;
+        let devices = crate::partition::place(&self.graph, &self.ops, spec, &self.placement, &self.rule_devs, main_gpu, self.auto_place)?;
         if main_gpu && devices.iter().all(|d| *d == Dev::Gpu(0)) {
             let (ctx, weights) = &self.gpus[0];
             return Ok(Exec::Gpu(GpuPlan::build(ctx.clone(), &self.graph, &self.ops, spec, weights)?));
@@ -331,7 +343,7 @@ impl Session {
         let devices = if !main_gpu && self.placement.is_empty() {
             vec![Dev::Cpu; spec.steps.len()]
         } else {
-            crate::partition::place(&self.graph, &self.ops, spec, &self.placement, &self.rule_devs, main_gpu)?
+            crate::partition::place(&self.graph, &self.ops, spec, &self.placement, &self.rule_devs, main_gpu, self.auto_place)?
         };
         let name = |d: Dev| match d {
             Dev::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),

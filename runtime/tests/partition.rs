@@ -61,7 +61,7 @@ fn graph() -> kiln_graph::Graph {
 }
 
 fn opts(device: DeviceChoice, rules: &[&str]) -> SessionOptions {
-    SessionOptions { device, registry: Some(registry()), placement: rules.iter().map(|r| r.parse().unwrap()).collect() }
+    SessionOptions { device, registry: Some(registry()), placement: rules.iter().map(|r| r.parse().unwrap()).collect(), auto_place: false }
 }
 
 #[test]
@@ -142,4 +142,29 @@ fn several_adapters_and_a_cpu_session_share_one_graph() {
     let (got, stats) = s.run_with_stats(&[("x", &x)]).unwrap();
     assert!(rel_l2(&got[0], &want[0]) < 1e-5);
     assert_eq!(stats.submits, 1);
+}
+
+/// Cost-model placement measures the devices and, with lavapipe (a GPU emulated on the
+/// CPU, far slower than native kernels), keeps the work on the CPU; results still match.
+#[test]
+fn the_cost_model_measures_devices_and_keeps_work_off_a_software_gpu() {
+    gpu_env();
+    let cpu = kiln_runtime::calibrate(&DeviceChoice::Cpu).unwrap();
+    let gpu = kiln_runtime::calibrate(&DeviceChoice::Gpu).unwrap();
+    for p in [cpu, gpu] {
+        assert!(p.flops_per_s > 1e6 && p.bytes_per_s > 1e6 && p.launch_s > 0.0 && p.segment_s >= 0.0, "{p:?}");
+    }
+    assert!(cpu.flops_per_s > gpu.flops_per_s, "lavapipe should be slower than native kernels: {cpu:?} vs {gpu:?}");
+    let x = rand_f32(&[8, 16], 4);
+    let want = Session::new(graph(), opts(DeviceChoice::Cpu, &[])).unwrap().run(&[("x", &x)]).unwrap();
+    let mut o = opts(DeviceChoice::Gpu, &[]);
+    o.auto_place = true;
+    let s = Session::new(graph(), o).unwrap();
+    let (got, stats) = s.run_with_stats(&[("x", &x)]).unwrap();
+    assert!(rel_l2(&got[0], &want[0]) < 1e-6);
+    assert_eq!(stats.submits, 0, "every step is cheaper on the CPU here");
+    // A CPU session cannot choose a GPU by cost.
+    let mut o = opts(DeviceChoice::Cpu, &[]);
+    o.auto_place = true;
+    assert!(Session::new(graph(), o).err().expect("an error").to_string().contains("no GPU"));
 }

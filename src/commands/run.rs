@@ -23,8 +23,10 @@ pub struct Args {
     /// Run the imported graph as is, without the graph passes (fusion, ...).
     #[arg(long)]
     no_passes: bool,
-    /// Place nodes (by name or op type) on a device: OP_OR_NODE=cpu|gpu (repeatable);
-    /// on a GPU the rest runs on the GPU where a kernel exists, else on the CPU.
+    /// Place nodes (by name or op type) on a device: OP_OR_NODE=DEVICE with cpu, gpu,
+    /// gpu:N or an adapter name (repeatable); `auto` places the rest by the cost model
+    /// (devices measured once); otherwise a GPU session runs the rest on the GPU where a
+    /// kernel exists, else on the CPU.
     #[arg(long = "place")]
     place: Vec<String>,
     /// Print one JSON object instead of text.
