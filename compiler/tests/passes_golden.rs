@@ -190,3 +190,25 @@ fn fuse_bias() {
     let g = finish(b, &[(z, "z")]);
     assert_eq!(golden("fuse_bias", g, passes::fuse_bias, &[2, 5, 8]), 1);
 }
+
+#[test]
+fn fuse_layernorm() {
+    let mut b = GraphBuilder::new("ln");
+    let x = x_input(&mut b, &[5, 8]);
+    let axes = [("axes", Attr::Ints(vec![-1]))];
+    let m = b.node("ReduceMean", &[x], &axes);
+    let d = b.node("Sub", &[x, m], &[]);
+    let two = b.constant("two", Tensor::scalar(2f32));
+    let p = b.node("Pow", &[d, two], &[]);
+    let v = b.node("ReduceMean", &[p], &axes);
+    let eps = b.constant("eps", Tensor::scalar(1e-5f32));
+    let a = b.node("Add", &[v, eps], &[]);
+    let s = b.node("Sqrt", &[a], &[]);
+    let n = b.node("Div", &[d, s], &[]);
+    let gamma = b.constant("gamma", t(&[8], 1));
+    let scaled = b.node("Mul", &[n, gamma], &[]);
+    let beta = b.constant("beta", t(&[8], 2));
+    let y = b.node("Add", &[scaled, beta], &[]);
+    let g = finish(b, &[(y, "y")]);
+    assert_eq!(golden("fuse_layernorm", g, passes::fuse_layernorm, &[2, 5, 8]), 1);
+}

@@ -9,6 +9,7 @@ mod fold_constants;
 mod fuse_activation;
 mod fuse_bias;
 mod fuse_elementwise;
+mod fuse_layernorm;
 
 pub use algebraic::simplify_algebra;
 pub use cse::eliminate_common_subexpressions;
@@ -19,6 +20,7 @@ pub use fold_constants::fold_constants;
 pub use fuse_activation::fuse_activation;
 pub use fuse_bias::fuse_bias;
 pub use fuse_elementwise::fuse_elementwise;
+pub use fuse_layernorm::fuse_layernorm;
 
 use kiln_graph::{Graph, NodeId, ValueId};
 
@@ -37,6 +39,7 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "cse", run: eliminate_common_subexpressions },
     Pass { name: "simplify-algebra", run: simplify_algebra },
     Pass { name: "eliminate-dead", run: eliminate_dead },
+    Pass { name: "fuse-layernorm", run: fuse_layernorm },
     Pass { name: "fuse-bias", run: fuse_bias },
     Pass { name: "fuse-activation", run: fuse_activation },
     Pass { name: "fuse-elementwise", run: fuse_elementwise },
