@@ -5,7 +5,7 @@ For each zoo model: `kiln bench --json` (CPU, and the GPU with --gpu) on one dat
 of the model (--data-set, default the first), and onnxruntime's CPU session (graph optimisations on,
 intra_op_num_threads=2, the same inputs), median of the same number of runs.
 
-Usage: scripts/bench_vs_onnxruntime.py [--iters N] [--gpu] [--kiln PATH] [MODEL ...]
+Usage: scripts/bench_vs_onnxruntime.py [--iters N] [--gpu] [--compare-passes] [--data-set N] [--kiln PATH] [MODEL ...]
 Prints a table and, with --json, one JSON object.
 """
 import argparse
@@ -53,8 +53,8 @@ def bench_ort(model, feeds, iters, warmup):
     return statistics.median(times)
 
 
-def bench_kiln(kiln, model, inputs, device, iters, warmup):
-    cmd = [kiln, "bench", model, "--device", device, "--iters", str(iters), "--warmup", str(warmup), "--json"]
+def bench_kiln(kiln, model, inputs, device, iters, warmup, extra=()):
+    cmd = [kiln, "bench", model, "--device", device, "--iters", str(iters), "--warmup", str(warmup), "--json", *extra]
     for name, path, _ in inputs:
         cmd += ["-i", f"{name}={path}"]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -73,6 +73,8 @@ def main():
     ap.add_argument("--kiln", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release", "kiln"))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--data-set", type=int, default=0, help="which test_data_set_N of each model to feed")
+    ap.add_argument("--compare-passes", action="store_true",
+                    help="also run kiln without its graph passes (before/after fusion)")
     args = ap.parse_args()
     zoo = os.environ.get("KILN_ZOO", os.path.join(ROOT, "..", "shared", "zoo"))
     rows = []
@@ -84,16 +86,26 @@ def main():
         ort_ms = bench_ort(model, feeds, args.iters, args.warmup)
         k = bench_kiln(args.kiln, model, inputs, "cpu", args.iters, args.warmup)
         row = {"model": m, "ort_cpu_ms": ort_ms, "kiln_cpu_ms": k["median_ms"], "ratio": k["median_ms"] / ort_ms,
-               "kiln_cpu_kernels": k["kernels_per_run"]}
+               "kiln_cpu_kernels": k["kernels_per_run"], "kiln_cpu_memory": k.get("memory")}
+        if args.compare_passes:
+            k0 = bench_kiln(args.kiln, model, inputs, "cpu", args.iters, args.warmup, ["--no-passes"])
+            row.update({"kiln_cpu_ms_no_passes": k0["median_ms"], "kiln_cpu_kernels_no_passes": k0["kernels_per_run"]})
         if args.gpu:
             g = bench_kiln(args.kiln, model, inputs, "gpu", args.gpu_iters, 1)
             row.update({"kiln_gpu_ms": g["median_ms"], "gpu_device": g["device"], "gpu_submits": g["submits_per_run"],
                         "gpu_kernels": g["kernels_per_run"]})
+            if args.compare_passes:
+                g0 = bench_kiln(args.kiln, model, inputs, "gpu", args.gpu_iters, 1, ["--no-passes"])
+                row.update({"kiln_gpu_ms_no_passes": g0["median_ms"], "gpu_kernels_no_passes": g0["kernels_per_run"]})
         rows.append(row)
         if not args.json:
             line = f"{m:14} onnxruntime {ort_ms:8.2f} ms   kiln cpu {k['median_ms']:8.2f} ms   ratio {row['ratio']:5.2f}x"
+            if args.compare_passes:
+                line += f" ({row['kiln_cpu_kernels']} kernels; without passes {row['kiln_cpu_ms_no_passes']:.2f} ms, {row['kiln_cpu_kernels_no_passes']} kernels)"
             if args.gpu:
                 line += f"   kiln gpu {row['kiln_gpu_ms']:9.1f} ms ({row['gpu_submits']} submit/run, {row['gpu_kernels']} kernels)"
+                if args.compare_passes:
+                    line += f" (without passes {row['kiln_gpu_ms_no_passes']:.1f} ms, {row['gpu_kernels_no_passes']} kernels)"
             print(line, flush=True)
     if args.json:
         print(json.dumps({"onnxruntime": ort.__version__, "rows": rows}))
