@@ -8,11 +8,16 @@ use std::path::Path;
 /// Opens a model for a session: a `.kiln` artifact is loaded as compiled (no import, no
 /// passes); an `.onnx` file is imported and, unless `no_passes`, optimised.
 pub fn load_graph(model: &Path, no_passes: bool) -> Result<kiln::graph::Graph> {
+    Ok(load_model(model, no_passes)?.0)
+}
+
+/// Like [`load_graph`], also returning the artifact's info for a `.kiln` file.
+pub fn load_model(model: &Path, no_passes: bool) -> Result<(kiln::graph::Graph, Option<kiln::runtime::artifact::ArtifactInfo>)> {
     match model.extension().and_then(|e| e.to_str()) {
         Some("kiln") => {
             let (graph, info) = kiln::runtime::artifact::load(model)?;
             log::info!("loaded {} (compiled by kiln {} from {} for device '{}')", model.display(), info.kiln_version, info.source, info.device);
-            Ok(graph)
+            Ok((graph, Some(info)))
         }
         Some("onnx") | None => {
             let mut graph = kiln::compiler::onnx::import_file(model).with_context(|| format!("cannot import {}", model.display()))?;
@@ -21,7 +26,7 @@ pub fn load_graph(model: &Path, no_passes: bool) -> Result<kiln::graph::Graph> {
                     log::info!("pass {}: {} change(s)", r.name, r.changes);
                 }
             }
-            Ok(graph)
+            Ok((graph, None))
         }
         Some(ext) => bail!("{}: unknown model format '.{ext}' (expected .onnx or .kiln)", model.display()),
     }
@@ -30,11 +35,17 @@ pub fn load_graph(model: &Path, no_passes: bool) -> Result<kiln::graph::Graph> {
 /// Loads a model (see [`load_graph`]) and opens a session on `device`, with placement
 /// overrides (`OP_OR_NODE=cpu|gpu`).
 pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool, place: &[String]) -> Result<Session> {
-    let graph = load_graph(model, no_passes)?;
+    let (graph, info) = load_model(model, no_passes)?;
     let auto_place = place.iter().any(|p| p == "auto");
     let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
     let options = SessionOptions { device: device.clone(), registry: None, placement, auto_place };
-    Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))
+    let session = Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
+    if let Some(info) = info {
+        // Kernels generated at compile time: build their pipelines now.
+        let n = session.prebuild_kernels(&info.wgsl)?;
+        log::info!("built {n} stored kernels");
+    }
+    Ok(session)
 }
 
 /// Reads a tensor from .npy or from a serialized ONNX TensorProto (.pb).

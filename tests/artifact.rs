@@ -93,3 +93,27 @@ fn the_runtime_does_not_link_the_compiler_or_protobuf() {
         assert!(!tree.contains(banned), "kiln-runtime depends on {banned}");
     }
 }
+
+/// For a GPU with every dim fixed, the artifact carries the generated WGSL; loading
+/// builds those pipelines, and the first run finds them.
+#[test]
+fn gpu_artifacts_carry_their_kernels() {
+    gpu_env();
+    let out = std::env::temp_dir().join(format!("kiln-artifact-{}-lenet-gpu.kiln", std::process::id()));
+    let src = zoo().join("lenet").join("model.onnx");
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln")).args(["compile", src.to_str().unwrap(), "-o", out.to_str().unwrap(), "--device", "gpu"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (graph, info) = artifact::load(&out).unwrap();
+    assert!(!info.wgsl.is_empty(), "no kernels stored");
+    assert!(info.wgsl.iter().all(|k| k.source.contains("@compute") && !k.read_only.is_empty()));
+    let s = Session::new(graph, SessionOptions::device(kiln::runtime::DeviceChoice::Gpu)).unwrap();
+    assert_eq!(s.prebuild_kernels(&info.wgsl).unwrap(), info.wgsl.len());
+    let set = &data_sets(&zoo().join("lenet"))[0];
+    let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let outs = s.run(&inputs).unwrap();
+    assert!(rel_l2(&outs[0], &set.outputs[0]) < 1e-3);
+    // The run used exactly the stored kernels.
+    let used = s.kernel_records().unwrap();
+    assert!(used.iter().all(|k| info.wgsl.contains(k)), "a kernel was generated that the artifact lacks");
+    std::fs::remove_file(out).ok();
+}

@@ -43,9 +43,9 @@ pub struct ArtifactInfo {
     pub fixed: Vec<(String, usize)>,
     /// What each graph pass changed.
     pub passes: Vec<(String, usize)>,
-    /// WGSL kernels generated at compile time for the fixed shapes (label, source):
-    /// compiled into pipelines when the artifact is loaded for a GPU.
-    pub wgsl: Vec<(String, String)>,
+    /// WGSL kernels generated at compile time (for a GPU, with every input dim fixed):
+    /// built into pipelines when the artifact is loaded on that GPU.
+    pub wgsl: Vec<crate::KernelRecord>,
 }
 
 #[derive(Serialize, Deserialize)]

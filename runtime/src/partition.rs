@@ -229,6 +229,17 @@ impl HeteroPlan {
         Ok((outs, kernels, submits))
     }
 
+    /// The GPU kernels of every GPU segment.
+    pub fn kernel_records(&self) -> Vec<gpu::KernelRecord> {
+        self.segments
+            .iter()
+            .flat_map(|s| match &s.plan {
+                SegmentPlan::Gpu(p) => p.kernel_records(),
+                SegmentPlan::Cpu(_) => vec![],
+            })
+            .collect()
+    }
+
     pub fn segment_count(&self) -> usize {
         self.segments.len()
     }

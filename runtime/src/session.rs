@@ -353,6 +353,38 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Every WGSL kernel of the specialisations built so far, each once (for `.kiln`
+    /// artifacts: `kiln compile` stores them for fixed shapes).
+    pub fn kernel_records(&self) -> Result<Vec<gpu::KernelRecord>> {
+        let plans = self.plans.lock().map_err(|_| poisoned())?;
+        let mut out: Vec<gpu::KernelRecord> = vec![];
+        for p in plans.values() {
+            let records = match &p.exec {
+                Exec::Gpu(g) => g.kernel_records(),
+                Exec::Hetero(h, _) => h.kernel_records(),
+                Exec::Cpu(_) => vec![],
+            };
+            for r in records {
+                if !out.contains(&r) {
+                    out.push(r);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Builds the pipelines of stored kernels on the session's GPU ahead of the first run
+    /// (whose plan then finds them cached); returns how many. Nothing on a CPU session.
+    pub fn prebuild_kernels(&self, kernels: &[gpu::KernelRecord]) -> Result<usize> {
+        let Some((ctx, _)) = self.gpus.first().filter(|_| matches!(self.backend, Backend::Gpu)) else { return Ok(0) };
+        for k in kernels {
+            ctx.pipeline(&k.label, &k.source, &k.entry, &k.read_only)?;
+        }
+        Ok(kernels.len())
+    }
+}
+
 /// Creates every node's op; all failures are reported together.
 pub(crate) fn create_ops(graph: &Graph, registry: &Registry) -> Result<Vec<Box<dyn Op>>> {
     let opset = graph.opset();

@@ -61,22 +61,40 @@ pub fn main(args: Args) -> Result<()> {
     // limits) before writing anything.
     let session = Session::new(graph.clone(), SessionOptions::device(args.device.clone()))
         .with_context(|| format!("{} does not compile for device '{}'", args.model.display(), args.device))?;
+    // With every input dim fixed, a GPU target's kernels are generated now and stored.
+    let fixed_shapes = graph.inputs.iter().all(|&v| graph.values[v].ty.as_ref().is_some_and(|t| t.shape.is_fixed()));
+    let wgsl = if fixed_shapes && session.device_kind() == kiln::runtime::DeviceKind::Gpu {
+        let inputs = io::complete_inputs(&session, vec![], &Default::default());
+        let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        session.run(&refs).with_context(|| format!("{} does not run on '{}' with its fixed shapes", args.model.display(), args.device))?;
+        session.kernel_records()?
+    } else {
+        vec![]
+    };
     let info = ArtifactInfo {
         kiln_version: env!("CARGO_PKG_VERSION").into(),
         source: args.model.display().to_string(),
         device: args.device.to_string(),
         fixed: fixed_list,
         passes,
-        wgsl: vec![],
+        wgsl,
     };
     let out = args.output.clone().unwrap_or_else(|| args.model.with_extension("kiln"));
     artifact::save(&out, &graph, &info)?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     if args.json {
-        println!("{}", serde_json::json!({"model": args.model, "artifact": out, "bytes": bytes, "compile_ms": ms, "nodes": graph.nodes.len(), "device": session.device_name(), "passes": info.passes}));
+        println!("{}", serde_json::json!({"model": args.model, "artifact": out, "bytes": bytes, "compile_ms": ms, "nodes": graph.nodes.len(), "device": session.device_name(), "passes": info.passes, "kernels": info.wgsl.len()}));
     } else {
-        println!("{} -> {} ({} bytes, {} nodes) for {} in {ms:.0} ms", args.model.display(), out.display(), bytes, graph.nodes.len(), session.device_name());
+        println!(
+            "{} -> {} ({} bytes, {} nodes, {} WGSL kernels) for {} in {ms:.0} ms",
+            args.model.display(),
+            out.display(),
+            bytes,
+            graph.nodes.len(),
+            info.wgsl.len(),
+            session.device_name()
+        );
         for (name, n) in &info.passes {
             println!("  pass {name}: {n} change(s)");
         }

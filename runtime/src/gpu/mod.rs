@@ -152,6 +152,19 @@ pub(crate) struct GpuContext {
 pub(crate) struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
+    /// What it was built from (artifacts store these to prebuild pipelines).
+    pub record: KernelRecord,
+}
+
+/// A generated WGSL kernel, as `.kiln` artifacts store it: enough to build its pipeline
+/// again without the op that generated it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KernelRecord {
+    pub label: String,
+    pub source: String,
+    pub entry: String,
+    /// Per binding: read-only storage or not.
+    pub read_only: Vec<bool>,
 }
 
 /// The open device of an adapter, shared by every session on it (one device per
@@ -260,7 +273,8 @@ impl GpuContext {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(RuntimeError::Gpu(format!("kernel '{label}': pipeline creation failed: {e}")));
         }
-        let p = Arc::new(Pipeline { pipeline, layout });
+        let record = KernelRecord { label: label.to_string(), source: source.to_string(), entry: entry.to_string(), read_only: read_only.to_vec() };
+        let p = Arc::new(Pipeline { pipeline, layout, record });
         self.pipelines.lock().map_err(|_| poisoned())?.insert(key, p.clone());
         Ok(p)
     }

@@ -260,6 +260,11 @@ impl GpuPlan {
         Ok(GpuPlan { ctx, consts, run_sizes, inputs, dispatches, outputs, statuses, pool: Mutex::default() })
     }
 
+    /// The kernels this plan dispatches (for artifacts).
+    pub fn kernel_records(&self) -> Vec<super::KernelRecord> {
+        self.dispatches.iter().map(|d| d.pipeline.record.clone()).collect()
+    }
+
     pub fn dispatch_count(&self) -> usize {
         self.dispatches.iter().filter(|d| d.workgroups.iter().all(|&w| w > 0)).count()
     }
