@@ -34,3 +34,24 @@ fn poisoned_recycled_buffers_do_not_change_results_and_the_plan_is_tight() {
         }
     }
 }
+
+/// The GPU plan shares device buffers between intermediates too: results still match
+/// on two runs, and the buffers shrink well below one per value.
+#[test]
+fn gpu_buffers_are_shared_by_lifetime() {
+    gpu_env();
+    for model in ["squeezenet1_1", "bert_tiny"] {
+        let dir = zoo().join(model);
+        let mut g = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap();
+        kiln::compiler::passes::optimize(&mut g);
+        let s = Session::new(g, SessionOptions::device(DeviceChoice::Gpu)).unwrap();
+        let set = &data_sets(&dir)[0];
+        let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        for _ in 0..2 {
+            let (outs, stats) = s.run_with_stats(&inputs).unwrap();
+            assert!(rel_l2(&outs[0], &set.outputs[0]) < 1e-3, "{model}");
+            let m = stats.memory.expect("a one-device GPU run reports its memory plan");
+            assert!(m.lower_bound <= m.planned && 2 * m.planned < m.unshared, "{model}: {m:?}");
+        }
+    }
+}

@@ -67,7 +67,8 @@ pub struct RunStats {
     pub folded_nodes: usize,
     /// Whether this run built a new specialisation.
     pub specialized: bool,
-    /// The CPU memory plan of this specialisation (None on a GPU).
+    /// The memory plan of this specialisation's intermediates, on its one device (None
+    /// when it runs across devices).
     pub memory: Option<crate::cpu::MemoryPlan>,
 }
 
@@ -302,7 +303,8 @@ impl Session {
         };
         let memory = match &plan.exec {
             Exec::Cpu(p) => Some(p.memory),
-            _ => None,
+            Exec::Gpu(p) => Some(p.memory),
+            Exec::Hetero(..) => None,
         };
         Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized, memory }))
     }

@@ -50,6 +50,8 @@ pub(crate) struct GpuPlan {
     outputs: Vec<OutputSource>,
     /// (run buffer, node name, op type) of every node whose kernels report bad data.
     statuses: Vec<(usize, String, String)>,
+    /// Device memory of the per-run buffers (bytes): planned, lower bound, unshared.
+    pub memory: crate::cpu::MemoryPlan,
     pool: Mutex<Vec<ExecState>>,
 }
 
@@ -62,6 +64,61 @@ struct ExecState {
     staging: Vec<Option<wgpu::Buffer>>,
     /// Every status word, copied after the pass (one readback with the outputs).
     status_staging: Option<wgpu::Buffer>,
+}
+
+/// GPU memory plan: run buffers in `shareable` whose uses (first to last dispatch that
+/// binds them) do not overlap share one device buffer, largest first, best fit; the
+/// others keep their own. Returns each run buffer's physical buffer and their sizes.
+/// Dispatches of one pass are ordered, and wgpu orders a write after earlier reads of the
+/// same buffer, so reuse is safe.
+fn share_buffers(dispatches: &[PlannedDispatch], sizes: &[u64], shareable: &std::collections::HashSet<usize>) -> (Vec<usize>, Vec<u64>) {
+    let mut span: Vec<Option<(usize, usize)>> = vec![None; sizes.len()];
+    for (k, d) in dispatches.iter().enumerate() {
+        for b in &d.bindings {
+            if let Buf::Run(r) = b {
+                span[*r] = Some(span[*r].map_or((k, k), |(a, _)| (a, k)));
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by_key(|&r| (std::cmp::Reverse(sizes[r]), r));
+    let mut physical = vec![0usize; sizes.len()];
+    let mut phys_sizes: Vec<u64> = vec![];
+    let mut tenants: Vec<Option<Vec<(usize, usize)>>> = vec![];
+    for r in order {
+        let fit = match (shareable.contains(&r), span[r]) {
+            (true, Some((a, b))) => (0..phys_sizes.len())
+                .filter(|&p| phys_sizes[p] >= sizes[r])
+                .filter(|&p| tenants[p].as_ref().is_some_and(|t| t.iter().all(|&(x, y)| y < a || b < x)))
+                .min_by_key(|&p| phys_sizes[p]),
+            _ => None,
+        };
+        let p = fit.unwrap_or_else(|| {
+            phys_sizes.push(sizes[r]);
+            tenants.push(if shareable.contains(&r) && span[r].is_some() { Some(vec![]) } else { None });
+            phys_sizes.len() - 1
+        });
+        if let (Some(t), Some(s)) = (tenants[p].as_mut(), span[r]) {
+            t.push(s);
+        }
+        physical[r] = p;
+    }
+    (physical, phys_sizes)
+}
+
+/// The largest total of run buffers alive (bound by an earlier and by a later or the
+/// current dispatch) at one dispatch: the lower bound of any plan, from the logical
+/// buffers before sharing.
+fn live_peak(dispatches: &[PlannedDispatch], sizes: &[u64]) -> u64 {
+    let mut span: Vec<Option<(usize, usize)>> = vec![None; sizes.len()];
+    for (k, d) in dispatches.iter().enumerate() {
+        for b in &d.bindings {
+            if let Buf::Run(r) = b {
+                span[*r] = Some(span[*r].map_or((k, k), |(a, _)| (a, k)));
+            }
+        }
+    }
+    (0..dispatches.len()).map(|k| sizes.iter().zip(&span).filter(|(_, s)| s.is_some_and(|(a, b)| a <= k && k <= b)).map(|(z, _)| *z).sum::<u64>()).max().unwrap_or(0)
 }
 
 fn gpu_bytes(t: &TensorType) -> u64 {
@@ -88,6 +145,9 @@ impl GpuPlan {
         let max_binding = ctx.limits.max_storage_buffer_binding_size as u64;
         let mut consts: Vec<Arc<wgpu::Buffer>> = vec![];
         let mut run_sizes: Vec<u64> = vec![];
+        // Run buffers that may share memory with others (outputs of kernels that write
+        // every element); graph outputs are taken out again below.
+        let mut shareable: std::collections::HashSet<usize> = Default::default();
         let mut where_is: HashMap<ValueId, Buf> = HashMap::new();
         let check_size = |bytes: u64, what: &str| -> Result<()> {
             if bytes > max_binding {
@@ -171,6 +231,9 @@ impl GpuPlan {
             for (k, &o) in step.outputs.iter().enumerate() {
                 check_size(gpu_bytes(&out_types[k]), &format!("output {k} of node '{}' ({})", node.name, node.op_type))?;
                 where_is.insert(o, Buf::Run(run_sizes.len()));
+                if op.overwrites_outputs() {
+                    shareable.insert(run_sizes.len());
+                }
                 run_sizes.push(gpu_bytes(&out_types[k]));
             }
             let scratch: Vec<Buf> = program
@@ -256,8 +319,41 @@ impl GpuPlan {
                 }
             }
         }
+        for o in &outputs {
+            if let OutputSource::Buffer(b, _) | OutputSource::Halves(b, _) = o {
+                shareable.remove(b);
+            }
+        }
+        let lower_bound = live_peak(&dispatches, &run_sizes);
+        let (physical, sizes) = share_buffers(&dispatches, &run_sizes, &shareable);
+        let remap = |b: &mut Buf| {
+            if let Buf::Run(r) = b {
+                *r = physical[*r];
+            }
+        };
+        for d in &mut dispatches {
+            d.bindings.iter_mut().for_each(remap);
+        }
+        for (_, r, _) in &mut inputs {
+            *r = physical[*r];
+        }
+        for (r, _, _) in &mut statuses {
+            *r = physical[*r];
+        }
+        for o in &mut outputs {
+            if let OutputSource::Buffer(b, _) | OutputSource::Halves(b, _) = o {
+                *b = physical[*b];
+            }
+        }
+        let memory = crate::cpu::MemoryPlan {
+            planned: sizes.iter().sum(),
+            lower_bound,
+            unshared: run_sizes.iter().sum(),
+        };
+        log::debug!("GPU memory plan: {} run buffers in {} device buffers: {memory:?}", run_sizes.len(), sizes.len());
+        let run_sizes = sizes;
         ctx.take_error()?;
-        Ok(GpuPlan { ctx, consts, run_sizes, inputs, dispatches, outputs, statuses, pool: Mutex::default() })
+        Ok(GpuPlan { ctx, consts, run_sizes, inputs, dispatches, outputs, statuses, memory, pool: Mutex::default() })
     }
 
     /// The kernels this plan dispatches (for artifacts).
