@@ -212,3 +212,22 @@ fn fuse_layernorm() {
     let g = finish(b, &[(y, "y")]);
     assert_eq!(golden("fuse_layernorm", g, passes::fuse_layernorm, &[2, 5, 8]), 1);
 }
+
+#[test]
+fn fuse_residual() {
+    let mut b = GraphBuilder::new("residual");
+    let x = x_input(&mut b, &[5, 8]);
+    let w = b.constant("w", t(&[8, 8], 1));
+    let h = b.node("MatMul", &[x, w], &[]);
+    let bias = b.constant("bias", t(&[8], 2));
+    let hb = b.node("Add", &[h, bias], &[]);
+    let y = b.node("Add", &[x, hb], &[]); // the skip connection
+    let w2 = b.constant("w2", t(&[8, 4], 3));
+    let h2 = b.node("MatMul", &[y, w2], &[]);
+    let e = b.node("Exp", &[h2], &[]);
+    let out = b.node("Add", &[h2, e], &[]); // h2 has two readers: not fused
+    let g = finish(b, &[(out, "out"), (y, "y")]);
+    let mut g2 = g.clone();
+    passes::fuse_bias(&mut g2);
+    assert_eq!(golden("fuse_residual", g2, passes::fuse_residual, &[2, 5, 8]), 1);
+}

@@ -10,6 +10,7 @@ mod fuse_activation;
 mod fuse_bias;
 mod fuse_elementwise;
 mod fuse_layernorm;
+mod fuse_residual;
 
 pub use algebraic::simplify_algebra;
 pub use cse::eliminate_common_subexpressions;
@@ -21,6 +22,7 @@ pub use fuse_activation::fuse_activation;
 pub use fuse_bias::fuse_bias;
 pub use fuse_elementwise::fuse_elementwise;
 pub use fuse_layernorm::fuse_layernorm;
+pub use fuse_residual::fuse_residual;
 
 use kiln_graph::{Graph, NodeId, ValueId};
 
@@ -31,7 +33,9 @@ pub struct Pass {
     pub run: fn(&mut Graph) -> usize,
 }
 
-/// The passes [`optimize`] runs, in order.
+/// The passes [`optimize`] runs, in order. (`fuse_residual` is not among them: on the
+/// CPU the gemm crate's accumulate path made bert_tiny slower (2.14 against 1.85 ms),
+/// so it stays a tested pass to enable per device once the cost model can tell.)
 pub const PASSES: &[Pass] = &[
     Pass { name: "eliminate-identity", run: eliminate_identity },
     Pass { name: "fold-constants", run: fold_constants },

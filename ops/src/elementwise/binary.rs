@@ -282,6 +282,29 @@ pub(crate) fn map2<T: Element, U: Element>(a: &Tensor, b: &Tensor, out: &mut Ten
                 }
             }
         });
+    } else if dims.last().is_some_and(|&n| n > 1) {
+        // General broadcast, a row of the last dim at a time: the row's start offsets
+        // from the outer index, then a stride-0/1 inner loop.
+        let st = [broadcast_strides(a.dims(), &dims), broadcast_strides(b.dims(), &dims)];
+        let (rank, n) = (dims.len(), dims[dims.len() - 1]);
+        let (sa, sb) = (st[0][rank - 1], st[1][rank - 1]);
+        let outer = &dims[..rank - 1];
+        let outer_st = [st[0][..rank - 1].to_vec(), st[1][..rank - 1].to_vec()];
+        cpu::par_chunks_mut(dst, n, n, |r0, part| {
+            let rows = part.len() / n;
+            let mut row = 0;
+            crate::broadcast::for_each_offset_in(outer, &outer_st, r0, r0 + rows, &mut |_, offs| {
+                let (oa, ob) = (offs[0], offs[1]);
+                let orow = &mut part[row * n..(row + 1) * n];
+                match (sa, sb) {
+                    (1, 1) => orow.iter_mut().enumerate().for_each(|(k, o)| *o = f(av[oa + k], bv[ob + k])),
+                    (1, 0) => orow.iter_mut().enumerate().for_each(|(k, o)| *o = f(av[oa + k], bv[ob])),
+                    (0, 1) => orow.iter_mut().enumerate().for_each(|(k, o)| *o = f(av[oa], bv[ob + k])),
+                    _ => orow.iter_mut().enumerate().for_each(|(k, o)| *o = f(av[oa + k * sa], bv[ob + k * sb])),
+                }
+                row += 1;
+            });
+        });
     } else {
         let st = [broadcast_strides(a.dims(), &dims), broadcast_strides(b.dims(), &dims)];
         cpu::par_chunks_mut(dst, 1, 2, |s, part| {
@@ -317,6 +340,8 @@ impl Binary {
             },
             DType::F32 => map2(a, b, out, |x: f32, y: f32| k.apply_f64(x as f64, y as f64) as u8),
             DType::F64 if !cmp => map2(a, b, out, |x: f64, y| k.apply_f64(x, y)),
+            // Masks: bool in, bool out, byte by byte (And/Or/Xor/Equal of attention masks).
+            DType::Bool if cmp => map2(a, b, out, |x: u8, y: u8| k.apply_f64(x as f64, y as f64) as u8),
             DType::I64 if !cmp => {
                 if k == BinaryKind::Div && b.as_slice::<i64>()?.contains(&0) {
                     return Err(OpError::invalid("integer division by zero"));

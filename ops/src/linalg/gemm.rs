@@ -168,7 +168,7 @@ impl WgslKernel for Gemm {
 
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (p, bias) = self.plan(required(inputs, 0)?.dims(), required(inputs, 1)?.dims(), dims_of(inputs, 2))?;
-        let epi = Epilogue { alpha: self.alpha as f64, beta: self.beta as f64, bias, activation: self.activation };
+        let epi = Epilogue { alpha: self.alpha as f64, beta: self.beta as f64, bias, residual: false, activation: self.activation };
         product_wgsl::generate("Gemm", &p, wgsl::elem(outputs[0].dtype), &epi, tune)
     }
 }

@@ -22,10 +22,15 @@ pub struct MatMul {
     /// A bias fused by the graph compiler (attribute [`BIAS_ATTR`]): input 2 is a vector
     /// of the output's last dim, added to every row before the activation.
     pub bias: bool,
+    /// A residual fused by the graph compiler (attribute [`RESIDUAL_ATTR`]): input 3 has
+    /// the output's shape and is added (after the bias, before the activation).
+    pub residual: bool,
 }
 
 /// The attribute that marks a MatMul whose input 2 is a fused bias vector.
 pub const BIAS_ATTR: &str = "kiln_bias";
+/// The attribute that marks a MatMul whose input 3 is a fused residual.
+pub const RESIDUAL_ATTR: &str = "kiln_residual";
 
 /// The product plan and output dims for operand dims `a` and `b`.
 pub fn plan(a: &[usize], b: &[usize]) -> Result<(BatchedProduct, Vec<usize>)> {
@@ -66,6 +71,12 @@ impl Op for MatMul {
             return Err(OpError::input(1, format!("dtype {} differs from A's {dtype}", b.dtype())));
         }
         let (_, dims) = plan(required(inputs, 0)?.dims(), b.dims())?;
+        if self.residual {
+            let r = required(inputs, 3)?;
+            if r.dtype() != dtype || r.dims() != dims.as_slice() {
+                return Err(OpError::input(3, format!("a fused residual must be {dtype} {dims:?}, got {} {:?}", r.dtype(), r.dims())));
+            }
+        }
         if self.bias {
             let c = required(inputs, 2)?;
             let n = dims.last().copied().unwrap_or(1);
@@ -98,20 +109,30 @@ impl CpuKernel for MatMul {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let (a, b) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let (p, _) = plan(a.dims(), b.dims())?;
-        let accumulate = self.bias && p.m * p.n > 0;
+        let accumulate = (self.bias || self.residual) && p.m * p.n > 0;
         if accumulate {
+            let out = &mut outputs[0];
+            if self.residual {
+                out.bytes_mut().copy_from_slice(cpu::input(inputs, 3)?.bytes());
+            } else {
+                out.bytes_mut().fill(0);
+            }
+        }
+        if accumulate && self.bias {
             let c = cpu::input(inputs, 2)?;
             let out = &mut outputs[0];
             let n = c.len();
             match out.dtype() {
                 DType::F32 => {
                     let cv = c.as_slice::<f32>()?;
-                    cpu::par_chunks_mut(out.as_mut_slice::<f32>()?, n, 1, |_, part| part.chunks_mut(n).for_each(|row| row.copy_from_slice(cv)));
+                    cpu::par_chunks_mut(out.as_mut_slice::<f32>()?, n, 1, |_, part| {
+                        part.chunks_mut(n).for_each(|row| row.iter_mut().zip(cv).for_each(|(o, b)| *o += b))
+                    });
                 }
                 _ => {
-                    let rows = out.len() / n.max(1);
-                    let bytes = c.bytes().repeat(rows);
-                    out.bytes_mut().copy_from_slice(&bytes);
+                    let cv = c.to_f64_vec();
+                    let v: Vec<f64> = out.to_f64_vec().iter().enumerate().map(|(i, x)| x + cv[i % n.max(1)]).collect();
+                    *out = Tensor::from_f64(out.dtype(), &out.dims().to_vec(), &v)?;
                 }
             }
         }
@@ -129,7 +150,8 @@ impl WgslKernel for MatMul {
         let (a, b) = (required(inputs, 0)?, required(inputs, 1)?);
         let (p, _) = plan(a.dims(), b.dims())?;
         let bias = self.bias.then_some((0, 1));
-        product_wgsl::generate("MatMul", &p, wgsl::elem(outputs[0].dtype), &Epilogue { activation: self.activation, bias, beta: 1.0, ..Epilogue::NONE }, tune)
+        let epi = Epilogue { activation: self.activation, bias, beta: 1.0, residual: self.residual, ..Epilogue::NONE };
+        product_wgsl::generate("MatMul", &p, wgsl::elem(outputs[0].dtype), &epi, tune)
     }
 }
 
@@ -153,6 +175,36 @@ mod tests {
             tune.0.insert("rows_per_thread".into(), rows);
             let prog = MatMul::default().generate(&args, &ty, &tune).unwrap();
             crate::wgsl::testing::validate(&prog.dispatches[0].source);
+        }
+    }
+
+    #[test]
+    fn fused_bias_and_residual_match_the_unfused_form() {
+        use crate::linalg::testing::{assert_close, naive_product, rand_tensor};
+        for (a_dims, b_dims) in [(vec![2usize, 3, 5], vec![5usize, 6]), (vec![4, 7], vec![7, 8])] {
+            let (a, b) = (rand_tensor(DType::F32, &a_dims, 1), rand_tensor(DType::F32, &b_dims, 2));
+            let n = b_dims[1];
+            let prod = naive_product(&a, &b);
+            let bias = rand_tensor(DType::F32, &[n], 3);
+            let res = rand_tensor(DType::F32, prod.dims(), 4);
+            let want: Vec<f64> = prod.to_f64_vec().iter().enumerate().map(|(i, p)| p + bias.to_f64_vec()[i % n] + res.to_f64_vec()[i]).collect();
+            let want = Tensor::from_f64(DType::F32, prod.dims(), &want).unwrap();
+            let op = MatMul { activation: None, bias: true, residual: true };
+            let ins = [Some(&a), Some(&b), Some(&bias), Some(&res)];
+            let mut out = vec![Tensor::zeros(DType::F32, prod.dims())];
+            op.run(&ins, &mut out).unwrap();
+            assert_close(&out[0], &want, "bias + residual");
+            let types: Vec<TensorType> = ins.iter().map(|t| TensorType::new(DType::F32, t.unwrap().dims())).collect();
+            let args: Vec<Option<Arg>> = types.iter().map(|t| Some(Arg { ty: t, value: None })).collect();
+            let outs = op.infer(&args).unwrap();
+            let p = op.generate(&args, &outs, &TuneValues::default()).unwrap();
+            crate::wgsl::testing::validate(&p.dispatches[0].source);
+            assert!(p.dispatches[0].source.contains("res["));
+            // A residual of another shape is refused.
+            let bad = TensorType::new(DType::F32, vec![1, n]);
+            let mut args2 = args.clone();
+            args2[3] = Some(Arg { ty: &bad, value: None });
+            assert!(op.infer(&args2).unwrap_err().to_string().contains("residual"));
         }
     }
 

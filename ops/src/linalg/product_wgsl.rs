@@ -16,12 +16,14 @@ pub struct Epilogue {
     pub alpha: f64,
     pub beta: f64,
     pub bias: Option<(usize, usize)>,
+    /// A residual of the output's shape added before the activation (binding: input 3).
+    pub residual: bool,
     /// A fused activation applied last (f32 only).
     pub activation: Option<crate::elementwise::UnaryKind>,
 }
 
 impl Epilogue {
-    pub const NONE: Epilogue = Epilogue { alpha: 1.0, beta: 0.0, bias: None, activation: None };
+    pub const NONE: Epilogue = Epilogue { alpha: 1.0, beta: 0.0, bias: None, residual: false, activation: None };
 }
 
 pub fn rows_param() -> TuneParam {
@@ -75,6 +77,10 @@ pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune:
     if epi.bias.is_some() {
         buffers.push(("c", ty.to_string(), true));
         bindings.push(Binding::Input(2));
+    }
+    if epi.residual {
+        buffers.push(("res", if out_vec { v4.clone() } else { ty.to_string() }, true));
+        bindings.push(Binding::Input(3));
     }
     buffers.push(("out", if out_vec { v4.clone() } else { ty.to_string() }, false));
     bindings.push(Binding::Output(0));
@@ -145,6 +151,15 @@ pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune:
             let cols: Vec<String> = (0..4).map(|c| format!("c[{ci} + min(col + {c}u, {last_col}u) * {ccs}u]")).collect();
             let cv = format!("{v4}({})", cols.join(", "));
             v = if epi.beta == 1.0 { format!("{v} + {cv}") } else { format!("{v} + {} * {cv}", lit(epi.beta)) };
+        }
+        if epi.residual {
+            let ri = format!("{ob} + min(row + {r}u, {last_row}u) * {n}u");
+            v = if out_vec {
+                format!("{v} + res[({ri}) / 4u + gid.x]")
+            } else {
+                let cols: Vec<String> = (0..4).map(|c| format!("res[{ri} + min(col + {c}u, {last_col}u)]")).collect();
+                format!("{v} + {v4}({})", cols.join(", "))
+            };
         }
         if epi.activation.is_some() && ty == "f32" {
             v = format!("kiln_act4({v})");
