@@ -86,13 +86,13 @@ pub fn main(args: Args) -> Result<()> {
     let device = session.device_name();
     let order = graph.validate()?;
     let devices: Vec<String> = report.iter().map(|r| r.device.clone().unwrap_or_else(|| "host (folded)".to_string())).collect();
-    let rows: Vec<(String, String, String, String, u64, u64, bool)> = order
+    let rows: Vec<(String, String, String, String, u64, u64)> = order
         .iter()
         .zip(&report)
         .map(|(&n, r)| {
             let node = &graph.nodes[n];
             let shape = node.outputs.first().and_then(|&o| types[o].as_ref()).map(|t| t.to_string()).unwrap_or_else(|| "?".into());
-            (node.name.clone(), node.op_type.clone(), group(node), shape, r.cost.flops, r.cost.bytes, r.folded)
+            (node.name.clone(), node.op_type.clone(), group(node), shape, r.cost.flops, r.cost.bytes)
         })
         .collect();
     if let Some(path) = &args.dot {
@@ -102,7 +102,7 @@ pub fn main(args: Args) -> Result<()> {
         let nodes: Vec<serde_json::Value> = rows
             .iter()
             .zip(&devices)
-            .map(|((name, op, group, shape, flops, bytes, _), dev)| serde_json::json!({"node": name, "op": op, "fused": group, "device": dev, "shape": shape, "flops": flops, "bytes": bytes}))
+            .map(|((name, op, group, shape, flops, bytes), dev)| serde_json::json!({"node": name, "op": op, "fused": group, "device": dev, "shape": shape, "flops": flops, "bytes": bytes}))
             .collect();
         let passes: Vec<serde_json::Value> = pass_report.iter().map(|(n, c, r, a)| serde_json::json!({"pass": n, "changes": c, "removed": r, "added": a})).collect();
         let memory = stats.memory.map(|m| serde_json::json!({"planned_bytes": m.planned, "lower_bound_bytes": m.lower_bound, "unshared_bytes": m.unshared}));
@@ -126,7 +126,7 @@ pub fn main(args: Args) -> Result<()> {
     }
     let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).clamp(4, 48);
     println!("{:w$}  {:18} {:14} {:24} {:>9} {:>9}  device", "node", "op", "fused", "shape", "flops", "bytes");
-    for ((name, op, group, shape, flops, bytes, _), dev) in rows.iter().zip(&devices) {
+    for ((name, op, group, shape, flops, bytes), dev) in rows.iter().zip(&devices) {
         let name: String = if name.len() > w { format!("..{}", &name[name.len() - (w - 2)..]) } else { name.clone() };
         println!("{name:w$}  {op:18} {group:14} {shape:24} {:>9} {:>9}  {dev}", human(*flops), human(*bytes));
     }

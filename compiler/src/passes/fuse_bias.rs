@@ -3,7 +3,7 @@
 //! accumulation from `c` (CPU) or adds it before storing (WGSL): one pass over the
 //! output and one kernel launch fewer per linear layer of an exported transformer.
 //! The MatMul's result must have no other reader, and its dtype must be f32.
-use super::{producers, use_counts};
+use super::{matmul_plus, producers, use_counts};
 use kiln_graph::{Attr, DType, Graph, Tensor};
 use kiln_ops::elementwise::ACTIVATION_ATTR;
 use kiln_ops::{Registry, MATMUL_BIAS_ATTR};
@@ -15,18 +15,8 @@ pub fn fuse_bias(g: &mut Graph) -> usize {
     let prod = producers(g);
     let mut dead = vec![];
     for a in 0..g.nodes.len() {
-        let add = &g.nodes[a];
-        if add.op_type != "Add" || !add.domain.is_empty() || add.inputs.len() != 2 {
-            continue;
-        }
-        let (Some(x), Some(y)) = (add.inputs[0], add.inputs[1]) else { continue };
         // Which side is the MatMul and which the constant.
-        let Some((mm_out, c)) = [(x, y), (y, x)].into_iter().find(|&(m, c)| {
-            g.initializers.contains_key(&c) && prod[m].is_some_and(|p| g.nodes[p].op_type == "MatMul" && g.nodes[p].domain.is_empty())
-        }) else {
-            continue;
-        };
-        let m = prod[mm_out].expect("checked above");
+        let Some((m, mm_out, c)) = matmul_plus(g, &prod, a, |_, c| g.initializers.contains_key(&c)) else { continue };
         let mm = &g.nodes[m];
         if uses[mm_out] != 1 || mm.inputs.len() != 2 || mm.attrs.contains_key(ACTIVATION_ATTR) || mm.attrs.contains_key(MATMUL_BIAS_ATTR) {
             continue;

@@ -118,8 +118,9 @@ pub fn fuse_layernorm(g: &mut Graph) -> usize {
         let width = ty.as_ref().and_then(|t| t.shape.0.last()).and_then(|d| d.fixed());
         let f32_input = ty.as_ref().is_some_and(|t| t.dtype == DType::F32);
         let vector = |v: Option<ValueId>| v.and_then(|v| g.initializers.get(&v)).map(|t| t.len());
-        let widths_ok = [vector(f.gamma), vector(f.beta)].iter().flatten().all(|&l| Some(l) == width || width.is_none());
         let Some(n) = width.or(vector(f.gamma)).or(vector(f.beta)) else { return fused };
+        // gamma and beta must both be vectors of the normalised width.
+        let widths_ok = [vector(f.gamma), vector(f.beta)].iter().flatten().all(|&l| l == n);
         if !f32_input || !widths_ok {
             return fused;
         }

@@ -3,7 +3,7 @@
 //! block), becomes one MatMul that starts its accumulation from `r` on the CPU and adds
 //! it before storing in WGSL: one pass over the output and one launch fewer per block.
 //! The MatMul's result must have no other reader and no fused activation yet.
-use super::{producers, use_counts};
+use super::{matmul_plus, producers, use_counts};
 use kiln_graph::{Attr, DType, Dim, Graph};
 use kiln_ops::elementwise::ACTIVATION_ATTR;
 use kiln_ops::{Registry, MATMUL_RESIDUAL_ATTR};
@@ -15,18 +15,11 @@ pub fn fuse_residual(g: &mut Graph) -> usize {
     let prod = producers(g);
     let mut dead = vec![];
     for a in 0..g.nodes.len() {
-        let add = &g.nodes[a];
-        if add.op_type != "Add" || !add.domain.is_empty() || add.inputs.len() != 2 {
-            continue;
-        }
-        let (Some(x), Some(y)) = (add.inputs[0], add.inputs[1]) else { continue };
-        let is_mm = |v: usize| prod[v].is_some_and(|p| g.nodes[p].op_type == "MatMul" && g.nodes[p].domain.is_empty());
         let same_known = |p: usize, q: usize| match (types.get(p).cloned().flatten(), types.get(q).cloned().flatten()) {
             (Some(s), Some(t)) => s == t && s.dtype == DType::F32 && !s.shape.0.iter().any(|d| matches!(d, Dim::Sym(n) if n == "?")),
             _ => false,
         };
-        let Some((mm_out, r)) = [(x, y), (y, x)].into_iter().find(|&(m, r)| is_mm(m) && !g.initializers.contains_key(&r) && same_known(m, r)) else { continue };
-        let m = prod[mm_out].expect("checked above");
+        let Some((m, mm_out, r)) = matmul_plus(g, &prod, a, |m, r| !g.initializers.contains_key(&r) && same_known(m, r)) else { continue };
         let mm = &g.nodes[m];
         if uses[mm_out] != 1 || mm.attrs.contains_key(ACTIVATION_ATTR) || mm.attrs.contains_key(MATMUL_RESIDUAL_ATTR) || mm.inputs.len() > 3 {
             continue;

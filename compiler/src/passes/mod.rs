@@ -109,6 +109,18 @@ pub(crate) fn scalar_const(g: &Graph, v: Option<ValueId>) -> Option<f32> {
     (t.len() == 1).then(|| t.to_f64_vec()[0] as f32)
 }
 
+/// For node `a` = `Add(x, y)` where one side is a plain MatMul's output `m` and the other,
+/// `o`, passes `other_ok(m, o)`: (the MatMul node, `m`, `o`). Epilogue fusions start here.
+pub(crate) fn matmul_plus(g: &Graph, prod: &[Option<NodeId>], a: NodeId, other_ok: impl Fn(ValueId, ValueId) -> bool) -> Option<(NodeId, ValueId, ValueId)> {
+    let add = &g.nodes[a];
+    if add.op_type != "Add" || !add.domain.is_empty() || add.inputs.len() != 2 {
+        return None;
+    }
+    let (x, y) = (add.inputs[0]?, add.inputs[1]?);
+    let is_mm = |v: ValueId| prod[v].filter(|&p| g.nodes[p].op_type == "MatMul" && g.nodes[p].domain.is_empty());
+    [(x, y), (y, x)].into_iter().find_map(|(m, o)| Some((is_mm(m)?, m, o)).filter(|_| other_ok(m, o)))
+}
+
 /// Every reader of `from` (node inputs and graph outputs) reads `to` instead.
 pub(crate) fn replace_uses(g: &mut Graph, from: ValueId, to: ValueId) {
     for n in &mut g.nodes {
