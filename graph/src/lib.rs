@@ -7,6 +7,7 @@
 //! Invariants: this crate does no I/O (no file formats, no protobuf) and knows nothing
 //! of devices; it depends on no other Kiln crate.
 
+mod arena;
 mod attr;
 mod builder;
 mod dtype;
@@ -15,6 +16,7 @@ mod graph;
 mod shape;
 mod tensor;
 
+pub use arena::Arena;
 pub use attr::{Attr, Attributes};
 pub use builder::GraphBuilder;
 pub use dtype::{DType, Element};

@@ -1,4 +1,4 @@
-use crate::{DType, Element, GraphError, Result};
+use crate::{Arena, DType, Element, GraphError, Result};
 use std::fmt;
 use std::sync::Arc;
 
@@ -7,17 +7,42 @@ use std::sync::Arc;
 ///
 /// Bytes live in 8-byte aligned storage so that they can be viewed as any element
 /// type without copying. Bool tensors hold one byte (0 or 1) per element.
-/// Cloning is cheap (the storage is shared, copy-on-write).
-#[derive(Clone)]
+/// Cloning is cheap (the storage is shared, copy-on-write), except for tensors placed
+/// in a memory plan's [`Arena`], whose clones copy their bytes out.
 pub struct Tensor {
     dtype: DType,
     dims: Vec<usize>,
-    data: Arc<Vec<u64>>,
+    data: Storage,
     len_bytes: usize,
+}
+
+enum Storage {
+    /// Storage of its own, shared copy-on-write between clones.
+    Heap(Arc<Vec<u64>>),
+    /// Words `offset..` of an arena. The `owner` (made by [`Tensor::in_arena`]) may
+    /// write them; views (from [`Tensor::reshaped`]) only read, and copy before a write.
+    Arena { arena: Arc<Arena>, offset: usize, owner: bool },
+}
+
+impl Clone for Tensor {
+    fn clone(&self) -> Tensor {
+        let data = match &self.data {
+            Storage::Heap(v) => Storage::Heap(v.clone()),
+            Storage::Arena { .. } => Storage::Heap(Arc::new(self.copied_words())),
+        };
+        Tensor { dtype: self.dtype, dims: self.dims.clone(), data, len_bytes: self.len_bytes }
+    }
 }
 
 fn words(n_bytes: usize) -> usize {
     n_bytes.div_ceil(8)
+}
+
+/// `bytes` in 8-byte words (the last one zero-padded).
+fn words_of(bytes: &[u8]) -> Vec<u64> {
+    let mut data = vec![0u64; words(bytes.len())];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..bytes.len()].copy_from_slice(bytes);
+    data
 }
 
 impl Tensor {
@@ -25,7 +50,7 @@ impl Tensor {
     pub fn zeros(dtype: DType, dims: &[usize]) -> Tensor {
         let n: usize = dims.iter().product();
         let len_bytes = n * dtype.size();
-        Tensor { dtype, dims: dims.to_vec(), data: Arc::new(vec![0u64; words(len_bytes)]), len_bytes }
+        Tensor { dtype, dims: dims.to_vec(), data: Storage::Heap(Arc::new(vec![0u64; words(len_bytes)])), len_bytes }
     }
 
     /// A tensor from typed values.
@@ -62,29 +87,41 @@ impl Tensor {
                 ),
             });
         }
-        let mut data = vec![0u64; words(bytes.len())];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..bytes.len()].copy_from_slice(bytes);
-        Ok(Tensor { dtype, dims: dims.to_vec(), data: Arc::new(data), len_bytes: bytes.len() })
+        Ok(Tensor { dtype, dims: dims.to_vec(), data: Storage::Heap(Arc::new(words_of(bytes))), len_bytes: bytes.len() })
     }
 
-    /// A tensor of `dtype` and `dims` on recycled storage (at least as many 8-byte words
-    /// as it needs; contents unspecified). With [`Tensor::into_storage`], a memory plan
-    /// hands one buffer from tensor to tensor without allocating or copying.
-    pub fn on_storage(dtype: DType, dims: &[usize], storage: Arc<Vec<u64>>) -> Result<Tensor> {
-        let n: usize = dims.iter().product();
-        let len_bytes = n * dtype.size();
-        if storage.len() < words(len_bytes) {
-            return Err(GraphError::BadTensor {
+    /// The tensor that owns words `offset..` of `arena` (as many as `dtype` and `dims`
+    /// need; contents are whatever the arena holds). Its views ([`Tensor::reshaped`])
+    /// read the same words; its clones copy them.
+    ///
+    /// # Safety
+    /// Until this tensor and every view made from it are dropped, no other tensor may
+    /// be placed on an overlapping range of `arena`.
+    pub unsafe fn in_arena(dtype: DType, dims: &[usize], arena: &Arc<Arena>, offset: usize) -> Result<Tensor> {
+        let len_bytes = dims.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d));
+        match len_bytes {
+            Some(n) if offset.checked_add(words(n)).is_some_and(|end| end <= arena.words()) => {
+                Ok(Tensor { dtype, dims: dims.to_vec(), data: Storage::Arena { arena: arena.clone(), offset, owner: true }, len_bytes: n })
+            }
+            _ => Err(GraphError::BadTensor {
                 name: String::new(),
-                what: format!("storage of {} bytes is too small for a {dtype} tensor of shape {dims:?}", storage.len() * 8),
-            });
+                what: format!("a {dtype} tensor of shape {dims:?} at word {offset} does not fit an arena of {} words", arena.words()),
+            }),
         }
-        Ok(Tensor { dtype, dims: dims.to_vec(), data: storage, len_bytes })
     }
 
-    /// The tensor's storage (shared with its clones).
-    pub fn into_storage(self) -> Arc<Vec<u64>> {
-        self.data
+    /// Whether this is the tensor that owns words `offset..` of `arena`.
+    pub fn owns_arena_range(&self, arena: &Arc<Arena>, offset: usize) -> bool {
+        matches!(&self.data, Storage::Arena { arena: a, offset: o, owner: true } if Arc::ptr_eq(a, arena) && *o == offset)
+    }
+
+    /// Whether the bytes live in an arena (an owner or a view of one).
+    pub fn in_an_arena(&self) -> bool {
+        matches!(self.data, Storage::Arena { .. })
+    }
+
+    fn copied_words(&self) -> Vec<u64> {
+        words_of(self.bytes())
     }
 
     pub fn dtype(&self) -> DType {
@@ -109,23 +146,36 @@ impl Tensor {
     }
 
     pub fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice::<u64, u8>(&self.data)[..self.len_bytes]
+        match &self.data {
+            Storage::Heap(v) => &bytemuck::cast_slice::<u64, u8>(v)[..self.len_bytes],
+            // SAFETY: `in_arena` checked that the range lies in the arena, and its
+            // contract keeps writers of overlapping ranges away while `self` lives.
+            Storage::Arena { arena, offset, .. } => unsafe { std::slice::from_raw_parts(arena.word_ptr(*offset) as *const u8, self.len_bytes) },
+        }
     }
 
     pub fn bytes_mut(&mut self) -> &mut [u8] {
+        if let Storage::Arena { owner: false, .. } = self.data {
+            self.data = Storage::Heap(Arc::new(self.copied_words()));
+        }
         let n = self.len_bytes;
-        &mut bytemuck::cast_slice_mut::<u64, u8>(Arc::make_mut(&mut self.data).as_mut_slice())[..n]
+        match &mut self.data {
+            Storage::Heap(v) => &mut bytemuck::cast_slice_mut::<u64, u8>(Arc::make_mut(v).as_mut_slice())[..n],
+            // SAFETY: as in `bytes`; only the range's owner gets here, through `&mut self`.
+            Storage::Arena { arena, offset, .. } => unsafe { std::slice::from_raw_parts_mut(arena.word_ptr(*offset) as *mut u8, n) },
+        }
     }
 
     /// Same bytes, other dims (the element count must match).
     pub fn reshaped(&self, dims: &[usize]) -> Result<Tensor> {
         if dims.iter().product::<usize>() != self.len() {
-            return Err(GraphError::BadTensor {
-                name: String::new(),
-                what: format!("cannot reshape {:?} to {:?}", self.dims, dims),
-            });
+            return Err(GraphError::BadTensor { name: String::new(), what: format!("cannot reshape {:?} to {:?}", self.dims, dims) });
         }
-        Ok(Tensor { dims: dims.to_vec(), ..self.clone() })
+        let data = match &self.data {
+            Storage::Heap(v) => Storage::Heap(v.clone()),
+            Storage::Arena { arena, offset, .. } => Storage::Arena { arena: arena.clone(), offset: *offset, owner: false },
+        };
+        Ok(Tensor { dtype: self.dtype, dims: dims.to_vec(), data, len_bytes: self.len_bytes })
     }
 
     /// Typed view of the elements. Bool tensors can be viewed as `u8`.
@@ -144,10 +194,7 @@ impl Tensor {
         if ok {
             Ok(())
         } else {
-            Err(GraphError::BadTensor {
-                name: String::new(),
-                what: format!("a {} tensor was read as {}", self.dtype, T::DTYPE),
-            })
+            Err(GraphError::BadTensor { name: String::new(), what: format!("a {} tensor was read as {}", self.dtype, T::DTYPE) })
         }
     }
 
@@ -182,12 +229,7 @@ impl Tensor {
             DType::U16 => bytemuck::cast_slice::<u8, u16>(b).iter().map(|&v| v as i64).collect(),
             DType::U32 => bytemuck::cast_slice::<u8, u32>(b).iter().map(|&v| v as i64).collect(),
             DType::U64 => bytemuck::cast_slice::<u8, u64>(b).iter().map(|&v| v as i64).collect(),
-            d => {
-                return Err(GraphError::BadTensor {
-                    name: String::new(),
-                    what: format!("expected an integer tensor, found {d}"),
-                })
-            }
+            d => return Err(GraphError::BadTensor { name: String::new(), what: format!("expected an integer tensor, found {d}") }),
         })
     }
 
@@ -276,6 +318,31 @@ mod tests {
         let mut c = t.clone();
         c.as_mut_slice::<f32>().unwrap()[0] = 9.0;
         assert_eq!(t.as_slice::<f32>().unwrap()[0], 1.0, "clones are copy-on-write");
+    }
+
+    #[test]
+    fn arena_owners_views_and_clones() {
+        let arena = Arc::new(Arena::new(8));
+        // SAFETY: the two ranges (words 0..2 and 2..4) do not overlap.
+        let (mut a, mut b) = unsafe { (Tensor::in_arena(DType::F32, &[4], &arena, 0).unwrap(), Tensor::in_arena(DType::F32, &[2], &arena, 2).unwrap()) };
+        a.as_mut_slice::<f32>().unwrap().copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        b.as_mut_slice::<f32>().unwrap().copy_from_slice(&[5.0, 6.0]);
+        assert!(a.owns_arena_range(&arena, 0) && !a.owns_arena_range(&arena, 2));
+        let view = a.reshaped(&[2, 2]).unwrap();
+        assert!(view.in_an_arena() && !view.owns_arena_range(&arena, 0));
+        assert_eq!(view.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
+        // Writing through a view copies first; clones are copies.
+        let mut written = view.reshaped(&[4]).unwrap();
+        written.as_mut_slice::<f32>().unwrap()[0] = 9.0;
+        let clone = b.clone();
+        b.as_mut_slice::<f32>().unwrap()[0] = 7.0;
+        assert!(!clone.in_an_arena() && !written.in_an_arena());
+        assert_eq!(clone.as_slice::<f32>().unwrap(), &[5.0, 6.0]);
+        assert_eq!(a.as_slice::<f32>().unwrap()[0], 1.0);
+        assert_eq!(written.as_slice::<f32>().unwrap()[0], 9.0);
+        // A range past the end is an error.
+        assert!(unsafe { Tensor::in_arena(DType::F32, &[4], &arena, 7) }.is_err());
+        assert!(unsafe { Tensor::in_arena(DType::F32, &[usize::MAX, 4], &arena, 0) }.is_err());
     }
 
     #[test]

@@ -2,17 +2,21 @@
 //!
 //! Memory plan: every intermediate's lifetime (the step that writes it to the last step
 //! that reads it, views included: a Reshape's output keeps its source alive) is known
-//! when the plan is built. Intermediates whose lifetimes do not overlap share a buffer
-//! ("slot"): slots are assigned greedily in step order, best fit by size, and a slot
-//! grows to its largest tenant. At run time a slot's storage moves from tensor to
-//! tensor (never shared while in use, so kernels write in place), and slots persist
-//! per concurrent runner, so a steady-state run allocates only the tensors it returns.
-//! Recycled buffers hold stale data: ops that do not overwrite every output element
+//! when the plan is built. Each intermediate gets a word range of one arena, so that
+//! ranges of intermediates alive at the same time never overlap (greedy placement,
+//! largest first, into the tightest gap; a second placement in step order is tried and
+//! the smaller arena kept). At run time the step that writes an intermediate gets the
+//! tensor that owns its range (`Tensor::in_arena`), views read the same words, and
+//! every tensor of a range is dropped after the range's last reader, before any later
+//! tenant is placed there. Arenas persist per concurrent runner, so a steady-state run
+//! allocates only the tensors it returns (copies of the graph outputs).
+//! Recycled ranges hold stale data: ops that do not overwrite every output element
 //! (`Op::overwrites_outputs` false) get zeroed outputs. `KILN_POISON_BUFFERS=1` fills
-//! recycled buffers with NaN instead of stale data, to catch ops that claim otherwise.
+//! recycled ranges with NaN instead of stale data, to catch ops that claim otherwise.
+use crate::arena::{place, Span};
 use crate::specialize::Specialized;
 use crate::{gpu::poisoned, Result, RuntimeError};
-use kiln_graph::{Graph, Tensor, ValueId};
+use kiln_graph::{Arena, Graph, Tensor, ValueId};
 use kiln_ops::Op;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -37,16 +41,14 @@ pub(crate) struct CpuPlan {
     temps: Vec<(kiln_graph::DType, Vec<usize>)>,
     steps: Vec<CpuStep>,
     outputs: Vec<Slot>,
-    /// The buffer each non-view temp lives in.
-    slot_of: Vec<Option<usize>>,
-    /// Size of each buffer, in 8-byte words.
-    slot_words: Vec<usize>,
-    /// Temps whose buffers go back to their slots after each step (last readers).
+    /// The arena range (first word) of each non-view temp.
+    offset_of: Vec<Option<usize>>,
+    /// Size of the arena, in 8-byte words.
+    arena_words: usize,
+    /// Temps dropped after each step (ranges whose last reader it was, with their views).
     frees: Vec<Vec<usize>>,
-    /// Temps that are views of each temp (reset with it).
-    views_of: Vec<Vec<usize>>,
     pub memory: MemoryPlan,
-    pool: Mutex<Vec<Vec<Arc<Vec<u64>>>>>,
+    pool: Mutex<Vec<Arc<Arena>>>,
     /// What temps hold when they have no buffer (shared, so resetting does not allocate).
     placeholder: Tensor,
 }
@@ -95,18 +97,14 @@ impl CpuPlan {
             let node = &graph.nodes[s.node];
             let op = &ops[s.node];
             if op.cpu().is_none() && !op.is_view() {
-                return Err(RuntimeError::Unsupported {
-                    node: format!("node '{}' ({})", node.name, node.op_type),
-                    what: "this op has no CPU kernel".into(),
-                });
+                return Err(RuntimeError::Unsupported { node: format!("node '{}' ({})", node.name, node.op_type), what: "this op has no CPU kernel".into() });
             }
             let inputs = s.inputs.iter().map(|v| v.map(|v| slot(v, &mut slot_of, &mut consts))).collect();
             let mut outputs = vec![];
             for &o in &s.outputs {
                 let ty = spec.ty(o);
-                let bytes = (ty.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64)))
-                    .and_then(|n| n.checked_mul(ty.dtype.size() as u64))
-                    .unwrap_or(u64::MAX);
+                let bytes =
+                    (ty.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64))).and_then(|n| n.checked_mul(ty.dtype.size() as u64)).unwrap_or(u64::MAX);
                 planned = planned.saturating_add(bytes);
                 if planned > limit {
                     return Err(RuntimeError::OutOfRange(format!(
@@ -122,17 +120,16 @@ impl CpuPlan {
             steps.push(CpuStep { node: s.node, inputs, outputs, view: op.is_view() });
         }
         let outputs: Vec<Slot> = graph.outputs.iter().map(|&o| slot(o, &mut slot_of, &mut consts)).collect();
-        let (slot_of, slot_words, frees, views_of, memory) = plan_memory(&temps, &steps, &outputs);
-        log::debug!("CPU memory plan: {} bytes in {} buffers; lower bound {}, unshared {}", memory.planned, slot_words.len(), memory.lower_bound, memory.unshared);
+        let (offset_of, arena_words, frees, memory) = plan_memory(&temps, &steps, &outputs);
+        log::debug!("CPU memory plan: an arena of {} bytes; lower bound {}, unshared {}", memory.planned, memory.lower_bound, memory.unshared);
         Ok(CpuPlan {
             consts,
             temps,
             steps,
             outputs,
-            slot_of,
-            slot_words,
+            offset_of,
+            arena_words,
             frees,
-            views_of,
             memory,
             pool: Mutex::default(),
             placeholder: Tensor::zeros(kiln_graph::DType::U8, &[0]),
@@ -145,24 +142,23 @@ impl CpuPlan {
 
     /// Runs once; with `profile`, records each step's wall time (node index, seconds).
     pub fn run(&self, graph: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor], profile: Option<&mut Vec<(usize, f64)>>) -> Result<Vec<Tensor>> {
-        let slots = self.pool.lock().map_err(|_| poisoned())?.pop();
-        let mut slots = match slots {
-            Some(s) => s,
-            None => self.slot_words.iter().map(|&w| Arc::new(vec![0u64; w])).collect(),
-        };
+        let arena = self.pool.lock().map_err(|_| poisoned())?.pop();
+        let arena = arena.unwrap_or_else(|| Arc::new(Arena::new(self.arena_words)));
         let mut temps: Vec<Tensor> = vec![self.placeholder.clone(); self.temps.len()];
-        let result = self.run_with(graph, ops, inputs, &mut temps, &mut slots, profile);
-        // Buffers still held (graph outputs, or everything after an error) go back.
-        for (t, tensor) in temps.into_iter().enumerate() {
-            if let Some(s) = self.slot_of[t] {
-                let storage = tensor.into_storage();
-                if storage.len() == self.slot_words[s] {
-                    slots[s] = storage;
-                }
-            }
-        }
-        self.pool.lock().map_err(|_| poisoned())?.push(slots);
+        let result = self.run_with(graph, ops, inputs, &mut temps, &arena, profile);
+        // Every tensor on the arena is gone before another run may use it.
+        drop(temps);
+        self.pool.lock().map_err(|_| poisoned())?.push(arena);
         result
+    }
+
+    /// The tensor owning temp `t`'s arena range.
+    fn owner(&self, t: usize, arena: &Arc<Arena>) -> std::result::Result<Tensor, kiln_graph::GraphError> {
+        let offset = self.offset_of[t].expect("non-view temps have a range");
+        let (dtype, dims) = &self.temps[t];
+        // SAFETY: the plan gives temps alive at the same step disjoint ranges, and
+        // `run_with` drops every tensor of a range after its last reader.
+        unsafe { Tensor::in_arena(*dtype, dims, arena, offset) }
     }
 
     fn run_with(
@@ -171,24 +167,17 @@ impl CpuPlan {
         ops: &[Box<dyn Op>],
         inputs: &[&Tensor],
         temps: &mut [Tensor],
-        slots: &mut [Arc<Vec<u64>>],
+        arena: &Arc<Arena>,
         mut profile: Option<&mut Vec<(usize, f64)>>,
     ) -> Result<Vec<Tensor>> {
-        let empty = || Arc::new(Vec::new());
         for (k, s) in self.steps.iter().enumerate() {
             let started = profile.as_ref().map(|_| std::time::Instant::now());
             let node = &graph.nodes[s.node];
-            // Give the step's outputs their buffers.
+            // Give the step's outputs their ranges.
             if !s.view {
                 let zero = !ops[s.node].overwrites_outputs();
                 for &o in &s.outputs {
-                    let slot = self.slot_of[o].expect("non-view temps have a buffer");
-                    let (dtype, dims) = &self.temps[o];
-                    let mut storage = std::mem::replace(&mut slots[slot], empty());
-                    if storage.len() != self.slot_words[slot] {
-                        storage = Arc::new(vec![0u64; self.slot_words[slot]]);
-                    }
-                    let mut t = Tensor::on_storage(*dtype, dims, storage).map_err(|e| RuntimeError::node(node, e.into()))?;
+                    let mut t = self.owner(o, arena).map_err(|e| RuntimeError::node(node, e.into()))?;
                     if poison() && !zero {
                         fill_nan(&mut t);
                     } else if zero {
@@ -225,21 +214,32 @@ impl CpuPlan {
             };
             drop(ins);
             r.map_err(|e| RuntimeError::node(node, e))?;
-            // Buffers whose last reader this was go back to their slots (with the views
-            // that alias them, so that nothing else holds the storage).
+            // A kernel may have replaced an output (with a new tensor or a view of an
+            // input): its bytes move into the output's own range, so that nothing
+            // outlives the range it reads.
+            if !s.view {
+                for &o in &s.outputs {
+                    let offset = self.offset_of[o].expect("non-view temps have a range");
+                    if !temps[o].owns_arena_range(arena, offset) {
+                        let mut t = self.owner(o, arena).map_err(|e| RuntimeError::node(node, e.into()))?;
+                        if t.dtype() == temps[o].dtype() && t.dims() == temps[o].dims() {
+                            t.bytes_mut().copy_from_slice(temps[o].bytes());
+                            temps[o] = t;
+                        } else {
+                            temps[o] = temps[o].clone();
+                        }
+                    }
+                }
+            }
+            // Ranges whose last reader this was: drop their tensors and views.
             for &t in &self.frees[k] {
-                for &v in &self.views_of[t] {
-                    temps[v] = self.placeholder.clone();
-                }
-                let storage = std::mem::replace(&mut temps[t], self.placeholder.clone()).into_storage();
-                if let Some(slot) = self.slot_of[t] {
-                    slots[slot] = storage;
-                }
+                temps[t] = self.placeholder.clone();
             }
             if let (Some(p), Some(t)) = (profile.as_deref_mut(), started) {
                 p.push((s.node, t.elapsed().as_secs_f64()));
             }
         }
+        // Graph outputs are copied out of the arena (clones of arena tensors copy).
         Ok(self
             .outputs
             .iter()
@@ -268,15 +268,14 @@ fn fill_nan(t: &mut Tensor) {
     }
 }
 
-/// The memory plan: which buffer each temp lives in, the buffers' sizes (words), the
-/// temps freed after each step, each temp's views, and the plan's figures.
-#[allow(clippy::type_complexity)]
-fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &[CpuStep], outputs: &[Slot]) -> (Vec<Option<usize>>, Vec<usize>, Vec<Vec<usize>>, Vec<Vec<usize>>, MemoryPlan) {
+/// The memory plan: each non-view temp's arena range (first word), the arena's size in
+/// words, the temps dropped after each step, and the plan's figures.
+fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &[CpuStep], outputs: &[Slot]) -> (Vec<Option<usize>>, usize, Vec<Vec<usize>>, MemoryPlan) {
     let words = |t: usize| -> usize {
         let (d, dims) = &temps[t];
         (dims.iter().product::<usize>() * d.size()).div_ceil(8).max(1)
     };
-    // Views alias the buffer of their source (a temp, or a constant/input: no buffer).
+    // Views alias the range of their source (a temp, or a constant/input: no range).
     let mut root: Vec<Option<usize>> = vec![None; temps.len()];
     let mut def = vec![0usize; temps.len()];
     for (k, s) in steps.iter().enumerate() {
@@ -316,27 +315,20 @@ fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &[CpuStep], out
             }
         }
     }
-    let mut views_of: Vec<Vec<usize>> = vec![vec![]; temps.len()];
+    let owners: Vec<usize> = (0..temps.len()).filter(|&t| root[t] == Some(t)).collect();
+    let spans: Vec<Span> = owners.iter().map(|&t| Span { first: def[t], last: last[t], size: words(t) }).collect();
+    let (offsets, arena_words) = place(&spans, &line_alignment);
+    let mut offset_of: Vec<Option<usize>> = vec![None; temps.len()];
+    for (&t, offset) in owners.iter().zip(offsets) {
+        offset_of[t] = Some(offset);
+    }
+    // Every tensor of a range goes after the range's last reader.
+    let mut frees: Vec<Vec<usize>> = vec![vec![]; steps.len()];
     for t in 0..temps.len() {
         if let Some(r) = root[t] {
-            if r != t {
-                views_of[r].push(t);
+            if last[r] != usize::MAX {
+                frees[last[r]].push(t);
             }
-        }
-    }
-    // Two greedy assignments; the smaller plan wins.
-    let owners: Vec<usize> = (0..temps.len()).filter(|&t| root[t] == Some(t)).collect();
-    let spans: Vec<(usize, usize, usize)> = owners.iter().map(|&t| (t, def[t], last[t])).collect();
-    let by_size = assign_by_size(&spans, &words);
-    let in_order = assign_in_order(&spans, &words);
-    let total = |(_, w): &(Vec<(usize, usize)>, Vec<usize>)| w.iter().sum::<usize>();
-    let (assignment, slot_words) = if total(&in_order) < total(&by_size) { in_order } else { by_size };
-    let mut slot_of: Vec<Option<usize>> = vec![None; temps.len()];
-    let mut frees: Vec<Vec<usize>> = vec![vec![]; steps.len()];
-    for (t, s) in assignment {
-        slot_of[t] = Some(s);
-        if last[t] != usize::MAX {
-            frees[last[t]].push(t);
         }
     }
     // Figures: the lower bound is the largest total alive at one step.
@@ -348,61 +340,18 @@ fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &[CpuStep], out
         }
     }
     let memory = MemoryPlan {
-        planned: slot_words.iter().map(|&w| w as u64 * 8).sum(),
+        planned: arena_words as u64 * 8,
         lower_bound: alive.iter().copied().max().unwrap_or(0),
         unshared: owners.iter().map(|&t| words(t) as u64 * 8).sum(),
     };
-    (slot_of, slot_words, frees, views_of, memory)
+    (offset_of, arena_words, frees, memory)
 }
 
-/// Buffer assignment, largest intermediates first: each goes to the smallest buffer that
-/// is big enough and whose tenants are never alive at the same time, else to a new one.
-/// `spans` are (temp, first step, last step). Returns (temp, buffer) pairs and sizes.
-fn assign_by_size(spans: &[(usize, usize, usize)], words: &dyn Fn(usize) -> usize) -> (Vec<(usize, usize)>, Vec<usize>) {
-    let mut order = spans.to_vec();
-    order.sort_by_key(|&(t, d, _)| (std::cmp::Reverse(words(t)), d, t));
-    let mut slot_words: Vec<usize> = vec![];
-    let mut tenants: Vec<Vec<(usize, usize)>> = vec![];
-    let mut out = vec![];
-    for (t, d, l) in order {
-        let w = words(t);
-        let overlaps = |s: usize| tenants[s].iter().any(|&(a, b)| a <= l && d <= b);
-        let s = (0..slot_words.len()).filter(|&s| slot_words[s] >= w && !overlaps(s)).min_by_key(|&s| slot_words[s]).unwrap_or_else(|| {
-            slot_words.push(w);
-            tenants.push(vec![]);
-            slot_words.len() - 1
-        });
-        tenants[s].push((d, l));
-        out.push((t, s));
+/// Ranges of 512 bytes or more start on a 64-byte line (sizes in 8-byte words).
+fn line_alignment(words: usize) -> usize {
+    if words >= 64 {
+        8
+    } else {
+        1
     }
-    (out, slot_words)
-}
-
-/// Buffer assignment in step order: each intermediate takes the best-fitting buffer free
-/// when it is written (growing the largest free one if none fits), else a new one.
-fn assign_in_order(spans: &[(usize, usize, usize)], words: &dyn Fn(usize) -> usize) -> (Vec<(usize, usize)>, Vec<usize>) {
-    let mut order = spans.to_vec();
-    order.sort_by_key(|&(t, d, _)| (d, t));
-    let mut slot_words: Vec<usize> = vec![];
-    let mut busy_until: Vec<usize> = vec![];
-    let mut out = vec![];
-    for (t, d, l) in order {
-        let w = words(t);
-        let free: Vec<usize> = (0..slot_words.len()).filter(|&s| busy_until[s] < d).collect();
-        let fit = free.iter().copied().filter(|&s| slot_words[s] >= w).min_by_key(|&s| slot_words[s]);
-        let s = match fit.or_else(|| free.iter().copied().max_by_key(|&s| slot_words[s])) {
-            Some(s) => {
-                slot_words[s] = slot_words[s].max(w);
-                s
-            }
-            None => {
-                slot_words.push(w);
-                busy_until.push(0);
-                slot_words.len() - 1
-            }
-        };
-        busy_until[s] = l;
-        out.push((t, s));
-    }
-    (out, slot_words)
 }

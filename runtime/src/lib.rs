@@ -7,6 +7,7 @@
 //! protobuf, so that applications that run models link this crate alone.
 //! Invariant: only this crate links wgpu.
 
+mod arena;
 pub mod artifact;
 pub mod cpu;
 mod device;
