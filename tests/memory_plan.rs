@@ -51,7 +51,7 @@ fn gpu_buffers_are_shared_by_lifetime() {
             let (outs, stats) = s.run_with_stats(&inputs).unwrap();
             assert!(rel_l2(&outs[0], &set.outputs[0]) < 1e-3, "{model}");
             let m = stats.memory.expect("a one-device GPU run reports its memory plan");
-            assert!(m.lower_bound <= m.planned && 2 * m.planned < m.unshared, "{model}: {m:?}");
+            assert!(m.lower_bound <= m.planned && (m.planned as f64) <= 1.15 * m.lower_bound as f64, "{model}: {m:?}");
         }
     }
 }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 enum Buf {
     /// A constant uploaded with the plan (index into `GpuPlan::consts`).
     Const(usize),
-    /// A per-run buffer (index into `ExecState::buffers`).
+    /// A per-run buffer (index into `GpuPlan::runs`, which says where it lives).
     Run(usize),
 }
 
@@ -25,6 +25,24 @@ struct PlannedDispatch {
     pipeline: Arc<Pipeline>,
     bindings: Vec<Buf>,
     workgroups: [u32; 3],
+}
+
+/// A dispatch before its pipeline exists (the memory plan may change its access modes).
+struct PendingDispatch {
+    label: String,
+    source: String,
+    entry: String,
+    read_only: Vec<bool>,
+    bindings: Vec<Buf>,
+    workgroups: [u32; 3],
+}
+
+/// Where a per-run buffer lives: a range of one device buffer of `ExecState::buffers`.
+#[derive(Clone, Copy, Debug)]
+struct Loc {
+    buffer: usize,
+    offset: u64,
+    size: u64,
 }
 
 enum OutputSource {
@@ -41,8 +59,10 @@ pub(crate) type WeightCache = Mutex<HashMap<ValueId, Arc<wgpu::Buffer>>>;
 pub(crate) struct GpuPlan {
     ctx: Arc<GpuContext>,
     consts: Vec<Arc<wgpu::Buffer>>,
-    /// Sizes in bytes of the per-run buffers.
-    run_sizes: Vec<u64>,
+    /// Sizes in bytes of the device buffers of a runner.
+    buffer_sizes: Vec<u64>,
+    /// Where each per-run buffer lives.
+    runs: Vec<Loc>,
     /// (graph input index, run buffer, name) of every input the kernels read; f16
     /// inputs go to a buffer of halves that a widening kernel reads (see `half.rs`).
     inputs: Vec<(usize, usize, String)>,
@@ -66,13 +86,18 @@ struct ExecState {
     status_staging: Option<wgpu::Buffer>,
 }
 
-/// GPU memory plan: run buffers in `shareable` whose uses (first to last dispatch that
-/// binds them) do not overlap share one device buffer, largest first, best fit; the
-/// others keep their own. Returns each run buffer's physical buffer and their sizes.
-/// Dispatches of one pass are ordered, and wgpu orders a write after earlier reads of the
-/// same buffer, so reuse is safe.
-fn share_buffers(dispatches: &[PlannedDispatch], sizes: &[u64], shareable: &std::collections::HashSet<usize>) -> (Vec<usize>, Vec<u64>) {
-    let mut span: Vec<Option<(usize, usize)>> = vec![None; sizes.len()];
+/// Run buffers that live beyond the dispatches that bind them: graph inputs are written
+/// before the first dispatch, graph outputs (and status words) read after the last.
+#[derive(Default)]
+struct Pinned {
+    from_start: Vec<usize>,
+    to_end: Vec<usize>,
+}
+
+/// The first and last dispatch during which each of `n` run buffers holds data (None:
+/// never used); `dispatches.len()` stands for the readback after the pass.
+fn spans(dispatches: &[PendingDispatch], n: usize, pinned: &Pinned) -> Vec<Option<(usize, usize)>> {
+    let mut span: Vec<Option<(usize, usize)>> = vec![None; n];
     for (k, d) in dispatches.iter().enumerate() {
         for b in &d.bindings {
             if let Buf::Run(r) = b {
@@ -80,6 +105,96 @@ fn share_buffers(dispatches: &[PlannedDispatch], sizes: &[u64], shareable: &std:
             }
         }
     }
+    for &r in &pinned.from_start {
+        span[r] = Some((0, span[r].map_or(0, |(_, b)| b)));
+    }
+    for &r in &pinned.to_end {
+        span[r] = Some((span[r].map_or(0, |(a, _)| a), dispatches.len()));
+    }
+    span
+}
+
+/// GPU memory plan: run buffers in `shareable` (outputs of kernels that write every
+/// element) and graph inputs, when bound once per dispatch, get ranges of one arena buffer, placed by lifetime
+/// like the CPU's intermediates (`crate::arena`), at the adapter's storage offset
+/// alignment; every other run buffer gets its own. A dispatch of one pass may then read
+/// and write one device buffer (different ranges); wgpu orders dispatches that write a
+/// buffer after earlier uses of it, so reuse is safe. When the arena would exceed
+/// `max_arena` bytes, buffers are shared whole instead ([`share_buffers`]).
+/// Returns where each run buffer lives and the device buffers' sizes.
+fn plan_runs(dispatches: &[PendingDispatch], sizes: &[u64], shareable: &std::collections::HashSet<usize>, pinned: &Pinned, align: u64, max_arena: u64) -> (Vec<Loc>, Vec<u64>) {
+    let span = spans(dispatches, sizes.len(), pinned);
+    let mut twice = std::collections::HashSet::new();
+    for d in dispatches {
+        for (i, b) in d.bindings.iter().enumerate() {
+            if let Buf::Run(r) = b {
+                if d.bindings[..i].contains(b) {
+                    twice.insert(*r);
+                }
+            }
+        }
+    }
+    let eligible = |r: usize| shareable.contains(&r) || pinned.from_start.contains(&r);
+    let arena: Vec<usize> = (0..sizes.len()).filter(|&r| eligible(r) && span[r].is_some() && !twice.contains(&r)).collect();
+    let placed: Vec<crate::arena::Span> = arena
+        .iter()
+        .map(|&r| {
+            let (first, last) = span[r].expect("arena buffers are bound");
+            crate::arena::Span { first, last, size: sizes[r] as usize }
+        })
+        .collect();
+    let (offsets, total) = crate::arena::place(&placed, &|_| align.max(4) as usize);
+    if arena.is_empty() || total as u64 > max_arena {
+        let (physical, phys_sizes) = share_buffers(&span, sizes, shareable);
+        let runs = (0..sizes.len()).map(|r| Loc { buffer: physical[r], offset: 0, size: sizes[r] }).collect();
+        return (runs, phys_sizes);
+    }
+    let mut runs: Vec<Option<Loc>> = vec![None; sizes.len()];
+    for (&r, &offset) in arena.iter().zip(&offsets) {
+        runs[r] = Some(Loc { buffer: 0, offset: offset as u64, size: sizes[r] });
+    }
+    let mut buffer_sizes = vec![total as u64];
+    let runs = runs
+        .into_iter()
+        .enumerate()
+        .map(|(r, loc)| {
+            loc.unwrap_or_else(|| {
+                buffer_sizes.push(sizes[r]);
+                Loc { buffer: buffer_sizes.len() - 1, offset: 0, size: sizes[r] }
+            })
+        })
+        .collect();
+    (runs, buffer_sizes)
+}
+
+/// Gives read-only bindings `read_write` access where the same dispatch writes another
+/// range of their device buffer (wgpu allows no read-only and writable use of one
+/// buffer in a dispatch); rewrites the kernel's declaration to match.
+fn widen_access(d: &mut PendingDispatch, runs: &[Loc]) -> Result<()> {
+    let buffer = |b: &Buf| match b {
+        Buf::Run(r) => Some(runs[*r].buffer),
+        Buf::Const(_) => None,
+    };
+    let written: Vec<usize> = d.bindings.iter().zip(&d.read_only).filter(|(_, ro)| !**ro).filter_map(|(b, _)| buffer(b)).collect();
+    for i in 0..d.bindings.len() {
+        if d.read_only[i] && buffer(&d.bindings[i]).is_some_and(|p| written.contains(&p)) {
+            let from = format!("@binding({i}) var<storage, read>");
+            if !d.source.contains(&from) {
+                return Err(RuntimeError::Gpu(format!("kernel '{}': binding {i} is not declared as `{from}`", d.label)));
+            }
+            d.source = d.source.replacen(&from, &format!("@binding({i}) var<storage, read_write>"), 1);
+            d.read_only[i] = false;
+        }
+    }
+    Ok(())
+}
+
+/// GPU memory plan (fallback): run buffers in `shareable` whose uses (first to last dispatch that
+/// binds them) do not overlap share one device buffer, largest first, best fit; the
+/// others keep their own. Returns each run buffer's physical buffer and their sizes.
+/// Dispatches of one pass are ordered, and wgpu orders a write after earlier reads of the
+/// same buffer, so reuse is safe.
+fn share_buffers(span: &[Option<(usize, usize)>], sizes: &[u64], shareable: &std::collections::HashSet<usize>) -> (Vec<usize>, Vec<u64>) {
     let mut order: Vec<usize> = (0..sizes.len()).collect();
     order.sort_by_key(|&r| (std::cmp::Reverse(sizes[r]), r));
     let mut physical = vec![0usize; sizes.len()];
@@ -109,16 +224,9 @@ fn share_buffers(dispatches: &[PlannedDispatch], sizes: &[u64], shareable: &std:
 /// The largest total of run buffers alive (bound by an earlier and by a later or the
 /// current dispatch) at one dispatch: the lower bound of any plan, from the logical
 /// buffers before sharing.
-fn live_peak(dispatches: &[PlannedDispatch], sizes: &[u64]) -> u64 {
-    let mut span: Vec<Option<(usize, usize)>> = vec![None; sizes.len()];
-    for (k, d) in dispatches.iter().enumerate() {
-        for b in &d.bindings {
-            if let Buf::Run(r) = b {
-                span[*r] = Some(span[*r].map_or((k, k), |(a, _)| (a, k)));
-            }
-        }
-    }
-    (0..dispatches.len()).map(|k| sizes.iter().zip(&span).filter(|(_, s)| s.is_some_and(|(a, b)| a <= k && k <= b)).map(|(z, _)| *z).sum::<u64>()).max().unwrap_or(0)
+fn live_peak(dispatches: &[PendingDispatch], sizes: &[u64], pinned: &Pinned) -> u64 {
+    let span = spans(dispatches, sizes.len(), pinned);
+    (0..=dispatches.len()).map(|k| sizes.iter().zip(&span).filter(|(_, s)| s.is_some_and(|(a, b)| a <= k && k <= b)).map(|(z, _)| *z).sum::<u64>()).max().unwrap_or(0)
 }
 
 fn gpu_bytes(t: &TensorType) -> u64 {
@@ -169,8 +277,8 @@ impl GpuPlan {
             if ty.dtype == DType::F16 && ctx.f16 {
                 let (source, workgroups) = half::widen(ty.len());
                 let label = format!("input '{name}': f16 to f32");
-                let pipeline = ctx.pipeline(&label, &source, "main", &[true, false])?;
-                dispatches.push(PlannedDispatch { label, pipeline, bindings: vec![Buf::Run(run_sizes.len()), Buf::Run(run_sizes.len() - 1)], workgroups });
+                let bindings = vec![Buf::Run(run_sizes.len()), Buf::Run(run_sizes.len() - 1)];
+                dispatches.push(PendingDispatch { label, source, entry: "main".into(), read_only: vec![true, false], bindings, workgroups });
                 run_sizes.push(half::packed_bytes(ty.len()));
             }
             inputs.push((i, run_sizes.len() - 1, name.clone()));
@@ -284,14 +392,14 @@ impl GpuPlan {
                     read_only.push(ro);
                 }
                 let label = format!("{} ({}): {}", node.name, node.op_type, d.label);
-                let pipeline = ctx.pipeline(&label, &d.source, &d.entry_point, &read_only)?;
                 if d.workgroups.iter().any(|&w| w > ctx.limits.max_compute_workgroups_per_dimension) {
                     return Err(RuntimeError::Gpu(format!(
                         "kernel '{label}' launches {:?} workgroups; this adapter allows {} per dimension",
                         d.workgroups, ctx.limits.max_compute_workgroups_per_dimension
                     )));
                 }
-                dispatches.push(PlannedDispatch { label, pipeline, bindings, workgroups: d.workgroups });
+                let (source, entry) = (d.source.clone(), d.entry_point.clone());
+                dispatches.push(PendingDispatch { label, source, entry, read_only, bindings, workgroups: d.workgroups });
             }
         }
         let mut outputs = vec![];
@@ -306,8 +414,8 @@ impl GpuPlan {
                         let ty = spec.ty(o).clone();
                         let (source, workgroups) = half::narrow(ty.len());
                         let label = format!("output '{}': f32 to f16", graph.values[o].name);
-                        let pipeline = ctx.pipeline(&label, &source, "main", &[true, false])?;
-                        dispatches.push(PlannedDispatch { label, pipeline, bindings: vec![Buf::Run(*b), Buf::Run(run_sizes.len())], workgroups });
+                        let bindings = vec![Buf::Run(*b), Buf::Run(run_sizes.len())];
+                        dispatches.push(PendingDispatch { label, source, entry: "main".into(), read_only: vec![true, false], bindings, workgroups });
                         run_sizes.push(half::packed_bytes(ty.len()));
                         outputs.push(OutputSource::Halves(run_sizes.len() - 1, ty));
                     }
@@ -319,41 +427,27 @@ impl GpuPlan {
                 }
             }
         }
+        let mut pinned = Pinned { from_start: inputs.iter().map(|(_, r, _)| *r).collect(), to_end: statuses.iter().map(|(r, _, _)| *r).collect() };
         for o in &outputs {
             if let OutputSource::Buffer(b, _) | OutputSource::Halves(b, _) = o {
-                shareable.remove(b);
+                pinned.to_end.push(*b);
             }
         }
-        let lower_bound = live_peak(&dispatches, &run_sizes);
-        let (physical, sizes) = share_buffers(&dispatches, &run_sizes, &shareable);
-        let remap = |b: &mut Buf| {
-            if let Buf::Run(r) = b {
-                *r = physical[*r];
-            }
-        };
-        for d in &mut dispatches {
-            d.bindings.iter_mut().for_each(remap);
-        }
-        for (_, r, _) in &mut inputs {
-            *r = physical[*r];
-        }
-        for (r, _, _) in &mut statuses {
-            *r = physical[*r];
-        }
-        for o in &mut outputs {
-            if let OutputSource::Buffer(b, _) | OutputSource::Halves(b, _) = o {
-                *b = physical[*b];
-            }
-        }
-        let memory = crate::cpu::MemoryPlan {
-            planned: sizes.iter().sum(),
-            lower_bound,
-            unshared: run_sizes.iter().sum(),
-        };
-        log::debug!("GPU memory plan: {} run buffers in {} device buffers: {memory:?}", run_sizes.len(), sizes.len());
-        let run_sizes = sizes;
+        let lower_bound = live_peak(&dispatches, &run_sizes, &pinned);
+        let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
+        let (runs, buffer_sizes) = plan_runs(&dispatches, &run_sizes, &shareable, &pinned, align, ctx.limits.max_buffer_size);
+        let memory = crate::cpu::MemoryPlan { planned: buffer_sizes.iter().sum(), lower_bound, unshared: run_sizes.iter().sum() };
+        log::debug!("GPU memory plan: {} run buffers in {} device buffers: {memory:?}", run_sizes.len(), buffer_sizes.len());
+        let dispatches = dispatches
+            .into_iter()
+            .map(|mut d| {
+                widen_access(&mut d, &runs)?;
+                let pipeline = ctx.pipeline(&d.label, &d.source, &d.entry, &d.read_only)?;
+                Ok(PlannedDispatch { label: d.label, pipeline, bindings: d.bindings, workgroups: d.workgroups })
+            })
+            .collect::<Result<Vec<_>>>()?;
         ctx.take_error()?;
-        Ok(GpuPlan { ctx, consts, run_sizes, inputs, dispatches, outputs, statuses, memory, pool: Mutex::default() })
+        Ok(GpuPlan { ctx, consts, buffer_sizes, runs, inputs, dispatches, outputs, statuses, memory, pool: Mutex::default() })
     }
 
     /// The kernels this plan dispatches (for artifacts).
@@ -368,7 +462,7 @@ impl GpuPlan {
     fn new_state(&self) -> ExecState {
         let dev = &self.ctx.device;
         let buffers: Vec<wgpu::Buffer> = self
-            .run_sizes
+            .buffer_sizes
             .iter()
             .map(|&size| {
                 dev.create_buffer(&wgpu::BufferDescriptor {
@@ -391,7 +485,10 @@ impl GpuPlan {
                         binding: i as u32,
                         resource: match b {
                             Buf::Const(c) => self.consts[*c].as_entire_binding(),
-                            Buf::Run(r) => buffers[*r].as_entire_binding(),
+                            Buf::Run(r) => {
+                                let loc = self.runs[*r];
+                                wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &buffers[loc.buffer], offset: loc.offset, size: std::num::NonZeroU64::new(loc.size) })
+                            }
                         },
                     })
                     .collect();
@@ -442,17 +539,18 @@ impl GpuPlan {
                 // Halves as they are; the buffer is padded to whole words.
                 let mut bytes = t.bytes().to_vec();
                 bytes.resize(half::packed_bytes(t.len()) as usize, 0);
-                ctx.queue.write_buffer(&st.buffers[*buf], 0, &bytes);
+                ctx.queue.write_buffer(&st.buffers[self.runs[*buf].buffer], self.runs[*buf].offset, &bytes);
                 continue;
             }
             let bytes = to_gpu(t, &format!("input '{name}'"))?;
             if !bytes.is_empty() {
-                ctx.queue.write_buffer(&st.buffers[*buf], 0, &bytes);
+                ctx.queue.write_buffer(&st.buffers[self.runs[*buf].buffer], self.runs[*buf].offset, &bytes);
             }
         }
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
         for (b, _, _) in &self.statuses {
-            enc.clear_buffer(&st.buffers[*b], 0, None);
+            let loc = self.runs[*b];
+            enc.clear_buffer(&st.buffers[loc.buffer], loc.offset, Some(loc.size));
         }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes: None });
@@ -467,12 +565,12 @@ impl GpuPlan {
         }
         for (o, staging) in self.outputs.iter().zip(&st.staging) {
             if let (OutputSource::Buffer(b, _) | OutputSource::Halves(b, _), Some(s), Some(bytes)) = (o, staging, output_bytes(o)) {
-                enc.copy_buffer_to_buffer(&st.buffers[*b], 0, s, 0, bytes);
+                enc.copy_buffer_to_buffer(&st.buffers[self.runs[*b].buffer], self.runs[*b].offset, s, 0, bytes);
             }
         }
         if let Some(s) = &st.status_staging {
             for (k, (b, _, _)) in self.statuses.iter().enumerate() {
-                enc.copy_buffer_to_buffer(&st.buffers[*b], 0, s, STATUS_BYTES * k as u64, STATUS_BYTES);
+                enc.copy_buffer_to_buffer(&st.buffers[self.runs[*b].buffer], self.runs[*b].offset, s, STATUS_BYTES * k as u64, STATUS_BYTES);
             }
         }
         let idx = ctx.queue.submit([enc.finish()]);
@@ -555,5 +653,71 @@ impl GpuPlan {
             return Ok(Some(RuntimeError::Node { node: node.clone(), op: op.clone(), source: kiln_ops::OpError::invalid(what) }));
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dispatch(bindings: &[usize], read_only: &[bool]) -> PendingDispatch {
+        let source = (0..bindings.len())
+            .map(|i| format!("@group(0) @binding({i}) var<storage, {}> b{i}: array<f32>;\n", if read_only[i] { "read" } else { "read_write" }))
+            .collect();
+        PendingDispatch {
+            label: "k".into(),
+            source,
+            entry: "main".into(),
+            read_only: read_only.to_vec(),
+            bindings: bindings.iter().map(|&r| Buf::Run(r)).collect(),
+            workgroups: [1, 1, 1],
+        }
+    }
+
+    /// input 0 -> 1 -> 2 -> 3 (output), plus 4 = 1 + 1 (bound twice).
+    fn chain() -> (Vec<PendingDispatch>, Vec<u64>, std::collections::HashSet<usize>, Pinned) {
+        let ds = vec![dispatch(&[0, 1], &[true, false]), dispatch(&[1, 2], &[true, false]), dispatch(&[2, 3], &[true, false]), dispatch(&[1, 1, 4], &[true, true, false])];
+        let shareable = [1, 2, 3, 4].into_iter().collect();
+        (ds, vec![256, 512, 256, 256, 256], shareable, Pinned { from_start: vec![0], to_end: vec![3] })
+    }
+
+    #[test]
+    fn arena_ranges_are_disjoint_while_alive_and_reads_widen_where_a_dispatch_writes() {
+        let (mut ds, sizes, shareable, pinned) = chain();
+        let (runs, buffers) = plan_runs(&ds, &sizes, &shareable, &pinned, 256, u64::MAX);
+        // Buffer 4's input (1) is bound twice in one dispatch: 1 stays out of the arena.
+        assert_ne!(runs[1].buffer, 0);
+        assert!([0, 2, 3, 4].iter().all(|&r| runs[r].buffer == 0 && runs[r].offset % 256 == 0));
+        let span = spans(&ds, sizes.len(), &pinned);
+        for a in 0..sizes.len() {
+            for b in a + 1..sizes.len() {
+                let (sa, sb) = (span[a].unwrap(), span[b].unwrap());
+                let together = sa.0 <= sb.1 && sb.0 <= sa.1;
+                let (la, lb) = (runs[a], runs[b]);
+                let apart = la.buffer != lb.buffer || la.offset + la.size <= lb.offset || lb.offset + lb.size <= la.offset;
+                assert!(!together || apart, "{a} and {b} overlap: {la:?} {lb:?}");
+            }
+        }
+        assert_eq!(buffers.iter().sum::<u64>(), live_peak(&ds, &sizes, &pinned), "this chain packs to its lower bound");
+        // Dispatch 2 reads 2 and writes 3, both in the arena: its read becomes read_write.
+        widen_access(&mut ds[2], &runs).unwrap();
+        assert_eq!(ds[2].read_only, vec![false, false]);
+        assert!(ds[2].source.contains("@binding(0) var<storage, read_write>"));
+        // Dispatch 3 reads buffer 1 (not in the arena): unchanged.
+        widen_access(&mut ds[3], &runs).unwrap();
+        assert_eq!(ds[3].read_only, vec![true, true, false]);
+    }
+
+    #[test]
+    fn an_arena_too_large_falls_back_to_whole_shared_buffers() {
+        let (ds, sizes, shareable, pinned) = chain();
+        let (runs, buffers) = plan_runs(&ds, &sizes, &shareable, &pinned, 256, 100);
+        assert!(runs.iter().all(|l| l.offset == 0));
+        assert!(buffers.iter().sum::<u64>() < sizes.iter().sum::<u64>(), "whole buffers are still shared: {buffers:?}");
+        // A mislabelled kernel declaration is an error, not a silent mismatch.
+        let mut d = dispatch(&[0, 1], &[true, false]);
+        d.source = d.source.replace("var<storage, read> b0", "var<storage,read> b0");
+        let runs = vec![Loc { buffer: 0, offset: 0, size: 4 }, Loc { buffer: 0, offset: 256, size: 4 }];
+        assert!(widen_access(&mut d, &runs).is_err());
     }
 }
