@@ -1,13 +1,30 @@
 //! The CPU side of an op: the [`CpuKernel`] trait and helpers shared by kernels
 //! (parallel loops, per-thread scratch memory).
-use crate::Result;
+use crate::{Result, TensorType};
 use kiln_graph::Tensor;
 use std::cell::RefCell;
 
 /// A native kernel. `outputs` arrive allocated with the inferred dtypes and dims and
 /// are overwritten; `inputs[i]` is `None` for an omitted optional input.
+///
+/// In place: a kernel with one output that reads each element of an input before it
+/// writes the output element at the same index can let the output take over that
+/// input's memory. [`CpuKernel::in_place_inputs`] names the inputs for which this holds
+/// at given types (they must have the output's dtype and element count); a memory plan
+/// that picks input `i` calls [`CpuKernel::run_in_place`] with `outputs[0]` holding
+/// input `i`'s values and `inputs[i]` set to `None`.
 pub trait CpuKernel: Send + Sync {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()>;
+
+    /// Inputs whose memory the output may take over at these types (none by default).
+    fn in_place_inputs(&self, _inputs: &[Option<&TensorType>], _output: &TensorType) -> Vec<usize> {
+        vec![]
+    }
+
+    /// Runs with input `i`'s memory taken over by `outputs[0]` (see the trait's doc).
+    fn run_in_place(&self, _inputs: &[Option<&Tensor>], i: usize, _outputs: &mut [Tensor]) -> Result<()> {
+        Err(crate::OpError::Unsupported(format!("this kernel cannot run in place of input {i}")))
+    }
 }
 
 /// Input `i`, which the op's inference already proved present.

@@ -12,22 +12,24 @@ pub(crate) struct Span {
 }
 
 /// Places every span in one arena so that spans alive at the same step get disjoint
-/// ranges. Two greedy orders (largest first, and in step order), each putting a span
-/// into the tightest gap left by the spans already placed that overlap it in time; the
-/// smaller arena wins. A span of size `n` starts at a multiple of `align(n)`. Returns
+/// ranges. Four greedy orders (largest first, in step order, largest size x duration
+/// first, longest-lived first), each putting a span into the tightest gap left by the
+/// spans already placed that overlap it in time; the smallest arena wins. A span of size `n` starts at a multiple of `align(n)`. Returns
 /// each span's offset (in the order given) and the arena's size.
 pub(crate) fn place(spans: &[Span], align: &dyn Fn(usize) -> usize) -> (Vec<usize>, usize) {
-    let mut by_size: Vec<usize> = (0..spans.len()).collect();
-    by_size.sort_by_key(|&i| (std::cmp::Reverse(spans[i].size), spans[i].first, i));
-    let mut in_order: Vec<usize> = (0..spans.len()).collect();
-    in_order.sort_by_key(|&i| (spans[i].first, std::cmp::Reverse(spans[i].size), i));
-    let a = place_in(spans, &by_size, align);
-    let b = place_in(spans, &in_order, align);
-    if b.1 < a.1 {
-        b
-    } else {
-        a
-    }
+    let order = |key: &dyn Fn(usize) -> (usize, usize)| -> Vec<usize> {
+        let mut o: Vec<usize> = (0..spans.len()).collect();
+        o.sort_by_key(|&i| (key(i), i));
+        o
+    };
+    let duration = |s: &Span| s.last.saturating_sub(s.first).min(1 << 20) + 1;
+    let orders = [
+        order(&|i| (usize::MAX - spans[i].size, spans[i].first)),
+        order(&|i| (spans[i].first, usize::MAX - spans[i].size)),
+        order(&|i| (usize::MAX - spans[i].size.saturating_mul(duration(&spans[i])), spans[i].first)),
+        order(&|i| (usize::MAX - duration(&spans[i]), usize::MAX - spans[i].size)),
+    ];
+    orders.iter().map(|o| place_in(spans, o, align)).min_by_key(|(_, total)| *total).expect("four orders")
 }
 
 fn place_in(spans: &[Span], order: &[usize], align: &dyn Fn(usize) -> usize) -> (Vec<usize>, usize) {

@@ -33,6 +33,11 @@ struct CpuStep {
     inputs: Vec<Option<Slot>>,
     outputs: Vec<usize>,
     view: bool,
+    /// Inputs whose memory the kernel could write its output over (`CpuKernel::in_place_inputs`).
+    in_place_candidates: Vec<usize>,
+    /// The input whose memory the output takes over, and the temps (that input and its
+    /// views) that give it up, when the memory plan chose to run this step in place.
+    in_place: Option<(usize, Vec<usize>)>,
 }
 
 /// The plan of one specialisation (internal; its [`MemoryPlan`] is reported in `RunStats`).
@@ -58,10 +63,13 @@ pub(crate) struct CpuPlan {
 pub struct MemoryPlan {
     /// Total size of the buffers the plan allocates for intermediates.
     pub planned: u64,
-    /// The most bytes of intermediates alive at one step (no plan can do better).
+    /// The most bytes of intermediates alive at one step (no plan can do better; an
+    /// output written in place over its input counts once).
     pub lower_bound: u64,
     /// Every intermediate in its own buffer (no reuse).
     pub unshared: u64,
+    /// Steps that write their output over an input's memory (CPU).
+    pub in_place: usize,
 }
 
 /// The most memory the CPU backend plans to use: the machine's RAM (from
@@ -117,10 +125,17 @@ impl CpuPlan {
                 outputs.push(temps.len() - 1);
                 slot_of.insert(o, Slot::Temp(temps.len() - 1));
             }
-            steps.push(CpuStep { node: s.node, inputs, outputs, view: op.is_view() });
+            let in_place_candidates = match op.cpu() {
+                Some(k) if s.outputs.len() == 1 && op.overwrites_outputs() => {
+                    let types: Vec<Option<&kiln_ops::TensorType>> = s.inputs.iter().map(|v| v.map(|v| spec.ty(v))).collect();
+                    k.in_place_inputs(&types, spec.ty(s.outputs[0]))
+                }
+                _ => vec![],
+            };
+            steps.push(CpuStep { node: s.node, inputs, outputs, view: op.is_view(), in_place_candidates, in_place: None });
         }
         let outputs: Vec<Slot> = graph.outputs.iter().map(|&o| slot(o, &mut slot_of, &mut consts)).collect();
-        let (offset_of, arena_words, frees, memory) = plan_memory(&temps, &steps, &outputs);
+        let (offset_of, arena_words, frees, memory) = plan_memory(&temps, &mut steps, &outputs);
         log::debug!("CPU memory plan: an arena of {} bytes; lower bound {}, unshared {}", memory.planned, memory.lower_bound, memory.unshared);
         Ok(CpuPlan {
             consts,
@@ -174,7 +189,14 @@ impl CpuPlan {
             let started = profile.as_ref().map(|_| std::time::Instant::now());
             let node = &graph.nodes[s.node];
             // Give the step's outputs their ranges.
-            if !s.view {
+            if let Some((_, giving_up)) = &s.in_place {
+                // The output takes over its input's range (values included).
+                for &t in giving_up {
+                    temps[t] = self.placeholder.clone();
+                }
+                let o = s.outputs[0];
+                temps[o] = self.owner(o, arena).map_err(|e| RuntimeError::node(node, e.into()))?;
+            } else if !s.view {
                 let zero = !ops[s.node].overwrites_outputs();
                 for &o in &s.outputs {
                     let mut t = self.owner(o, arena).map_err(|e| RuntimeError::node(node, e.into()))?;
@@ -190,11 +212,13 @@ impl CpuPlan {
             let first = s.outputs[0];
             let (done, rest) = temps.split_at_mut(first);
             let outs = &mut rest[..s.outputs.len()];
+            let taken = s.in_place.as_ref().map(|(i, _)| *i);
             let ins: Vec<Option<&Tensor>> = s
                 .inputs
                 .iter()
-                .map(|sl| {
-                    sl.map(|sl| match sl {
+                .enumerate()
+                .map(|(i, sl)| {
+                    sl.filter(|_| Some(i) != taken).map(|sl| match sl {
                         Slot::Const(c) => &self.consts[c],
                         Slot::Input(i) => inputs[i],
                         Slot::Temp(t) => &done[t],
@@ -207,9 +231,10 @@ impl CpuPlan {
                     None => Err(kiln_ops::OpError::input(0, "a view op needs its data input")),
                 }
             } else {
-                match ops[s.node].cpu() {
-                    Some(k) => k.run(&ins, outs),
-                    None => Err(kiln_ops::OpError::Unsupported("no CPU kernel".into())),
+                match (ops[s.node].cpu(), taken) {
+                    (Some(k), Some(i)) => k.run_in_place(&ins, i, outs),
+                    (Some(k), None) => k.run(&ins, outs),
+                    (None, _) => Err(kiln_ops::OpError::Unsupported("no CPU kernel".into())),
                 }
             };
             drop(ins);
@@ -270,7 +295,7 @@ fn fill_nan(t: &mut Tensor) {
 
 /// The memory plan: each non-view temp's arena range (first word), the arena's size in
 /// words, the temps dropped after each step, and the plan's figures.
-fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &[CpuStep], outputs: &[Slot]) -> (Vec<Option<usize>>, usize, Vec<Vec<usize>>, MemoryPlan) {
+fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &mut [CpuStep], outputs: &[Slot]) -> (Vec<Option<usize>>, usize, Vec<Vec<usize>>, MemoryPlan) {
     let words = |t: usize| -> usize {
         let (d, dims) = &temps[t];
         (dims.iter().product::<usize>() * d.size()).div_ceil(8).max(1)
@@ -316,11 +341,34 @@ fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &[CpuStep], out
         }
     }
     let owners: Vec<usize> = (0..temps.len()).filter(|&t| root[t] == Some(t)).collect();
-    let spans: Vec<Span> = owners.iter().map(|&t| Span { first: def[t], last: last[t], size: words(t) }).collect();
+    // In place: a step writes its output over an input (an owner of the same size that
+    // nothing reads after this step, and that no other input of the step shares). The
+    // output then continues the input's region: one range for the whole chain.
+    let mut region: Vec<usize> = (0..temps.len()).collect();
+    let mut region_last = last.clone();
+    for (k, s) in steps.iter_mut().enumerate() {
+        s.in_place = None;
+        for &i in &s.in_place_candidates {
+            let (Some(Some(Slot::Temp(x))), &[o]) = (s.inputs.get(i).copied(), s.outputs.as_slice()) else { continue };
+            let shared = s.inputs.iter().enumerate().any(|(j, sl)| j != i && matches!(sl, Some(Slot::Temp(y)) if root[*y] == Some(x)));
+            if s.view || root[x] != Some(x) || last[x] != k || words(x) != words(o) || shared {
+                continue;
+            }
+            region[o] = region[x];
+            region_last[region[x]] = last[o];
+            s.in_place = Some((i, (0..temps.len()).filter(|&m| root[m] == Some(x)).collect()));
+            break;
+        }
+    }
+    let heads: Vec<usize> = owners.iter().copied().filter(|&t| region[t] == t).collect();
+    let spans: Vec<Span> = heads.iter().map(|&t| Span { first: def[t], last: region_last[t], size: words(t) }).collect();
     let (offsets, arena_words) = place(&spans, &line_alignment);
     let mut offset_of: Vec<Option<usize>> = vec![None; temps.len()];
-    for (&t, offset) in owners.iter().zip(offsets) {
+    for (&t, offset) in heads.iter().zip(offsets) {
         offset_of[t] = Some(offset);
+    }
+    for &t in &owners {
+        offset_of[t] = offset_of[region[t]];
     }
     // Every tensor of a range goes after the range's last reader.
     let mut frees: Vec<Vec<usize>> = vec![vec![]; steps.len()];
@@ -333,8 +381,8 @@ fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &[CpuStep], out
     }
     // Figures: the lower bound is the largest total alive at one step.
     let mut alive = vec![0u64; steps.len()];
-    for &t in &owners {
-        let end = last[t].min(steps.len().saturating_sub(1));
+    for &t in &heads {
+        let end = region_last[t].min(steps.len().saturating_sub(1));
         for a in alive.iter_mut().take(end + 1).skip(def[t]) {
             *a += words(t) as u64 * 8;
         }
@@ -343,6 +391,7 @@ fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &[CpuStep], out
         planned: arena_words as u64 * 8,
         lower_bound: alive.iter().copied().max().unwrap_or(0),
         unshared: owners.iter().map(|&t| words(t) as u64 * 8).sum(),
+        in_place: steps.iter().filter(|s| s.in_place.is_some()).count(),
     };
     (offset_of, arena_words, frees, memory)
 }

@@ -90,7 +90,7 @@ pub fn main(args: Args) -> Result<()> {
             "median_ms": s.median, "p90_ms": s.p90, "min_ms": s.min, "mean_ms": s.mean,
             "throughput_per_s": 1e3 / s.median, "load_ms": load_ms, "first_run_ms": first_ms,
             "kernels_per_run": run.kernels, "submits_per_run": run.submits,
-            "memory": run.memory.map(|m| serde_json::json!({"planned_bytes": m.planned, "lower_bound_bytes": m.lower_bound, "unshared_bytes": m.unshared})),
+            "memory": run.memory.map(|m| serde_json::json!({"planned_bytes": m.planned, "lower_bound_bytes": m.lower_bound, "unshared_bytes": m.unshared, "in_place_steps": m.in_place})),
         });
         println!("{j}");
         return Ok(());
@@ -105,11 +105,12 @@ pub fn main(args: Args) -> Result<()> {
     if let Some(m) = run.memory {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         println!(
-            "  intermediates: planned {:.2} MiB = {:.2}x the lower bound {:.2} MiB (unshared {:.2} MiB)",
+            "  intermediates: planned {:.2} MiB = {:.2}x the lower bound {:.2} MiB (unshared {:.2} MiB; {} steps in place)",
             mib(m.planned),
             m.planned as f64 / m.lower_bound.max(1) as f64,
             mib(m.lower_bound),
-            mib(m.unshared)
+            mib(m.unshared),
+            m.in_place
         );
     }
     if args.profile {

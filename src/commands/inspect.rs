@@ -105,7 +105,7 @@ pub fn main(args: Args) -> Result<()> {
             .map(|((name, op, group, shape, flops, bytes), dev)| serde_json::json!({"node": name, "op": op, "fused": group, "device": dev, "shape": shape, "flops": flops, "bytes": bytes}))
             .collect();
         let passes: Vec<serde_json::Value> = pass_report.iter().map(|(n, c, r, a)| serde_json::json!({"pass": n, "changes": c, "removed": r, "added": a})).collect();
-        let memory = stats.memory.map(|m| serde_json::json!({"planned_bytes": m.planned, "lower_bound_bytes": m.lower_bound, "unshared_bytes": m.unshared}));
+        let memory = stats.memory.map(|m| serde_json::json!({"planned_bytes": m.planned, "lower_bound_bytes": m.lower_bound, "unshared_bytes": m.unshared, "in_place_steps": m.in_place}));
         println!("{}", serde_json::json!({"model": args.model, "device": device, "nodes": nodes, "passes": passes, "kernels_per_run": stats.kernels, "memory": memory}));
         return Ok(());
     }
@@ -134,11 +134,12 @@ pub fn main(args: Args) -> Result<()> {
     println!("{} nodes, {} kernels per run on {device}, {} FLOPs per run", rows.len(), stats.kernels, human(total_flops));
     if let Some(m) = stats.memory {
         println!(
-            "memory plan: {} bytes of intermediates, {:.2}x the lower bound ({} bytes); {} bytes unshared",
+            "memory plan: {} bytes of intermediates, {:.2}x the lower bound ({} bytes); {} bytes unshared; {} steps in place",
             m.planned,
             m.planned as f64 / m.lower_bound.max(1) as f64,
             m.lower_bound,
-            m.unshared
+            m.unshared,
+            m.in_place
         );
     }
     if let Some(path) = &args.dot {

@@ -222,14 +222,19 @@ fn binary_block(k: BinaryKind, a: &[f32], b: &[f32], out: &mut [f32]) {
 impl FusedElementwise {
     /// Evaluates the blocks of `part` (output elements from `first * BLOCK`).
     #[inline(always)]
-    fn blocks(&self, srcs: &[&[f32]], accesses: &[Access], out_dims: &[usize], first: usize, part: &mut [f32], scratch: &mut [f32]) {
+    /// A `None` source is the input run in place: its values are in `part` itself.
+    fn blocks(&self, srcs: &[Option<&[f32]>], accesses: &[Access], out_dims: &[usize], first: usize, part: &mut [f32], scratch: &mut [f32]) {
         let inputs = srcs.len();
         let regs = inputs + self.instrs.len();
         for (b, out) in part.chunks_mut(BLOCK).enumerate() {
             let start = (first + b) * BLOCK;
             let n = out.len();
             for (r, (a, src)) in accesses.iter().zip(srcs).enumerate() {
-                load(a, src, out_dims, start, &mut scratch[r * BLOCK..r * BLOCK + n]);
+                let dst = &mut scratch[r * BLOCK..r * BLOCK + n];
+                match src {
+                    Some(src) => load(a, src, out_dims, start, dst),
+                    None => dst.copy_from_slice(out),
+                }
             }
             for (k, ins) in self.instrs.iter().enumerate() {
                 let (before, rest) = scratch.split_at_mut((inputs + k) * BLOCK);
@@ -251,7 +256,7 @@ impl FusedElementwise {
     /// [`FusedElementwise::blocks`] compiled for AVX2 + FMA (8 lanes instead of SSE's 4).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn blocks_avx2(&self, srcs: &[&[f32]], accesses: &[Access], out_dims: &[usize], first: usize, part: &mut [f32], scratch: &mut [f32]) {
+    unsafe fn blocks_avx2(&self, srcs: &[Option<&[f32]>], accesses: &[Access], out_dims: &[usize], first: usize, part: &mut [f32], scratch: &mut [f32]) {
         self.blocks(srcs, accesses, out_dims, first, part, scratch)
     }
 }
@@ -269,9 +274,41 @@ fn has_avx2() -> bool {
 
 impl CpuKernel for FusedElementwise {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        self.run_over(inputs, None, outputs)
+    }
+
+    /// Any f32 input of the output's dims (read element by element, block by block).
+    fn in_place_inputs(&self, inputs: &[Option<&TensorType>], output: &TensorType) -> Vec<usize> {
+        let fits = |t: &TensorType| t.dtype == DType::F32 && t.dims == output.dims;
+        inputs.iter().enumerate().filter(|(_, t)| t.is_some_and(fits)).map(|(i, _)| i).collect()
+    }
+
+    fn run_in_place(&self, inputs: &[Option<&Tensor>], i: usize, outputs: &mut [Tensor]) -> Result<()> {
+        self.run_over(inputs, Some(i), outputs)
+    }
+}
+
+impl FusedElementwise {
+    /// Runs the program; input `in_place` (if any) is read from the output itself.
+    fn run_over(&self, inputs: &[Option<&Tensor>], in_place: Option<usize>, outputs: &mut [Tensor]) -> Result<()> {
         let out_dims = outputs[0].dims().to_vec();
-        let srcs: Vec<&[f32]> = inputs.iter().enumerate().map(|(i, t)| t.ok_or_else(|| OpError::input(i, "missing")).and_then(|t| Ok(t.as_slice::<f32>()?))).collect::<Result<_>>()?;
-        let accesses: Vec<Access> = inputs.iter().map(|t| access(t.map(|t| t.dims()).unwrap_or(&[]), &out_dims)).collect();
+        let srcs: Vec<Option<&[f32]>> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t {
+                _ if Some(i) == in_place => Ok(None),
+                Some(t) => Ok(Some(t.as_slice::<f32>()?)),
+                None => Err(OpError::input(i, "missing")),
+            })
+            .collect::<Result<_>>()?;
+        let accesses: Vec<Access> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let dims = if Some(i) == in_place { out_dims.as_slice() } else { t.map(|t| t.dims()).unwrap_or(&[]) };
+                access(dims, &out_dims)
+            })
+            .collect();
         let regs = inputs.len() + self.instrs.len();
         let dst = outputs[0].as_mut_slice::<f32>()?;
         let work = self.instrs.len() * 4 + inputs.len();
@@ -426,6 +463,29 @@ mod tests {
                     assert!((got - want).abs() < 1e-6, "{got} vs {want}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn running_in_place_of_any_full_size_input_matches_the_normal_run() {
+        // (a + b) * c - d with a and c of the output's dims, b and d broadcast.
+        let instrs = vec![Instr::Binary(BinaryKind::Add, 0, 1), Instr::Binary(BinaryKind::Mul, 4, 2), Instr::Binary(BinaryKind::Sub, 5, 3)];
+        let op = FusedElementwise::parse(&NodeSpec::new(&node(&instrs, 4), 17)).unwrap();
+        let dims = [3, 700];
+        let (a, b, c, d) = (rand(&dims, 1), rand(&[700], 2), rand(&dims, 3), Tensor::scalar(0.25f32));
+        let ins = [Some(&a), Some(&b), Some(&c), Some(&d)];
+        let mut want = vec![Tensor::zeros(DType::F32, &dims)];
+        op.run(&ins, &mut want).unwrap();
+        let types: Vec<TensorType> = ins.iter().map(|t| TensorType::new(DType::F32, t.unwrap().dims().to_vec())).collect();
+        let refs: Vec<Option<&TensorType>> = types.iter().map(Some).collect();
+        let candidates = op.cpu().unwrap().in_place_inputs(&refs, &TensorType::new(DType::F32, dims.to_vec()));
+        assert_eq!(candidates, vec![0, 2]);
+        for i in candidates {
+            let mut taken = ins;
+            taken[i] = None;
+            let mut out = vec![ins[i].unwrap().clone()];
+            op.run_in_place(&taken, i, &mut out).unwrap();
+            assert_eq!(out[0], want[0], "in place of input {i}");
         }
     }
 

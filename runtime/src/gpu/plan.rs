@@ -436,7 +436,7 @@ impl GpuPlan {
         let lower_bound = live_peak(&dispatches, &run_sizes, &pinned);
         let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
         let (runs, buffer_sizes) = plan_runs(&dispatches, &run_sizes, &shareable, &pinned, align, ctx.limits.max_buffer_size);
-        let memory = crate::cpu::MemoryPlan { planned: buffer_sizes.iter().sum(), lower_bound, unshared: run_sizes.iter().sum() };
+        let memory = crate::cpu::MemoryPlan { planned: buffer_sizes.iter().sum(), lower_bound, unshared: run_sizes.iter().sum(), in_place: 0 };
         log::debug!("GPU memory plan: {} run buffers in {} device buffers: {memory:?}", run_sizes.len(), buffer_sizes.len());
         let dispatches = dispatches
             .into_iter()
