@@ -385,6 +385,26 @@ impl Session {
         }
         Ok(kernels.len())
     }
+
+    /// The session GPU's driver cache of `kernels`' pipelines, built afresh (for `.kiln`
+    /// artifacts). None on a CPU session or when the device has no pipeline caching
+    /// (wgpu's PIPELINE_CACHE: Vulkan only).
+    pub fn pipeline_cache(&self, kernels: &[gpu::KernelRecord]) -> Result<Option<gpu::PipelineCacheData>> {
+        match self.gpus.first().filter(|_| matches!(self.backend, Backend::Gpu)) {
+            Some((ctx, _)) => ctx.cache_for(kernels),
+            None => Ok(None),
+        }
+    }
+
+    /// Lets pipelines built from now on (e.g. by [`Session::prebuild_kernels`]) start
+    /// from a stored driver cache, when it was written for this session's adapter and
+    /// driver; returns whether it was taken. A foreign cache is ignored, never an error.
+    pub fn use_pipeline_cache(&self, cache: &gpu::PipelineCacheData) -> Result<bool> {
+        match self.gpus.first().filter(|_| matches!(self.backend, Backend::Gpu)) {
+            Some((ctx, _)) => ctx.use_cache(cache),
+            None => Ok(false),
+        }
+    }
 }
 
 /// Creates every node's op; all failures are reported together.
