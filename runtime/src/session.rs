@@ -378,11 +378,12 @@ impl Session {
 
     /// Builds the pipelines of stored kernels on the session's GPU ahead of the first run
     /// (whose plan then finds them cached); returns how many. Nothing on a CPU session.
+    /// The pipelines are built on the rayon pool's threads at once: a driver compiles
+    /// each on the calling thread (wgpu's error scopes are per thread).
     pub fn prebuild_kernels(&self, kernels: &[gpu::KernelRecord]) -> Result<usize> {
+        use rayon::prelude::*;
         let Some((ctx, _)) = self.gpus.first().filter(|_| matches!(self.backend, Backend::Gpu)) else { return Ok(0) };
-        for k in kernels {
-            ctx.pipeline(&k.label, &k.source, &k.entry, &k.read_only)?;
-        }
+        kernels.par_iter().try_for_each(|k| ctx.pipeline(&k.label, &k.source, &k.entry, &k.read_only).map(|_| ()))?;
         Ok(kernels.len())
     }
 
