@@ -387,12 +387,14 @@ impl Session {
         Ok(kernels.len())
     }
 
-    /// The session GPU's driver cache of `kernels`' pipelines, built afresh (for `.kiln`
-    /// artifacts). None on a CPU session or when the device has no pipeline caching
-    /// (wgpu's PIPELINE_CACHE: Vulkan only).
-    pub fn pipeline_cache(&self, kernels: &[gpu::KernelRecord]) -> Result<Option<gpu::PipelineCacheData>> {
+    /// The driver's pipeline cache of the session's GPU, for `.kiln` artifacts: it holds
+    /// the pipelines built on that device in this process (`kiln compile` opens the
+    /// device, runs the model once, and stores exactly its kernels' pipelines). None on
+    /// a CPU session or when the device has no pipeline caching (wgpu's PIPELINE_CACHE:
+    /// Vulkan only).
+    pub fn pipeline_cache(&self) -> Result<Option<gpu::PipelineCacheData>> {
         match self.gpus.first().filter(|_| matches!(self.backend, Backend::Gpu)) {
-            Some((ctx, _)) => ctx.cache_for(kernels),
+            Some((ctx, _)) => ctx.cache_data(),
             None => Ok(None),
         }
     }

@@ -71,8 +71,9 @@ pub fn main(args: Args) -> Result<()> {
     } else {
         vec![]
     };
-    // The driver's compiled pipelines of those kernels, for loading on the same adapter.
-    let pipeline_cache = if wgsl.is_empty() { None } else { session.pipeline_cache(&wgsl)? };
+    // The driver's compiled pipelines of those kernels (the device opened for this
+    // command with an empty cache), for loading on the same adapter and driver.
+    let pipeline_cache = if wgsl.is_empty() { None } else { session.pipeline_cache()? };
     let info = ArtifactInfo {
         kiln_version: env!("CARGO_PKG_VERSION").into(),
         source: args.model.display().to_string(),

@@ -244,15 +244,13 @@ impl GpuContext {
         cache_key(&self.info)
     }
 
-    /// Builds `kernels` into a fresh pipeline cache and returns its data (None without
-    /// pipeline caching). The pipelines are not kept: this is for storing the cache.
-    pub fn cache_for(&self, kernels: &[KernelRecord]) -> Result<Option<PipelineCacheData>> {
+    /// The data of the device's pipeline cache: every pipeline built on this device
+    /// since it opened (with an empty cache) or since a stored cache was taken. None
+    /// without pipeline caching.
+    pub fn cache_data(&self) -> Result<Option<PipelineCacheData>> {
         let Some(key) = self.cache_key() else { return Ok(None) };
-        let cache = new_cache(&self.device, None);
-        for k in kernels {
-            self.build(&k.label, &k.source, &k.entry, &k.read_only, Some(&cache))?;
-        }
-        Ok(cache.get_data().map(|data| PipelineCacheData { key, data }))
+        let cache = self.cache.lock().map_err(|_| poisoned())?.clone();
+        Ok(cache.and_then(|c| c.get_data()).map(|data| PipelineCacheData { key, data }))
     }
 
     /// Makes a stored cache the one new pipelines go through when it was written for
