@@ -35,16 +35,26 @@ pub fn load_model(model: &Path, no_passes: bool) -> Result<(kiln::graph::Graph, 
 /// Loads a model (see [`load_graph`]) and opens a session on `device`, with placement
 /// overrides (`OP_OR_NODE=cpu|gpu`).
 pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool, place: &[String]) -> Result<Session> {
+    let t0 = std::time::Instant::now();
     let (graph, info) = load_model(model, no_passes)?;
+    let loaded = t0.elapsed();
     let auto_place = place.iter().any(|p| p == "auto");
     let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
     let options = SessionOptions { device: device.clone(), registry: None, placement, auto_place };
     let session = Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
+    let opened = t0.elapsed();
     if let Some(info) = info {
-        // Kernels generated at compile time: build their pipelines now.
+        // Kernels generated at compile time: build their pipelines now, from the
+        // driver's stored cache when it was made for this adapter and driver.
+        let cached = match &info.pipeline_cache {
+            Some(c) => session.use_pipeline_cache(c)?,
+            None => false,
+        };
         let n = session.prebuild_kernels(&info.wgsl)?;
-        log::info!("built {n} stored kernels");
+        log::info!("built {n} stored kernels{}", if cached { " (from the stored pipeline cache)" } else { "" });
     }
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    log::info!("load: read {:.1} ms, session {:.1} ms, kernels {:.1} ms", ms(loaded), ms(opened - loaded), ms(t0.elapsed() - opened));
     Ok(session)
 }
 

@@ -117,3 +117,65 @@ fn gpu_artifacts_carry_their_kernels() {
     assert!(used.iter().all(|k| info.wgsl.contains(k)), "a kernel was generated that the artifact lacks");
     std::fs::remove_file(out).ok();
 }
+
+fn run_cli(path: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(["run", path.to_str().unwrap(), "--device", "gpu"]).env("RUST_LOG", "kiln=info,kiln_runtime=debug").output().unwrap()
+}
+
+/// A GPU artifact carries the driver's pipeline cache (on adapters with wgpu's
+/// PIPELINE_CACHE: Vulkan, so lavapipe in CI); loading takes it on the same adapter and
+/// gives the same outputs; a cache for another adapter or driver is ignored, and
+/// damaged cache bytes fail their checksum.
+#[test]
+fn gpu_artifacts_carry_a_pipeline_cache() {
+    gpu_env();
+    let out = std::env::temp_dir().join(format!("kiln-artifact-{}-lenet-cache.kiln", std::process::id()));
+    let src = zoo().join("lenet").join("model.onnx");
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln")).args(["compile", src.to_str().unwrap(), "-o", out.to_str().unwrap(), "--device", "gpu"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let adapter = kiln::runtime::list_devices().adapters.into_iter().next().expect("a GPU adapter (lavapipe in CI)");
+    let (graph, info) = artifact::load(&out).unwrap();
+    let Some(cache) = info.pipeline_cache.clone() else {
+        // Only adapters without pipeline caching (not Vulkan) may store none.
+        assert!(!adapter.features.iter().any(|f| f == "pipeline-cache") || adapter.backend != "Vulkan", "{} ({}) has pipeline caching but the artifact stores no cache", adapter.name, adapter.backend);
+        std::fs::remove_file(out).ok();
+        return;
+    };
+    assert!(cache.key.contains(&adapter.name) && cache.key.contains(&adapter.driver), "key '{}' for {}", cache.key, adapter.name);
+    let set = &data_sets(&zoo().join("lenet"))[0];
+    let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let s = Session::new(graph.clone(), SessionOptions::device(kiln::runtime::DeviceChoice::Gpu)).unwrap();
+    assert!(s.use_pipeline_cache(&cache).unwrap(), "the cache was written on this adapter");
+    assert_eq!(s.prebuild_kernels(&info.wgsl).unwrap(), info.wgsl.len());
+    assert!(rel_l2(&s.run(&inputs).unwrap()[0], &set.outputs[0]) < 1e-3);
+    // The CLI takes it too.
+    let o = run_cli(&out);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && log.contains("from the stored pipeline cache"), "{log}");
+
+    // A cache of another adapter or driver: ignored, by the session and by the CLI.
+    let foreign = kiln::runtime::PipelineCacheData { key: format!("{}; another driver", cache.key), data: cache.data.clone() };
+    assert!(!s.use_pipeline_cache(&foreign).unwrap());
+    let mut info_foreign = info.clone();
+    info_foreign.pipeline_cache = Some(foreign);
+    artifact::save(&out, &graph, &info_foreign).unwrap();
+    let o = run_cli(&out);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && log.contains("pipeline cache ignored") && !log.contains("from the stored pipeline cache"), "{log}");
+    let (graph2, info2) = artifact::load(&out).unwrap();
+    let s2 = Session::new(graph2, SessionOptions::device(kiln::runtime::DeviceChoice::Gpu)).unwrap();
+    assert!(!s2.use_pipeline_cache(info2.pipeline_cache.as_ref().unwrap()).unwrap());
+    s2.prebuild_kernels(&info2.wgsl).unwrap();
+    assert!(rel_l2(&s2.run(&inputs).unwrap()[0], &set.outputs[0]) < 1e-3);
+
+    // Damaged cache bytes (the file's last section): a checksum error naming it.
+    artifact::save(&out, &graph, &info).unwrap();
+    let mut bytes = std::fs::read(&out).unwrap();
+    let n = bytes.len();
+    bytes[n - cache.data.len() / 2 - 1] ^= 0x10;
+    std::fs::write(&out, &bytes).unwrap();
+    let o = run_cli(&out);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("pipeline cache's checksum") && !e.contains("panicked"), "{e}");
+    std::fs::remove_file(out).ok();
+}

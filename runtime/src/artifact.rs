@@ -10,10 +10,14 @@
 //! | 20..24           | CRC-32 of the header                                         |
 //! | 24..24+H         | header: JSON ([`Header`]): graph, weight table, metadata     |
 //! | padded to 64     | weights: raw bytes, each weight at a 64-byte aligned offset  |
+//! | padded to 64     | optional: the GPU driver's pipeline cache of the stored WGSL |
 //!
-//! The header records the CRC-32 and length of the weight blob. Loading maps the file,
-//! checks magic, version, both checksums and every offset, and rebuilds the graph; no
-//! ONNX parsing, no graph passes.
+//! The header records the CRC-32 and length of the weight blob and, when present, the
+//! pipeline cache's length, CRC-32 and key (the adapter and driver that wrote it).
+//! Loading maps the file, checks magic, version, every checksum and offset, and rebuilds
+//! the graph; no ONNX parsing, no graph passes. A pipeline cache is only an accelerator:
+//! a device whose key differs ignores it ([`crate::Session::use_pipeline_cache`]), but
+//! cache bytes that fail their checksum are an error like any other corruption.
 //!
 //! Compatibility rule: a runtime reads exactly the artifact format it was built with
 //! ([`FORMAT`]); any change to the layout or to the header's meaning bumps it, and an
@@ -25,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 /// The artifact format this runtime writes and reads.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 const MAGIC: &[u8; 8] = b"KILNART\0";
 const ALIGN: usize = 64;
 const PREFIX: usize = 24;
@@ -46,6 +50,12 @@ pub struct ArtifactInfo {
     /// WGSL kernels generated at compile time (for a GPU, with every input dim fixed):
     /// built into pipelines when the artifact is loaded on that GPU.
     pub wgsl: Vec<crate::KernelRecord>,
+    /// The GPU driver's cache of those kernels' pipelines, made by `kiln compile` on the
+    /// target adapter when it supports pipeline caching: loading on the same adapter and
+    /// driver skips most of the pipelines' compile time. Stored after the weights, not
+    /// in the JSON header.
+    #[serde(skip)]
+    pub pipeline_cache: Option<crate::PipelineCacheData>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -54,6 +64,15 @@ struct Header {
     graph: GraphRecord,
     weights_len: u64,
     weights_crc: u32,
+    /// The pipeline cache section, after the weights (at the next 64-byte boundary).
+    pipeline_cache: Option<CacheRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CacheRecord {
+    key: String,
+    len: u64,
+    crc: u32,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -158,9 +177,17 @@ pub fn save(path: &Path, graph: &Graph, info: &ArtifactInfo) -> Result<()> {
         opsets: graph.opsets.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         weights,
     };
-    let header = Header { info: info.clone(), graph: record, weights_len: blob.len() as u64, weights_crc: crc32fast::hash(&blob) };
+    let cache = info.pipeline_cache.as_ref();
+    let header = Header {
+        info: info.clone(),
+        graph: record,
+        weights_len: blob.len() as u64,
+        weights_crc: crc32fast::hash(&blob),
+        pipeline_cache: cache.map(|c| CacheRecord { key: c.key.clone(), len: c.data.len() as u64, crc: crc32fast::hash(&c.data) }),
+    };
     let json = serde_json::to_vec(&header).map_err(|e| bad(path, format!("cannot encode the header: {e}")))?;
-    let mut out = Vec::with_capacity(PREFIX + json.len() + ALIGN + blob.len());
+    let cache_len = cache.map_or(0, |c| c.data.len() + ALIGN);
+    let mut out = Vec::with_capacity(PREFIX + json.len() + ALIGN + blob.len() + cache_len);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());
@@ -168,6 +195,10 @@ pub fn save(path: &Path, graph: &Graph, info: &ArtifactInfo) -> Result<()> {
     out.extend_from_slice(&json);
     out.resize(out.len().next_multiple_of(ALIGN), 0);
     out.extend_from_slice(&blob);
+    if let Some(c) = cache {
+        out.resize(out.len().next_multiple_of(ALIGN), 0);
+        out.extend_from_slice(&c.data);
+    }
     std::fs::write(path, out).map_err(|e| bad(path, format!("cannot write: {e}")))
 }
 
@@ -197,9 +228,21 @@ pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
     let start = header_end.next_multiple_of(ALIGN);
     let blob = usize::try_from(header.weights_len).ok().and_then(|l| Some(start..start.checked_add(l)?)).filter(|r| r.end <= bytes.len())
         .ok_or_else(|| bad(path, format!("truncated: the weights need {} bytes after offset {start}, the file has {}", header.weights_len, bytes.len())))?;
+    let blob_end = blob.end;
     let blob = &bytes[blob];
     if crc32fast::hash(blob) != header.weights_crc {
         return Err(bad(path, "corrupted: the weights' checksum does not match"));
+    }
+    let mut info = header.info;
+    if let Some(c) = header.pipeline_cache {
+        let start = blob_end.next_multiple_of(ALIGN);
+        let range = usize::try_from(c.len).ok().and_then(|l| Some(start..start.checked_add(l)?)).filter(|r| r.end <= bytes.len())
+            .ok_or_else(|| bad(path, format!("truncated: the pipeline cache needs {} bytes after offset {start}, the file has {}", c.len, bytes.len())))?;
+        let data = &bytes[range];
+        if crc32fast::hash(data) != c.crc {
+            return Err(bad(path, "corrupted: the pipeline cache's checksum does not match"));
+        }
+        info.pipeline_cache = Some(crate::PipelineCacheData { key: c.key, data: data.to_vec() });
     }
     let g = header.graph;
     let n_values = g.values.len();
@@ -227,7 +270,7 @@ pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
         graph.initializers.insert(v, t);
     }
     graph.validate()?;
-    Ok((graph, header.info))
+    Ok((graph, info))
 }
 
 #[cfg(test)]
@@ -268,6 +311,30 @@ mod tests {
             assert_eq!(back.initializers[v].dims(), t.dims());
         }
         std::fs::remove_file(p).ok();
+    }
+
+    #[test]
+    fn a_pipeline_cache_round_trips_after_the_weights_and_is_checked() {
+        let p = tmp("cache.kiln");
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let info = ArtifactInfo { pipeline_cache: Some(crate::PipelineCacheData { key: "vulkan 1 2; driver".into(), data: data.clone() }), ..Default::default() };
+        save(&p, &graph(), &info).unwrap();
+        let good = std::fs::read(&p).unwrap();
+        assert_eq!(&good[good.len() - data.len()..], &data[..]);
+        assert_eq!((good.len() - data.len()) % ALIGN, 0, "the cache starts 64-byte aligned");
+        assert_eq!(load(&p).unwrap().1, info);
+        // Without a cache, nothing follows the weights.
+        save(&p, &graph(), &ArtifactInfo::default()).unwrap();
+        assert_eq!(load(&p).unwrap().1.pipeline_cache, None);
+        for (bytes, want) in [
+            ({ let mut b = good.clone(); let n = b.len(); b[n - 10] ^= 4; b }, "pipeline cache's checksum"),
+            (good[..good.len() - 1].to_vec(), "truncated: the pipeline cache"),
+        ] {
+            std::fs::write(&p, &bytes).unwrap();
+            let e = load(&p).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains("cache.kiln"), "{want}: {e}");
+        }
+        std::fs::remove_file(&p).ok();
     }
 
     #[test]

@@ -20,7 +20,7 @@ mod symbolic;
 
 pub use device::{list_devices, AdapterInfo, DeviceChoice, DeviceKind, DevicesReport};
 pub use error::{Result, RuntimeError};
-pub use gpu::KernelRecord;
+pub use gpu::{KernelRecord, PipelineCacheData};
 pub use partition::{calibrate, DeviceProfile, PlacementRule};
 pub use session::{NodeProfile, NodeReport, RunStats, Session, SessionOptions};
 pub use specialize::{Specialized, Step};

@@ -378,12 +378,35 @@ impl Session {
 
     /// Builds the pipelines of stored kernels on the session's GPU ahead of the first run
     /// (whose plan then finds them cached); returns how many. Nothing on a CPU session.
+    /// The pipelines are built on the rayon pool's threads at once: a driver compiles
+    /// each on the calling thread (wgpu's error scopes are per thread).
     pub fn prebuild_kernels(&self, kernels: &[gpu::KernelRecord]) -> Result<usize> {
+        use rayon::prelude::*;
         let Some((ctx, _)) = self.gpus.first().filter(|_| matches!(self.backend, Backend::Gpu)) else { return Ok(0) };
-        for k in kernels {
-            ctx.pipeline(&k.label, &k.source, &k.entry, &k.read_only)?;
-        }
+        kernels.par_iter().try_for_each(|k| ctx.pipeline(&k.label, &k.source, &k.entry, &k.read_only).map(|_| ()))?;
         Ok(kernels.len())
+    }
+
+    /// The driver's pipeline cache of the session's GPU, for `.kiln` artifacts: it holds
+    /// the pipelines built on that device in this process (`kiln compile` opens the
+    /// device, runs the model once, and stores exactly its kernels' pipelines). None on
+    /// a CPU session or when the device has no pipeline caching (wgpu's PIPELINE_CACHE:
+    /// Vulkan only).
+    pub fn pipeline_cache(&self) -> Result<Option<gpu::PipelineCacheData>> {
+        match self.gpus.first().filter(|_| matches!(self.backend, Backend::Gpu)) {
+            Some((ctx, _)) => ctx.cache_data(),
+            None => Ok(None),
+        }
+    }
+
+    /// Lets pipelines built from now on (e.g. by [`Session::prebuild_kernels`]) start
+    /// from a stored driver cache, when it was written for this session's adapter and
+    /// driver; returns whether it was taken. A foreign cache is ignored, never an error.
+    pub fn use_pipeline_cache(&self, cache: &gpu::PipelineCacheData) -> Result<bool> {
+        match self.gpus.first().filter(|_| matches!(self.backend, Backend::Gpu)) {
+            Some((ctx, _)) => ctx.use_cache(cache),
+            None => Ok(false),
+        }
     }
 }
 

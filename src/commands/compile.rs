@@ -71,6 +71,9 @@ pub fn main(args: Args) -> Result<()> {
     } else {
         vec![]
     };
+    // The driver's compiled pipelines of those kernels (the device opened for this
+    // command with an empty cache), for loading on the same adapter and driver.
+    let pipeline_cache = if wgsl.is_empty() { None } else { session.pipeline_cache()? };
     let info = ArtifactInfo {
         kiln_version: env!("CARGO_PKG_VERSION").into(),
         source: args.model.display().to_string(),
@@ -78,21 +81,24 @@ pub fn main(args: Args) -> Result<()> {
         fixed: fixed_list,
         passes,
         wgsl,
+        pipeline_cache,
     };
     let out = args.output.clone().unwrap_or_else(|| args.model.with_extension("kiln"));
     artifact::save(&out, &graph, &info)?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     if args.json {
-        println!("{}", serde_json::json!({"model": args.model, "artifact": out, "bytes": bytes, "compile_ms": ms, "nodes": graph.nodes.len(), "device": session.device_name(), "passes": info.passes, "kernels": info.wgsl.len()}));
+        let cache_bytes = info.pipeline_cache.as_ref().map(|c| c.data.len());
+        println!("{}", serde_json::json!({"model": args.model, "artifact": out, "bytes": bytes, "compile_ms": ms, "nodes": graph.nodes.len(), "device": session.device_name(), "passes": info.passes, "kernels": info.wgsl.len(), "pipeline_cache_bytes": cache_bytes}));
     } else {
         println!(
-            "{} -> {} ({} bytes, {} nodes, {} WGSL kernels) for {} in {ms:.0} ms",
+            "{} -> {} ({} bytes, {} nodes, {} WGSL kernels{}) for {} in {ms:.0} ms",
             args.model.display(),
             out.display(),
             bytes,
             graph.nodes.len(),
             info.wgsl.len(),
+            info.pipeline_cache.as_ref().map(|c| format!(", pipeline cache {} bytes", c.data.len())).unwrap_or_default(),
             session.device_name()
         );
         for (name, n) in &info.passes {

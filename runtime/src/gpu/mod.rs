@@ -145,6 +145,10 @@ pub(crate) struct GpuContext {
     /// SHADER_F16 is enabled: f16 graph inputs and outputs cross the bus as 2-byte
     /// halves and are converted by GPU kernels (`half.rs`); without it the host converts.
     pub f16: bool,
+    /// The driver's pipeline cache that new pipelines go through (PIPELINE_CACHE
+    /// enabled, Vulkan): empty when the device opens, replaced by an artifact's stored
+    /// cache when one for this adapter and driver is loaded.
+    cache: Mutex<Option<wgpu::PipelineCache>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
     error: Arc<Mutex<Option<String>>>,
 }
@@ -167,6 +171,17 @@ pub struct KernelRecord {
     pub read_only: Vec<bool>,
 }
 
+/// A GPU driver's pipeline cache (the compiled pipelines of some kernels, in the
+/// driver's own format) and the identity of the adapter and driver that wrote it.
+/// Only a device with the same key uses it; for any other it means nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelineCacheData {
+    /// [`wgpu::util::pipeline_cache_key`] (backend, vendor, device) with the driver's
+    /// name and version.
+    pub key: String,
+    pub data: Vec<u8>,
+}
+
 /// The open device of an adapter, shared by every session on it (one device per
 /// adapter, so pipelines compiled for one session serve the others).
 pub(crate) fn context_for(adapter: wgpu::Adapter) -> Result<Arc<GpuContext>> {
@@ -186,9 +201,19 @@ impl GpuContext {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let f16 = adapter.features().contains(wgpu::Features::SHADER_F16) && std::env::var_os("KILN_NO_F16").is_none();
+        let caching = adapter.features().contains(wgpu::Features::PIPELINE_CACHE)
+            && cache_key(&info).is_some()
+            && std::env::var_os("KILN_NO_PIPELINE_CACHE").is_none();
+        let mut features = wgpu::Features::empty();
+        if f16 {
+            features |= wgpu::Features::SHADER_F16;
+        }
+        if caching {
+            features |= wgpu::Features::PIPELINE_CACHE;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),
-            required_features: if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() },
+            required_features: features,
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -201,8 +226,50 @@ impl GpuContext {
                 s.get_or_insert_with(|| e.to_string());
             }
         }));
-        log::info!("GPU: {} ({:?}, {}){}", info.name, info.backend, info.driver, if f16 { ", shader-f16 enabled" } else { "" });
-        Ok(GpuContext { device, queue, info, limits, f16, pipelines: Mutex::default(), error })
+        log::info!(
+            "GPU: {} ({:?}, {}){}{}",
+            info.name,
+            info.backend,
+            info.driver,
+            if f16 { ", shader-f16 enabled" } else { "" },
+            if caching { ", pipeline cache enabled" } else { "" }
+        );
+        let cache = caching.then(|| new_cache(&device, None));
+        Ok(GpuContext { device, queue, info, limits, f16, cache: Mutex::new(cache), pipelines: Mutex::default(), error })
+    }
+
+    /// The key a pipeline cache of this device carries (None without pipeline caching).
+    pub fn cache_key(&self) -> Option<String> {
+        self.cache.lock().ok()?.as_ref()?;
+        cache_key(&self.info)
+    }
+
+    /// The data of the device's pipeline cache: every pipeline built on this device
+    /// since it opened (with an empty cache) or since a stored cache was taken. None
+    /// without pipeline caching.
+    pub fn cache_data(&self) -> Result<Option<PipelineCacheData>> {
+        let Some(key) = self.cache_key() else { return Ok(None) };
+        let cache = self.cache.lock().map_err(|_| poisoned())?.clone();
+        Ok(cache.and_then(|c| c.get_data()).map(|data| PipelineCacheData { key, data }))
+    }
+
+    /// Makes a stored cache the one new pipelines go through when it was written for
+    /// this adapter and driver; returns whether it was taken. A cache for another
+    /// device is ignored (logged at debug): it only costs the compile time it would
+    /// have saved.
+    pub fn use_cache(&self, stored: &PipelineCacheData) -> Result<bool> {
+        let Some(key) = self.cache_key() else {
+            log::debug!("pipeline cache ignored: this device ({}) has no pipeline caching", self.info.name);
+            return Ok(false);
+        };
+        if key != stored.key {
+            log::debug!("pipeline cache ignored: written for '{}', this device is '{key}'", stored.key);
+            return Ok(false);
+        }
+        let cache = new_cache(&self.device, Some(&stored.data));
+        *self.cache.lock().map_err(|_| poisoned())? = Some(cache);
+        log::debug!("pipeline cache of {} bytes loaded for '{key}'", stored.data.len());
+        Ok(true)
     }
 
     /// The first uncaptured device error since the last call, as an error.
@@ -237,6 +304,16 @@ impl GpuContext {
                 self.limits.max_storage_buffers_per_shader_stage
             )));
         }
+        let cache = self.cache.lock().map_err(|_| poisoned())?.clone();
+        let (pipeline, layout) = self.build(label, source, entry, read_only, cache.as_ref())?;
+        let record = KernelRecord { label: label.to_string(), source: source.to_string(), entry: entry.to_string(), read_only: read_only.to_vec() };
+        let p = Arc::new(Pipeline { pipeline, layout, record });
+        self.pipelines.lock().map_err(|_| poisoned())?.insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Creates the pipeline of a validated kernel, through `cache` when given.
+    fn build(&self, label: &str, source: &str, entry: &str, read_only: &[bool], cache: Option<&wgpu::PipelineCache>) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let shader = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(label),
@@ -268,17 +345,27 @@ impl GpuContext {
             module: &shader,
             entry_point: Some(entry),
             compilation_options: Default::default(),
-            cache: None,
+            cache,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(RuntimeError::Gpu(format!("kernel '{label}': pipeline creation failed: {e}")));
         }
-        let record = KernelRecord { label: label.to_string(), source: source.to_string(), entry: entry.to_string(), read_only: read_only.to_vec() };
-        let p = Arc::new(Pipeline { pipeline, layout, record });
-        self.pipelines.lock().map_err(|_| poisoned())?.insert(key, p.clone());
-        Ok(p)
+        Ok((pipeline, layout))
     }
+}
 
+/// The identity a stored pipeline cache must match: wgpu's key (backend, vendor,
+/// device) and the driver's name and version, which the driver's cache also depends on.
+fn cache_key(info: &wgpu::AdapterInfo) -> Option<String> {
+    wgpu::util::pipeline_cache_key(info).map(|k| format!("{k}; {}; {}; {}", info.name, info.driver, info.driver_info))
+}
+
+fn new_cache(device: &wgpu::Device, data: Option<&[u8]>) -> wgpu::PipelineCache {
+    // SAFETY: `data` is only ever bytes that `PipelineCache::get_data` returned on a
+    // device with the same cache key (checked by `use_cache`), kept intact by the
+    // artifact's CRC-32; wgpu checks its own header (adapter, driver, size) and with
+    // `fallback` starts an empty cache when the data does not fit.
+    unsafe { device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor { label: Some("kiln"), data, fallback: true }) }
 }
 
 pub(crate) fn poisoned() -> RuntimeError {
