@@ -22,6 +22,8 @@ enum Storage {
     /// Words `offset..` of an arena. The `owner` (made by [`Tensor::in_arena`]) may
     /// write them; views (from [`Tensor::reshaped`]) only read, and copy before a write.
     Arena { arena: Arc<Arena>, offset: usize, owner: bool },
+    /// Bytes `offset..` of read-only memory owned elsewhere (a mapped file); writes copy first.
+    Shared { bytes: Arc<dyn AsRef<[u8]> + Send + Sync>, offset: usize },
 }
 
 impl Clone for Tensor {
@@ -29,6 +31,7 @@ impl Clone for Tensor {
         let data = match &self.data {
             Storage::Heap(v) => Storage::Heap(v.clone()),
             Storage::Arena { .. } => Storage::Heap(Arc::new(self.copied_words())),
+            Storage::Shared { bytes, offset } => Storage::Shared { bytes: bytes.clone(), offset: *offset },
         };
         Tensor { dtype: self.dtype, dims: self.dims.clone(), data, len_bytes: self.len_bytes }
     }
@@ -110,6 +113,25 @@ impl Tensor {
         }
     }
 
+    /// A tensor reading bytes `offset..` of `bytes` without copying (for weights in a
+    /// memory-mapped file); a write copies them first. Bytes that are not 8-byte aligned
+    /// in memory are copied at once.
+    pub fn from_shared(dtype: DType, dims: &[usize], bytes: Arc<dyn AsRef<[u8]> + Send + Sync>, offset: usize) -> Result<Tensor> {
+        let n = dims.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d));
+        let all = (*bytes).as_ref();
+        let Some(part) = n.and_then(|n| all.get(offset..offset.checked_add(n)?)) else {
+            return Err(GraphError::BadTensor {
+                name: String::new(),
+                what: format!("a {dtype} tensor of shape {dims:?} at byte {offset} does not fit {} bytes", all.len()),
+            });
+        };
+        if part.as_ptr() as usize % 8 != 0 {
+            return Tensor::from_bytes(dtype, dims, part);
+        }
+        let len_bytes = part.len();
+        Ok(Tensor { dtype, dims: dims.to_vec(), data: Storage::Shared { bytes: bytes.clone(), offset }, len_bytes })
+    }
+
     /// Whether this is the tensor that owns words `offset..` of `arena`.
     pub fn owns_arena_range(&self, arena: &Arc<Arena>, offset: usize) -> bool {
         matches!(&self.data, Storage::Arena { arena: a, offset: o, owner: true } if Arc::ptr_eq(a, arena) && *o == offset)
@@ -151,11 +173,12 @@ impl Tensor {
             // SAFETY: `in_arena` checked that the range lies in the arena, and its
             // contract keeps writers of overlapping ranges away while `self` lives.
             Storage::Arena { arena, offset, .. } => unsafe { std::slice::from_raw_parts(arena.word_ptr(*offset) as *const u8, self.len_bytes) },
+            Storage::Shared { bytes, offset } => &(**bytes).as_ref()[*offset..*offset + self.len_bytes],
         }
     }
 
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        if let Storage::Arena { owner: false, .. } = self.data {
+        if let Storage::Arena { owner: false, .. } | Storage::Shared { .. } = self.data {
             self.data = Storage::Heap(Arc::new(self.copied_words()));
         }
         let n = self.len_bytes;
@@ -163,6 +186,7 @@ impl Tensor {
             Storage::Heap(v) => &mut bytemuck::cast_slice_mut::<u64, u8>(Arc::make_mut(v).as_mut_slice())[..n],
             // SAFETY: as in `bytes`; only the range's owner gets here, through `&mut self`.
             Storage::Arena { arena, offset, .. } => unsafe { std::slice::from_raw_parts_mut(arena.word_ptr(*offset) as *mut u8, n) },
+            Storage::Shared { .. } => unreachable!("shared bytes were copied above"),
         }
     }
 
@@ -174,6 +198,7 @@ impl Tensor {
         let data = match &self.data {
             Storage::Heap(v) => Storage::Heap(v.clone()),
             Storage::Arena { arena, offset, .. } => Storage::Arena { arena: arena.clone(), offset: *offset, owner: false },
+            Storage::Shared { bytes, offset } => Storage::Shared { bytes: bytes.clone(), offset: *offset },
         };
         Ok(Tensor { dtype: self.dtype, dims: dims.to_vec(), data, len_bytes: self.len_bytes })
     }
@@ -343,6 +368,25 @@ mod tests {
         // A range past the end is an error.
         assert!(unsafe { Tensor::in_arena(DType::F32, &[4], &arena, 7) }.is_err());
         assert!(unsafe { Tensor::in_arena(DType::F32, &[usize::MAX, 4], &arena, 0) }.is_err());
+    }
+
+    #[test]
+    fn shared_bytes_are_read_in_place_and_copied_on_write() {
+        let words: Vec<u64> = vec![0; 3];
+        let mut backing = bytemuck::cast_slice::<u64, u8>(&words).to_vec();
+        backing[8..16].copy_from_slice(bytemuck::cast_slice(&[1.5f32, -2.0]));
+        let shared: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(backing);
+        let t = Tensor::from_shared(DType::F32, &[2], shared.clone(), 8).unwrap();
+        assert_eq!(t.as_slice::<f32>().unwrap(), &[1.5, -2.0]);
+        let mut c = t.reshaped(&[1, 2]).unwrap();
+        c.as_mut_slice::<f32>().unwrap()[0] = 7.0;
+        assert_eq!(t.as_slice::<f32>().unwrap()[0], 1.5);
+        assert_eq!(&(*shared).as_ref()[8..12], &1.5f32.to_le_bytes());
+        // Out of range is an error; a misaligned start is copied (and still right).
+        assert!(Tensor::from_shared(DType::F32, &[5], shared.clone(), 8).is_err());
+        assert!(Tensor::from_shared(DType::F32, &[1], shared.clone(), usize::MAX).is_err());
+        let odd = Tensor::from_shared(DType::U8, &[3], shared, 9).unwrap();
+        assert_eq!(odd.bytes(), &1.5f32.to_le_bytes()[1..4]);
     }
 
     #[test]

@@ -27,6 +27,7 @@ use kiln_graph::{Attr, DType, Graph, Node, Tensor, ValueInfo, ValueType};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 
 /// The artifact format this runtime writes and reads.
 pub const FORMAT: u32 = 2;
@@ -205,9 +206,10 @@ pub fn save(path: &Path, graph: &Graph, info: &ArtifactInfo) -> Result<()> {
 /// Reads a `.kiln` artifact: the graph, ready for [`crate::Session::new`], and its info.
 pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
     let file = std::fs::File::open(path).map_err(|e| bad(path, format!("cannot open: {e}")))?;
-    // SAFETY: the map is read-only and dropped before this function returns; a file
-    // changed underneath would at worst fail the checksums below.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(path, format!("cannot map: {e}")))?;
+    // SAFETY: the map is read-only. The weights read it in place for as long as they
+    // live, so the file must not be modified while a graph or session loaded from it is
+    // in use (the checksums below catch changes made before loading).
+    let map: Arc<memmap2::Mmap> = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(path, format!("cannot map: {e}")))?);
     let bytes: &[u8] = &map;
     if bytes.len() < PREFIX || &bytes[..8] != MAGIC {
         return Err(bad(path, "not a Kiln artifact (bad magic; compile one with `kiln compile MODEL.onnx -o MODEL.kiln`)"));
@@ -228,7 +230,7 @@ pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
     let start = header_end.next_multiple_of(ALIGN);
     let blob = usize::try_from(header.weights_len).ok().and_then(|l| Some(start..start.checked_add(l)?)).filter(|r| r.end <= bytes.len())
         .ok_or_else(|| bad(path, format!("truncated: the weights need {} bytes after offset {start}, the file has {}", header.weights_len, bytes.len())))?;
-    let blob_end = blob.end;
+    let (blob_start, blob_end) = (blob.start, blob.end);
     let blob = &bytes[blob];
     if crc32fast::hash(blob) != header.weights_crc {
         return Err(bad(path, "corrupted: the weights' checksum does not match"));
@@ -266,7 +268,12 @@ pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
         let v = check(w.value, "a weight")?;
         let range = usize::try_from(w.offset).ok().zip(usize::try_from(w.len).ok()).and_then(|(o, l)| Some(o..o.checked_add(l)?)).filter(|r| r.end <= blob.len());
         let range = range.ok_or_else(|| bad(path, format!("corrupted: weight '{}' lies outside the weight blob", graph.values[v].name)))?;
-        let t = Tensor::from_bytes(w.dtype, &w.dims, &blob[range]).map_err(|e| bad(path, format!("weight '{}': {e}", graph.values[v].name)))?;
+        let expected = w.dims.iter().try_fold(w.dtype.size(), |a, &d| a.checked_mul(d));
+        if expected != Some(range.len()) {
+            return Err(bad(path, format!("corrupted: weight '{}' has {} bytes for a {} tensor of shape {:?}", graph.values[v].name, range.len(), w.dtype, w.dims)));
+        }
+        // Weights read the mapped file in place (no copy).
+        let t = Tensor::from_shared(w.dtype, &w.dims, map.clone(), blob_start + range.start).map_err(|e| bad(path, format!("weight '{}': {e}", graph.values[v].name)))?;
         graph.initializers.insert(v, t);
     }
     graph.validate()?;
