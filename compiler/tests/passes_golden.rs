@@ -175,6 +175,44 @@ fn fuse_elementwise() {
 }
 
 #[test]
+fn fuse_gelu() {
+    let mut b = GraphBuilder::new("gelu");
+    let x = x_input(&mut b, &[8]);
+    let c = |b: &mut GraphBuilder, name: &str, v: f32| b.constant(name, Tensor::scalar(v));
+    // erf form, as torch exports it: x * 0.5 * (1 + erf(x / 1.4142135))
+    let sqrt2 = c(&mut b, "sqrt2", 1.414_213_5);
+    let d = b.node("Div", &[x, sqrt2], &[]);
+    let e = b.node("Erf", &[d], &[]);
+    let one = c(&mut b, "one", 1.0);
+    let a = b.node("Add", &[e, one], &[]);
+    let m = b.node("Mul", &[x, a], &[]);
+    let half = c(&mut b, "half", 0.5);
+    let g1 = b.node("Mul", &[m, half], &[]);
+    // tanh form (GPT-2's gelu_new), factors in another order: 0.5 * x * (1 + tanh(k * (x + 0.044715 * x^3)))
+    let three = c(&mut b, "three", 3.0);
+    let p = b.node("Pow", &[g1, three], &[]);
+    let k1 = c(&mut b, "k1", 0.044715);
+    let q = b.node("Mul", &[k1, p], &[]);
+    let s = b.node("Add", &[g1, q], &[]);
+    let k2 = c(&mut b, "k2", 0.797_884_6);
+    let r = b.node("Mul", &[s, k2], &[]);
+    let th = b.node("Tanh", &[r], &[]);
+    let one2 = c(&mut b, "one2", 1.0);
+    let u = b.node("Add", &[one2, th], &[]);
+    let half2 = c(&mut b, "half2", 0.5);
+    let hx = b.node("Mul", &[half2, g1], &[]);
+    let g2 = b.node("Mul", &[hx, u], &[]);
+    // Not a GELU (0.3 instead of 0.5): stays.
+    let e3 = b.node("Erf", &[g2], &[]);
+    let a3 = b.node("Add", &[e3, one], &[]);
+    let m3 = b.node("Mul", &[g2, a3], &[]);
+    let k3 = c(&mut b, "k3", 0.3);
+    let y = b.node("Mul", &[m3, k3], &[]);
+    let g = finish(b, &[(y, "y")]);
+    assert_eq!(golden("fuse_gelu", g, passes::fuse_gelu, &[2, 8]), 2);
+}
+
+#[test]
 fn fuse_bias() {
     let mut b = GraphBuilder::new("bias");
     let x = x_input(&mut b, &[5, 8]);

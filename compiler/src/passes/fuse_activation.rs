@@ -3,7 +3,9 @@
 //! Selu, Softplus) becomes one node that applies the activation to its results before
 //! storing them, saving a pass over memory and a kernel launch per activation.
 //! The activation travels as the node attributes `kiln_activation` and
-//! `kiln_activation_params`, which the producers' ops read.
+//! `kiln_activation_params`, which the producers' ops read. A reshape between producer
+//! and activation (GPT-2's Gemm -> Reshape -> Gelu) is looked through: the activation
+//! moves into the producer and the reshape writes the activation's output.
 use super::{producers, remove_nodes, scalar_const, use_counts};
 use kiln_graph::{Attr, Graph};
 use kiln_ops::elementwise::{unary_kind_of, UnaryKind, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
@@ -11,6 +13,8 @@ use kiln_ops::NodeSpec;
 
 /// Ops whose kernels apply a fused activation.
 const PRODUCERS: &[&str] = &["Conv", "Gemm", "MatMul"];
+/// Ops that only change dims, which an elementwise activation commutes with.
+const RESHAPES: &[&str] = &["Reshape", "Flatten", "Squeeze", "Unsqueeze"];
 
 fn activation_of(g: &Graph, n: usize) -> Option<UnaryKind> {
     let node = &g.nodes[n];
@@ -44,8 +48,16 @@ pub fn fuse_activation(g: &mut Graph) -> usize {
     let mut dead = vec![];
     for m in 0..g.nodes.len() {
         let Some(kind) = activation_of(g, m) else { continue };
-        let Some(x) = g.nodes[m].inputs.first().copied().flatten() else { continue };
-        let Some(p) = prod[x] else { continue };
+        let Some(mut x) = g.nodes[m].inputs.first().copied().flatten() else { continue };
+        let Some(mut p) = prod[x] else { continue };
+        // Look through one reshape that only this activation reads.
+        let mut view = None;
+        if RESHAPES.contains(&g.nodes[p].op_type.as_str()) && g.nodes[p].domain.is_empty() && uses[x] == 1 {
+            if let Some((src, sp)) = g.nodes[p].inputs.first().copied().flatten().and_then(|s| Some((s, prod[s]?))) {
+                view = Some(p);
+                (x, p) = (src, sp);
+            }
+        }
         let producer = &g.nodes[p];
         let fusible = PRODUCERS.contains(&producer.op_type.as_str())
             && producer.domain.is_empty()
@@ -60,7 +72,10 @@ pub fn fuse_activation(g: &mut Graph) -> usize {
         let producer = &mut g.nodes[p];
         producer.attrs.insert(ACTIVATION_ATTR.into(), Attr::String(kind.op_name().into()));
         producer.attrs.insert(ACTIVATION_PARAMS_ATTR.into(), Attr::Floats(kind.params()));
-        producer.outputs[0] = out;
+        match view {
+            Some(v) => g.nodes[v].outputs[0] = out,
+            None => producer.outputs[0] = out,
+        }
         dead.push(m);
     }
     remove_nodes(g, &dead);
@@ -94,5 +109,25 @@ mod tests {
         assert_eq!(fused, 2);
         assert_eq!(ops, ["Conv", "Conv", "Conv", "Relu", "Add"]);
         assert_eq!(g.nodes[1].attrs.get(ACTIVATION_PARAMS_ATTR), Some(&Attr::Floats(vec![0.0, 6.0])));
+    }
+
+    #[test]
+    fn a_reshape_between_producer_and_activation_is_looked_through() {
+        let mut b = GraphBuilder::new("t");
+        let x = b.input("x", DType::F32, [4usize, 3]);
+        let w = b.constant("w", Tensor::zeros(DType::F32, &[3, 6]));
+        let h = b.node("Gemm", &[x, w], &[]);
+        let shape = b.constant("shape", Tensor::from_vec(&[3], vec![2i64, 2, 6]).unwrap());
+        let r = b.node("Reshape", &[h, shape], &[]);
+        let y = b.node("Gelu", &[r], &[]);
+        b.output(y);
+        let mut g = b.finish().unwrap();
+        g.opsets.insert(String::new(), 20);
+        assert_eq!(fuse_activation(&mut g), 1);
+        g.validate().unwrap();
+        let ops: Vec<&str> = g.nodes.iter().map(|n| n.op_type.as_str()).collect();
+        assert_eq!(ops, ["Gemm", "Reshape"]);
+        assert_eq!(g.nodes[0].attrs.get(ACTIVATION_ATTR), Some(&Attr::String("Gelu".into())));
+        assert_eq!(g.nodes[1].outputs[0], y);
     }
 }

@@ -9,6 +9,7 @@ mod fold_constants;
 mod fuse_activation;
 mod fuse_bias;
 mod fuse_elementwise;
+mod fuse_gelu;
 mod fuse_layernorm;
 mod fuse_residual;
 
@@ -21,6 +22,7 @@ pub use fold_constants::fold_constants;
 pub use fuse_activation::fuse_activation;
 pub use fuse_bias::fuse_bias;
 pub use fuse_elementwise::fuse_elementwise;
+pub use fuse_gelu::fuse_gelu;
 pub use fuse_layernorm::fuse_layernorm;
 pub use fuse_residual::fuse_residual;
 
@@ -45,6 +47,7 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "eliminate-dead", run: eliminate_dead },
     Pass { name: "fuse-layernorm", run: fuse_layernorm },
     Pass { name: "fuse-bias", run: fuse_bias },
+    Pass { name: "fuse-gelu", run: fuse_gelu },
     Pass { name: "fuse-activation", run: fuse_activation },
     Pass { name: "fuse-elementwise", run: fuse_elementwise },
 ];

@@ -29,8 +29,9 @@ pub fn activation_wgsl(act: Option<UnaryKind>) -> String {
         Some(k) => k.wgsl_expr("x", "f32"),
         None => "x".to_string(),
     };
+    let helpers = act.map(|k| k.wgsl_helpers()).unwrap_or_default();
     format!(
-        "fn kiln_act(x: f32) -> f32 {{ return {body}; }}\n\
+        "{helpers}fn kiln_act(x: f32) -> f32 {{ return {body}; }}\n\
          fn kiln_act4(v: vec4<f32>) -> vec4<f32> {{ return vec4<f32>(kiln_act(v.x), kiln_act(v.y), kiln_act(v.z), kiln_act(v.w)); }}\n"
     )
 }

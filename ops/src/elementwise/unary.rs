@@ -290,6 +290,7 @@ impl UnaryKind {
                 | UnaryKind::Elu { .. }
                 | UnaryKind::Selu { .. }
                 | UnaryKind::Softplus
+                | UnaryKind::Gelu { .. }
         )
     }
 
