@@ -7,6 +7,7 @@ mod eliminate_identity;
 mod fold_batchnorm;
 mod fold_constants;
 mod fuse_activation;
+mod fuse_attention;
 mod fuse_bias;
 mod fuse_elementwise;
 mod fuse_layernorm;
@@ -19,6 +20,7 @@ pub use eliminate_identity::eliminate_identity;
 pub use fold_batchnorm::fold_batchnorm;
 pub use fold_constants::fold_constants;
 pub use fuse_activation::fuse_activation;
+pub use fuse_attention::fuse_attention;
 pub use fuse_bias::fuse_bias;
 pub use fuse_elementwise::fuse_elementwise;
 pub use fuse_layernorm::fuse_layernorm;
@@ -44,6 +46,7 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "simplify-algebra", run: simplify_algebra },
     Pass { name: "eliminate-dead", run: eliminate_dead },
     Pass { name: "fuse-layernorm", run: fuse_layernorm },
+    Pass { name: "fuse-attention", run: fuse_attention },
     Pass { name: "fuse-bias", run: fuse_bias },
     Pass { name: "fuse-activation", run: fuse_activation },
     Pass { name: "fuse-elementwise", run: fuse_elementwise },
@@ -56,10 +59,16 @@ pub struct PassReport {
     pub changes: usize,
 }
 
-/// Runs every pass in order.
+/// The environment variable naming passes (comma-separated) that [`optimize`] skips,
+/// to measure or bisect one pass without rebuilding.
+pub const SKIP_PASSES_ENV: &str = "KILN_SKIP_PASSES";
+
+/// Runs every pass in order (but those named in `KILN_SKIP_PASSES`).
 pub fn optimize(graph: &mut Graph) -> Vec<PassReport> {
+    let skip = std::env::var(SKIP_PASSES_ENV).unwrap_or_default();
     PASSES
         .iter()
+        .filter(|p| !skip.split(',').any(|s| s.trim() == p.name))
         .map(|p| {
             let changes = (p.run)(graph);
             log::info!("pass {}: {changes} change(s)", p.name);

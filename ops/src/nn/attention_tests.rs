@@ -187,6 +187,19 @@ fn four_d_variants_match_the_reference() {
 }
 
 #[test]
+fn blocked_f32_path_matches_the_reference_over_several_blocks() {
+    // 70 query rows: blocks of 32 split across (batch, head) boundaries and threads.
+    let mask = tensor(&[2, 1, 70, 75], 9);
+    check(&Case { mask: Some(mask), scale: Some(0.125), ..case4([2, 3, 70, 16], [2, 3, 75, 16], 12) });
+    // Grouped heads with a per-head mask and causal masking (the general bias path).
+    let mask = tensor(&[4, 40, 40], 8);
+    check(&Case { mask: Some(mask), causal: true, ..case4([1, 4, 40, 8], [1, 2, 40, 8], 8) });
+    // A mask shorter than the keys (the rest masked), and one query row.
+    check(&Case { mask: Some(tensor(&[33, 20], 3)), ..case4([1, 2, 33, 5], [1, 2, 37, 5], 3) });
+    check(&Case { mask: Some(tensor(&[1, 50], 4)), ..case4([3, 1, 1, 8], [3, 1, 50, 8], 8) });
+}
+
+#[test]
 fn three_d_inputs_are_split_into_heads() {
     let base = Case { q: vec![2, 4, 24], k: vec![2, 6, 24], v: vec![2, 6, 30], heads: Some((3, 3)), window: (-1, -1), ..Default::default() };
     check(&base);
