@@ -147,20 +147,21 @@ fn match_at(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>], use
 }
 
 /// K from Kt: the Transpose producing Kt (read only here) gets the last two axes of its
-/// perm swapped, or a new Transpose is added. Returns K.
-fn untranspose(g: &mut Graph, prod: &[Option<NodeId>], uses: &[usize], kt: ValueId, base: &str) -> ValueId {
+/// perm swapped (and is dropped, returned, when that is the identity), or a new
+/// Transpose is added. Returns K.
+fn untranspose(g: &mut Graph, prod: &[Option<NodeId>], uses: &[usize], kt: ValueId, base: &str) -> (ValueId, Option<NodeId>) {
     if let Some(t) = only(g, prod, uses, kt, "Transpose") {
         if let (Some(Attr::Ints(perm)), Some(src)) = (g.nodes[t].attrs.get("perm"), g.nodes[t].inputs.first().copied().flatten()) {
             if perm.len() == 4 {
                 let perm = vec![perm[0], perm[1], perm[3], perm[2]];
                 if perm == [0, 1, 2, 3] {
-                    return src;
+                    return (src, Some(t));
                 }
                 let k = g.add_value(format!("{base}.keys"), None);
                 let node = &mut g.nodes[t];
                 node.attrs.insert("perm".into(), Attr::Ints(perm));
                 node.outputs[0] = k;
-                return k;
+                return (k, None);
             }
         }
     }
@@ -173,7 +174,7 @@ fn untranspose(g: &mut Graph, prod: &[Option<NodeId>], uses: &[usize], kt: Value
         inputs: vec![Some(kt)],
         outputs: vec![k],
     });
-    k
+    (k, None)
 }
 
 /// Replaces decomposed attention with Attention nodes; returns how many.
@@ -186,8 +187,8 @@ pub fn fuse_attention(g: &mut Graph) -> usize {
         let last = *f.nodes.last().expect("a pattern has nodes");
         let softmax = &g.nodes[f.nodes[f.nodes.len() - 2]].name;
         let base = if softmax.contains("Softmax") { softmax.replace("Softmax", "Attention") } else { format!("{softmax}.attention") };
-        // The Transpose (if any) is not among the removed nodes: indices stay valid.
-        let k = untranspose(g, &prod, &uses, f.kt, &base);
+        // A new Transpose goes last: the indices of the pattern stay valid.
+        let (k, dropped) = untranspose(g, &prod, &uses, f.kt, &base);
         let node = &mut g.nodes[last];
         node.name = base;
         node.op_type = "Attention".into();
@@ -196,7 +197,7 @@ pub fn fuse_attention(g: &mut Graph) -> usize {
         if let Some(m) = f.mask {
             node.inputs.push(Some(m));
         }
-        let dead: Vec<NodeId> = f.nodes.iter().copied().filter(|&n| n != last).collect();
+        let dead: Vec<NodeId> = f.nodes.iter().copied().filter(|&n| n != last).chain(dropped).collect();
         super::remove_nodes(g, &dead);
         fused += 1;
     }
