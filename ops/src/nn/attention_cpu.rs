@@ -7,8 +7,9 @@ use super::attention::{Attention, Data, Geometry};
 use crate::cpu;
 use kiln_graph::{DType, Tensor};
 
-/// Query rows per block: the scores of one block (`BLOCK_ROWS x keys`) stay in cache.
-const BLOCK_ROWS: usize = 32;
+/// Most query rows per block: the scores of one block (`BLOCK_ROWS x keys`) stay in
+/// cache, and the products are large enough for the `gemm` crate's kernels.
+const BLOCK_ROWS: usize = 64;
 
 impl Attention {
     /// Whether Y can take the blocked path: f32 everywhere, 4-D, no past, no softcap.
@@ -29,9 +30,12 @@ impl Attention {
             y.fill(0.0);
             return;
         }
+        // Parallel items of `per` rows (a divisor of q_len, so an item never straddles two
+        // heads); a chunk of items is cut into blocks at head boundaries anyway.
+        let per = (1..=BLOCK_ROWS.min(sq)).rev().find(|d| sq % d == 0).unwrap_or(1);
         let work = t * (g.head + dv) + 8;
-        cpu::par_chunks_mut(y, dv, work, |first, part| {
-            let rows = part.len() / dv;
+        cpu::par_chunks_mut(y, per * dv, work, |first_item, part| {
+            let (first, rows) = (first_item * per, part.len() / dv);
             let mut r = 0;
             while r < rows {
                 let (bh, i0) = ((first + r) / sq, (first + r) % sq);
@@ -114,17 +118,31 @@ impl Attention {
 }
 
 /// Softmax of one score row in place; -inf keys get 0, an all-masked row is zeros.
-fn softmax(row: &mut [f32]) {
-    let m = row.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+/// Reductions run over 8 lanes and the exponentials branch-free, so all three loops
+/// vectorize.
+pub(super) fn softmax(row: &mut [f32]) {
+    let m = lanes(row, f32::NEG_INFINITY, f32::max);
     if m == f32::NEG_INFINITY {
         row.fill(0.0);
         return;
     }
-    let mut sum = 0.0;
     for o in row.iter_mut() {
-        *o = if *o == f32::NEG_INFINITY { 0.0 } else { cpu::fast_exp(*o - m) };
-        sum += *o;
+        let e = cpu::fast_exp(*o - m);
+        *o = if *o == f32::NEG_INFINITY { 0.0 } else { e };
     }
-    let r = 1.0 / sum;
+    let r = 1.0 / lanes(row, 0.0, |a, b| a + b);
     row.iter_mut().for_each(|o| *o *= r);
+}
+
+/// `row` folded with `f` over 8 independent lanes, then across them.
+fn lanes(row: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [init; 8];
+    let chunks = row.chunks_exact(8);
+    let rest = chunks.remainder().iter().fold(init, |a, &v| f(a, v));
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] = f(acc[l], c[l]);
+        }
+    }
+    acc.iter().fold(rest, |a, &v| f(a, v))
 }
