@@ -35,9 +35,7 @@ pub struct Pass {
     pub run: fn(&mut Graph) -> usize,
 }
 
-/// The passes [`optimize`] runs, in order. (`fuse_residual` is not among them: on the
-/// CPU the gemm crate's accumulate path made bert_tiny slower (2.14 against 1.85 ms),
-/// so it stays a tested pass to enable per device once the cost model can tell.)
+/// The passes [`optimize`] runs, in order.
 pub const PASSES: &[Pass] = &[
     Pass { name: "eliminate-identity", run: eliminate_identity },
     Pass { name: "fold-constants", run: fold_constants },
@@ -46,11 +44,44 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "simplify-algebra", run: simplify_algebra },
     Pass { name: "eliminate-dead", run: eliminate_dead },
     Pass { name: "fuse-layernorm", run: fuse_layernorm },
-    Pass { name: "fuse-attention", run: fuse_attention },
     Pass { name: "fuse-bias", run: fuse_bias },
     Pass { name: "fuse-activation", run: fuse_activation },
     Pass { name: "fuse-elementwise", run: fuse_elementwise },
 ];
+
+/// Tested passes that are not in [`PASSES`] because they are faster on one device only,
+/// each with the default pass it runs before when enabled (`KILN_ENABLE_PASSES`), until
+/// the cost model can choose per device:
+/// - `fuse-residual`: on the CPU the gemm crate's accumulate path made bert_tiny slower
+///   (2.14 against 1.85 ms);
+/// - `fuse-attention`: faster on the CPU (bert_tiny 3.33 against 3.51 ms, gpt2_tiny 3.76
+///   against 4.50 ms, medians of 6 runs of 200), slower on lavapipe (bert_tiny ~280
+///   against ~215 ms: the Attention WGSL computes one score per invocation where the
+///   unfused MatMuls are register-blocked).
+pub const OPTIONAL_PASSES: &[(Pass, &str)] = &[
+    (Pass { name: "fuse-attention", run: fuse_attention }, "fuse-bias"),
+    (Pass { name: "fuse-residual", run: fuse_residual }, "fuse-activation"),
+];
+
+/// Names (comma-separated) of default passes [`optimize`] skips, to measure or bisect
+/// one pass without rebuilding.
+pub const SKIP_PASSES_ENV: &str = "KILN_SKIP_PASSES";
+
+/// Names (comma-separated) of [`OPTIONAL_PASSES`] that [`optimize`] runs.
+pub const ENABLE_PASSES_ENV: &str = "KILN_ENABLE_PASSES";
+
+/// The passes [`optimize`] runs given the skip and enable lists (comma-separated names).
+pub fn selected_passes(skip: &str, enable: &str) -> Vec<&'static Pass> {
+    let named = |list: &str, name: &str| list.split(',').any(|s| s.trim() == name);
+    let mut out = vec![];
+    for p in PASSES {
+        out.extend(OPTIONAL_PASSES.iter().filter(|(o, before)| *before == p.name && named(enable, o.name)).map(|(o, _)| o));
+        if !named(skip, p.name) {
+            out.push(p);
+        }
+    }
+    out
+}
 
 /// What one pass did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,16 +90,12 @@ pub struct PassReport {
     pub changes: usize,
 }
 
-/// The environment variable naming passes (comma-separated) that [`optimize`] skips,
-/// to measure or bisect one pass without rebuilding.
-pub const SKIP_PASSES_ENV: &str = "KILN_SKIP_PASSES";
-
-/// Runs every pass in order (but those named in `KILN_SKIP_PASSES`).
+/// Runs the default passes in order, minus those named in `KILN_SKIP_PASSES`, plus the
+/// optional ones named in `KILN_ENABLE_PASSES`.
 pub fn optimize(graph: &mut Graph) -> Vec<PassReport> {
-    let skip = std::env::var(SKIP_PASSES_ENV).unwrap_or_default();
-    PASSES
-        .iter()
-        .filter(|p| !skip.split(',').any(|s| s.trim() == p.name))
+    let env = |name: &str| std::env::var(name).unwrap_or_default();
+    selected_passes(&env(SKIP_PASSES_ENV), &env(ENABLE_PASSES_ENV))
+        .into_iter()
         .map(|p| {
             let changes = (p.run)(graph);
             log::info!("pass {}: {changes} change(s)", p.name);
@@ -210,5 +237,26 @@ fn attr_text(a: &kiln_graph::Attr) -> String {
         Attr::Floats(v) => format!("{v:?}"),
         Attr::Strings(v) => format!("{v:?}"),
         Attr::Tensor(t) => format!("tensor {}{:?}", t.dtype(), t.dims()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(skip: &str, enable: &str) -> Vec<&'static str> {
+        selected_passes(skip, enable).into_iter().map(|p| p.name).collect()
+    }
+
+    #[test]
+    fn optional_passes_run_before_their_anchor_only_when_enabled() {
+        let all = names("", "");
+        assert_eq!(all, PASSES.iter().map(|p| p.name).collect::<Vec<_>>());
+        let with = names("cse", "fuse-attention, fuse-residual");
+        assert!(!with.contains(&"cse"));
+        let at = |n: &str| with.iter().position(|&p| p == n).unwrap();
+        assert_eq!(at("fuse-attention") + 1, at("fuse-bias"));
+        assert_eq!(at("fuse-residual") + 1, at("fuse-activation"));
+        assert_eq!(with.len(), PASSES.len() + 1);
     }
 }
