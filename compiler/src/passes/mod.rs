@@ -54,10 +54,11 @@ pub const PASSES: &[Pass] = &[
 /// the cost model can choose per device:
 /// - `fuse-residual`: on the CPU the gemm crate's accumulate path made bert_tiny slower
 ///   (2.14 against 1.85 ms);
-/// - `fuse-attention`: faster on the CPU (bert_tiny 3.33 against 3.51 ms, gpt2_tiny 3.76
-///   against 4.50 ms, medians of 6 runs of 200), slower on lavapipe (bert_tiny ~280
-///   against ~215 ms: the Attention WGSL computes one score per invocation where the
-///   unfused MatMuls are register-blocked).
+/// - `fuse-attention`: a little faster on the CPU (median of 6 medians of 300 runs:
+///   bert_tiny 2.97 against 3.12 ms, gpt2_tiny 3.51 against 3.61 ms, batch 1, sequence
+///   128), slower on lavapipe (bert_tiny 145-174 against 122 ms, gpt2_tiny ~270 against
+///   ~245 ms: the Attention softmax and weighted-sum WGSL are not register-blocked like
+///   the unfused MatMuls).
 pub const OPTIONAL_PASSES: &[(Pass, &str)] = &[
     (Pass { name: "fuse-attention", run: fuse_attention }, "fuse-bias"),
     (Pass { name: "fuse-residual", run: fuse_residual }, "fuse-activation"),
