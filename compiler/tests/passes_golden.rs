@@ -105,6 +105,52 @@ fn fold_batchnorm() {
 }
 
 #[test]
+fn fold_batchnorm_linear() {
+    let mut b = GraphBuilder::new("bn_linear");
+    let x = x_input(&mut b, &[6]);
+    let bn_params = |b: &mut GraphBuilder, n: usize, seed: u64| -> Vec<ValueId> {
+        let var: Vec<f32> = (0..n).map(|i| 0.2 + i as f32 * 0.3).collect();
+        let name = |what: &str| format!("bn{seed}_{what}");
+        vec![
+            b.constant(&name("scale"), t(&[n], seed)),
+            b.constant(&name("shift"), t(&[n], seed + 1)),
+            b.constant(&name("mean"), t(&[n], seed + 2)),
+            b.constant(&name("var"), Tensor::from_vec(&[n], var).unwrap()),
+        ]
+    };
+    let bn = |b: &mut GraphBuilder, y: ValueId, p: Vec<ValueId>| b.node("BatchNormalization", &[y, p[0], p[1], p[2], p[3]], &[("epsilon", Attr::Float(1e-3))]);
+    // Gemm with transB and a [1, N] C scaled by beta: folds.
+    let w1 = b.constant("w1", t(&[5, 6], 1));
+    let c1 = b.constant("c1", t(&[1, 5], 2));
+    let g1 = b.node("Gemm", &[x, w1, c1], &[("transB", Attr::Int(1)), ("beta", Attr::Float(0.5)), ("alpha", Attr::Float(2.0))]);
+    let p = bn_params(&mut b, 5, 10);
+    let y1 = bn(&mut b, g1, p);
+    // MatMul with a constant [5, 4] weight: becomes a Gemm with a bias.
+    let w2 = b.constant("w2", t(&[5, 4], 3));
+    let m2 = b.node("MatMul", &[y1, w2], &[]);
+    let p = bn_params(&mut b, 4, 20);
+    let y2 = bn(&mut b, m2, p);
+    // Gemm without C: folds, C appears.
+    let w3 = b.constant("w3", t(&[4, 3], 4));
+    let g3 = b.node("Gemm", &[y2, w3], &[]);
+    let p = bn_params(&mut b, 3, 30);
+    let y3 = bn(&mut b, g3, p);
+    // Not folded: the MatMul's output has another reader...
+    let w4 = b.constant("w4", t(&[3, 3], 5));
+    let m4 = b.node("MatMul", &[y3, w4], &[]);
+    let p = bn_params(&mut b, 3, 40);
+    let y4 = bn(&mut b, m4, p);
+    let shared = b.node("Relu", &[m4], &[]);
+    // ...and the weight of this one is computed, not a constant.
+    let w5 = b.node("Transpose", &[w4], &[("perm", Attr::Ints(vec![1, 0]))]);
+    let m5 = b.node("MatMul", &[y4, w5], &[]);
+    let p = bn_params(&mut b, 3, 50);
+    let y5 = bn(&mut b, m5, p);
+    let g = finish(b, &[(y5, "y"), (shared, "shared")]);
+    assert_eq!(golden("fold_batchnorm_linear", g, passes::fold_batchnorm, &[2, 6]), 3);
+}
+
+#[test]
 fn cse() {
     let mut b = GraphBuilder::new("cse");
     let x = x_input(&mut b, &[4]);
@@ -251,6 +297,34 @@ fn fuse_layernorm() {
     assert_eq!(golden("fuse_layernorm", g, passes::fuse_layernorm, &[2, 5, 8]), 1);
 }
 
+/// The decomposed layer norm of `x` over the last axis, times `gamma` (a constant).
+fn decomposed_layernorm(b: &mut GraphBuilder, x: ValueId, gamma: ValueId, tag: &str) -> ValueId {
+    let axes = [("axes", Attr::Ints(vec![-1]))];
+    let m = b.node("ReduceMean", &[x], &axes);
+    let d = b.node("Sub", &[x, m], &[]);
+    let two = b.constant(&format!("{tag}_two"), Tensor::scalar(2f32));
+    let p = b.node("Pow", &[d, two], &[]);
+    let v = b.node("ReduceMean", &[p], &axes);
+    let eps = b.constant(&format!("{tag}_eps"), Tensor::scalar(1e-5f32));
+    let a = b.node("Add", &[v, eps], &[]);
+    let s = b.node("Sqrt", &[a], &[]);
+    let n = b.node("Div", &[d, s], &[]);
+    b.node("Mul", &[n, gamma], &[])
+}
+
+#[test]
+fn fuse_layernorm_after_a_rejected_pattern() {
+    let mut b = GraphBuilder::new("ln2");
+    let x = x_input(&mut b, &[5, 8]);
+    // gamma of the wrong width (broadcasts over rows, not a per-channel vector): left alone.
+    let wide = b.constant("gamma_rows", t(&[5, 1], 1));
+    let y1 = decomposed_layernorm(&mut b, x, wide, "first");
+    let gamma = b.constant("gamma", t(&[8], 2));
+    let y2 = decomposed_layernorm(&mut b, y1, gamma, "second");
+    let g = finish(b, &[(y2, "y")]);
+    assert_eq!(golden("fuse_layernorm_rejected", g, passes::fuse_layernorm, &[2, 5, 8]), 1);
+}
+
 #[test]
 fn fuse_residual() {
     let mut b = GraphBuilder::new("residual");
@@ -268,4 +342,50 @@ fn fuse_residual() {
     let mut g2 = g.clone();
     passes::fuse_bias(&mut g2);
     assert_eq!(golden("fuse_residual", g2, passes::fuse_residual, &[2, 5, 8]), 1);
+}
+
+#[test]
+fn fuse_attention() {
+    // Two heads of 8 over 6 positions, as a BERT exporter writes them.
+    let mut b = GraphBuilder::new("attention");
+    let x = x_input(&mut b, &[6, 16]);
+    let heads = b.constant("heads_shape", Tensor::from_vec(&[4], vec![-1i64, 6, 2, 8]).unwrap());
+    let project = |b: &mut GraphBuilder, name: &str, seed: u64, perm: Vec<i64>| {
+        let w = b.constant(name, t(&[16, 16], seed));
+        let h = b.node("MatMul", &[x, w], &[]);
+        let r = b.node("Reshape", &[h, heads], &[]);
+        b.node("Transpose", &[r], &[("perm", Attr::Ints(perm))])
+    };
+    let q = project(&mut b, "wq", 1, vec![0, 2, 1, 3]);
+    let kt = project(&mut b, "wk", 2, vec![0, 2, 3, 1]); // K already transposed
+    let v = project(&mut b, "wv", 3, vec![0, 2, 1, 3]);
+    // Scale, a finite causal mask over [1, 1, q, k], Softmax, times V: fused.
+    let s = b.node("MatMul", &[q, kt], &[]);
+    let c = b.constant("scale", Tensor::scalar(0.35f32));
+    let s = b.node("Mul", &[s, c], &[]);
+    let causal: Vec<f32> = (0..36).map(|i| if i % 6 <= i / 6 { 0.0 } else { f32::MIN }).collect();
+    let mask = b.constant("causal_mask", Tensor::from_vec(&[1, 1, 6, 6], causal).unwrap());
+    let s = b.node("Add", &[s, mask], &[]);
+    let p = b.node("Softmax", &[s], &[("axis", Attr::Int(-1))]);
+    let y1 = b.node("MatMul", &[p, v], &[]);
+    // Q against itself, Kt from a Transpose of Q read only here, divided, no mask: fused,
+    // and the Transpose goes (its perm becomes the identity).
+    let qt = b.node("Transpose", &[q], &[("perm", Attr::Ints(vec![0, 1, 3, 2]))]);
+    let s = b.node("MatMul", &[q, qt], &[]);
+    let root = b.constant("root", Tensor::scalar(2.5f32));
+    let s = b.node("Div", &[s, root], &[]);
+    let p = b.node("Softmax", &[s], &[("axis", Attr::Int(3))]);
+    let y2 = b.node("MatMul", &[p, y1], &[]);
+    // Not fused: a mask whose last dim broadcasts (the Attention op would mask the keys).
+    let s = b.node("MatMul", &[y2, kt], &[]);
+    let rows = b.constant("row_mask", t(&[1, 1, 6, 1], 4));
+    let s = b.node("Add", &[s, rows], &[]);
+    let p = b.node("Softmax", &[s], &[("axis", Attr::Int(-1))]);
+    let y3 = b.node("MatMul", &[p, v], &[]);
+    // Not fused: the probabilities are also an output.
+    let s = b.node("MatMul", &[y3, kt], &[]);
+    let p4 = b.node("Softmax", &[s], &[("axis", Attr::Int(-1))]);
+    let y4 = b.node("MatMul", &[p4, v], &[]);
+    let g = finish(b, &[(y4, "y"), (p4, "probs")]);
+    assert_eq!(golden("fuse_attention", g, passes::fuse_attention, &[2, 6, 16]), 2);
 }

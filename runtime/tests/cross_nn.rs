@@ -181,6 +181,13 @@ fn attention_agrees() {
         ];
         cross_check("Attention", &inputs, &[("is_causal", Attr::Int(1))], 3, 23, 1e-5);
     }
+    // Y only, no past: scores of 4 (12 keys) or 2 (6 keys) keys per invocation, with a
+    // float mask over (batch, 1, q, keys), grouped heads, and a bool mask with causal.
+    let inputs = [In::Data(rand_f32(&[2, 4, 5, 8], 1)), In::Data(rand_f32(&[2, 2, 12, 8], 2)), In::Data(rand_f32(&[2, 2, 12, 3], 3)), In::Data(rand_f32(&[2, 1, 5, 12], 4))];
+    cross_check("Attention", &inputs, &[("scale", Attr::Float(0.125))], 1, 23, 1e-5);
+    let bools: Vec<bool> = (0..5 * 6).map(|i| i % 4 != 1).collect();
+    let inputs = [In::Data(rand_f32(&[1, 2, 5, 4], 1)), In::Data(rand_f32(&[1, 2, 6, 4], 2)), In::Data(rand_f32(&[1, 2, 6, 4], 3)), In::Data(Tensor::from_bools(&[5, 6], &bools).unwrap())];
+    cross_check("Attention", &inputs, &[("is_causal", Attr::Int(1))], 1, 23, 1e-5);
     // Long rows: the softmax uses a workgroup of lanes per row.
     cross_check("Attention", &[In::Data(rand_f32(&[1, 2, 3, 4], 1)), In::Data(rand_f32(&[1, 1, 25000, 4], 2)), In::Data(rand_f32(&[1, 1, 25000, 3], 3))], &[], 1, 23, 1e-5);
 }

@@ -110,20 +110,23 @@ fn match_at(g: &Graph, prod: &[Option<NodeId>], uses: &[usize], div: NodeId) -> 
 pub fn fuse_layernorm(g: &mut Graph) -> usize {
     let types = kiln_runtime::value_types(g, Registry::builtin());
     let mut fused = 0;
+    // Patterns found but not fusable (by their output): skipped, the scan goes on.
+    let mut rejected: Vec<ValueId> = vec![];
     loop {
         let (prod, uses) = (producers(g), use_counts(g));
-        let found = (0..g.nodes.len()).find_map(|n| match_at(g, &prod, &uses, n));
+        let found = (0..g.nodes.len()).find_map(|n| match_at(g, &prod, &uses, n).filter(|f| !rejected.contains(&f.out)));
         let Some(f) = found else { return fused };
         let ty = types.get(f.x).cloned().flatten();
         let width = ty.as_ref().and_then(|t| t.shape.0.last()).and_then(|d| d.fixed());
         let f32_input = ty.as_ref().is_some_and(|t| t.dtype == DType::F32);
         let vector = |v: Option<ValueId>| v.and_then(|v| g.initializers.get(&v)).map(|t| t.len());
-        let Some(n) = width.or(vector(f.gamma)).or(vector(f.beta)) else { return fused };
-        // gamma and beta must both be vectors of the normalised width.
-        let widths_ok = [vector(f.gamma), vector(f.beta)].iter().flatten().all(|&l| l == n);
-        if !f32_input || !widths_ok {
-            return fused;
-        }
+        // The normalised width must be known, and gamma and beta vectors of it.
+        let n = width.or(vector(f.gamma)).or(vector(f.beta));
+        let widths_ok = |n: usize| [vector(f.gamma), vector(f.beta)].iter().flatten().all(|&l| l == n);
+        let Some(n) = n.filter(|&n| f32_input && widths_ok(n)) else {
+            rejected.push(f.out);
+            continue;
+        };
         let base = g.nodes[*f.nodes.last().expect("a pattern has nodes")].name.clone();
         let mut param = |v: Option<ValueId>, fill: f32, name: &str| -> ValueId {
             let t = match v.and_then(|v| g.initializers.get(&v)) {

@@ -7,6 +7,7 @@ mod eliminate_identity;
 mod fold_batchnorm;
 mod fold_constants;
 mod fuse_activation;
+mod fuse_attention;
 mod fuse_bias;
 mod fuse_elementwise;
 mod fuse_gelu;
@@ -20,6 +21,7 @@ pub use eliminate_identity::eliminate_identity;
 pub use fold_batchnorm::fold_batchnorm;
 pub use fold_constants::fold_constants;
 pub use fuse_activation::fuse_activation;
+pub use fuse_attention::fuse_attention;
 pub use fuse_bias::fuse_bias;
 pub use fuse_elementwise::fuse_elementwise;
 pub use fuse_gelu::fuse_gelu;
@@ -35,9 +37,7 @@ pub struct Pass {
     pub run: fn(&mut Graph) -> usize,
 }
 
-/// The passes [`optimize`] runs, in order. (`fuse_residual` is not among them: on the
-/// CPU the gemm crate's accumulate path made bert_tiny slower (2.14 against 1.85 ms),
-/// so it stays a tested pass to enable per device once the cost model can tell.)
+/// The passes [`optimize`] runs, in order.
 pub const PASSES: &[Pass] = &[
     Pass { name: "eliminate-identity", run: eliminate_identity },
     Pass { name: "fold-constants", run: fold_constants },
@@ -52,6 +52,41 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "fuse-elementwise", run: fuse_elementwise },
 ];
 
+/// Tested passes that are not in [`PASSES`] because they are faster on one device only,
+/// each with the default pass it runs before when enabled (`KILN_ENABLE_PASSES`), until
+/// the cost model can choose per device:
+/// - `fuse-residual`: on the CPU the gemm crate's accumulate path made bert_tiny slower
+///   (2.14 against 1.85 ms);
+/// - `fuse-attention`: a little faster on the CPU (median of 6 medians of 300 runs:
+///   bert_tiny 2.97 against 3.12 ms, gpt2_tiny 3.51 against 3.61 ms, batch 1, sequence
+///   128), slower on lavapipe (bert_tiny 145-174 against 122 ms, gpt2_tiny ~270 against
+///   ~245 ms: the Attention softmax and weighted-sum WGSL are not register-blocked like
+///   the unfused MatMuls).
+pub const OPTIONAL_PASSES: &[(Pass, &str)] = &[
+    (Pass { name: "fuse-attention", run: fuse_attention }, "fuse-bias"),
+    (Pass { name: "fuse-residual", run: fuse_residual }, "fuse-activation"),
+];
+
+/// Names (comma-separated) of default passes [`optimize`] skips, to measure or bisect
+/// one pass without rebuilding.
+pub const SKIP_PASSES_ENV: &str = "KILN_SKIP_PASSES";
+
+/// Names (comma-separated) of [`OPTIONAL_PASSES`] that [`optimize`] runs.
+pub const ENABLE_PASSES_ENV: &str = "KILN_ENABLE_PASSES";
+
+/// The passes [`optimize`] runs given the skip and enable lists (comma-separated names).
+pub fn selected_passes(skip: &str, enable: &str) -> Vec<&'static Pass> {
+    let named = |list: &str, name: &str| list.split(',').any(|s| s.trim() == name);
+    let mut out = vec![];
+    for p in PASSES {
+        out.extend(OPTIONAL_PASSES.iter().filter(|(o, before)| *before == p.name && named(enable, o.name)).map(|(o, _)| o));
+        if !named(skip, p.name) {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// What one pass did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PassReport {
@@ -59,10 +94,12 @@ pub struct PassReport {
     pub changes: usize,
 }
 
-/// Runs every pass in order.
+/// Runs the default passes in order, minus those named in `KILN_SKIP_PASSES`, plus the
+/// optional ones named in `KILN_ENABLE_PASSES`.
 pub fn optimize(graph: &mut Graph) -> Vec<PassReport> {
-    PASSES
-        .iter()
+    let env = |name: &str| std::env::var(name).unwrap_or_default();
+    selected_passes(&env(SKIP_PASSES_ENV), &env(ENABLE_PASSES_ENV))
+        .into_iter()
         .map(|p| {
             let changes = (p.run)(graph);
             log::info!("pass {}: {changes} change(s)", p.name);
@@ -204,5 +241,26 @@ fn attr_text(a: &kiln_graph::Attr) -> String {
         Attr::Floats(v) => format!("{v:?}"),
         Attr::Strings(v) => format!("{v:?}"),
         Attr::Tensor(t) => format!("tensor {}{:?}", t.dtype(), t.dims()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(skip: &str, enable: &str) -> Vec<&'static str> {
+        selected_passes(skip, enable).into_iter().map(|p| p.name).collect()
+    }
+
+    #[test]
+    fn optional_passes_run_before_their_anchor_only_when_enabled() {
+        let all = names("", "");
+        assert_eq!(all, PASSES.iter().map(|p| p.name).collect::<Vec<_>>());
+        let with = names("cse", "fuse-attention, fuse-residual");
+        assert!(!with.contains(&"cse"));
+        let at = |n: &str| with.iter().position(|&p| p == n).unwrap();
+        assert_eq!(at("fuse-attention") + 1, at("fuse-bias"));
+        assert_eq!(at("fuse-residual") + 1, at("fuse-activation"));
+        assert_eq!(with.len(), PASSES.len() + 1);
     }
 }

@@ -304,13 +304,13 @@ fn as_f32(t: &Tensor) -> Cow<'_, [f32]> {
 }
 
 /// The inputs as f32, the mask as an additive bias (bool: 0 or -inf).
-struct Data<'a> {
-    q: Cow<'a, [f32]>,
-    k: Cow<'a, [f32]>,
-    v: Cow<'a, [f32]>,
+pub(super) struct Data<'a> {
+    pub q: Cow<'a, [f32]>,
+    pub k: Cow<'a, [f32]>,
+    pub v: Cow<'a, [f32]>,
     past_k: Cow<'a, [f32]>,
     past_v: Cow<'a, [f32]>,
-    mask: Vec<f32>,
+    pub mask: Cow<'a, [f32]>,
     nonpad: Vec<i64>,
 }
 
@@ -347,7 +347,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 impl Attention {
     /// The additive bias of key `j` for query row `(b, h, i)`: `None` when masked.
-    fn bias(&self, g: &Geometry, x: &Data, b: usize, h: usize, i: usize, j: usize) -> Option<f32> {
+    pub(super) fn bias(&self, g: &Geometry, x: &Data, b: usize, h: usize, i: usize, j: usize) -> Option<f32> {
         let mut bias = 0.0;
         if let Some(m) = &g.mask {
             if j >= m.len {
@@ -435,9 +435,9 @@ impl CpuKernel for Attention {
         let opt = |i: usize| inputs.get(i).copied().flatten();
         let empty: Cow<[f32]> = Cow::Owned(vec![]);
         let mask = match opt(3) {
-            None => vec![],
-            Some(m) if m.dtype() == DType::Bool => m.bytes().iter().map(|&v| if v != 0 { 0.0 } else { f32::NEG_INFINITY }).collect(),
-            Some(m) => as_f32(m).into_owned(),
+            None => Cow::Owned(vec![]),
+            Some(m) if m.dtype() == DType::Bool => Cow::Owned(m.bytes().iter().map(|&v| if v != 0 { 0.0 } else { f32::NEG_INFINITY }).collect()),
+            Some(m) => as_f32(m),
         };
         let nonpad = match opt(6) {
             Some(t) => t.to_i64_vec()?,
@@ -452,20 +452,32 @@ impl CpuKernel for Attention {
             mask,
             nonpad,
         };
+        if self.blocked_applies(&g, inputs, &outputs[0]) {
+            self.run_blocked(&g, &x, outputs[0].as_mut_slice::<f32>()?);
+        } else {
+            self.run_rows(&g, &x, &mut outputs[0])?;
+        }
+        self.run_extra_outputs(&g, &x, outputs)
+    }
+}
+
+impl Attention {
+    /// Y row by row (any dtype, past keys, softcap): the scores of one query row, then
+    /// its weighted sum of values. Rows are in (b, i, h) order for 3-D, (b, h, i) for 4-D.
+    fn run_rows(&self, g: &Geometry, x: &Data, y: &mut Tensor) -> Result<()> {
         let (hq, sq, dv, t) = (g.q_heads, g.q_len, g.v_head, g.total);
-        // Y: items of v_head values, in (b, i, h) order for 3-D, (b, h, i) for 4-D.
-        let row_of = |u: usize| if g.three_d { (u / (sq * hq), u % hq, (u / hq) % sq) } else { (u / (hq * sq), (u / sq) % hq, u % sq) };
         let work = t * (g.head + dv) + 8;
-        with_f32_out(&mut outputs[0], |y| {
+        let row_of = |u: usize| if g.three_d { (u / (sq * hq), u % hq, (u / hq) % sq) } else { (u / (hq * sq), (u / sq) % hq, u % sq) };
+        with_f32_out(y, |y| {
             cpu::par_chunks_mut(y, dv, work, |first, part| {
                 cpu::with_scratch(t, |p| {
                     for (n, yr) in part.chunks_mut(dv.max(1)).enumerate() {
                         let (b, h, i) = row_of(first + n);
-                        self.scores(&g, &x, (b, h, i), 3, p);
+                        self.scores(g, x, (b, h, i), 3, p);
                         yr.fill(0.0);
                         for (j, &pj) in p.iter().enumerate() {
                             if pj != 0.0 {
-                                for (o, &vv) in yr.iter_mut().zip(x.value(&g, b, h / g.group(), j)) {
+                                for (o, &vv) in yr.iter_mut().zip(x.value(g, b, h / g.group(), j)) {
                                     *o += pj * vv;
                                 }
                             }
@@ -473,14 +485,19 @@ impl CpuKernel for Attention {
                     }
                 })
             });
-        })?;
+        })
+    }
+
+    /// Outputs 1..3 when the node has them: present_key/value and qk_matmul_output.
+    fn run_extra_outputs(&self, g: &Geometry, x: &Data, outputs: &mut [Tensor]) -> Result<()> {
+        let (hq, sq, dv, t) = (g.q_heads, g.q_len, g.v_head, g.total);
         // present_key / present_value: the past followed by the new keys/values.
         for (o, width, value) in [(1usize, g.head, false), (2, dv, true)] {
             if let Some(out) = outputs.get_mut(o) {
                 with_f32_out(out, |dst| {
                     for (r, chunk) in dst.chunks_mut(width.max(1)).enumerate() {
                         let (b, hk, j) = (r / (g.kv_heads * t), (r / t) % g.kv_heads, r % t);
-                        chunk.copy_from_slice(if value { x.value(&g, b, hk, j) } else { x.key(&g, b, hk, j) });
+                        chunk.copy_from_slice(if value { x.value(g, b, hk, j) } else { x.key(g, b, hk, j) });
                     }
                 })?;
             }
@@ -490,7 +507,7 @@ impl CpuKernel for Attention {
                 cpu::par_chunks_mut(dst, t, g.head * 2 + 8, |first, part| {
                     for (n, row) in part.chunks_mut(t.max(1)).enumerate() {
                         let r = first + n;
-                        self.scores(&g, &x, (r / (hq * sq), (r / sq) % hq, r % sq), self.mode, row);
+                        self.scores(g, x, (r / (hq * sq), (r / sq) % hq, r % sq), self.mode, row);
                     }
                 })
             })?;

@@ -187,6 +187,19 @@ fn four_d_variants_match_the_reference() {
 }
 
 #[test]
+fn blocked_f32_path_matches_the_reference_over_several_blocks() {
+    // 70 query rows: blocks of 32 split across (batch, head) boundaries and threads.
+    let mask = tensor(&[2, 1, 70, 75], 9);
+    check(&Case { mask: Some(mask), scale: Some(0.125), ..case4([2, 3, 70, 16], [2, 3, 75, 16], 12) });
+    // Grouped heads with a per-head mask and causal masking (the general bias path).
+    let mask = tensor(&[4, 40, 40], 8);
+    check(&Case { mask: Some(mask), causal: true, ..case4([1, 4, 40, 8], [1, 2, 40, 8], 8) });
+    // A mask shorter than the keys (the rest masked), and one query row.
+    check(&Case { mask: Some(tensor(&[33, 20], 3)), ..case4([1, 2, 33, 5], [1, 2, 37, 5], 3) });
+    check(&Case { mask: Some(tensor(&[1, 50], 4)), ..case4([3, 1, 1, 8], [3, 1, 50, 8], 8) });
+}
+
+#[test]
 fn three_d_inputs_are_split_into_heads() {
     let base = Case { q: vec![2, 4, 24], k: vec![2, 6, 24], v: vec![2, 6, 30], heads: Some((3, 3)), window: (-1, -1), ..Default::default() };
     check(&base);
@@ -230,4 +243,63 @@ fn bad_shapes_are_errors_that_say_what_was_expected() {
     assert!(err(&[], &[&[2, 3, 4, 8], &[2, 3, 6, 8], &[2, 3, 6, 8], &[2, 4, 6]]).contains("broadcast"));
     assert!(err(&[], &[&[2, 3, 4, 8], &[2, 3, 6, 8], &[2, 3, 6, 8], &[4, 7]]).contains("exceeds"));
     assert!(make("Attention", 3, 1, &[("qk_matmul_output_mode", Attr::Int(5))]).unwrap_err().to_string().contains("qk_matmul_output_mode"));
+}
+
+/// Timing probe (not a check): `cargo test -p kiln-ops --release attention_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn attention_timing() {
+    let (q, k, v) = (tensor(&[1, 2, 128, 64], 1), tensor(&[1, 2, 128, 64], 2), tensor(&[1, 2, 128, 64], 3));
+    let mask = tensor(&[1, 1, 128, 128], 4);
+    let op = make("Attention", 4, 1, &[("scale", Attr::Float(0.125))]).unwrap();
+    let mut out = vec![Tensor::from_vec(&[1, 2, 128, 64], vec![0f32; 2 * 128 * 64]).unwrap()];
+    let kernel = op.cpu().unwrap();
+    let inputs = [Some(&q), Some(&k), Some(&v), Some(&mask)];
+    for _ in 0..50 {
+        kernel.run(&inputs, &mut out).unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    for _ in 0..500 {
+        kernel.run(&inputs, &mut out).unwrap();
+    }
+    eprintln!("attention [1,2,128,64] + mask: {:.1} us", t0.elapsed().as_secs_f64() * 1e6 / 500.0);
+    let mm = make("MatMul", 2, 1, &[]).unwrap();
+    let kt = Tensor::from_vec(&[1, 2, 64, 128], vec![0.5f32; 2 * 128 * 64]).unwrap();
+    let mut s = vec![Tensor::from_vec(&[1, 2, 128, 128], vec![0f32; 2 * 128 * 128]).unwrap()];
+    let t0 = std::time::Instant::now();
+    for _ in 0..500 {
+        mm.cpu().unwrap().run(&[Some(&q), Some(&kt)], &mut s).unwrap();
+    }
+    eprintln!("one MatMul [1,2,128,64]x[1,2,64,128]: {:.1} us", t0.elapsed().as_secs_f64() * 1e6 / 500.0);
+}
+
+#[test]
+#[ignore]
+fn attention_timing_parts() {
+    let q = vec![0.3f32; 128 * 64];
+    let k = vec![0.2f32; 128 * 64];
+    let mut s = vec![0f32; 64 * 128];
+    let time = |what: &str, f: &mut dyn FnMut()| {
+        let t0 = std::time::Instant::now();
+        for _ in 0..2000 {
+            f();
+        }
+        eprintln!("{what}: {:.2} us", t0.elapsed().as_secs_f64() * 1e6 / 2000.0);
+    };
+    time("QK^T 64x128x64 (rhs transposed)", &mut || unsafe {
+        gemm::gemm(64, 128, 64, s.as_mut_ptr(), 1, 128, false, q.as_ptr(), 1, 64, k.as_ptr(), 64, 1, 0.0, 0.125f32, false, false, false, gemm::Parallelism::None)
+    });
+    time("QK 64x128x64 (rhs row-major)", &mut || unsafe {
+        gemm::gemm(64, 128, 64, s.as_mut_ptr(), 1, 128, false, q.as_ptr(), 1, 64, k.as_ptr(), 1, 128, 0.0, 0.125f32, false, false, false, gemm::Parallelism::None)
+    });
+    let mut o = vec![0f32; 64 * 64];
+    time("PV 64x64x128", &mut || unsafe {
+        gemm::gemm(64, 64, 128, o.as_mut_ptr(), 1, 64, false, s.as_ptr(), 1, 128, k.as_ptr(), 1, 64, 0.0, 1.0f32, false, false, false, gemm::Parallelism::None)
+    });
+    let mut rows = vec![0.1f32; 64 * 128];
+    time("softmax 64 rows of 128", &mut || {
+        for r in rows.chunks_mut(128) {
+            super::attention_cpu::softmax(r);
+        }
+    });
 }

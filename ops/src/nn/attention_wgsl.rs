@@ -120,6 +120,49 @@ impl Attention {
         wgsl::simple_kernel("Attention scores", g.batch * hq * sq * t, wg, &buffers, bindings, "", &body)
     }
 
+    /// The scores, `width` consecutive keys per invocation (each Q element read once for
+    /// all of them): for nodes without past keys, softcap or `qk_matmul_output`, when
+    /// `width` (4 or 2) divides the key count. Same results as [`Self::scores_dispatch`].
+    fn blocked_scores_dispatch(&self, g: &Geometry, width: usize, wg: u32) -> Dispatch {
+        let (hq, sq, t, d) = (g.q_heads, g.q_len, g.total, g.head);
+        let mut buffers = vec![("q", "f32", true), ("k", "f32", true)];
+        let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
+        if let Some(m) = &g.mask {
+            buffers.push(("mask", if m.is_bool { "u32" } else { "f32" }, true));
+            bindings.push(Binding::Input(3));
+        }
+        if g.has_nonpad {
+            buffers.push(("nonpad", "i32", true));
+            bindings.push(Binding::Input(6));
+        }
+        buffers.push(("s", "f32", false));
+        bindings.push(Binding::Scratch(0));
+        let [q0, q1, q2] = g.q_strides;
+        let [k0, k1, k2] = g.k_strides;
+        let mut body = format!(
+            "let j0 = (i % {groups}u) * {width}u;\n    let r = i / {groups}u;\n    let qi = r % {sq}u;\n    let h = (r / {sq}u) % {hq}u;\n    \
+             let b = r / {bh}u;\n    let hk = h / {group}u;\n    let qb = b * {q0}u + h * {q1}u + qi * {q2}u;\n    let kb = b * {k0}u + hk * {k1}u + j0 * {k2}u;\n",
+            groups = t / width,
+            bh = sq * hq,
+            group = g.group(),
+        );
+        let mut step = String::from("let qv = q[qb + d];\n");
+        for w in 0..width {
+            let _ = writeln!(body, "    var acc{w} = 0.0;");
+            let _ = writeln!(step, "acc{w} = acc{w} + qv * k[kb + {}u + d];", w * k2);
+        }
+        body += &wgsl::for_loop("d", "0u", &format!("{d}u"), "1u", &step);
+        let scale = wgsl::literal("f32", g.scale as f64);
+        for w in 0..width {
+            let _ = writeln!(
+                body,
+                "    {{\n    let j = j0 + {w}u;\n    {}    s[r * {t}u + j] = select(acc{w} * {scale} + bias, {MASKED}, masked);\n    }}",
+                self.bias_wgsl(g)
+            );
+        }
+        wgsl::simple_kernel("Attention scores", g.batch * hq * sq * t / width, wg, &buffers, bindings, "", &body)
+    }
+
     /// In-place softmax of each scratch row; masked scores become 0, and a row of
     /// masked scores a zero row.
     fn softmax_dispatch(&self, g: &Geometry, qk_out: bool, wg: u32) -> Result<Dispatch> {
@@ -244,7 +287,11 @@ impl WgslKernel for Attention {
         let rows = g.batch * g.q_heads * g.q_len;
         let mut prog = WgslProgram { dispatches: vec![], scratch_bytes: vec![(rows * g.total).max(1) as u64 * 4] };
         if rows * g.total > 0 {
-            prog.dispatches.push(self.scores_dispatch(&g, qk_out && self.mode < 3, wg));
+            let width = [4usize, 2].into_iter().find(|w| g.total % w == 0);
+            match width {
+                Some(w) if !qk_out && !g.has_past && self.softcap <= 0.0 => prog.dispatches.push(self.blocked_scores_dispatch(&g, w, wg)),
+                _ => prog.dispatches.push(self.scores_dispatch(&g, qk_out && self.mode < 3, wg)),
+            }
             prog.dispatches.push(self.softmax_dispatch(&g, qk_out && self.mode == 3, wg)?);
         }
         if !outputs[0].is_empty() {

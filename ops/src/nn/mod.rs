@@ -9,6 +9,7 @@
 use crate::Registry;
 
 mod attention;
+mod attention_cpu;
 #[cfg(test)]
 mod attention_tests;
 mod attention_wgsl;

@@ -1,0 +1,204 @@
+//! Scaled dot-product attention from its decomposed form, as transformer exporters
+//! write it on 4-D `[batch, heads, seq, head_dim]` tensors:
+//!
+//! ```text
+//! s = MatMul(Q, Kt)  [ * c | / c ]  [ + mask ];  p = Softmax(s, axis=-1);  y = MatMul(p, V)
+//! ```
+//!
+//! becomes one ai.onnx `Attention(Q, K, V[, mask]) {scale}` node: one kernel that never
+//! writes the `seq x seq` scores to memory. `Kt` is K transposed: when it comes from a
+//! Transpose read only here, that Transpose is changed to produce K itself (swapping the
+//! last two axes of its perm); otherwise a Transpose is inserted.
+//!
+//! The ONNX op fits exactly under these conditions, which the pass checks: Q, Kt, V are
+//! f32, rank 4, with the same batch and head dims (no broadcasting between them); the
+//! scale `c` is a constant scalar (the op's `scale` attribute is set to `c` or `1/c`, or
+//! 1 without one); the mask has the scores' dtype, rank <= 4, broadcasts to the scores
+//! without changing their shape, and has the full key length as its last dim (the op pads
+//! a shorter mask row with masked keys where numpy broadcasting would repeat it, so a
+//! last dim of 1 is not fused). Every intermediate must be read only inside the pattern.
+//! One difference remains, on purpose: a query row whose keys are all masked with -inf
+//! gives zeros from Attention where the decomposed Softmax gives NaN (finite masks such
+//! as `f32::MIN`, which exporters write, behave identically).
+use super::{producers, use_counts};
+use kiln_graph::{Attr, DType, Dim, Graph, Node, NodeId, ValueId, ValueType};
+use kiln_ops::Registry;
+
+struct Found {
+    q: ValueId,
+    kt: ValueId,
+    v: ValueId,
+    mask: Option<ValueId>,
+    scale: f32,
+    /// The nodes replaced, the second MatMul (which becomes the Attention node) last.
+    nodes: Vec<NodeId>,
+}
+
+fn is(g: &Graph, n: NodeId, op: &str) -> bool {
+    g.nodes[n].op_type == op && g.nodes[n].domain.is_empty()
+}
+
+/// The producer of `v` when it is op `op` and `v` is read once.
+fn only(g: &Graph, prod: &[Option<NodeId>], uses: &[usize], v: ValueId, op: &str) -> Option<NodeId> {
+    prod[v].filter(|&p| is(g, p, op) && uses[v] == 1)
+}
+
+/// `v` = `MatMul(Q, Kt)`, optionally times or divided by a constant scalar: (MatMul,
+/// scale, the nodes).
+fn scores(g: &Graph, prod: &[Option<NodeId>], uses: &[usize], v: ValueId) -> Option<(NodeId, f32, Vec<NodeId>)> {
+    if let Some(mm) = only(g, prod, uses, v, "MatMul") {
+        return Some((mm, 1.0, vec![mm]));
+    }
+    let p = prod[v].filter(|_| uses[v] == 1)?;
+    let ins = &g.nodes[p].inputs;
+    let (a, b) = (ins.first().copied().flatten()?, ins.get(1).copied().flatten()?);
+    let (x, scale) = if is(g, p, "Mul") {
+        match (super::scalar_const(g, Some(a)), super::scalar_const(g, Some(b))) {
+            (None, Some(c)) => (a, c),
+            (Some(c), None) => (b, c),
+            _ => return None,
+        }
+    } else if is(g, p, "Div") {
+        (a, 1.0 / super::scalar_const(g, Some(b))?)
+    } else {
+        return None;
+    };
+    let mm = only(g, prod, uses, x, "MatMul")?;
+    scale.is_finite().then(|| (mm, scale, vec![mm, p]))
+}
+
+fn softmax_last_axis(g: &Graph, n: NodeId, rank: usize) -> bool {
+    let default = if g.opsets.get("").copied().unwrap_or(13) >= 13 { -1 } else { 1 };
+    let axis = match g.nodes[n].attrs.get("axis") {
+        Some(Attr::Int(a)) => *a,
+        None => default,
+        _ => return false,
+    };
+    // Before opset 13 Softmax flattens to 2-D at `axis`: the last axis is the same row.
+    axis == -1 || axis == rank as i64 - 1
+}
+
+fn known(d: &Dim) -> bool {
+    !matches!(d, Dim::Sym(s) if s == "?")
+}
+
+fn match_at(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>], uses: &[usize], sm: NodeId) -> Option<Found> {
+    if !is(g, sm, "Softmax") {
+        return None;
+    }
+    let (x, p) = (g.nodes[sm].inputs.first().copied().flatten()?, g.nodes[sm].outputs[0]);
+    let ty = |v: ValueId| types.get(v).cloned().flatten();
+    let st = ty(x)?;
+    if st.dtype != DType::F32 || st.shape.rank() != 4 || !softmax_last_axis(g, sm, 4) || !st.shape.0.iter().all(known) {
+        return None;
+    }
+    // p read once, as the first operand of the second MatMul.
+    let mm2 = g.nodes.iter().position(|n| n.inputs.first() == Some(&Some(p)))?;
+    if uses[p] != 1 || !is(g, mm2, "MatMul") || g.nodes[mm2].inputs.len() != 2 {
+        return None;
+    }
+    let v = g.nodes[mm2].inputs[1]?;
+    // Scores, optionally plus a mask.
+    let (mm1, scale, mut nodes, mask) = match scores(g, prod, uses, x) {
+        Some((mm, s, n)) => (mm, s, n, None),
+        None => {
+            let add = only(g, prod, uses, x, "Add")?;
+            let ins = &g.nodes[add].inputs;
+            let (a, b) = (ins.first().copied().flatten()?, ins.get(1).copied().flatten()?);
+            let (s, m, (mm, sc, mut n)) = [(a, b), (b, a)].into_iter().find_map(|(s, m)| Some((s, m, scores(g, prod, uses, s)?)))?;
+            // The Add must not change the scores' shape (no broadcasting of the scores).
+            if ty(s)? != st {
+                return None;
+            }
+            n.push(add);
+            (mm, sc, n, Some(m))
+        }
+    };
+    if g.nodes[mm1].inputs.len() != 2 {
+        return None;
+    }
+    let (q, kt) = (g.nodes[mm1].inputs[0]?, g.nodes[mm1].inputs[1]?);
+    let (qt, ktt, vt) = (ty(q)?, ty(kt)?, ty(v)?);
+    let four = |t: &ValueType| t.dtype == DType::F32 && t.shape.rank() == 4 && t.shape.0.iter().all(known);
+    if !(four(&qt) && four(&ktt) && four(&vt)) {
+        return None;
+    }
+    let d = |t: &ValueType, i: usize| t.shape.0[i].clone();
+    // Same batch and heads everywhere; Kt is [.., head_dim, keys], V [.., keys, v_dim].
+    let same = (0..2).all(|i| d(&qt, i) == d(&ktt, i) && d(&qt, i) == d(&vt, i));
+    if !same || d(&qt, 3) != d(&ktt, 2) || d(&ktt, 3) != d(&vt, 2) {
+        return None;
+    }
+    if let Some(m) = mask {
+        let mt = ty(m)?;
+        let r = mt.shape.rank();
+        if mt.dtype != DType::F32 || r == 0 || r > 4 || !mt.shape.0.iter().all(known) {
+            return None;
+        }
+        // Right-aligned, every dim 1 or the scores' dim; the last one the key length.
+        let fits = mt.shape.0.iter().enumerate().all(|(i, md)| *md == Dim::Fixed(1) || *md == st.shape.0[4 - r + i]);
+        if !fits || mt.shape.0[r - 1] != st.shape.0[3] {
+            return None;
+        }
+    }
+    nodes.push(sm);
+    nodes.push(mm2);
+    Some(Found { q, kt, v, mask, scale, nodes })
+}
+
+/// K from Kt: the Transpose producing Kt (read only here) gets the last two axes of its
+/// perm swapped (and is dropped, returned, when that is the identity), or a new
+/// Transpose is added. Returns K.
+fn untranspose(g: &mut Graph, prod: &[Option<NodeId>], uses: &[usize], kt: ValueId, base: &str) -> (ValueId, Option<NodeId>) {
+    if let Some(t) = only(g, prod, uses, kt, "Transpose") {
+        if let (Some(Attr::Ints(perm)), Some(src)) = (g.nodes[t].attrs.get("perm"), g.nodes[t].inputs.first().copied().flatten()) {
+            if perm.len() == 4 {
+                let perm = vec![perm[0], perm[1], perm[3], perm[2]];
+                if perm == [0, 1, 2, 3] {
+                    return (src, Some(t));
+                }
+                let k = g.add_value(format!("{base}.keys"), None);
+                let node = &mut g.nodes[t];
+                node.attrs.insert("perm".into(), Attr::Ints(perm));
+                node.outputs[0] = k;
+                return (k, None);
+            }
+        }
+    }
+    let k = g.add_value(format!("{base}.keys"), None);
+    g.nodes.push(Node {
+        name: format!("{base}.keys"),
+        op_type: "Transpose".into(),
+        domain: String::new(),
+        attrs: [("perm".to_string(), Attr::Ints(vec![0, 1, 3, 2]))].into_iter().collect(),
+        inputs: vec![Some(kt)],
+        outputs: vec![k],
+    });
+    (k, None)
+}
+
+/// Replaces decomposed attention with Attention nodes; returns how many.
+pub fn fuse_attention(g: &mut Graph) -> usize {
+    let types = kiln_runtime::value_types(g, Registry::builtin());
+    let mut fused = 0;
+    loop {
+        let (prod, uses) = (producers(g), use_counts(g));
+        let Some(f) = (0..g.nodes.len()).find_map(|n| match_at(g, &types, &prod, &uses, n)) else { return fused };
+        let last = *f.nodes.last().expect("a pattern has nodes");
+        let softmax = &g.nodes[f.nodes[f.nodes.len() - 2]].name;
+        let base = if softmax.contains("Softmax") { softmax.replace("Softmax", "Attention") } else { format!("{softmax}.attention") };
+        // A new Transpose goes last: the indices of the pattern stay valid.
+        let (k, dropped) = untranspose(g, &prod, &uses, f.kt, &base);
+        let node = &mut g.nodes[last];
+        node.name = base;
+        node.op_type = "Attention".into();
+        node.attrs = [("scale".to_string(), Attr::Float(f.scale))].into_iter().collect();
+        node.inputs = vec![Some(f.q), Some(k), Some(f.v)];
+        if let Some(m) = f.mask {
+            node.inputs.push(Some(m));
+        }
+        let dead: Vec<NodeId> = f.nodes.iter().copied().filter(|&n| n != last).chain(dropped).collect();
+        super::remove_nodes(g, &dead);
+        fused += 1;
+    }
+}
