@@ -1,18 +1,24 @@
 //! Loading models and input tensors for the CLI, random inputs, output summaries.
 use anyhow::{anyhow, bail, Context, Result};
 use kiln::graph::{DType, Dim, Tensor, ValueType};
+use kiln::compiler::passes::Target;
 use kiln::runtime::{DeviceChoice, Session, SessionOptions};
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Opens a model for a session: a `.kiln` artifact is loaded as compiled (no import, no
-/// passes); an `.onnx` file is imported and, unless `no_passes`, optimised.
-pub fn load_graph(model: &Path, no_passes: bool) -> Result<kiln::graph::Graph> {
-    Ok(load_model(model, no_passes)?.0)
+
+/// The pass target for a device choice (passes that pay on one kind of device).
+pub fn pass_target(device: &DeviceChoice) -> Result<Target> {
+    Ok(match device.kind()? {
+        kiln::runtime::DeviceKind::Cpu => Target::Cpu,
+        kiln::runtime::DeviceKind::Gpu => Target::Gpu,
+    })
 }
 
-/// Like [`load_graph`], also returning the artifact's info for a `.kiln` file.
-pub fn load_model(model: &Path, no_passes: bool) -> Result<(kiln::graph::Graph, Option<kiln::runtime::artifact::ArtifactInfo>)> {
+/// Opens a model for a session: a `.kiln` artifact is loaded as compiled (no import, no
+/// passes) and returned with its info; an `.onnx` file is imported and, unless
+/// `no_passes`, optimised for `target`.
+pub fn load_model(model: &Path, no_passes: bool, target: Target) -> Result<(kiln::graph::Graph, Option<kiln::runtime::artifact::ArtifactInfo>)> {
     match model.extension().and_then(|e| e.to_str()) {
         Some("kiln") => {
             let (graph, info) = kiln::runtime::artifact::load(model)?;
@@ -22,7 +28,7 @@ pub fn load_model(model: &Path, no_passes: bool) -> Result<(kiln::graph::Graph, 
         Some("onnx") | None => {
             let mut graph = kiln::compiler::onnx::import_file(model).with_context(|| format!("cannot import {}", model.display()))?;
             if !no_passes {
-                for r in kiln::compiler::passes::optimize(&mut graph) {
+                for r in kiln::compiler::passes::optimize_for(&mut graph, target) {
                     log::info!("pass {}: {} change(s)", r.name, r.changes);
                 }
             }
@@ -32,11 +38,13 @@ pub fn load_model(model: &Path, no_passes: bool) -> Result<(kiln::graph::Graph, 
     }
 }
 
-/// Loads a model (see [`load_graph`]) and opens a session on `device`, with placement
+/// Loads a model (see [`load_model`]; passes for the device's kind) and opens a session on `device`, with placement
 /// overrides (`OP_OR_NODE=cpu|gpu`).
 pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool, place: &[String]) -> Result<Session> {
     let t0 = std::time::Instant::now();
-    let (graph, info) = load_model(model, no_passes)?;
+    // Passes for the device kind, unless rules place nodes on several devices.
+    let target = if place.is_empty() { pass_target(device)? } else { Target::Any };
+    let (graph, info) = load_model(model, no_passes, target)?;
     let loaded = t0.elapsed();
     let auto_place = place.iter().any(|p| p == "auto");
     let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;

@@ -40,6 +40,17 @@ impl fmt::Display for DeviceChoice {
     }
 }
 
+impl DeviceChoice {
+    /// The kind of device a session with this choice runs on (adapters are looked up
+    /// once per process); an error when the choice names a GPU that is not there.
+    pub fn kind(&self) -> crate::Result<DeviceKind> {
+        Ok(match crate::gpu::select(self)? {
+            Some(_) => DeviceKind::Gpu,
+            None => DeviceKind::Cpu,
+        })
+    }
+}
+
 /// The kind of device a session ended up on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum DeviceKind {

@@ -56,7 +56,7 @@ pub fn main(args: Args) -> Result<()> {
             }
         }
     }
-    let passes: Vec<(String, usize)> = kiln::compiler::passes::optimize(&mut graph).into_iter().map(|r| (r.name.to_string(), r.changes)).collect();
+    let passes: Vec<(String, usize)> = kiln::compiler::passes::optimize_for(&mut graph, io::pass_target(&args.device)?).into_iter().map(|r| (r.name.to_string(), r.changes)).collect();
     // Check the result on the target device (the session's symbolic check and device
     // limits) before writing anything.
     let session = Session::new(graph.clone(), SessionOptions::device(args.device.clone()))

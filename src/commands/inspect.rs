@@ -64,7 +64,13 @@ pub fn main(args: Args) -> Result<()> {
     let mut pass_report: Vec<(String, usize, Vec<String>, Vec<String>)> = vec![];
     let graph = if is_onnx && args.passes {
         let mut g = kiln::compiler::onnx::import_file(&args.model).with_context(|| format!("cannot import {}", args.model.display()))?;
-        for p in kiln::compiler::passes::PASSES {
+        let env = |name: &str| std::env::var(name).unwrap_or_default();
+        let passes = kiln::compiler::passes::selected_passes(
+            &env(kiln::compiler::passes::SKIP_PASSES_ENV),
+            &env(kiln::compiler::passes::ENABLE_PASSES_ENV),
+            io::pass_target(&args.device)?,
+        );
+        for p in passes {
             let before = node_lines(&g);
             let changes = (p.run)(&mut g);
             let after = node_lines(&g);
@@ -74,7 +80,7 @@ pub fn main(args: Args) -> Result<()> {
         }
         g
     } else {
-        io::load_graph(&args.model, false)?
+        io::load_model(&args.model, false, io::pass_target(&args.device)?)?.0
     };
     let types = kiln::runtime::value_types(&graph, kiln::ops::Registry::builtin());
     let session = Session::new(graph.clone(), SessionOptions::device(args.device.clone()))

@@ -74,12 +74,27 @@ pub const SKIP_PASSES_ENV: &str = "KILN_SKIP_PASSES";
 /// Names (comma-separated) of [`OPTIONAL_PASSES`] that [`optimize`] runs.
 pub const ENABLE_PASSES_ENV: &str = "KILN_ENABLE_PASSES";
 
-/// The passes [`optimize`] runs given the skip and enable lists (comma-separated names).
-pub fn selected_passes(skip: &str, enable: &str) -> Vec<&'static Pass> {
+/// The kind of device a graph is optimised for: some passes pay on one kind only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Unknown or several devices: the default passes only.
+    Any,
+    Cpu,
+    Gpu,
+}
+
+/// Optional passes that run by default for one target (measured faster there; see
+/// [`OPTIONAL_PASSES`]).
+pub const TARGET_PASSES: &[(&str, Target)] = &[("fuse-attention", Target::Cpu)];
+
+/// The passes [`optimize_for`] runs for `target` given the skip and enable lists
+/// (comma-separated names).
+pub fn selected_passes(skip: &str, enable: &str, target: Target) -> Vec<&'static Pass> {
     let named = |list: &str, name: &str| list.split(',').any(|s| s.trim() == name);
+    let wanted = |name: &str| named(enable, name) || TARGET_PASSES.contains(&(name, target)) && !named(skip, name);
     let mut out = vec![];
     for p in PASSES {
-        out.extend(OPTIONAL_PASSES.iter().filter(|(o, before)| *before == p.name && named(enable, o.name)).map(|(o, _)| o));
+        out.extend(OPTIONAL_PASSES.iter().filter(|(o, before)| *before == p.name && wanted(o.name)).map(|(o, _)| o));
         if !named(skip, p.name) {
             out.push(p);
         }
@@ -97,8 +112,13 @@ pub struct PassReport {
 /// Runs the default passes in order, minus those named in `KILN_SKIP_PASSES`, plus the
 /// optional ones named in `KILN_ENABLE_PASSES`.
 pub fn optimize(graph: &mut Graph) -> Vec<PassReport> {
+    optimize_for(graph, Target::Any)
+}
+
+/// [`optimize`], plus the passes that pay on `target` ([`TARGET_PASSES`]).
+pub fn optimize_for(graph: &mut Graph, target: Target) -> Vec<PassReport> {
     let env = |name: &str| std::env::var(name).unwrap_or_default();
-    selected_passes(&env(SKIP_PASSES_ENV), &env(ENABLE_PASSES_ENV))
+    selected_passes(&env(SKIP_PASSES_ENV), &env(ENABLE_PASSES_ENV), target)
         .into_iter()
         .map(|p| {
             let changes = (p.run)(graph);
@@ -249,7 +269,17 @@ mod tests {
     use super::*;
 
     fn names(skip: &str, enable: &str) -> Vec<&'static str> {
-        selected_passes(skip, enable).into_iter().map(|p| p.name).collect()
+        selected_passes(skip, enable, Target::Any).into_iter().map(|p| p.name).collect()
+    }
+
+    #[test]
+    fn target_passes_join_for_their_device_unless_skipped() {
+        let cpu: Vec<&str> = selected_passes("", "", Target::Cpu).into_iter().map(|p| p.name).collect();
+        assert!(cpu.contains(&"fuse-attention"));
+        let gpu: Vec<&str> = selected_passes("", "", Target::Gpu).into_iter().map(|p| p.name).collect();
+        assert!(!gpu.contains(&"fuse-attention"));
+        let skipped: Vec<&str> = selected_passes("fuse-attention", "", Target::Cpu).into_iter().map(|p| p.name).collect();
+        assert!(!skipped.contains(&"fuse-attention"));
     }
 
     #[test]
