@@ -256,6 +256,9 @@ pub struct DeviceProfile {
     pub launch_s: f64,
     /// Seconds per run of a segment (a GPU submit and readback; ~0 on the CPU).
     pub segment_s: f64,
+    /// Bytes per second moved between host memory and the device (uploads and
+    /// readbacks; the CPU's own bandwidth on the CPU).
+    pub transfer_bytes_per_s: f64,
 }
 
 impl DeviceProfile {
@@ -265,8 +268,10 @@ impl DeviceProfile {
 }
 
 /// Measures a device by running small graphs on it with the ordinary session machinery:
-/// a matrix product (FLOP/s), a large Add (bytes/s), and chains of 1 and 9 tiny ops (the
-/// difference is 8 launches; the rest is the per-run cost). Cached per device name.
+/// a matrix product (FLOP/s); chains of 1 and 9 tiny ops (the difference is 8 launches,
+/// the rest the per-run cost); chains of 1 and 9 Relus over 4 MiB (the difference is 8
+/// passes over memory: bytes/s; what the single pass leaves is moving 4 MiB to the
+/// device and back: transfer bytes/s). Cached per device name.
 pub fn calibrate(device: &DeviceChoice) -> Result<DeviceProfile> {
     use kiln_graph::{DType, GraphBuilder, Shape};
     use std::sync::{Mutex, OnceLock};
@@ -302,16 +307,22 @@ pub fn calibrate(device: &DeviceChoice) -> Result<DeviceProfile> {
     b.output(y);
     let mm = time(b.finish().expect("a valid graph"), Tensor::zeros(DType::F32, &[n, n]))?;
     let big = 1 << 20;
-    let add = time(chain(1, &[big], "Relu"), Tensor::zeros(DType::F32, &[big]))?;
+    let one_big = time(chain(1, &[big], "Relu"), Tensor::zeros(DType::F32, &[big]))?;
+    let nine_big = time(chain(9, &[big], "Relu"), Tensor::zeros(DType::F32, &[big]))?;
     let one = time(chain(1, &[4], "Relu"), Tensor::zeros(DType::F32, &[4]))?;
     let nine = time(chain(9, &[4], "Relu"), Tensor::zeros(DType::F32, &[4]))?;
     let launch_s = ((nine - one) / 8.0).max(1e-7);
     let segment_s = (one - launch_s).max(0.0);
+    // One pass reads and writes 4 bytes per element.
+    let pass_s = ((nine_big - one_big) / 8.0 - launch_s).max(1e-7);
+    let bytes_per_s = 8.0 * big as f64 / pass_s;
+    let transfer_bytes_per_s = if *device == DeviceChoice::Cpu { bytes_per_s } else { 8.0 * big as f64 / (one_big - segment_s - launch_s - pass_s).max(1e-7) };
     let profile = DeviceProfile {
         flops_per_s: 2.0 * (n * n * n) as f64 / (mm - segment_s - launch_s).max(1e-7),
-        bytes_per_s: 8.0 * big as f64 / (add - segment_s - launch_s).max(1e-7),
+        bytes_per_s,
         launch_s,
         segment_s,
+        transfer_bytes_per_s,
     };
     log::info!("calibrated {key}: {profile:?}");
     if let Ok(mut c) = CACHE.get_or_init(Default::default).lock() {
@@ -322,7 +333,7 @@ pub fn calibrate(device: &DeviceChoice) -> Result<DeviceProfile> {
 
 /// Chooses CPU or GPU for each step by cost: each step's FLOPs and bytes against each
 /// device's profile, plus the cost of leaving a device (a GPU segment's run overhead, and
-/// moving the step's inputs at the CPU's bandwidth). A shortest path over the steps
+/// moving the step's inputs at the GPU's measured transfer bandwidth). A shortest path over the steps
 /// (two states: the device of the previous step). `fixed[i]` pins step `i` (user rules,
 /// ops one device lacks).
 pub(crate) fn cheapest(costs: &[kiln_ops::Cost], input_bytes: &[u64], fixed: &[Option<Dev>], cpu: &DeviceProfile, gpu: &DeviceProfile) -> Vec<Dev> {
@@ -339,7 +350,7 @@ pub(crate) fn cheapest(costs: &[kiln_ops::Cost], input_bytes: &[u64], fixed: &[O
             }
             let here = prof(db).step(costs[i]);
             for a in 0..2 {
-                let switch = if i > 0 && a != b { prof(db).segment_s + input_bytes[i] as f64 / cpu.bytes_per_s } else if i == 0 { prof(db).segment_s } else { 0.0 };
+                let switch = if i > 0 && a != b { prof(db).segment_s + input_bytes[i] as f64 / gpu.transfer_bytes_per_s } else if i == 0 { prof(db).segment_s } else { 0.0 };
                 let total = best[i][a] + here + switch;
                 if total < best[i + 1][b] {
                     best[i + 1][b] = total;
@@ -363,7 +374,7 @@ mod tests {
     use kiln_ops::Cost;
 
     fn p(flops: f64, bytes: f64, launch: f64, seg: f64) -> DeviceProfile {
-        DeviceProfile { flops_per_s: flops, bytes_per_s: bytes, launch_s: launch, segment_s: seg }
+        DeviceProfile { flops_per_s: flops, bytes_per_s: bytes, launch_s: launch, segment_s: seg, transfer_bytes_per_s: bytes }
     }
 
     #[test]

@@ -152,7 +152,7 @@ fn the_cost_model_measures_devices_and_keeps_work_off_a_software_gpu() {
     let cpu = kiln_runtime::calibrate(&DeviceChoice::Cpu).unwrap();
     let gpu = kiln_runtime::calibrate(&DeviceChoice::Gpu).unwrap();
     for p in [cpu, gpu] {
-        assert!(p.flops_per_s > 1e6 && p.bytes_per_s > 1e6 && p.launch_s > 0.0 && p.segment_s >= 0.0, "{p:?}");
+        assert!(p.flops_per_s > 1e6 && p.bytes_per_s > 1e6 && p.transfer_bytes_per_s > 1e6 && p.launch_s > 0.0 && p.segment_s >= 0.0, "{p:?}");
     }
     assert!(cpu.flops_per_s > gpu.flops_per_s, "lavapipe should be slower than native kernels: {cpu:?} vs {gpu:?}");
     let x = rand_f32(&[8, 16], 4);
