@@ -53,22 +53,7 @@ impl Attention {
 
     fn scores_dispatch(&self, g: &Geometry, qk_out: bool, wg: u32) -> Dispatch {
         let (hq, sq, t, p, d) = (g.q_heads, g.q_len, g.total, g.past, g.head);
-        let mut buffers = vec![("q", "f32", true), ("k", "f32", true)];
-        let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
-        if g.has_past {
-            buffers.push(("pk", "f32", true));
-            bindings.push(Binding::Input(4));
-        }
-        if let Some(m) = &g.mask {
-            buffers.push(("mask", if m.is_bool { "u32" } else { "f32" }, true));
-            bindings.push(Binding::Input(3));
-        }
-        if g.has_nonpad {
-            buffers.push(("nonpad", "i32", true));
-            bindings.push(Binding::Input(6));
-        }
-        buffers.push(("s", "f32", false));
-        bindings.push(Binding::Scratch(0));
+        let (mut buffers, mut bindings) = score_bindings(g);
         if qk_out {
             buffers.push(("qk", "f32", false));
             bindings.push(Binding::Output(3));
@@ -125,18 +110,7 @@ impl Attention {
     /// `width` (4 or 2) divides the key count. Same results as [`Self::scores_dispatch`].
     fn blocked_scores_dispatch(&self, g: &Geometry, width: usize, wg: u32) -> Dispatch {
         let (hq, sq, t, d) = (g.q_heads, g.q_len, g.total, g.head);
-        let mut buffers = vec![("q", "f32", true), ("k", "f32", true)];
-        let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
-        if let Some(m) = &g.mask {
-            buffers.push(("mask", if m.is_bool { "u32" } else { "f32" }, true));
-            bindings.push(Binding::Input(3));
-        }
-        if g.has_nonpad {
-            buffers.push(("nonpad", "i32", true));
-            bindings.push(Binding::Input(6));
-        }
-        buffers.push(("s", "f32", false));
-        bindings.push(Binding::Scratch(0));
+        let (buffers, bindings) = score_bindings(g);
         let [q0, q1, q2] = g.q_strides;
         let [k0, k1, k2] = g.k_strides;
         let mut body = format!(
@@ -304,4 +278,26 @@ impl WgslKernel for Attention {
         }
         Ok(prog)
     }
+}
+
+/// The buffers a scores dispatch binds, in order: q, k, the past keys, the mask, the
+/// non-pad lengths (each when present), and the scores scratch.
+fn score_bindings(g: &Geometry) -> (Vec<(&'static str, &'static str, bool)>, Vec<Binding>) {
+    let mut buffers = vec![("q", "f32", true), ("k", "f32", true)];
+    let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
+    if g.has_past {
+        buffers.push(("pk", "f32", true));
+        bindings.push(Binding::Input(4));
+    }
+    if let Some(m) = &g.mask {
+        buffers.push(("mask", if m.is_bool { "u32" } else { "f32" }, true));
+        bindings.push(Binding::Input(3));
+    }
+    if g.has_nonpad {
+        buffers.push(("nonpad", "i32", true));
+        bindings.push(Binding::Input(6));
+    }
+    buffers.push(("s", "f32", false));
+    bindings.push(Binding::Scratch(0));
+    (buffers, bindings)
 }
