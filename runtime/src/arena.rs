@@ -12,9 +12,11 @@ pub(crate) struct Span {
 }
 
 /// Places every span in one arena so that spans alive at the same step get disjoint
-/// ranges. Four greedy orders (largest first, in step order, largest size x duration
-/// first, longest-lived first), each putting a span into the tightest gap left by the
-/// spans already placed that overlap it in time; the smallest arena wins. A span of size `n` starts at a multiple of `align(n)`. Returns
+/// ranges. Six greedy orders (largest first, in step order, largest size x duration
+/// first, longest-lived first, latest end first, largest first by end), each putting a
+/// span into the tightest gap left by the spans already placed that overlap it in time;
+/// the best order is then improved by a bounded local search until it reaches the
+/// lower bound or its budget. A span of size `n` starts at a multiple of `align(n)`. Returns
 /// each span's offset (in the order given) and the arena's size.
 pub(crate) fn place(spans: &[Span], align: &dyn Fn(usize) -> usize) -> (Vec<usize>, usize) {
     let order = |key: &dyn Fn(usize) -> (usize, usize)| -> Vec<usize> {
@@ -28,8 +30,43 @@ pub(crate) fn place(spans: &[Span], align: &dyn Fn(usize) -> usize) -> (Vec<usiz
         order(&|i| (spans[i].first, usize::MAX - spans[i].size)),
         order(&|i| (usize::MAX - spans[i].size.saturating_mul(duration(&spans[i])), spans[i].first)),
         order(&|i| (usize::MAX - duration(&spans[i]), usize::MAX - spans[i].size)),
+        order(&|i| (usize::MAX - spans[i].last.min(1 << 40), usize::MAX - spans[i].size)),
+        order(&|i| (usize::MAX - spans[i].size, usize::MAX - spans[i].last.min(1 << 40))),
     ];
-    orders.iter().map(|o| place_in(spans, o, align)).min_by_key(|(_, total)| *total).expect("four orders")
+    let (mut order, (mut offsets, mut total)) =
+        orders.into_iter().map(|o| (o.clone(), place_in(spans, &o, align))).min_by_key(|(_, (_, total))| *total).expect("six orders");
+    // Then a bounded local search: swap two spans of the best order, keep improvements
+    // (deterministic; about 2e7 span comparisons at most, so a few ms).
+    let n = spans.len();
+    let floor = lower_bound(spans);
+    let tries = (20_000_000 / (n * n).max(1)).min(2000);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |m: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % m as u64) as usize
+    };
+    for _ in 0..tries {
+        if total <= floor || n < 2 {
+            break;
+        }
+        let mut candidate = order.clone();
+        for _ in 0..3 {
+            let (a, b) = (next(n), next(n));
+            candidate.swap(a, b);
+        }
+        let (o, t) = place_in(spans, &candidate, align);
+        if t < total {
+            (order, offsets, total) = (candidate, o, t);
+        }
+    }
+    (offsets, total)
+}
+
+/// The most units alive at one step: no placement can use less.
+pub(crate) fn lower_bound(spans: &[Span]) -> usize {
+    spans.iter().map(|s| spans.iter().filter(|o| o.first <= s.first && s.first <= o.last).map(|o| o.size).sum::<usize>()).max().unwrap_or(0)
 }
 
 fn place_in(spans: &[Span], order: &[usize], align: &dyn Fn(usize) -> usize) -> (Vec<usize>, usize) {
