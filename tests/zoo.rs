@@ -28,9 +28,14 @@ fn check_with(model: &str, compare: Compare) {
     let sets = data_sets(&dir);
     assert!(!sets.is_empty(), "{model}: no data sets in {}", dir.display());
     let raw = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap_or_else(|e| panic!("{model}: import failed: {e}"));
-    let mut optimized = raw.clone();
-    kiln::compiler::passes::optimize(&mut optimized);
-    for ((backend, device), (passes, graph)) in backends().into_iter().flat_map(|b| [(b.clone(), ("passes", optimized.clone())), (b, ("raw", raw.clone()))]) {
+    // The passes each device kind gets (the CPU's include fuse-attention).
+    let optimized = |backend: &str| {
+        let mut g = raw.clone();
+        let target = if backend == "cpu" { kiln::compiler::passes::Target::Cpu } else { kiln::compiler::passes::Target::Gpu };
+        kiln::compiler::passes::optimize_for(&mut g, target);
+        g
+    };
+    for ((backend, device), (passes, graph)) in backends().into_iter().flat_map(|b| [(b.clone(), ("passes", optimized(b.0))), (b, ("raw", raw.clone()))]) {
         let tol = if backend == "cpu" { 1e-4 } else { 1e-3 };
         let session = Session::new(graph.clone(), SessionOptions::device(device)).unwrap_or_else(|e| panic!("{model} on {backend}: {e}"));
         for set in &sets {

@@ -389,3 +389,31 @@ fn fuse_attention() {
     let g = finish(b, &[(y4, "y"), (p4, "probs")]);
     assert_eq!(golden("fuse_attention", g, passes::fuse_attention, &[2, 6, 16]), 2);
 }
+
+#[test]
+fn fuse_attention_on_split_heads() {
+    // BERT's layer: heads split from [batch, 6, 16] by Reshape + Transpose and merged back
+    // after. The Attention node takes and gives the 3-D activations (q_num_heads = 2).
+    let mut b = GraphBuilder::new("attention_heads");
+    let x = x_input(&mut b, &[6, 16]);
+    let heads = b.constant("heads_shape", Tensor::from_vec(&[4], vec![0i64, 0, 2, 8]).unwrap());
+    let project = |b: &mut GraphBuilder, name: &str, seed: u64, perm: Vec<i64>| {
+        let w = b.constant(name, t(&[16, 16], seed));
+        let h = b.node("MatMul", &[x, w], &[]);
+        let r = b.node("Reshape", &[h, heads], &[]);
+        b.node("Transpose", &[r], &[("perm", Attr::Ints(perm))])
+    };
+    let q = project(&mut b, "wq", 1, vec![0, 2, 1, 3]);
+    let kt = project(&mut b, "wk", 2, vec![0, 2, 3, 1]);
+    let v = project(&mut b, "wv", 3, vec![0, 2, 1, 3]);
+    let s = b.node("MatMul", &[q, kt], &[]);
+    let c = b.constant("scale", Tensor::scalar(0.35f32));
+    let s = b.node("Div", &[s, c], &[]);
+    let p = b.node("Softmax", &[s], &[("axis", Attr::Int(-1))]);
+    let y = b.node("MatMul", &[p, v], &[]);
+    let back = b.node("Transpose", &[y], &[("perm", Attr::Ints(vec![0, 2, 1, 3]))]);
+    let merged = b.constant("merged_shape", Tensor::from_vec(&[3], vec![0i64, 0, 16]).unwrap());
+    let out = b.node("Reshape", &[back, merged], &[]);
+    let g = finish(b, &[(out, "y")]);
+    assert_eq!(golden("fuse_attention_heads", g, passes::fuse_attention, &[3, 6, 16]), 1);
+}

@@ -177,8 +177,97 @@ fn untranspose(g: &mut Graph, prod: &[Option<NodeId>], uses: &[usize], kt: Value
     (k, None)
 }
 
-/// Replaces decomposed attention with Attention nodes; returns how many.
+/// The 3-D activation `x` [batch, seq, heads * dim] whose heads `v` [batch, heads, seq,
+/// dim] are (Reshape to [batch, seq, heads, dim], then Transpose [0, 2, 1, 3], each read
+/// once): (x, heads, the two nodes).
+fn split_heads(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>], uses: &[usize], v: ValueId) -> Option<(ValueId, usize, [NodeId; 2])> {
+    let ty = |v: ValueId| types.get(v).cloned().flatten();
+    let t = only(g, prod, uses, v, "Transpose")?;
+    if g.nodes[t].attrs.get("perm") != Some(&Attr::Ints(vec![0, 2, 1, 3])) {
+        return None;
+    }
+    let r = only(g, prod, uses, g.nodes[t].inputs.first().copied().flatten()?, "Reshape")?;
+    let x = g.nodes[r].inputs.first().copied().flatten()?;
+    let (xt, rt) = (ty(x)?, ty(g.nodes[r].outputs[0])?);
+    let (xs, rs) = (&xt.shape.0, &rt.shape.0);
+    if xs.len() != 3 || rs.len() != 4 || xs[0] != rs[0] || xs[1] != rs[1] || !known(&xs[0]) || !known(&xs[1]) {
+        return None;
+    }
+    match (&xs[2], &rs[2], &rs[3]) {
+        (Dim::Fixed(w), Dim::Fixed(h), Dim::Fixed(d)) if h * d == *w && *h > 0 => Some((x, *h, [t, r])),
+        _ => None,
+    }
+}
+
+/// Attention node `a` on heads split from 3-D activations whose output is merged back
+/// the same way (Transpose [0, 2, 1, 3], then Reshape to [batch, seq, heads * dim]):
+/// (Q, K, V as 3-D, query and KV heads, the merged output, the six reshapes and
+/// transposes to drop).
+#[allow(clippy::type_complexity)]
+fn heads_around(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>], uses: &[usize], a: NodeId) -> Option<([ValueId; 3], [usize; 2], ValueId, Vec<NodeId>)> {
+    let node = &g.nodes[a];
+    if !is(g, a, "Attention") || node.outputs.len() != 1 || !(3..=4).contains(&node.inputs.len()) || node.attrs.contains_key("q_num_heads") {
+        return None;
+    }
+    let mut xs = [0; 3];
+    let mut heads = [0; 3];
+    let mut dead = vec![];
+    for i in 0..3 {
+        let (x, h, nodes) = split_heads(g, types, prod, uses, node.inputs[i]?)?;
+        (xs[i], heads[i]) = (x, h);
+        dead.extend(nodes);
+    }
+    if heads[1] != heads[2] {
+        return None;
+    }
+    // The output: Transpose back, then Reshape to 3-D, each read once.
+    let y = node.outputs[0];
+    let reader = |v: ValueId| g.nodes.iter().position(|n| n.inputs.first() == Some(&Some(v))).filter(|_| uses[v] == 1 && !g.outputs.contains(&v));
+    let t = reader(y).filter(|&t| is(g, t, "Transpose") && g.nodes[t].attrs.get("perm") == Some(&Attr::Ints(vec![0, 2, 1, 3])))?;
+    let r = reader(g.nodes[t].outputs[0]).filter(|&r| is(g, r, "Reshape"))?;
+    let out = g.nodes[r].outputs[0];
+    let (yt, ot) = (types.get(y).cloned().flatten()?, types.get(out).cloned().flatten()?);
+    let (ys, os) = (&yt.shape.0, &ot.shape.0);
+    let merged = os.len() == 3 && ys.len() == 4 && os[0] == ys[0] && os[1] == ys[2] && matches!((&os[2], &ys[1], &ys[3]), (Dim::Fixed(w), Dim::Fixed(h), Dim::Fixed(d)) if h * d == *w);
+    if !merged {
+        return None;
+    }
+    dead.extend([t, r]);
+    Some((xs, [heads[0], heads[1]], out, dead))
+}
+
+/// Lets Attention nodes take and give 3-D activations where their heads are split and
+/// merged by reshapes and transposes around them (what BERT and GPT-2 exports do): the
+/// op splits heads itself (`q_num_heads`, `kv_num_heads`), and the transposes go.
+fn absorb_head_layout(g: &mut Graph) -> usize {
+    let types = kiln_runtime::value_types(g, Registry::builtin());
+    let mut absorbed = 0;
+    loop {
+        let (prod, uses) = (producers(g), use_counts(g));
+        let Some((a, (xs, heads, out, dead))) = (0..g.nodes.len()).find_map(|a| Some((a, heads_around(g, &types, &prod, &uses, a)?))) else { return absorbed };
+        let node = &mut g.nodes[a];
+        for (i, x) in xs.into_iter().enumerate() {
+            node.inputs[i] = Some(x);
+        }
+        node.attrs.insert("q_num_heads".into(), Attr::Int(heads[0] as i64));
+        node.attrs.insert("kv_num_heads".into(), Attr::Int(heads[1] as i64));
+        node.outputs[0] = out;
+        super::remove_nodes(g, &dead);
+        absorbed += 1;
+    }
+}
+
+/// Replaces decomposed attention with Attention nodes (on 3-D activations where the
+/// heads are split around them); returns how many.
 pub fn fuse_attention(g: &mut Graph) -> usize {
+    let fused = fuse_4d(g);
+    if fused > 0 {
+        absorb_head_layout(g);
+    }
+    fused
+}
+
+fn fuse_4d(g: &mut Graph) -> usize {
     let types = kiln_runtime::value_types(g, Registry::builtin());
     let mut fused = 0;
     loop {
