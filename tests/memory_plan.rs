@@ -13,7 +13,7 @@ fn poisoned_recycled_buffers_do_not_change_results_and_the_plan_is_tight() {
     for model in ["resnet18", "mobilenet_v2", "squeezenet1_1", "bert_tiny", "gpt2_tiny", "ppocr_det"] {
         let dir = zoo().join(model);
         let mut g = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap();
-        kiln::compiler::passes::optimize(&mut g);
+        kiln::compiler::passes::optimize_for(&mut g, kiln::compiler::passes::Target::Cpu);
         let s = Session::new(g, SessionOptions::device(DeviceChoice::Cpu)).unwrap();
         for round in 0..2 {
             for set in data_sets(&dir) {
