@@ -353,19 +353,19 @@ fn fuse_residual() {
 fn fuse_residual_conv() {
     let mut b = GraphBuilder::new("resnet_blocks");
     let x = x_input(&mut b, &[4, 6, 6]);
-    let pads = ("pads", Attr::Ints(vec![1; 4]));
+    let pads = || ("pads", Attr::Ints(vec![1; 4]));
     let (w1, b1) = (b.constant("w1", t(&[4, 4, 3, 3], 1)), b.constant("b1", t(&[4], 2)));
-    let c1 = b.node("Conv", &[x, w1, b1], &[pads.clone()]);
+    let c1 = b.node("Conv", &[x, w1, b1], &[pads()]);
     let s1 = b.node("Add", &[c1, x], &[]);
     let y1 = b.node("Relu", &[s1], &[]);
     let w2 = b.constant("w2", t(&[8, 4, 3, 3], 3));
-    let c2 = b.node("Conv", &[y1, w2], &[pads.clone(), ("strides", Attr::Ints(vec![2, 2]))]);
+    let c2 = b.node("Conv", &[y1, w2], &[pads(), ("strides", Attr::Ints(vec![2, 2]))]);
     let wd = b.constant("wd", t(&[8, 4, 1, 1], 4));
     let d = b.node("Conv", &[y1, wd], &[("strides", Attr::Ints(vec![2, 2]))]);
     let s2 = b.node("Add", &[d, c2], &[]);
     let y2 = b.node("Relu", &[s2], &[]);
     let w3 = b.constant("w3", t(&[8, 8, 3, 3], 5));
-    let relu = [pads.clone(), (ACTIVATION_ATTR, Attr::String("Relu".into())), (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![]))];
+    let relu = [pads(), (ACTIVATION_ATTR, Attr::String("Relu".into())), (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![]))];
     let c3 = b.node("Conv", &[y2, w3], &relu);
     let s3 = b.node("Add", &[c3, y2], &[]);
     let y3 = b.node("Relu", &[s3], &[]);

@@ -10,8 +10,11 @@ use crate::linalg::RESIDUAL_ATTR;
 use crate::{Arg, TensorType};
 use kiln_graph::{Attr, DType, Tensor};
 
-/// (x, w, group, strides, pads) covering every f32 path of `conv_cpu::conv_f32`.
-fn cases() -> Vec<(Vec<usize>, Vec<usize>, usize, Vec<usize>, Vec<i64>)> {
+/// x dims, w dims, group, strides, pads.
+type Case = (Vec<usize>, Vec<usize>, usize, Vec<usize>, Vec<i64>);
+
+/// Cases covering every f32 path of `conv_cpu::conv_f32`.
+fn cases() -> Vec<Case> {
     vec![
         (vec![2, 16, 37, 41], vec![24, 16, 1, 1], 1, vec![1, 1], vec![0; 4]), // pointwise, small k
         (vec![1, 3, 13, 11], vec![5, 3, 3, 3], 1, vec![1, 1], vec![1; 4]),    // im2col, small k
@@ -104,7 +107,7 @@ fn f64_and_f16_add_the_residual_before_the_activation() {
     let (x, w, r) = (tensor(&xd, 41), tensor(&wd, 42), tensor(&yd, 43));
     let conv = reference(&x, &w, None, 1, &[1, 1], &[1, 1], &[1, 1], &[6, 6]);
     let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(c, r)| (c + r).max(0.0)).collect();
-    assert!(want.iter().any(|&v| v == 0.0) && want.iter().any(|&v| v > 0.5));
+    assert!(want.contains(&0.0) && want.iter().any(|&v| v > 0.5));
     let attrs = [
         ("pads", ints(&[1, 1, 1, 1])),
         (RESIDUAL_ATTR, Attr::Int(1)),
