@@ -6,6 +6,7 @@ use kiln_compiler::passes::{self, dump};
 use kiln_graph::{Attr, DType, Graph, GraphBuilder, Shape, Tensor, ValueId};
 use kiln_runtime::{DeviceChoice, Session, SessionOptions};
 use std::path::PathBuf;
+use kiln_ops::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
 
 fn t(dims: &[usize], seed: u64) -> Tensor {
     let n: usize = dims.iter().product();
@@ -342,6 +343,39 @@ fn fuse_residual() {
     let mut g2 = g.clone();
     passes::fuse_bias(&mut g2);
     assert_eq!(golden("fuse_residual", g2, passes::fuse_residual, &[2, 5, 8]), 1);
+}
+
+/// ResNet blocks: `Conv -> Add(skip) -> Relu` and a downsampling block whose skip is
+/// another Conv become one Conv with the residual and Relu (fuse-residual, then
+/// fuse-activation). Not fused: a Conv whose Relu was already fused (the Relu would
+/// apply before the add) and an Add that broadcasts.
+#[test]
+fn fuse_residual_conv() {
+    let mut b = GraphBuilder::new("resnet_blocks");
+    let x = x_input(&mut b, &[4, 6, 6]);
+    let pads = || ("pads", Attr::Ints(vec![1; 4]));
+    let (w1, b1) = (b.constant("w1", t(&[4, 4, 3, 3], 1)), b.constant("b1", t(&[4], 2)));
+    let c1 = b.node("Conv", &[x, w1, b1], &[pads()]);
+    let s1 = b.node("Add", &[c1, x], &[]);
+    let y1 = b.node("Relu", &[s1], &[]);
+    let w2 = b.constant("w2", t(&[8, 4, 3, 3], 3));
+    let c2 = b.node("Conv", &[y1, w2], &[pads(), ("strides", Attr::Ints(vec![2, 2]))]);
+    let wd = b.constant("wd", t(&[8, 4, 1, 1], 4));
+    let d = b.node("Conv", &[y1, wd], &[("strides", Attr::Ints(vec![2, 2]))]);
+    let s2 = b.node("Add", &[d, c2], &[]);
+    let y2 = b.node("Relu", &[s2], &[]);
+    let w3 = b.constant("w3", t(&[8, 8, 3, 3], 5));
+    let relu = [pads(), (ACTIVATION_ATTR, Attr::String("Relu".into())), (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![]))];
+    let c3 = b.node("Conv", &[y2, w3], &relu);
+    let s3 = b.node("Add", &[c3, y2], &[]);
+    let y3 = b.node("Relu", &[s3], &[]);
+    let w4 = b.constant("w4", t(&[8, 8, 1, 1], 6));
+    let c4 = b.node("Conv", &[y3, w4], &[]);
+    let mean = b.node("ReduceMean", &[y3], &[("axes", Attr::Ints(vec![2, 3]))]);
+    let out = b.node("Add", &[c4, mean], &[]); // [b, 8, 3, 3] + [b, 8, 1, 1]
+    let g = finish(b, &[(out, "out")]);
+    let both = |g: &mut Graph| passes::fuse_residual(g) + passes::fuse_activation(g);
+    assert_eq!(golden("fuse_residual_conv", g, both, &[2, 4, 6, 6]), 4);
 }
 
 #[test]

@@ -123,6 +123,38 @@ fn fused_conv_activations_agree() {
 }
 
 #[test]
+fn fused_conv_residual_agrees() {
+    use kiln_ops::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
+    use kiln_ops::MATMUL_RESIDUAL_ATTR;
+    let x = rand_f32(&[2, 8, 13, 11], 21);
+    // (weights, group, pad, stride, bias, activation): a ResNet block conv, depthwise,
+    // a strided 1x1 downsample without bias or activation.
+    let cases = [
+        (rand_f32(&[12, 8, 3, 3], 22), 1i64, 1i64, 1i64, true, Some(("Relu", vec![]))),
+        (rand_f32(&[8, 1, 3, 3], 23), 8, 1, 1, true, Some(("Clip", vec![0.0f32, 6.0]))),
+        (rand_f32(&[16, 8, 1, 1], 24), 1, 0, 2, false, None),
+        (rand_f32(&[5, 8, 5, 3], 25), 1, 2, 2, true, Some(("Sigmoid", vec![]))),
+    ];
+    for (i, (w, group, pad, stride, bias, act)) in cases.into_iter().enumerate() {
+        let (m, kh, kw) = (w.dims()[0], w.dims()[2], w.dims()[3]);
+        let out = |n: usize, k: usize| (n + 2 * pad as usize - k) / stride as usize + 1;
+        let residual = rand_f32(&[2, m, out(13, kh), out(11, kw)], 30 + i as u64);
+        let mut attrs = vec![
+            ("group", Attr::Int(group)),
+            ("pads", ints(&[pad; 4])),
+            ("strides", ints(&[stride, stride])),
+            (MATMUL_RESIDUAL_ATTR, Attr::Int(1)),
+        ];
+        if let Some((name, params)) = act {
+            attrs.push((ACTIVATION_ATTR, Attr::String(name.into())));
+            attrs.push((ACTIVATION_PARAMS_ATTR, Attr::Floats(params)));
+        }
+        let b = if bias { In::Const(rand_f32(&[m], 40)) } else { In::None };
+        cross_check("Conv", &[In::Data(x.clone()), In::Const(w), b, In::Data(residual)], &attrs, 1, 13, 1e-5);
+    }
+}
+
+#[test]
 fn layer_normalization_agrees() {
     for (dims, axis) in [(vec![3usize, 17, 128], -1i64), (vec![2, 5, 7], 1), (vec![4, 65], -1)] {
         let row: Vec<usize> = dims[(if axis < 0 { dims.len() as i64 + axis } else { axis }) as usize..].to_vec();

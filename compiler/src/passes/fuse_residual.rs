@@ -1,14 +1,29 @@
-//! Residual epilogue fusion: `MatMul(a, W)[+bias] + r`, where `r` is a tensor computed
-//! elsewhere with exactly the product's shape (the skip connection of a transformer
-//! block), becomes one MatMul that starts its accumulation from `r` on the CPU and adds
-//! it before storing in WGSL: one pass over the output and one launch fewer per block.
-//! The MatMul's result must have no other reader and no fused activation yet.
+//! Residual epilogue fusion: `MatMul(a, W)[+bias] + r` or `Conv(x, W[, b]) + r`, where
+//! `r` is a tensor computed elsewhere with exactly the product's shape (the skip
+//! connection of a transformer or ResNet block), becomes one MatMul / Conv that adds
+//! `r` in its epilogue (after the bias, before any activation): one pass over the
+//! output and one launch fewer per block. Run before `fuse-activation`, a following
+//! Relu then fuses too (ResNet's `Conv -> Add -> Relu` becomes one Conv).
+//! The product's result must have no other reader and no fused activation yet: an
+//! activation already fused would apply before the add.
 use super::{matmul_plus, producers, use_counts};
-use kiln_graph::{Attr, DType, Dim, Graph};
+use kiln_graph::{Attr, DType, Dim, Graph, NodeId, ValueId};
 use kiln_ops::elementwise::ACTIVATION_ATTR;
 use kiln_ops::{Registry, MATMUL_RESIDUAL_ATTR};
 
-/// Fuses residual adds into MatMuls; returns how many.
+/// For node `a` = `Add(x, y)` where one side is a Conv's output `c` and the other, `o`,
+/// passes `other_ok(c, o)`: (the Conv node, `c`, `o`).
+fn conv_plus(g: &Graph, prod: &[Option<NodeId>], a: NodeId, other_ok: impl Fn(ValueId, ValueId) -> bool) -> Option<(NodeId, ValueId, ValueId)> {
+    let add = &g.nodes[a];
+    if add.op_type != "Add" || !add.domain.is_empty() || add.inputs.len() != 2 {
+        return None;
+    }
+    let (x, y) = (add.inputs[0]?, add.inputs[1]?);
+    let is_conv = |v: ValueId| prod[v].filter(|&p| g.nodes[p].op_type == "Conv" && g.nodes[p].domain.is_empty() && g.nodes[p].outputs.len() == 1);
+    [(x, y), (y, x)].into_iter().find_map(|(c, o)| Some((is_conv(c)?, c, o)).filter(|_| other_ok(c, o)))
+}
+
+/// Fuses residual adds into MatMuls and Convs; returns how many.
 pub fn fuse_residual(g: &mut Graph) -> usize {
     let types = kiln_runtime::value_types(g, Registry::builtin());
     let uses = use_counts(g);
@@ -19,17 +34,21 @@ pub fn fuse_residual(g: &mut Graph) -> usize {
             (Some(s), Some(t)) => s == t && s.dtype == DType::F32 && !s.shape.0.iter().any(|d| matches!(d, Dim::Sym(n) if n == "?")),
             _ => false,
         };
-        let Some((m, mm_out, r)) = matmul_plus(g, &prod, a, |m, r| !g.initializers.contains_key(&r) && same_known(m, r)) else { continue };
-        let mm = &g.nodes[m];
-        if uses[mm_out] != 1 || mm.attrs.contains_key(ACTIVATION_ATTR) || mm.attrs.contains_key(MATMUL_RESIDUAL_ATTR) || mm.inputs.len() > 3 {
-            continue;
-        }
+        // The product `m` (read only here, no activation or residual yet) and `r`.
+        let fusible = |m: ValueId, r: ValueId| {
+            let node = prod[m].map(|p| &g.nodes[p]);
+            let free = node.is_some_and(|n| {
+                !n.attrs.contains_key(ACTIVATION_ATTR) && !n.attrs.contains_key(MATMUL_RESIDUAL_ATTR) && n.inputs.len() <= 3
+            });
+            free && uses[m] == 1 && !g.initializers.contains_key(&r) && same_known(m, r)
+        };
+        let Some((m, _, r)) = matmul_plus(g, &prod, a, fusible).or_else(|| conv_plus(g, &prod, a, fusible)) else { continue };
         let out = g.nodes[a].outputs[0];
-        let mm = &mut g.nodes[m];
-        mm.inputs.resize(3, None);
-        mm.inputs.push(Some(r));
-        mm.attrs.insert(MATMUL_RESIDUAL_ATTR.into(), Attr::Int(1));
-        mm.outputs[0] = out;
+        let node = &mut g.nodes[m];
+        node.inputs.resize(3, None);
+        node.inputs.push(Some(r));
+        node.attrs.insert(MATMUL_RESIDUAL_ATTR.into(), Attr::Int(1));
+        node.outputs[0] = out;
         dead.push(a);
     }
     super::remove_nodes(g, &dead);

@@ -3,11 +3,15 @@
 //! a barrier-free direct convolution where each invocation accumulates a register block
 //! of output channels x consecutive output pixels of one row.
 //! An activation fused by the graph compiler (`kiln_activation`) is applied to each
-//! value before it is stored, on the CPU and the GPU.
-use super::conv_cpu::{self, ConvProblem};
+//! value before it is stored, on the CPU and the GPU. A residual fused by the compiler
+//! (`kiln_residual` = 1, input 3: a tensor of the output's shape, e.g. the skip
+//! connection of a ResNet block) is added after the bias, before the activation; on
+//! the CPU the output may take over the residual's memory and accumulate into it.
+use super::conv_cpu::{self, ConvProblem, Epilogue};
 use super::window::WindowAttrs;
 use crate::cpu::{self, CpuKernel};
 use crate::elementwise::{self, UnaryKind};
+use crate::linalg::RESIDUAL_ATTR;
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, TuneParam, WgslKernel, WgslProgram};
 use crate::{Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
@@ -22,6 +26,9 @@ pub struct Conv {
     group: usize,
     /// Activation fused by the graph compiler (see `elementwise::fused_activation`).
     activation: Option<UnaryKind>,
+    /// A residual fused by the graph compiler (attribute [`RESIDUAL_ATTR`]): input 3 has
+    /// the output's shape and is added after the bias, before the activation.
+    residual: bool,
 }
 
 impl Conv {
@@ -30,7 +37,59 @@ impl Conv {
         if group < 1 {
             return Err(spec.bad("group", format!("must be >= 1, found {group}")));
         }
-        Ok(Conv { window: WindowAttrs::parse(spec)?, group: group as usize, activation: elementwise::fused_activation(spec)? })
+        let residual = spec.int(RESIDUAL_ATTR, 0)? != 0;
+        let has_input3 = spec.node.inputs.get(3).copied().flatten().is_some();
+        if residual != has_input3 || spec.node.inputs.len() > 4 {
+            return Err(spec.bad(
+                RESIDUAL_ATTR,
+                format!("a Conv takes a fused residual as input 3 exactly when {RESIDUAL_ATTR} is set (set: {residual}, input 3 given: {has_input3})"),
+            ));
+        }
+        Ok(Conv { window: WindowAttrs::parse(spec)?, group: group as usize, activation: elementwise::fused_activation(spec)?, residual })
+    }
+
+    /// Computes the output into `y`; with a fused residual, `y` holds it already when
+    /// `residual_in_y` (the output took over its memory), else it is copied in first.
+    fn compute(&self, inputs: &[Option<&Tensor>], residual_in_y: bool, y: &mut Tensor) -> Result<()> {
+        let (x, w) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
+        let bias = inputs.get(2).copied().flatten();
+        let p = self.problem(x.dims(), w.dims())?;
+        check_bias(bias, p.out_channels)?;
+        if self.residual && !residual_in_y {
+            let r = cpu::input(inputs, 3)?;
+            if r.dtype() != y.dtype() || r.dims() != y.dims() {
+                return Err(OpError::input(3, format!("a fused residual must be {} {:?}, got {} {:?}", y.dtype(), y.dims(), r.dtype(), r.dims())));
+            }
+            y.bytes_mut().copy_from_slice(r.bytes());
+        }
+        let residual = self.residual;
+        if x.dtype() == DType::F32 {
+            let b = bias.map(|b| b.as_slice::<f32>()).transpose()?;
+            let epi = Epilogue { bias: b, act: self.activation, residual };
+            conv_cpu::conv_f32(&p, x.as_slice()?, w.as_slice()?, epi, y.as_mut_slice()?);
+        } else if matches!(x.dtype(), DType::F16 | DType::BF16) {
+            // Half precision: exact widening to f32, the fast kernel, one rounding back.
+            let f32s = |t: &Tensor| t.to_f64_vec().into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+            let b = bias.map(f32s);
+            let mut out = if residual { f32s(y) } else { vec![0f32; y.len()] };
+            let epi = Epilogue { bias: b.as_deref(), act: None, residual };
+            conv_cpu::conv_f32(&p, &f32s(x), &f32s(w), epi, &mut out);
+            let wide: Vec<f64> = out.into_iter().map(f64::from).collect();
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &wide)?;
+        } else {
+            let b = bias.map(|b| b.to_f64_vec());
+            let mut out = vec![0.0; y.len()];
+            conv_cpu::conv_f64(&p, &x.to_f64_vec(), &w.to_f64_vec(), b.as_deref(), &mut out);
+            if residual {
+                out.iter_mut().zip(y.to_f64_vec()).for_each(|(o, r)| *o += r);
+            }
+            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
+        }
+        if x.dtype() != DType::F32 {
+            // Like an activation node after the Conv: on the rounded results.
+            elementwise::apply_activation(self.activation, y)?;
+        }
+        Ok(())
     }
 
     /// Checks input/weight shapes and resolves the geometry.
@@ -84,6 +143,12 @@ impl Op for Conv {
         }
         let mut dims = vec![p.batch, p.out_channels];
         dims.extend(p.geo.output_dims());
+        if self.residual {
+            let r = required(inputs, 3)?;
+            if r.dtype() != dtype || r.dims() != dims.as_slice() {
+                return Err(OpError::input(3, format!("a fused residual must have the output's type {dtype} {dims:?}, found {}", r.ty)));
+            }
+        }
         Ok(vec![TensorType::new(dtype, dims)])
     }
 
@@ -110,33 +175,26 @@ impl CpuKernel for Conv {
         if outputs.iter().all(|o| o.is_empty()) {
             return Ok(());
         }
-        let (x, w) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
-        let bias = inputs.get(2).copied().flatten();
-        let p = self.problem(x.dims(), w.dims())?;
-        check_bias(bias, p.out_channels)?;
-        let y = &mut outputs[0];
-        if x.dtype() == DType::F32 {
-            let b = bias.map(|b| b.as_slice::<f32>()).transpose()?;
-            conv_cpu::conv_f32(&p, x.as_slice()?, w.as_slice()?, b, self.activation, y.as_mut_slice()?);
-        } else if matches!(x.dtype(), DType::F16 | DType::BF16) {
-            // Half precision: exact widening to f32, the fast kernel, one rounding back.
-            let f32s = |t: &Tensor| t.to_f64_vec().into_iter().map(|v| v as f32).collect::<Vec<f32>>();
-            let b = bias.map(f32s);
-            let mut out = vec![0f32; y.len()];
-            conv_cpu::conv_f32(&p, &f32s(x), &f32s(w), b.as_deref(), None, &mut out);
-            let wide: Vec<f64> = out.into_iter().map(f64::from).collect();
-            *y = Tensor::from_f64(y.dtype(), y.dims(), &wide)?;
-        } else {
-            let b = bias.map(|b| b.to_f64_vec());
-            let mut out = vec![0.0; y.len()];
-            conv_cpu::conv_f64(&p, &x.to_f64_vec(), &w.to_f64_vec(), b.as_deref(), &mut out);
-            *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
+        self.compute(inputs, false, &mut outputs[0])
+    }
+
+    /// The output may take over a fused residual's memory: each element is read (as the
+    /// accumulator's start) before that element is written.
+    fn in_place_inputs(&self, inputs: &[Option<&TensorType>], output: &TensorType) -> Vec<usize> {
+        match inputs.get(3).copied().flatten() {
+            Some(r) if self.residual && r == output => vec![3],
+            _ => vec![],
         }
-        if x.dtype() != DType::F32 {
-            // Like an activation node after the Conv: on the rounded results.
-            elementwise::apply_activation(self.activation, y)?;
+    }
+
+    fn run_in_place(&self, inputs: &[Option<&Tensor>], i: usize, outputs: &mut [Tensor]) -> Result<()> {
+        if i != 3 || !self.residual {
+            return Err(OpError::Unsupported(format!("Conv runs in place of a fused residual (input 3) only, not of input {i}")));
         }
-        Ok(())
+        if outputs.iter().all(|o| o.is_empty()) {
+            return Ok(());
+        }
+        self.compute(inputs, true, &mut outputs[0])
     }
 }
 
@@ -183,6 +241,10 @@ impl WgslKernel for Conv {
         let (x, w) = (required(inputs, 0)?, required(inputs, 1)?);
         let p = self.problem(x.dims(), w.dims())?;
         let has_bias = inputs.get(2).copied().flatten().is_some();
+        if self.residual {
+            // Checked by infer; the kernel indexes the residual like the output.
+            required(inputs, 3)?;
+        }
         let wg = tune.get(&wgsl::workgroup_param()).max(1);
         let (mg, cg) = (p.out_channels / p.group, p.in_channels / p.group);
         let ocb = (tune.get(&oc_block_param(&p)).max(1) as usize).min(mg);
@@ -197,6 +259,10 @@ impl WgslKernel for Conv {
         if has_bias {
             buffers.push(("b", "f32", true));
             bindings.push(Binding::Input(2));
+        }
+        if self.residual {
+            buffers.push(("res", "f32", true));
+            bindings.push(Binding::Input(3));
         }
         buffers.push(("y", "f32", false));
         bindings.push(Binding::Output(0));
@@ -297,7 +363,8 @@ impl WgslKernel for Conv {
             let bias = if has_bias { "b[m]" } else { "0.0" };
             let _ = writeln!(s, "        let bias = {bias};");
             for q in 0..pxb {
-                let value = if self.activation.is_some() { format!("kiln_act(acc{o}_{q} + bias)") } else { format!("acc{o}_{q} + bias") };
+                let sum = if self.residual { format!("acc{o}_{q} + bias + res[ybase + {q}u]") } else { format!("acc{o}_{q} + bias") };
+                let value = if self.activation.is_some() { format!("kiln_act({sum})") } else { sum };
                 let _ = writeln!(s, "        if (ow0 + {q}u < OW) {{ y[ybase + {q}u] = {value}; }}");
             }
             s += "    }\n";
@@ -318,6 +385,10 @@ pub(crate) fn register(r: &mut Registry) {
 }
 
 #[cfg(test)]
+#[path = "conv_residual_tests.rs"]
+mod residual_tests;
+
+#[cfg(test)]
 mod tests {
     use super::super::testutil::{assert_close, data, ints, make, run, tensor, tune};
     use crate::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
@@ -326,7 +397,7 @@ mod tests {
 
     /// Naive f64 convolution over 1..3 spatial dims with explicit pads.
     #[allow(clippy::too_many_arguments)]
-    fn reference(
+    pub(super) fn reference(
         x: &Tensor,
         w: &Tensor,
         b: Option<&Tensor>,
@@ -531,7 +602,7 @@ mod tests {
     }
 
     /// Fused activations (op name, the standalone op's attributes, the fused params).
-    fn activations() -> Vec<(&'static str, Vec<(&'static str, Attr)>, Vec<f32>)> {
+    pub(super) fn activations() -> Vec<(&'static str, Vec<(&'static str, Attr)>, Vec<f32>)> {
         let f = |v: f32| Attr::Float(v);
         vec![
             ("Relu", vec![], vec![]),
@@ -548,7 +619,7 @@ mod tests {
     }
 
     /// Runs the standalone activation op on `y` (Clip with constant bounds 0 and 6).
-    fn activate(name: &str, attrs: &[(&str, Attr)], y: &Tensor) -> Tensor {
+    pub(super) fn activate(name: &str, attrs: &[(&str, Attr)], y: &Tensor) -> Tensor {
         if name == "Clip" {
             let (lo, hi) = (Tensor::scalar(0f32), Tensor::scalar(6f32));
             let op = make("Clip", 3, 1, &[]).unwrap();

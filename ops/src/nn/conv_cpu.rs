@@ -5,8 +5,11 @@
 //! - everything else: im2col into per-thread scratch tiles + GEMM (the `gemm` crate;
 //!   its own parallelism when there are too few tiles to share out).
 //!
-//! A fused activation is applied to each output block right after it is computed.
-//! f64 tensors take a direct f64 loop ([`conv_f64`]; the caller applies the activation).
+//! A fused activation is applied to each output block right after it is computed; a
+//! fused residual, which the caller puts into the output first (or whose memory the
+//! output takes over), is accumulated into, before the activation.
+//! f64 tensors take a direct f64 loop ([`conv_f64`]; the caller adds the residual and
+//! applies the activation).
 use super::conv_small_k;
 use super::window::Geometry;
 use crate::cpu;
@@ -45,6 +48,16 @@ impl ConvProblem {
     }
 }
 
+/// What the f32 kernels do to each convolution result before storing it:
+/// `act(y0 + conv + bias)`, where `y0` is the output's previous value when `residual`
+/// (a fused residual the caller has put there) and zero otherwise.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Epilogue<'a> {
+    pub bias: Option<&'a [f32]>,
+    pub act: Option<UnaryKind>,
+    pub residual: bool,
+}
+
 /// A raw output pointer that parallel tasks write through at disjoint places.
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
@@ -57,21 +70,21 @@ impl SharedOut {
     }
 }
 
-/// f32 convolution: `y` (N, M, out..) = `act`(conv(`x`, `w`) + `bias`). The fused
-/// activation is applied to each block of outputs as soon as it is computed, while it
-/// is still in cache.
-pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
+/// f32 convolution: `y` (N, M, out..) = `act`([`y` +] conv(`x`, `w`) + `bias`) (see
+/// [`Epilogue`]). The fused activation is applied to each block of outputs as soon as
+/// it is computed, while it is still in cache.
+pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [f32]) {
     if p.is_depthwise() {
         let g = &p.geo;
         if g.input[0] == 1 && g.kernel[0] == 1 && g.output[0] == 1 {
-            depthwise_2d_f32(p, x, w, bias, act, y);
+            depthwise_2d_f32(p, x, w, epi, y);
         } else {
-            depthwise_f32(p, x, w, bias, act, y);
+            depthwise_f32(p, x, w, epi, y);
         }
     } else if p.reduction() <= conv_small_k::MAX_REDUCTION {
-        small_k_conv_f32(p, x, w, bias, act, y);
+        small_k_conv_f32(p, x, w, epi, y);
     } else {
-        gemm_conv_f32(p, x, w, bias, act, y);
+        gemm_conv_f32(p, x, w, epi, y);
     }
 }
 
@@ -79,7 +92,8 @@ pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32
 /// register-blocked kernel of [`conv_small_k`], straight on the input for pointwise
 /// convolutions, on per-tile im2col blocks otherwise. Parallel over pixel tiles, about
 /// one per thread (a few more for big layers), each computing all output channels.
-fn small_k_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
+fn small_k_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [f32]) {
+    let Epilogue { bias, act, residual } = epi;
     let (cg, mg, kc) = (p.in_per_group(), p.out_per_group(), p.reduction());
     let (in_size, out_size) = (p.geo.input_size(), p.geo.output_size());
     let pointwise = p.is_pointwise();
@@ -100,7 +114,7 @@ fn small_k_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>,
         let p1 = (p0 + tile).min(out_size);
         let cols = p1 - p0;
         let xg = &x[(img * p.in_channels + g * cg) * in_size..][..cg * in_size];
-        let kernel = conv_small_k::SmallK { w: &w[g * mg * kc..][..mg * kc], k: kc, bias: bias.map(|b| &b[g * mg..][..mg]), act };
+        let kernel = conv_small_k::SmallK { w: &w[g * mg * kc..][..mg * kc], k: kc, bias: bias.map(|b| &b[g * mg..][..mg]), act, accumulate: residual };
         // SAFETY: each task owns rows [g*mg, (g+1)*mg) x columns [p0, p1) of image img.
         let dst = unsafe { out.ptr().add((img * p.out_channels + g * mg) * out_size + p0) };
         if pointwise {
@@ -128,7 +142,8 @@ fn tiles(pixels: usize, target: usize) -> (usize, usize) {
     (pixels.div_ceil(size), size)
 }
 
-fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
+fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [f32]) {
+    let Epilogue { bias, act, residual } = epi;
     let (cg, mg, kc) = (p.in_per_group(), p.out_per_group(), p.reduction());
     let (in_size, out_size) = (p.geo.input_size(), p.geo.output_size());
     let pointwise = p.is_pointwise();
@@ -183,19 +198,21 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
         // of image img.
         let dst = unsafe { out.ptr().add(dst_offset) };
         // Serial tasks add the bias after the GEMM, in the same pass as the activation
-        // (the GEMM then need not read `dst`); the GEMM-parallel path starts from it.
-        let bias_after = if inner_parallel { None } else { bias };
-        let has_bias = bias.is_some() && bias_after.is_none();
-        if let (true, Some(b)) = (has_bias, bias) {
+        // (the GEMM then need not read `dst` unless it holds a residual); the
+        // GEMM-parallel path starts from it (when there is no residual there).
+        let bias_after = if inner_parallel && !residual { None } else { bias };
+        let bias_first = bias.is_some() && bias_after.is_none();
+        if let (true, Some(b)) = (bias_first, bias) {
             for r in 0..rows {
                 // SAFETY: row r of this task's block (see above).
                 let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
                 row.fill(b[g * mg + r0 + r]);
             }
         }
+        let read_dst = bias_first || residual;
         let gemm_into = |rhs: *const f32, rhs_rs: usize| unsafe {
             gemm::gemm(
-                rows, cols, kc, dst, 1, out_size as isize, has_bias, wg.as_ptr(), 1, kc as isize, rhs, 1,
+                rows, cols, kc, dst, 1, out_size as isize, read_dst, wg.as_ptr(), 1, kc as isize, rhs, 1,
                 rhs_rs as isize, 1.0, 1.0, false, false, false, par,
             )
         };
@@ -207,27 +224,30 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
                 gemm_into(col.as_ptr(), cols);
             });
         }
-        if let Some(k) = act {
-            if inner_parallel {
-                // One tile spans whole rows: the block is contiguous; share it out.
-                // SAFETY: as above, this task's block [dst, dst + mg * out_size).
-                let block = unsafe { std::slice::from_raw_parts_mut(dst, rows * out_size) };
-                cpu::par_chunks_mut(block, 1, 4, |_, part| k.apply_slice_f32(part));
-                return;
-            }
+        if act.is_none() && bias_after.is_none() {
+            return;
         }
-        if act.is_some() || bias_after.is_some() {
-            for r in 0..rows {
-                // SAFETY: row r of this task's block (see above).
-                let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) };
-                if let Some(b) = bias_after {
-                    let v = b[g * mg + r0 + r];
-                    row.iter_mut().for_each(|o| *o += v);
-                }
-                if let Some(k) = act {
-                    k.apply_slice_f32(row);
-                }
+        let finish = |r: usize, row: &mut [f32]| {
+            if let Some(b) = bias_after {
+                let v = b[g * mg + r0 + r];
+                row.iter_mut().for_each(|o| *o += v);
             }
+            if let Some(k) = act {
+                k.apply_slice_f32(row);
+            }
+        };
+        if inner_parallel {
+            // One tile spans whole rows: the block is contiguous; share it out by rows.
+            // SAFETY: as above, this task's block [dst, dst + rows * out_size).
+            let block = unsafe { std::slice::from_raw_parts_mut(dst, rows * out_size) };
+            cpu::par_chunks_mut(block, out_size, 4, |first, part| {
+                part.chunks_mut(out_size).enumerate().for_each(|(i, row)| finish(first + i, row))
+            });
+            return;
+        }
+        for r in 0..rows {
+            // SAFETY: row r of this task's block (see above).
+            finish(r, unsafe { std::slice::from_raw_parts_mut(dst.add(r * out_size), cols) });
         }
     };
     if inner_parallel || threads == 1 || tasks == 1 {
@@ -306,7 +326,8 @@ pub(crate) fn im2col(g: &Geometry, x: &[f32], channels: usize, p0: usize, p1: us
 
 /// Depthwise (group == C) convolution, parallel over output channel planes; each
 /// output row accumulates whole input rows, which vectorises for stride 1.
-fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
+fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [f32]) {
+    let Epilogue { bias, act, residual } = epi;
     let g = &p.geo;
     let (in_size, out_size, ksize) = (g.input_size(), g.output_size(), g.kernel_size());
     let multiplier = p.out_per_group();
@@ -325,7 +346,12 @@ fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, ac
             let c = m / multiplier;
             let xc = &x[(img * p.in_channels + c) * in_size..][..in_size];
             let wm = &w[m * ksize..][..ksize];
-            out.fill(bias.map_or(0.0, |b| b[m]));
+            let b = bias.map_or(0.0, |b| b[m]);
+            if residual {
+                out.iter_mut().for_each(|o| *o += b);
+            } else {
+                out.fill(b);
+            }
             for od in 0..od_n {
                 for oh in 0..oh_n {
                     let orow = &mut out[(od * oh_n + oh) * ow_n..][..ow_n];
@@ -438,12 +464,14 @@ impl DepthwisePlan<'_> {
         self.g.stride[1] * self.g.stride[2] * self.phase_len + self.hw * self.g.stride[2] + self.acc_len
     }
 
-    /// Convolves one channel plane `xc` with kernel `wm` into `out`, clamped to
-    /// `clamp` (a fused Relu/Clip) if any. `scratch` must be zeroed
+    /// Convolves one channel plane `xc` with kernel `wm` into `out` (added to `out`'s
+    /// values, a fused residual, when `residual`), clamped to `clamp` (a fused
+    /// Relu/Clip) if any. `scratch` must be zeroed
     /// before the first plane: padding positions are never written, so they stay zero
     /// from plane to plane.
     #[inline(always)]
-    fn plane<const FMA: bool>(&self, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, scratch: &mut [f32], out: &mut [f32]) {
+    #[allow(clippy::too_many_arguments)]
+    fn plane<const FMA: bool>(&self, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, residual: bool, scratch: &mut [f32], out: &mut [f32]) {
         let g = self.g;
         let [_, oh_n, ow_n] = g.output;
         let [_, ih_n, iw_n] = g.input;
@@ -487,17 +515,27 @@ impl DepthwisePlan<'_> {
             }
         }
         let acc = &mut acc[..self.acc_len];
-        // 3x3 kernels clamp while accumulating; others while copying out below.
-        let clamp = if self.accumulate::<FMA>(phases, wm, b, clamp, acc) { None } else { clamp };
+        // 3x3 kernels clamp while accumulating (unless a residual is still to be
+        // added); others while copying out below.
+        let clamp = if residual {
+            self.accumulate::<FMA>(phases, wm, b, None, acc);
+            clamp
+        } else if self.accumulate::<FMA>(phases, wm, b, clamp, acc) {
+            None
+        } else {
+            clamp
+        };
         for oh in 0..oh_n {
             let (dst, src) = (&mut out[oh * ow_n..][..ow_n], &acc[oh * hw..][..ow_n]);
-            match clamp {
+            match (clamp, residual) {
                 // Like `UnaryKind::Clip` (a NaN becomes `lo`), as single max/min ops.
-                Some((lo, hi)) => dst.iter_mut().zip(src).for_each(|(o, &v)| {
+                (Some((lo, hi)), _) => dst.iter_mut().zip(src).for_each(|(o, &v)| {
+                    let v = if residual { v + *o } else { v };
                     let v = if v > lo { v } else { lo };
                     *o = if v < hi { v } else { hi };
                 }),
-                None => dst.copy_from_slice(src),
+                (None, true) => dst.iter_mut().zip(src).for_each(|(o, &v)| *o += v),
+                (None, false) => dst.copy_from_slice(src),
             }
         }
     }
@@ -547,19 +585,20 @@ impl DepthwisePlan<'_> {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn plane_fma(&self, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, scratch: &mut [f32], out: &mut [f32]) {
-        self.plane::<true>(xc, wm, b, clamp, scratch, out)
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn plane_fma(&self, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, residual: bool, scratch: &mut [f32], out: &mut [f32]) {
+        self.plane::<true>(xc, wm, b, clamp, residual, scratch, out)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn plane_dispatch(&self, fma: bool, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, scratch: &mut [f32], out: &mut [f32]) {
+    fn plane_dispatch(&self, fma: bool, xc: &[f32], wm: &[f32], b: f32, clamp: Option<(f32, f32)>, residual: bool, scratch: &mut [f32], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if fma {
             // SAFETY: `fma` is true only when the CPU supports AVX2 and FMA.
-            return unsafe { self.plane_fma(xc, wm, b, clamp, scratch, out) };
+            return unsafe { self.plane_fma(xc, wm, b, clamp, residual, scratch, out) };
         }
         let _ = fma;
-        self.plane::<false>(xc, wm, b, clamp, scratch, out)
+        self.plane::<false>(xc, wm, b, clamp, residual, scratch, out)
     }
 }
 
@@ -580,7 +619,8 @@ pub(crate) fn has_fma() -> bool {
 /// modulo the strides), so that every tap reads the plane as one contiguous run: the
 /// whole output plane is then a flat vector (computed at the phase width, extra
 /// columns dropped), which vectorises well even for 7x7 planes.
-fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>, act: Option<UnaryKind>, y: &mut [f32]) {
+fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [f32]) {
+    let Epilogue { bias, act, residual } = epi;
     let g = &p.geo;
     let (in_size, out_size) = (g.input_size(), g.output_size());
     let multiplier = p.out_per_group();
@@ -596,7 +636,7 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], bias: Option<&[f32]>,
                 let (img, m) = (plane / p.out_channels, plane % p.out_channels);
                 let xc = &x[(img * p.in_channels + m / multiplier) * in_size..][..in_size];
                 let wm = &w[m * ksize..][..ksize];
-                plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), clamp, scratch, out);
+                plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), clamp, residual, scratch, out);
                 if let (None, Some(k)) = (clamp, act) {
                     k.apply_slice_f32(out);
                 }

@@ -1,6 +1,7 @@
 //! Direct kernel for convolutions with a short reduction (pointwise convolutions with
 //! few input channels, im2col tiles of small stems):
-//! `y[m, p] = act(b[m] + sum_k w[m, k] * x[k, p])`.
+//! `y[m, p] = act(b[m] + sum_k w[m, k] * x[k, p])`, or with `accumulate`
+//! `y[m, p] = act(y[m, p] + b[m] + sum_k ...)` (a fused residual already in `y`).
 //!
 //! The GEMM is register-blocked over 6 output channels x 16 pixels (AVX2 + FMA,
 //! runtime-detected), so each output is written exactly once with the bias folded into
@@ -17,12 +18,14 @@ pub(crate) const MAX_REDUCTION: usize = 32;
 const MR: usize = 6;
 
 /// One small-reduction product: weights `w` ([m, k] row-major), optional bias, and the
-/// fused activation.
+/// fused activation; with `accumulate` the output's previous values (a fused residual)
+/// are added before the activation.
 pub(crate) struct SmallK<'a> {
     pub w: &'a [f32],
     pub k: usize,
     pub bias: Option<&'a [f32]>,
     pub act: Option<UnaryKind>,
+    pub accumulate: bool,
 }
 
 /// The activation as a clamp `[lo, hi]` when it is one (applied in registers).
@@ -43,8 +46,8 @@ impl SmallK<'_> {
     ///
     /// # Safety
     /// `x` must address `k` rows of `cols` floats, `x_rs` apart; `y` must address
-    /// `rows` rows of `cols` writable floats, `y_rs` apart, not overlapping `x`, and
-    /// nothing else may access them meanwhile.
+    /// `rows` rows of `cols` writable (and, with `accumulate`, initialised) floats,
+    /// `y_rs` apart, not overlapping `x`, and nothing else may access them meanwhile.
     pub(crate) unsafe fn run(&self, x: *const f32, x_rs: usize, cols: usize, y: *mut f32, y_rs: usize) {
         #[cfg(target_arch = "x86_64")]
         if super::conv_cpu::has_fma() {
@@ -67,7 +70,12 @@ impl SmallK<'_> {
             for m in 0..self.rows() {
                 // SAFETY: row m, pixels [p0, p0 + n) of the caller's output block.
                 let row = std::slice::from_raw_parts_mut(y.add(m * y_rs + p0), n);
-                row.fill(self.bias.map_or(0.0, |b| b[m]));
+                let b = self.bias.map_or(0.0, |b| b[m]);
+                if self.accumulate {
+                    row.iter_mut().for_each(|o| *o += b);
+                } else {
+                    row.fill(b);
+                }
                 for (kk, &wv) in self.w[m * k..][..k].iter().enumerate() {
                     // SAFETY: input row kk, pixels [p0, p0 + n).
                     let src = std::slice::from_raw_parts(x.add(kk * x_rs + p0), n);
@@ -103,7 +111,7 @@ impl SmallK<'_> {
                     b[..mr].copy_from_slice(&bias[m..m + mr]);
                 }
                 let (xs, ys) = (x.add(p0), y.add(m * y_rs + p0));
-                let blk = Block { w, k: self.k, b, x: xs, x_rs, y: ys, y_rs, cols: n, clamp: clamp.is_some(), lo, hi };
+                let blk = Block { w, k: self.k, b, x: xs, x_rs, y: ys, y_rs, cols: n, accumulate: self.accumulate, clamp: clamp.is_some(), lo, hi };
                 match mr {
                     6 => blk.run::<6>(),
                     5 => blk.run::<5>(),
@@ -136,6 +144,8 @@ struct Block {
     y: *mut f32,
     y_rs: usize,
     cols: usize,
+    /// Whether the accumulators start from `y`'s values (plus the bias).
+    accumulate: bool,
     /// Whether to clamp the results to `[lo, hi]`.
     clamp: bool,
     lo: f32,
@@ -159,6 +169,10 @@ impl Block {
             for r in 0..R {
                 let b = _mm256_set1_ps(self.b[r]);
                 acc[r] = [b, b];
+                if self.accumulate {
+                    let yp = self.y.add(r * self.y_rs + p);
+                    acc[r] = [_mm256_add_ps(b, _mm256_loadu_ps(yp)), _mm256_add_ps(b, _mm256_loadu_ps(yp.add(8)))];
+                }
             }
             let mut xp = self.x.add(p);
             for kk in 0..k {
@@ -182,6 +196,9 @@ impl Block {
             let mut acc = [_mm256_setzero_ps(); R];
             for r in 0..R {
                 acc[r] = _mm256_set1_ps(self.b[r]);
+                if self.accumulate {
+                    acc[r] = _mm256_add_ps(acc[r], _mm256_loadu_ps(self.y.add(r * self.y_rs + p)));
+                }
             }
             let mut xp = self.x.add(p);
             for kk in 0..k {
@@ -198,7 +215,8 @@ impl Block {
         }
         for q in p..self.cols {
             for r in 0..R {
-                let mut acc = self.b[r];
+                let yq = self.y.add(r * self.y_rs + q);
+                let mut acc = if self.accumulate { self.b[r] + *yq } else { self.b[r] };
                 for kk in 0..k {
                     acc = (*self.w.add(r * k + kk)).mul_add(*self.x.add(kk * x_rs + q), acc);
                 }
@@ -207,7 +225,7 @@ impl Block {
                     let v = if acc > self.lo { acc } else { self.lo };
                     acc = if v < self.hi { v } else { self.hi };
                 }
-                *self.y.add(r * self.y_rs + q) = acc;
+                *yq = acc;
             }
         }
     }
@@ -217,13 +235,18 @@ impl Block {
 mod tests {
     use super::*;
 
-    /// Reference in f64 (activation applied in f32 like the op).
+    /// Reference in f64 (activation applied in f32 like the op), with an optional
+    /// residual (`rows x cols`) added before the activation.
     fn reference(w: &[f32], k: usize, bias: Option<&[f32]>, act: Option<UnaryKind>, x: &[f32], cols: usize) -> Vec<f32> {
+        reference_res(w, k, bias, None, act, x, cols)
+    }
+
+    fn reference_res(w: &[f32], k: usize, bias: Option<&[f32]>, res: Option<&[f32]>, act: Option<UnaryKind>, x: &[f32], cols: usize) -> Vec<f32> {
         let rows = w.len() / k;
         let mut y = vec![0.0f32; rows * cols];
         for m in 0..rows {
             for p in 0..cols {
-                let mut acc = bias.map_or(0.0, |b| b[m] as f64);
+                let mut acc = bias.map_or(0.0, |b| b[m] as f64) + res.map_or(0.0, |r| r[m * cols + p] as f64);
                 for kk in 0..k {
                     acc += w[m * k + kk] as f64 * x[kk * cols + p] as f64;
                 }
@@ -253,14 +276,16 @@ mod tests {
             let w = values(rows * k, 1);
             let x = values(k * cols, 2);
             let b = values(rows, 3);
+            let res = values(rows * cols, 4);
             for act in acts {
-                for bias in [None, Some(&b[..])] {
-                    let want = reference(&w, k, bias, act, &x, cols);
-                    let op = SmallK { w: &w, k, bias, act };
-                    let mut got = vec![f32::NAN; rows * cols];
+                for (bias, residual) in [(None, false), (Some(&b[..]), false), (None, true), (Some(&b[..]), true)] {
+                    let want = reference_res(&w, k, bias, residual.then_some(&res[..]), act, &x, cols);
+                    let op = SmallK { w: &w, k, bias, act, accumulate: residual };
+                    let start = if residual { res.clone() } else { vec![f32::NAN; rows * cols] };
+                    let mut got = start.clone();
                     // SAFETY: x is k x cols, got is rows x cols, both dense.
                     unsafe { op.run(x.as_ptr(), cols, cols, got.as_mut_ptr(), cols) };
-                    let mut plain = vec![f32::NAN; rows * cols];
+                    let mut plain = start;
                     // SAFETY: as above.
                     unsafe { op.run_plain(x.as_ptr(), cols, cols, plain.as_mut_ptr(), cols) };
                     for (i, ((g, p), r)) in got.iter().zip(&plain).zip(&want).enumerate() {
@@ -283,7 +308,7 @@ mod tests {
         for act in [None, Some(UnaryKind::Relu), Some(UnaryKind::Clip { min: -1.0, max: 1.0 })] {
             let want = reference(&w, k, None, act, &x, cols);
             let mut got = vec![0.0f32; rows * cols];
-            let op = SmallK { w: &w, k, bias: None, act };
+            let op = SmallK { w: &w, k, bias: None, act, accumulate: false };
             // SAFETY: dense k x cols input, rows x cols output.
             unsafe { op.run(x.as_ptr(), cols, cols, got.as_mut_ptr(), cols) };
             for (g, r) in got.iter().zip(&want) {
@@ -301,7 +326,7 @@ mod tests {
         let dense: Vec<f32> = (0..k).flat_map(|kk| xs[kk * 40..][..cols].to_vec()).collect();
         let want = reference(&w, k, None, None, &dense, cols);
         let mut y = vec![-7.0f32; rows * 50];
-        let op = SmallK { w: &w, k, bias: None, act: None };
+        let op = SmallK { w: &w, k, bias: None, act: None, accumulate: false };
         // SAFETY: strides and sizes as allocated.
         unsafe { op.run(xs.as_ptr(), 40, cols, y.as_mut_ptr(), 50) };
         for m in 0..rows {
