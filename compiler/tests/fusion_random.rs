@@ -1,7 +1,8 @@
 //! Fused kernels against their unfused form on random graphs and shapes: seeded random
 //! networks of the patterns the fusion passes target (MatMul + bias + activation, with
 //! a reshape in between or a residual add; elementwise chains over broadcast constants;
-//! both GELU forms; scaled, masked attention) run with every pass, the device's
+//! both GELU forms; scaled, masked attention; ResNet blocks with BatchNorm and residual
+//! Convs) run with every pass, the device's
 //! optional ones included, and with none, on the CPU and on the GPU.
 use kiln_compiler::passes::{self, Target};
 use kiln_graph::{Attr, DType, Graph, GraphBuilder, Tensor, ValueId};
@@ -125,6 +126,37 @@ fn network(seed: u64) -> (Graph, Vec<usize>) {
     (g, vec![batch, m, k])
 }
 
+/// A ResNet block over `x: f32[batch, c, h, w]`: Conv (+BatchNorm) + Relu, Conv, add the
+/// skip, Relu; kernel 1 or 3, dense or depthwise.
+fn resnet_block(seed: u64) -> (Graph, Vec<usize>) {
+    let mut r = Rng(seed * 0x5851_f42d_4c95_7f2d | 1);
+    let (batch, c, h, w) = (1 + r.below(2), 1 + r.below(6), 3 + r.below(10), 3 + r.below(10));
+    let k = [1, 3][r.below(2)];
+    let group = if r.below(3) == 0 { c } else { 1 };
+    let mut b = GraphBuilder::new("resnet_block");
+    let x = b.input("x", DType::F32, vec![batch, c, h, w]);
+    let attrs = [("pads", Attr::Ints(vec![(k / 2) as i64; 4])), ("group", Attr::Int(group as i64))];
+    let conv = |b: &mut GraphBuilder, r: &mut Rng, name: &str, input: ValueId| {
+        let wt = b.constant(&format!("{name}_w"), r.tensor(&[c, c / group, k, k], 0.7));
+        let bias = b.constant(&format!("{name}_b"), r.tensor(&[c], 0.3));
+        b.node("Conv", &[input, wt, bias], &attrs)
+    };
+    let mut y = conv(&mut b, &mut r, "c1", x);
+    if r.below(2) == 0 {
+        let [scale, shift, mean] = [1.0, 0.3, 0.3].map(|s| b.constant(&format!("bn{s}_{}", r.below(1000)), r.tensor(&[c], s)));
+        let var = b.constant("bn_var", Tensor::from_vec(&[c], (0..c).map(|i| 0.5 + i as f32 * 0.1).collect()).unwrap());
+        y = b.node("BatchNormalization", &[y, scale, shift, mean, var], &[]);
+    }
+    let y = b.node("Relu", &[y], &[]);
+    let z = conv(&mut b, &mut r, "c2", y);
+    let s = if r.below(2) == 0 { b.node("Add", &[z, x], &[]) } else { b.node("Add", &[x, z], &[]) };
+    let out = b.node("Relu", &[s], &[]);
+    b.output(out);
+    let mut g = b.finish().unwrap();
+    g.opsets.insert(String::new(), 17);
+    (g, vec![batch, c, h, w])
+}
+
 /// Scaled, masked attention over `x: f32[batch, heads, seq, dim]` (x is Q, K and V).
 fn attention(seed: u64) -> (Graph, Vec<usize>) {
     let mut r = Rng(seed * 0x2545_f491_4f6c_dd1d | 1);
@@ -183,6 +215,8 @@ fn fused_networks_match_their_unfused_form_on_the_cpu() {
     let (before, after) = check(network, 0..40, DeviceChoice::Cpu, Target::Cpu, 1e-5);
     assert!(after * 2 < before, "fusion should remove most kernels: {before} -> {after}");
     check(attention, 0..12, DeviceChoice::Cpu, Target::Cpu, 1e-5);
+    let (before, after) = check(resnet_block, 0..16, DeviceChoice::Cpu, Target::Cpu, 1e-5);
+    assert!(after * 2 < before, "a block should become two Convs: {before} -> {after}");
 }
 
 #[test]
@@ -190,4 +224,5 @@ fn fused_networks_match_their_unfused_form_on_the_gpu() {
     let (before, after) = check(network, 100..112, DeviceChoice::Gpu, Target::Gpu, 1e-4);
     assert!(after * 2 < before, "fusion should remove most kernels: {before} -> {after}");
     check(attention, 100..106, DeviceChoice::Gpu, Target::Gpu, 1e-4);
+    check(resnet_block, 100..106, DeviceChoice::Gpu, Target::Gpu, 1e-4);
 }

@@ -346,7 +346,7 @@ fn fuse_residual() {
 }
 
 /// ResNet blocks: `Conv -> Add(skip) -> Relu` and a downsampling block whose skip is
-/// another Conv become one Conv with the residual and Relu (fuse-residual, then
+/// another Conv become one Conv with the residual and Relu (fuse-conv-residual, then
 /// fuse-activation). Not fused: a Conv whose Relu was already fused (the Relu would
 /// apply before the add) and an Add that broadcasts.
 #[test]
@@ -374,7 +374,7 @@ fn fuse_residual_conv() {
     let mean = b.node("ReduceMean", &[y3], &[("axes", Attr::Ints(vec![2, 3]))]);
     let out = b.node("Add", &[c4, mean], &[]); // [b, 8, 3, 3] + [b, 8, 1, 1]
     let g = finish(b, &[(out, "out")]);
-    let both = |g: &mut Graph| passes::fuse_residual(g) + passes::fuse_activation(g);
+    let both = |g: &mut Graph| passes::fuse_conv_residual(g) + passes::fuse_activation(g);
     assert_eq!(golden("fuse_residual_conv", g, both, &[2, 4, 6, 6]), 4);
 }
 

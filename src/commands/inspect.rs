@@ -44,6 +44,9 @@ fn group(n: &kiln::graph::Node) -> String {
     if n.attrs.contains_key("kiln_bias") {
         parts.push("+bias".into());
     }
+    if n.attrs.contains_key("kiln_residual") {
+        parts.push("+residual".into());
+    }
     if let Some(kiln::graph::Attr::String(a)) = n.attrs.get("kiln_activation") {
         parts.push(format!("+{a}"));
     }

@@ -23,8 +23,25 @@ fn conv_plus(g: &Graph, prod: &[Option<NodeId>], a: NodeId, other_ok: impl Fn(Va
     [(x, y), (y, x)].into_iter().find_map(|(c, o)| Some((is_conv(c)?, c, o)).filter(|_| other_ok(c, o)))
 }
 
-/// Fuses residual adds into MatMuls and Convs; returns how many.
+/// Fuses residual adds into MatMuls (`fuse-residual`); returns how many.
 pub fn fuse_residual(g: &mut Graph) -> usize {
+    fuse_into(g, Into::MatMul)
+}
+
+/// Fuses residual adds into Convs (`fuse-conv-residual`); returns how many.
+pub fn fuse_conv_residual(g: &mut Graph) -> usize {
+    fuse_into(g, Into::Conv)
+}
+
+/// Which products take residuals: measured separately (the Conv epilogue pays on both
+/// devices, the MatMul one is slower on the CPU).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Into {
+    MatMul,
+    Conv,
+}
+
+fn fuse_into(g: &mut Graph, into: Into) -> usize {
     let types = kiln_runtime::value_types(g, Registry::builtin());
     let uses = use_counts(g);
     let prod = producers(g);
@@ -42,7 +59,11 @@ pub fn fuse_residual(g: &mut Graph) -> usize {
             });
             free && uses[m] == 1 && !g.initializers.contains_key(&r) && same_known(m, r)
         };
-        let Some((m, _, r)) = matmul_plus(g, &prod, a, fusible).or_else(|| conv_plus(g, &prod, a, fusible)) else { continue };
+        let found = match into {
+            Into::MatMul => matmul_plus(g, &prod, a, fusible),
+            Into::Conv => conv_plus(g, &prod, a, fusible),
+        };
+        let Some((m, _, r)) = found else { continue };
         let out = g.nodes[a].outputs[0];
         let node = &mut g.nodes[m];
         node.inputs.resize(3, None);
