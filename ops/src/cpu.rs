@@ -32,6 +32,18 @@ pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor> 
     inputs.get(i).copied().flatten().ok_or_else(|| crate::OpError::input(i, "required input is missing"))
 }
 
+/// Whether the CPU has AVX2 and FMA (kernels compiled for them run 8 f32 lanes wide).
+pub fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Below this many elements of work a loop runs on the calling thread.
 pub const PAR_GRAIN: usize = 1 << 14;
 

@@ -41,7 +41,7 @@ pub fn apply_activation(act: Option<UnaryKind>, t: &mut Tensor) -> Result<()> {
     let Some(k) = act else { return Ok(()) };
     if t.dtype() == DType::F32 {
         let xs = t.as_mut_slice::<f32>()?;
-        crate::cpu::par_chunks_mut(xs, 1, 4, |_, part| k.apply_slice_f32(part));
+        crate::cpu::par_chunks_mut(xs, 1, 4, |_, part| k.apply_slice_f32_fast(part));
     } else {
         let d = t.dims().to_vec();
         let v: Vec<f64> = t.to_f64_vec().into_iter().map(|x| k.apply_f64(x)).collect();

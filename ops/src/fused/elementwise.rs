@@ -261,16 +261,6 @@ impl FusedElementwise {
     }
 }
 
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 
 impl CpuKernel for FusedElementwise {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
@@ -312,7 +302,7 @@ impl FusedElementwise {
         let regs = inputs.len() + self.instrs.len();
         let dst = outputs[0].as_mut_slice::<f32>()?;
         let work = self.instrs.len() * 4 + inputs.len();
-        let avx2 = has_avx2();
+        let avx2 = cpu::has_avx2();
         cpu::par_chunks_mut(dst, BLOCK, work * BLOCK, |first, part| {
             cpu::with_scratch(regs * BLOCK, |scratch| {
                 #[cfg(target_arch = "x86_64")]

@@ -233,7 +233,7 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [
                 row.iter_mut().for_each(|o| *o += v);
             }
             if let Some(k) = act {
-                k.apply_slice_f32(row);
+                k.apply_slice_f32_fast(row);
             }
         };
         if inner_parallel {
@@ -388,7 +388,7 @@ fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [
                 }
             }
             if let Some(k) = act {
-                k.apply_slice_f32(out);
+                k.apply_slice_f32_fast(out);
             }
         }
     });
@@ -638,7 +638,7 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mu
                 let wm = &w[m * ksize..][..ksize];
                 plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), clamp, residual, scratch, out);
                 if let (None, Some(k)) = (clamp, act) {
-                    k.apply_slice_f32(out);
+                    k.apply_slice_f32_fast(out);
                 }
             }
         })

@@ -84,7 +84,7 @@ impl SmallK<'_> {
                     }
                 }
                 if let Some(a) = self.act {
-                    a.apply_slice_f32(row);
+                    a.apply_slice_f32_fast(row);
                 }
             }
             p0 += n;
@@ -123,7 +123,7 @@ impl SmallK<'_> {
                 if let (None, Some(a)) = (clamp, self.act) {
                     for r in 0..mr {
                         // SAFETY: the block just written, still in L1.
-                        a.apply_slice_f32(std::slice::from_raw_parts_mut(ys.add(r * y_rs), n));
+                        a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(ys.add(r * y_rs), n));
                     }
                 }
                 m += mr;
@@ -253,7 +253,7 @@ mod tests {
                 y[m * cols + p] = acc as f32;
             }
             if let Some(a) = act {
-                a.apply_slice_f32(&mut y[m * cols..][..cols]);
+                a.apply_slice_f32_fast(&mut y[m * cols..][..cols]);
             }
         }
         y
