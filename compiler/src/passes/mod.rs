@@ -48,6 +48,7 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "fuse-layernorm", run: fuse_layernorm },
     Pass { name: "fuse-bias", run: fuse_bias },
     Pass { name: "fuse-gelu", run: fuse_gelu },
+    Pass { name: "fuse-residual", run: fuse_residual },
     Pass { name: "fuse-conv-residual", run: fuse_conv_residual },
     Pass { name: "fuse-activation", run: fuse_activation },
     Pass { name: "fuse-elementwise", run: fuse_elementwise },
@@ -56,12 +57,6 @@ pub const PASSES: &[Pass] = &[
 /// Tested passes that are not in [`PASSES`] because they are faster on one device only,
 /// each with the default pass it runs before when enabled (`KILN_ENABLE_PASSES`), until
 /// the cost model can choose per device:
-/// - `fuse-residual` (MatMul + skip connection): on the CPU the gemm crate's accumulate
-///   path made bert_tiny slower (2.14 against 1.85 ms); on lavapipe it is neutral within
-///   noise (bert_tiny 45 -> 41 kernels, 208-216 ms either way) and runs for GPU targets,
-///   where it saves a launch and a pass over the output per block. (Its Conv sibling,
-///   `fuse-conv-residual`, is a default: resnet18 31 -> 23 kernels, CPU 32.2 -> 31.7 ms,
-///   lavapipe ~1940 -> ~1900 ms.)
 /// - `fuse-attention`: a little faster on the CPU (median of 6 medians of 300 runs:
 ///   bert_tiny 2.97 against 3.12 ms, gpt2_tiny 3.51 against 3.61 ms, batch 1, sequence
 ///   128), slower on lavapipe (bert_tiny 145-174 against 122 ms, gpt2_tiny ~270 against
@@ -69,7 +64,6 @@ pub const PASSES: &[Pass] = &[
 ///   the unfused MatMuls).
 pub const OPTIONAL_PASSES: &[(Pass, &str)] = &[
     (Pass { name: "fuse-attention", run: fuse_attention }, "fuse-bias"),
-    (Pass { name: "fuse-residual", run: fuse_residual }, "fuse-activation"),
 ];
 
 /// Names (comma-separated) of default passes [`optimize`] skips, to measure or bisect
@@ -90,7 +84,7 @@ pub enum Target {
 
 /// Optional passes that run by default for one target (measured faster there; see
 /// [`OPTIONAL_PASSES`]).
-pub const TARGET_PASSES: &[(&str, Target)] = &[("fuse-attention", Target::Cpu), ("fuse-residual", Target::Gpu)];
+pub const TARGET_PASSES: &[(&str, Target)] = &[("fuse-attention", Target::Cpu)];
 
 /// The passes [`optimize_for`] runs for `target` given the skip and enable lists
 /// (comma-separated names).
@@ -291,11 +285,10 @@ mod tests {
     fn optional_passes_run_before_their_anchor_only_when_enabled() {
         let all = names("", "");
         assert_eq!(all, PASSES.iter().map(|p| p.name).collect::<Vec<_>>());
-        let with = names("cse", "fuse-attention, fuse-residual");
+        let with = names("cse", "fuse-attention");
         assert!(!with.contains(&"cse"));
         let at = |n: &str| with.iter().position(|&p| p == n).unwrap();
         assert_eq!(at("fuse-attention") + 1, at("fuse-bias"));
-        assert_eq!(at("fuse-residual") + 1, at("fuse-activation"));
-        assert_eq!(with.len(), PASSES.len() + 1);
+        assert_eq!(with.len(), PASSES.len());
     }
 }

@@ -149,6 +149,30 @@ impl CpuKernel for Gemm {
         let c = inputs.get(2).copied().flatten();
         let (p, bias) = self.plan(a.dims(), b.dims(), c.map(|c| c.dims()))?;
         let out = &mut outputs[0];
+        if out.dtype() == DType::F32 {
+            // The product, then per block of rows (while in cache) beta * C and the activation.
+            let c = match (c, bias) {
+                (Some(c), Some(strides)) => Some((c.as_slice::<f32>()?, strides)),
+                _ => None,
+            };
+            let (n, beta, act) = (p.n, self.beta, self.activation);
+            let epilogue = |row0: usize, rows: &mut [f32]| {
+                if let Some((cv, (rs, cs))) = c {
+                    for (i, row) in rows.chunks_mut(n).enumerate() {
+                        let base = (row0 + i) * rs;
+                        if cs == 1 {
+                            row.iter_mut().zip(&cv[base..base + n]).for_each(|(o, c)| *o += beta * c);
+                        } else {
+                            row.iter_mut().enumerate().for_each(|(j, o)| *o += beta * cv[base + j * cs]);
+                        }
+                    }
+                }
+                if let Some(k) = act {
+                    k.apply_slice_f32_fast(rows);
+                }
+            };
+            return p.run_f32_rows(a.as_slice()?, b.as_slice()?, out.as_mut_slice::<f32>()?, self.alpha, &epilogue);
+        }
         let accumulate = match (c, bias) {
             (Some(c), Some(strides)) if p.m * p.n > 0 => {
                 fill_bias(out, c, strides, self.beta as f64)?;

@@ -109,6 +109,9 @@ impl CpuKernel for MatMul {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let (a, b) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let (p, _) = plan(a.dims(), b.dims())?;
+        if outputs[0].dtype() == DType::F32 {
+            return self.run_f32(&p, inputs, &mut outputs[0]);
+        }
         let accumulate = (self.bias || self.residual) && p.m * p.n > 0;
         if accumulate {
             let out = &mut outputs[0];
@@ -138,6 +141,30 @@ impl CpuKernel for MatMul {
         }
         p.run(a, b, &mut outputs[0], 1.0, accumulate)?;
         crate::elementwise::apply_activation(self.activation, &mut outputs[0])
+    }
+}
+
+impl MatMul {
+    /// f32: the product, then per block of rows (while in cache) the bias, the residual
+    /// and the activation.
+    fn run_f32(&self, p: &BatchedProduct, inputs: &[Option<&Tensor>], out: &mut Tensor) -> Result<()> {
+        let (a, b) = (cpu::input(inputs, 0)?.as_slice::<f32>()?, cpu::input(inputs, 1)?.as_slice::<f32>()?);
+        let bias = if self.bias { Some(cpu::input(inputs, 2)?.as_slice::<f32>()?) } else { None };
+        let residual = if self.residual { Some(cpu::input(inputs, 3)?.as_slice::<f32>()?) } else { None };
+        let n = p.n;
+        let act = self.activation;
+        let epilogue = |row0: usize, rows: &mut [f32]| {
+            if let Some(r) = residual {
+                rows.iter_mut().zip(&r[row0 * n..]).for_each(|(o, r)| *o += r);
+            }
+            if let Some(c) = bias {
+                rows.chunks_mut(n).for_each(|row| row.iter_mut().zip(c).for_each(|(o, b)| *o += b));
+            }
+            if let Some(k) = act {
+                k.apply_slice_f32_fast(rows);
+            }
+        };
+        p.run_f32_rows(a, b, out.as_mut_slice::<f32>()?, 1.0, &epilogue)
     }
 }
 

@@ -121,6 +121,70 @@ impl BatchedProduct {
         }
     }
 
+    /// The f32 product (times `alpha`) into `out` (overwritten), then `epilogue(first_row, rows)` on
+    /// blocks of whole output rows (`first_row` counts rows over all batches), each block
+    /// right after its product while it is in cache. Large single products are split by
+    /// rows over the threads, each part one single-threaded `gemm` call followed by its
+    /// epilogue: one fork-join per product instead of one per pass over the output.
+    pub fn run_f32_rows(&self, a: &[f32], b: &[f32], out: &mut [f32], alpha: f32, epilogue: &(dyn Fn(usize, &mut [f32]) + Sync)) -> Result<()> {
+        self.check_len(a.len(), b.len(), out.len())?;
+        if let Some(f) = self.folded() {
+            return f.run_f32_rows(a, b, out, alpha, epilogue);
+        }
+        let (m, n, k) = (self.m, self.n, self.k);
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let product = |bi: usize, i0: usize, dst: &mut [f32], par: gemm::Parallelism| {
+            let rows = dst.len() / n;
+            if k == 0 {
+                dst.fill(0.0);
+                return;
+            }
+            let (oa, ob) = self.offsets(bi);
+            // SAFETY: check_len proved every offset of batch `bi` in bounds; rows
+            // i0..i0 + rows of A lie within its m rows, and dst is rows x n.
+            unsafe {
+                gemm::gemm(
+                    rows, n, k,
+                    dst.as_mut_ptr(), 1, n as isize, false,
+                    a.as_ptr().add(oa + i0 * self.a.rs), self.a.cs as isize, self.a.rs as isize,
+                    b.as_ptr().add(ob), self.b.cs as isize, self.b.rs as isize,
+                    0.0, alpha, false, false, false, par,
+                );
+            }
+        };
+        let count = self.batch_count();
+        let threads = rayon::current_num_threads().max(1);
+        let per_batch = m * n * k;
+        if count >= 2 && threads > 1 && per_batch < (1 << 21) {
+            // Many small products: one per task.
+            cpu::par_chunks_mut(out, m * n, k, |first, part| {
+                for (j, dst) in part.chunks_mut(m * n).enumerate() {
+                    product(first + j, 0, dst, gemm::Parallelism::None);
+                    epilogue((first + j) * m, dst);
+                }
+            });
+        } else if threads > 1 && per_batch >= (1 << 15) && m >= 16 * threads {
+            // Rows split over the threads, batch by batch.
+            let rows = m.div_ceil(threads);
+            for (bi, dst) in out.chunks_mut(m * n).enumerate() {
+                cpu::par_chunks_mut(dst, rows * n, cpu::PAR_GRAIN, |first, part| {
+                    let i0 = first * rows;
+                    product(bi, i0, part, gemm::Parallelism::None);
+                    epilogue(bi * m + i0, part);
+                });
+            }
+        } else {
+            let par = if per_batch >= (1 << 15) { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+            for (bi, dst) in out.chunks_mut(m * n).enumerate() {
+                product(bi, 0, dst, par);
+                epilogue(bi * m, dst);
+            }
+        }
+        Ok(())
+    }
+
     fn check_len(&self, a: usize, b: usize, out: usize) -> Result<()> {
         let need_a = self.extent(&self.a_batch_strides, self.a, self.m, self.k);
         let need_b = self.extent(&self.b_batch_strides, self.b, self.k, self.n);
