@@ -115,20 +115,11 @@ impl Op for Gemm {
     }
 }
 
-/// Fills `out` (`[m, n]`) with `beta * C` broadcast.
+/// Fills `out` (`[m, n]`, not f32: that takes the row-block epilogue) with `beta * C`
+/// broadcast.
 fn fill_bias(out: &mut Tensor, c: &Tensor, (rs, cs): (usize, usize), beta: f64) -> Result<()> {
     let n = out.dims()[1];
     match out.dtype() {
-        DType::F32 => {
-            let (cv, beta) = (c.as_slice::<f32>()?, beta as f32);
-            cpu::par_chunks_mut(out.as_mut_slice::<f32>()?, n, 1, |r0, part| {
-                for (i, row) in part.chunks_mut(n).enumerate() {
-                    for (j, o) in row.iter_mut().enumerate() {
-                        *o = beta * cv[(r0 + i) * rs + j * cs];
-                    }
-                }
-            });
-        }
         d if d.is_int() => {
             let cv = c.to_i64_vec()?;
             let v: Vec<i64> = (0..out.len()).map(|o| cv[(o / n) * rs + (o % n) * cs].wrapping_mul(beta as i64)).collect();

@@ -125,19 +125,10 @@ impl CpuKernel for MatMul {
             let c = cpu::input(inputs, 2)?;
             let out = &mut outputs[0];
             let n = c.len();
-            match out.dtype() {
-                DType::F32 => {
-                    let cv = c.as_slice::<f32>()?;
-                    cpu::par_chunks_mut(out.as_mut_slice::<f32>()?, n, 1, |_, part| {
-                        part.chunks_mut(n).for_each(|row| row.iter_mut().zip(cv).for_each(|(o, b)| *o += b))
-                    });
-                }
-                _ => {
-                    let cv = c.to_f64_vec();
-                    let v: Vec<f64> = out.to_f64_vec().iter().enumerate().map(|(i, x)| x + cv[i % n.max(1)]).collect();
-                    *out = Tensor::from_f64(out.dtype(), &out.dims().to_vec(), &v)?;
-                }
-            }
+            // Rare dtypes (f32 took `run_f32`): through f64.
+            let cv = c.to_f64_vec();
+            let v: Vec<f64> = out.to_f64_vec().iter().enumerate().map(|(i, x)| x + cv[i % n.max(1)]).collect();
+            *out = Tensor::from_f64(out.dtype(), &out.dims().to_vec(), &v)?;
         }
         p.run(a, b, &mut outputs[0], 1.0, accumulate)?;
         crate::elementwise::apply_activation(self.activation, &mut outputs[0])

@@ -136,8 +136,10 @@ fn plan_runs(dispatches: &[PendingDispatch], sizes: &[u64], shareable: &std::col
     }
     let eligible = |r: usize| shareable.contains(&r) || pinned.from_start.contains(&r);
     let arena: Vec<usize> = (0..sizes.len()).filter(|&r| eligible(r) && span[r].is_some() && !twice.contains(&r)).collect();
-    for r in (0..sizes.len()).filter(|r| !arena.contains(r)) {
-        log::debug!("GPU run buffer {r} ({} bytes) has its own buffer: eligible {}, bound twice by a dispatch {}", sizes[r], eligible(r), twice.contains(&r));
+    if log::log_enabled!(log::Level::Debug) {
+        for r in (0..sizes.len()).filter(|r| !arena.contains(r)) {
+            log::debug!("GPU run buffer {r} ({} bytes) has its own buffer: eligible {}, bound twice by a dispatch {}", sizes[r], eligible(r), twice.contains(&r));
+        }
     }
     let placed: Vec<crate::arena::Span> = arena
         .iter()
