@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// The pass target for a device choice (passes that pay on one kind of device).
 pub fn pass_target(device: &DeviceChoice) -> Result<Target> {
-    Ok(match device.kind()? {
+    Ok(match kiln::runtime::device_kind(device)? {
         kiln::runtime::DeviceKind::Cpu => Target::Cpu,
         kiln::runtime::DeviceKind::Gpu => Target::Gpu,
     })
@@ -48,7 +48,7 @@ pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool, place:
     let loaded = t0.elapsed();
     let auto_place = place.iter().any(|p| p == "auto");
     let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
-    let options = SessionOptions { device: device.clone(), registry: None, placement, auto_place };
+    let options = SessionOptions { device: device.clone(), placement, auto_place, ..Default::default() };
     let session = Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
     let opened = t0.elapsed();
     if let Some(info) = info {

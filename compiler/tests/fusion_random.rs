@@ -194,8 +194,9 @@ fn check(make: fn(u64) -> (Graph, Vec<usize>), seeds: std::ops::Range<u64>, devi
         let env = |n: &str| std::env::var(n).unwrap_or_default();
         // Every optional pass too: they must be correct wherever they are enabled.
         let all: Vec<&str> = passes::OPTIONAL_PASSES.iter().map(|(p, _)| p.name).collect();
+        let mut cx = passes::PassContext::builtin();
         for p in passes::selected_passes(&env(passes::SKIP_PASSES_ENV), &all.join(","), target) {
-            (p.run)(&mut fused);
+            (p.run)(&mut fused, &mut cx);
         }
         fused.validate().unwrap();
         let (want, k0) = run(&g, device.clone(), &x);

@@ -2,7 +2,7 @@
 //! `kiln_compiler::passes::dump` writes it, must equal tests/golden/<pass>.txt.
 //! `KILN_UPDATE_GOLDEN=1` rewrites the files (review the diff). The same graphs also run
 //! before and after the pass on the CPU, and must give the same outputs.
-use kiln_compiler::passes::{self, dump};
+use kiln_compiler::passes::{self, dump, PassContext};
 use kiln_graph::{Attr, DType, Graph, GraphBuilder, Shape, Tensor, ValueId};
 use kiln_runtime::{DeviceChoice, Session, SessionOptions};
 use std::path::PathBuf;
@@ -38,11 +38,11 @@ fn run(g: &Graph, x: &Tensor) -> Vec<Tensor> {
     s.run(&[("x", x)]).unwrap()
 }
 
-fn golden(name: &str, mut g: Graph, pass: fn(&mut Graph) -> usize, x_dims: &[usize]) -> usize {
+fn golden(name: &str, mut g: Graph, pass: fn(&mut Graph, &mut PassContext) -> usize, x_dims: &[usize]) -> usize {
     let before = dump(&g);
     let x = t(x_dims, 5);
     let want = run(&g, &x);
-    let changes = pass(&mut g);
+    let changes = pass(&mut g, &mut PassContext::builtin());
     g.validate().unwrap();
     let after = dump(&g);
     let got = run(&g, &x);
@@ -341,7 +341,7 @@ fn fuse_residual() {
     let out = b.node("Add", &[h2, e], &[]); // h2 has two readers: not fused
     let g = finish(b, &[(out, "out"), (y, "y")]);
     let mut g2 = g.clone();
-    passes::fuse_bias(&mut g2);
+    passes::fuse_bias(&mut g2, &mut PassContext::builtin());
     assert_eq!(golden("fuse_residual", g2, passes::fuse_residual, &[2, 5, 8]), 1);
 }
 
@@ -374,7 +374,7 @@ fn fuse_residual_conv() {
     let mean = b.node("ReduceMean", &[y3], &[("axes", Attr::Ints(vec![2, 3]))]);
     let out = b.node("Add", &[c4, mean], &[]); // [b, 8, 3, 3] + [b, 8, 1, 1]
     let g = finish(b, &[(out, "out")]);
-    let both = |g: &mut Graph| passes::fuse_conv_residual(g) + passes::fuse_activation(g);
+    let both = |g: &mut Graph, cx: &mut PassContext| passes::fuse_conv_residual(g, cx) + passes::fuse_activation(g, cx);
     assert_eq!(golden("fuse_residual_conv", g, both, &[2, 4, 6, 6]), 4);
 }
 

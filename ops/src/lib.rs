@@ -10,6 +10,7 @@
 pub mod broadcast;
 pub mod cpu;
 mod error;
+pub mod infer;
 mod op;
 mod registry;
 mod spec;

@@ -26,6 +26,15 @@ impl TensorType {
     pub fn bytes(&self) -> usize {
         self.len() * self.dtype.size()
     }
+    /// Elements, or None when the product of the dims overflows.
+    pub fn checked_len(&self) -> Option<usize> {
+        self.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+    }
+    /// Bytes, or None when they overflow (or exceed `isize::MAX`, the most one
+    /// allocation can hold).
+    pub fn checked_bytes(&self) -> Option<usize> {
+        self.checked_len()?.checked_mul(self.dtype.size()).filter(|&b| b <= isize::MAX as usize)
+    }
 }
 
 impl fmt::Display for TensorType {

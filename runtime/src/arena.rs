@@ -2,6 +2,20 @@
 //! at the same step never overlap: the memory plans of both backends use it (the CPU
 //! in 8-byte words, the GPU in bytes).
 
+/// The memory plan's figures, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Total size of the buffers the plan allocates for intermediates.
+    pub planned: u64,
+    /// The most bytes of intermediates alive at one step (no plan can do better; an
+    /// output written in place over its input counts once).
+    pub lower_bound: u64,
+    /// Every intermediate in its own buffer (no reuse).
+    pub unshared: u64,
+    /// Steps that write their output over an input's memory (CPU).
+    pub in_place: usize,
+}
+
 /// A buffer to place: alive from step `first` to step `last` (inclusive), `size` units
 /// long (the caller's unit: words on the CPU, bytes on the GPU).
 #[derive(Clone, Copy, Debug)]

@@ -13,9 +13,10 @@
 //! Recycled ranges hold stale data: ops that do not overwrite every output element
 //! (`Op::overwrites_outputs` false) get zeroed outputs. `KILN_POISON_BUFFERS=1` fills
 //! recycled ranges with NaN instead of stale data, to catch ops that claim otherwise.
-use crate::arena::{place, Span};
-use crate::specialize::Specialized;
-use crate::{gpu::poisoned, Result, RuntimeError};
+use crate::arena::{place, MemoryPlan, Span};
+use kiln_ops::infer::Specialized;
+use crate::error::poisoned;
+use crate::{Result, RuntimeError};
 use kiln_graph::{Arena, Graph, Tensor, ValueId};
 use kiln_ops::Op;
 use std::collections::HashMap;
@@ -58,35 +59,10 @@ pub(crate) struct CpuPlan {
     placeholder: Tensor,
 }
 
-/// The memory plan's figures, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MemoryPlan {
-    /// Total size of the buffers the plan allocates for intermediates.
-    pub planned: u64,
-    /// The most bytes of intermediates alive at one step (no plan can do better; an
-    /// output written in place over its input counts once).
-    pub lower_bound: u64,
-    /// Every intermediate in its own buffer (no reuse).
-    pub unshared: u64,
-    /// Steps that write their output over an input's memory (CPU).
-    pub in_place: usize,
-}
-
-/// The most memory the CPU backend plans to use: the machine's RAM (from
-/// /proc/meminfo), or 64 GiB where that is unknown.
-fn memory_limit() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
-        })
-        .unwrap_or(64 << 30)
-}
-
 impl CpuPlan {
-    pub fn build(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized) -> Result<CpuPlan> {
-        let limit = memory_limit();
+    /// The plan of `spec`'s steps; refused when its intermediates would need more than
+    /// `limit` bytes.
+    pub fn build(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, limit: u64) -> Result<CpuPlan> {
         let mut planned: u64 = 0;
         let mut consts = vec![];
         let mut slot_of: HashMap<ValueId, Slot> = HashMap::new();
@@ -117,7 +93,7 @@ impl CpuPlan {
                 if planned > limit {
                     return Err(RuntimeError::OutOfRange(format!(
                         "node '{}' ({}): its output {} needs {bytes} bytes, which brings the plan to {planned} bytes, \
-                         more than this machine's {limit} bytes of memory",
+                         more than the session's memory limit of {limit} bytes",
                         node.name, node.op_type, ty
                     )));
                 }

@@ -40,17 +40,6 @@ impl fmt::Display for DeviceChoice {
     }
 }
 
-impl DeviceChoice {
-    /// The kind of device a session with this choice runs on (adapters are looked up
-    /// once per process); an error when the choice names a GPU that is not there.
-    pub fn kind(&self) -> crate::Result<DeviceKind> {
-        Ok(match crate::gpu::select(self)? {
-            Some(_) => DeviceKind::Gpu,
-            None => DeviceKind::Cpu,
-        })
-    }
-}
-
 /// The kind of device a session ended up on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum DeviceKind {
@@ -93,7 +82,8 @@ pub struct CpuInfo {
     pub simd: Vec<String>,
 }
 
-fn cpu_info() -> CpuInfo {
+/// This machine's CPU, as `kiln devices` reports it.
+pub fn cpu_info() -> CpuInfo {
     let name = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
@@ -114,10 +104,4 @@ fn cpu_info() -> CpuInfo {
         }
     }
     CpuInfo { name, threads: rayon::current_num_threads(), simd }
-}
-
-/// Lists the CPU and every wgpu adapter.
-pub fn list_devices() -> DevicesReport {
-    let adapters = crate::gpu::enumerate().iter().enumerate().map(|(i, a)| crate::gpu::describe(i, a)).collect();
-    DevicesReport { cpu: cpu_info(), adapters }
 }

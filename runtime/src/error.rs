@@ -33,6 +33,23 @@ pub enum RuntimeError {
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
 
+impl From<kiln_ops::infer::InferError> for RuntimeError {
+    fn from(e: kiln_ops::infer::InferError) -> Self {
+        use kiln_ops::infer::InferError;
+        match e {
+            InferError::Node { node, op, source } => RuntimeError::Node { node, op, source },
+            InferError::Graph(g) => RuntimeError::Graph(g),
+            InferError::Unsupported { node, what } => RuntimeError::Unsupported { node, what },
+            e @ InferError::TooLarge { .. } => RuntimeError::OutOfRange(e.to_string()),
+        }
+    }
+}
+
+/// The error of a lock whose holder panicked.
+pub(crate) fn poisoned() -> RuntimeError {
+    RuntimeError::Gpu("a previous run panicked while holding a lock".into())
+}
+
 impl RuntimeError {
     pub(crate) fn node(node: &kiln_graph::Node, source: OpError) -> RuntimeError {
         RuntimeError::Node { node: node.name.clone(), op: node.op_type.clone(), source }

@@ -8,20 +8,22 @@
 //! Invariant: only this crate links wgpu.
 
 mod arena;
+mod calibrate;
 pub mod artifact;
 pub mod cpu;
 mod device;
 mod error;
 mod gpu;
-mod partition;
+mod placement;
+mod plan;
 mod session;
-mod specialize;
-mod symbolic;
 
-pub use device::{list_devices, AdapterInfo, DeviceChoice, DeviceKind, DevicesReport};
+pub use arena::MemoryPlan;
+pub use device::{AdapterInfo, CpuInfo, DeviceChoice, DeviceKind, DevicesReport};
+pub use gpu::{device_kind, list_devices};
 pub use error::{Result, RuntimeError};
 pub use gpu::{KernelRecord, PipelineCacheData};
-pub use partition::{calibrate, DeviceProfile, PlacementRule};
+pub use calibrate::calibrate;
+pub use placement::{DeviceProfile, PlacementRule};
 pub use session::{NodeProfile, NodeReport, RunStats, Session, SessionOptions};
-pub use specialize::{Specialized, Step};
-pub use symbolic::{value_types, SymbolicShapes};
+pub use kiln_ops::infer::{Limits, Specialized, Step, SymbolicShapes};

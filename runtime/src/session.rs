@@ -1,12 +1,14 @@
 //! Sessions: a graph bound to a device, run from many threads, specialised per input
 //! shape signature.
-use crate::cpu::CpuPlan;
-use crate::gpu::{self, poisoned, GpuContext, GpuPlan};
-use crate::partition::HeteroPlan;
-use crate::specialize::{specialize, SpecializeError, Specialized};
+use crate::calibrate::calibrate;
+use crate::error::poisoned;
+use crate::gpu::{self, GpuContext};
+use crate::placement::{self, Dev, DeviceProfile, Devices};
+use crate::plan::Plan;
 use crate::{DeviceChoice, DeviceKind, Result, RuntimeError};
 use kiln_graph::{Dim, Graph, NodeId, Tensor};
-use kiln_ops::{NodeSpec, Op, Registry, TensorType};
+use kiln_ops::infer::{self, specialize, Limits, SpecializeError, Specialized};
+use kiln_ops::{Op, Registry, TensorType};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -23,11 +25,14 @@ pub struct SessionOptions {
     /// Place the other nodes of a GPU session by the cost model (each device measured
     /// once per process, `partition::calibrate`) instead of "GPU where possible".
     pub auto_place: bool,
+    /// The most bytes a session may use for one specialisation (values folded on the
+    /// host, planned intermediates); `None`: three quarters of the machine's RAM.
+    pub memory_limit: Option<u64>,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { device: DeviceChoice::Auto, registry: None, placement: vec![], auto_place: false }
+        SessionOptions { device: DeviceChoice::Auto, registry: None, placement: vec![], auto_place: false, memory_limit: None }
     }
 }
 
@@ -43,19 +48,6 @@ enum Backend {
     Gpu,
 }
 
-enum Exec {
-    Cpu(CpuPlan),
-    Gpu(GpuPlan),
-    /// Steps on both devices, in segments; the constants are those graph outputs that
-    /// were folded.
-    Hetero(HeteroPlan, HashMap<kiln_graph::ValueId, Tensor>),
-}
-
-struct Plan {
-    exec: Exec,
-    folded: usize,
-}
-
 /// What one run did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunStats {
@@ -69,7 +61,7 @@ pub struct RunStats {
     pub specialized: bool,
     /// The memory plan of this specialisation's intermediates, on its one device (None
     /// when it runs across devices).
-    pub memory: Option<crate::cpu::MemoryPlan>,
+    pub memory: Option<crate::MemoryPlan>,
 }
 
 /// A model ready to run on one device. `Send + Sync`: share it between threads
@@ -83,15 +75,16 @@ pub struct Session {
     /// adapters that placement rules name.
     gpus: Vec<(Arc<GpuContext>, gpu::WeightCache)>,
     /// The device of each placement rule.
-    rule_devs: Vec<crate::partition::Dev>,
+    rule_devs: Vec<Dev>,
     plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
     /// Graph inputs whose values (not only types) specialise the model: small integer
     /// inputs that feed shapes, axes or pads. Found on the first run that needs them.
     by_value: Mutex<Vec<usize>>,
-    symbolic: crate::symbolic::SymbolicShapes,
+    symbolic: infer::SymbolicShapes,
+    limits: Limits,
     placement: Vec<crate::PlacementRule>,
     /// The device profiles (CPU, main GPU) of cost-model placement, when asked for.
-    auto_place: Option<(crate::partition::DeviceProfile, crate::partition::DeviceProfile)>,
+    auto_place: Option<(DeviceProfile, DeviceProfile)>,
 }
 
 /// What a specialisation depends on: input types, and the values of inputs bound by value.
@@ -111,7 +104,7 @@ impl Session {
     pub fn new(graph: Graph, options: SessionOptions) -> Result<Session> {
         let order = graph.validate()?;
         let registry = options.registry.as_ref().unwrap_or_else(|| Registry::builtin());
-        let ops = create_ops(&graph, registry)?;
+        let ops = infer::create_ops(&graph, registry)?;
         for &v in &graph.inputs {
             if graph.values[v].ty.is_none() {
                 return Err(RuntimeError::InputMismatch {
@@ -122,22 +115,23 @@ impl Session {
             }
         }
         let start = Instant::now();
-        let symbolic = crate::symbolic::check(&graph, &ops, &order)?;
+        let symbolic = infer::check_symbolic(&graph, &ops, &order)?;
+        let limits = options.memory_limit.map_or_else(Limits::default, |memory| Limits { memory });
         log::info!("checked the shapes of '{}' symbolically in {:.1} ms", graph.name, start.elapsed().as_secs_f64() * 1e3);
         let (backend, main) = match gpu::select(&options.device)? {
             None => (Backend::Cpu, None),
             Some(adapter) => (Backend::Gpu, Some(gpu::context_for(adapter)?)),
         };
-        let (contexts, rule_devs) = crate::partition::resolve_rules(&graph, &options.placement, main)?;
+        let (contexts, rule_devs) = placement::resolve_rules(&graph, &options.placement, main)?;
         let gpus = contexts.into_iter().map(|c| (c, gpu::WeightCache::default())).collect();
         let auto_place = match (options.auto_place, &backend) {
-            (true, Backend::Gpu) => Some((crate::partition::calibrate(&DeviceChoice::Cpu)?, crate::partition::calibrate(&options.device)?)),
+            (true, Backend::Gpu) => Some((calibrate(&DeviceChoice::Cpu)?, calibrate(&options.device)?)),
             (true, Backend::Cpu) => {
                 return Err(RuntimeError::Placement("cost-model placement chooses between the CPU and a GPU; this session has no GPU".into()))
             }
             _ => None,
         };
-        Ok(Session { graph, ops, order, backend, gpus, rule_devs, plans: Mutex::default(), by_value: Mutex::default(), symbolic, placement: options.placement, auto_place })
+        Ok(Session { graph, ops, order, backend, gpus, rule_devs, plans: Mutex::default(), by_value: Mutex::default(), symbolic, limits, placement: options.placement, auto_place })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -243,9 +237,9 @@ impl Session {
             for &i in &bound {
                 values[i] = Some(tensors[i]);
             }
-            let spec: Specialized = match specialize(&self.graph, &self.ops, &self.order, &types, &values) {
+            let spec: Specialized = match specialize(&self.graph, &self.ops, &self.order, &types, &values, self.limits) {
                 Ok(s) => s,
-                Err(SpecializeError::Other(e)) => return Err(e),
+                Err(SpecializeError::Other(e)) => return Err(e.into()),
                 Err(SpecializeError::NeedsValue { inputs: found, error }) => {
                     // Bind the small graph inputs this value comes from, and retry.
                     let small = |i: usize| {
@@ -254,7 +248,7 @@ impl Session {
                     };
                     let bindable = !found.is_empty() && found.iter().all(|&i| !bound.contains(&i) && small(i));
                     if !bindable {
-                        return Err(error);
+                        return Err(error.into());
                     }
                     let mut by_value = self.by_value.lock().map_err(|_| poisoned())?;
                     for i in found {
@@ -266,8 +260,7 @@ impl Session {
                     continue;
                 }
             };
-            let exec = self.exec(&spec)?;
-            let plan = Arc::new(Plan { exec, folded: spec.folded });
+            let plan = Arc::new(self.build_plan(&spec)?);
             let shapes: Vec<String> = types.iter().map(|t| t.to_string()).collect();
             log::info!(
                 "specialised '{}' for inputs [{}] on {} in {:.1} ms ({} steps, {} nodes folded)",
@@ -293,65 +286,36 @@ impl Session {
     pub fn run_with_stats(&self, inputs: &[(&str, &Tensor)]) -> Result<(Vec<Tensor>, RunStats)> {
         let (tensors, types) = self.bind(inputs)?;
         let (plan, specialized) = self.plan(&tensors, types)?;
-        let (outs, kernels, submits) = match &plan.exec {
-            Exec::Cpu(p) => (p.run(&self.graph, &self.ops, &tensors, None)?, p.kernel_count(), 0),
-            Exec::Gpu(p) => {
-                let (o, submits) = p.run(&tensors)?;
-                (o, p.dispatch_count(), submits)
-            }
-            Exec::Hetero(p, consts) => p.run(&self.graph, &self.ops, &tensors, consts)?,
-        };
-        let memory = match &plan.exec {
-            Exec::Cpu(p) => Some(p.memory),
-            Exec::Gpu(p) => Some(p.memory),
-            Exec::Hetero(..) => None,
-        };
-        Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized, memory }))
+        let (outs, kernels, submits) = plan.run(&self.graph, &self.ops, &tensors)?;
+        Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized, memory: plan.memory() }))
     }
 }
 
 impl Session {
-    /// The plan of a specialisation: one device, or segments across devices.
-    fn exec(&self, spec: &Specialized) -> Result<Exec> {
-        use crate::partition::Dev;
-        let main_gpu = matches!(self.backend, Backend::Gpu);
-        if !main_gpu && self.placement.is_empty() {
-            return Ok(Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, spec)?));
+    /// The plan of a specialisation: its steps placed (once), then planned per segment.
+    fn build_plan(&self, spec: &Specialized) -> Result<Plan> {
+        let on = Devices { rules: &self.placement, rule_devs: &self.rule_devs, has_main_gpu: matches!(self.backend, Backend::Gpu), auto: self.auto_place };
+        let placed = placement::place(&self.graph, &self.ops, spec, &on)?;
+        let on_cpu = placed.devices.iter().filter(|d| **d == Dev::Cpu).count();
+        let plan = Plan::build(&self.graph, &self.ops, spec, placed, &self.gpus, self.limits)?;
+        if plan.segment_count() > 1 {
+            log::info!(
+                "'{}' runs in {} segments: {} steps on the CPU, {} on GPUs",
+                self.graph.name,
+                plan.segment_count(),
+                on_cpu,
+                spec.steps.len() - on_cpu
+            );
         }
-        let devices = crate::partition::place(&self.graph, &self.ops, spec, &self.placement, &self.rule_devs, main_gpu, self.auto_place)?;
-        if main_gpu && devices.iter().all(|d| *d == Dev::Gpu(0)) {
-            let (ctx, weights) = &self.gpus[0];
-            return Ok(Exec::Gpu(GpuPlan::build(ctx.clone(), &self.graph, &self.ops, spec, weights)?));
-        }
-        if devices.iter().all(|d| *d == Dev::Cpu) {
-            return Ok(Exec::Cpu(CpuPlan::build(&self.graph, &self.ops, spec)?));
-        }
-        let hetero = HeteroPlan::build(&self.graph, &self.ops, spec, &devices, &self.gpus)?;
-        log::info!(
-            "'{}' runs in {} segments: {} steps on the CPU, {} on GPUs",
-            self.graph.name,
-            hetero.segment_count(),
-            devices.iter().filter(|d| **d == Dev::Cpu).count(),
-            devices.iter().filter(|d| **d != Dev::Cpu).count()
-        );
-        let consts = self.graph.outputs.iter().filter_map(|o| spec.constants.get(o).map(|t| (*o, t.clone()))).collect();
-        Ok(Exec::Hetero(hetero, consts))
+        Ok(plan)
     }
 
-    /// Where each step of a specialisation runs, by device name.
-    fn step_devices(&self, spec: &Specialized) -> Result<HashMap<NodeId, String>> {
-        use crate::partition::Dev;
-        let main_gpu = matches!(self.backend, Backend::Gpu);
-        let devices = if !main_gpu && self.placement.is_empty() {
-            vec![Dev::Cpu; spec.steps.len()]
-        } else {
-            crate::partition::place(&self.graph, &self.ops, spec, &self.placement, &self.rule_devs, main_gpu, self.auto_place)?
-        };
-        let name = |d: Dev| match d {
+    /// A device's name as reports show it.
+    fn dev_name(&self, d: Dev) -> String {
+        match d {
             Dev::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
             Dev::Gpu(k) => format!("{} ({:?})", self.gpus[k].0.info.name, self.gpus[k].0.info.backend),
-        };
-        Ok(spec.steps.iter().map(|s| s.node).zip(devices.into_iter().map(name)).collect())
+        }
     }
 }
 
@@ -362,12 +326,7 @@ impl Session {
         let plans = self.plans.lock().map_err(|_| poisoned())?;
         let mut out: Vec<gpu::KernelRecord> = vec![];
         for p in plans.values() {
-            let records = match &p.exec {
-                Exec::Gpu(g) => g.kernel_records(),
-                Exec::Hetero(h, _) => h.kernel_records(),
-                Exec::Cpu(_) => vec![],
-            };
-            for r in records {
+            for r in p.kernel_records() {
                 if !out.contains(&r) {
                     out.push(r);
                 }
@@ -410,34 +369,6 @@ impl Session {
     }
 }
 
-/// Creates every node's op; all failures are reported together.
-pub(crate) fn create_ops(graph: &Graph, registry: &Registry) -> Result<Vec<Box<dyn Op>>> {
-    let opset = graph.opset();
-    let mut ops = Vec::with_capacity(graph.nodes.len());
-    let mut errors: Vec<(String, String)> = vec![];
-    for node in &graph.nodes {
-        let opset = graph.opsets.get(&node.domain).copied().unwrap_or(opset);
-        match registry.create(&NodeSpec::new(node, opset)) {
-            Ok(op) => ops.push(op),
-            Err(e) => errors.push((format!("node '{}' ({})", node.name, node.op_type), e.to_string())),
-        }
-    }
-    match errors.len() {
-        0 => Ok(ops),
-        1 => {
-            let (node, what) = errors.remove(0);
-            Err(RuntimeError::Unsupported { node, what })
-        }
-        n => {
-            let shown: Vec<String> = errors.iter().take(20).map(|(n, w)| format!("{n}: {w}")).collect();
-            Err(RuntimeError::Unsupported {
-                node: format!("{n} nodes cannot run"),
-                what: format!("\n  {}{}", shown.join("\n  "), if n > 20 { "\n  ..." } else { "" }),
-            })
-        }
-    }
-}
-
 /// One node of a specialisation, as `kiln inspect` shows it.
 #[derive(Clone, Debug)]
 pub struct NodeReport {
@@ -457,17 +388,14 @@ impl Session {
     /// folded, and its cost estimate.
     pub fn report(&self, inputs: &[(&str, &Tensor)]) -> Result<Vec<NodeReport>> {
         let (tensors, types) = self.bind(inputs)?;
-        self.plan(&tensors, types.clone())?;
+        let (plan, _) = self.plan(&tensors, types.clone())?;
+        let devices: HashMap<NodeId, String> = plan.devices.iter().map(|&(n, d)| (n, self.dev_name(d))).collect();
         let bound = self.by_value.lock().map_err(|_| poisoned())?.clone();
         let mut values: Vec<Option<&Tensor>> = vec![None; tensors.len()];
         for &i in &bound {
             values[i] = Some(tensors[i]);
         }
-        let spec = match specialize(&self.graph, &self.ops, &self.order, &types, &values) {
-            Ok(s) => s,
-            Err(SpecializeError::Other(e)) | Err(SpecializeError::NeedsValue { error: e, .. }) => return Err(e),
-        };
-        let devices = self.step_devices(&spec)?;
+        let spec = specialize(&self.graph, &self.ops, &self.order, &types, &values, self.limits).map_err(|e| e.into_error())?;
         let live: std::collections::HashSet<NodeId> = spec.steps.iter().map(|s| s.node).collect();
         Ok(self
             .order
@@ -502,14 +430,14 @@ impl Session {
     pub fn profile(&self, inputs: &[(&str, &Tensor)], runs: usize) -> Result<Vec<NodeProfile>> {
         let (tensors, types) = self.bind(inputs)?;
         let (plan, _) = self.plan(&tensors, types)?;
-        let Exec::Cpu(p) = &plan.exec else {
+        let Some((graph, p)) = plan.cpu_only() else {
             return Err(RuntimeError::Unsupported { node: "profile".into(), what: "per-node profiles are measured on the CPU backend only".into() });
         };
         let mut times: HashMap<usize, f64> = HashMap::new();
         let mut samples = vec![];
         for _ in 0..runs.max(1) {
             samples.clear();
-            p.run(&self.graph, &self.ops, &tensors, Some(&mut samples))?;
+            p.run(graph, &self.ops, &tensors, Some(&mut samples))?;
             for &(n, t) in &samples {
                 *times.entry(n).or_default() += t;
             }

@@ -361,3 +361,32 @@ fn a_u64_left_shift_beyond_32_bits_is_an_error_on_the_gpu() {
     let cpu = Session::new(g, SessionOptions::device(DeviceChoice::Cpu)).unwrap();
     assert_eq!(cpu.run(&[("x", &Tensor::from_vec(&[1], vec![1u64 << 28]).unwrap())]).unwrap()[0].to_i64_vec().unwrap(), vec![1 << 32]);
 }
+
+/// Sizes come from the model: a shape whose byte size overflows, or that exceeds the
+/// session's memory limit, is an error naming the node, never a wrap or an abort.
+#[test]
+fn sizes_beyond_memory_are_named_errors() {
+    let expand = |dims: Vec<i64>| {
+        let mut b = GraphBuilder::new("huge");
+        let x = b.input("x", DType::F32, kiln_graph::Shape::fixed(&[1]));
+        let shape = b.constant("shape", Tensor::from_vec(&[dims.len()], dims).unwrap());
+        let y = b.node("Expand", &[x, shape], &[]);
+        b.rename(y, "y");
+        b.output(y);
+        let mut g = b.finish().unwrap();
+        g.opsets.insert(String::new(), 13);
+        g
+    };
+    let x = Tensor::from_vec(&[1], vec![1f32]).unwrap();
+    // 2^62 elements of 4 bytes: the byte size overflows.
+    let err = Session::new(expand(vec![1 << 31, 1 << 31]), SessionOptions::device(DeviceChoice::Cpu)).and_then(|s| s.run(&[("x", &x)]).map(|_| ())).unwrap_err();
+    assert!(err.to_string().contains("Expand") && err.to_string().contains("memory limit"), "{err}");
+    // 4 MiB against a 1 MiB limit.
+    let opts = SessionOptions { device: DeviceChoice::Cpu, memory_limit: Some(1 << 20), ..Default::default() };
+    let err = Session::new(expand(vec![1024, 1024]), opts).and_then(|s| s.run(&[("x", &x)]).map(|_| ())).unwrap_err();
+    assert!(err.to_string().contains("4194304 bytes") && err.to_string().contains("memory limit of 1048576"), "{err}");
+    // Within the limit it runs.
+    let opts = SessionOptions { device: DeviceChoice::Cpu, memory_limit: Some(64 << 20), ..Default::default() };
+    let y = Session::new(expand(vec![1024, 1024]), opts).unwrap().run(&[("x", &x)]).unwrap();
+    assert_eq!(y[0].dims(), &[1024, 1024]);
+}

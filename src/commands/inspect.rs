@@ -73,9 +73,10 @@ pub fn main(args: Args) -> Result<()> {
             &env(kiln::compiler::passes::ENABLE_PASSES_ENV),
             io::pass_target(&args.device)?,
         );
+        let mut cx = kiln::compiler::passes::PassContext::builtin();
         for p in passes {
             let before = node_lines(&g);
-            let changes = (p.run)(&mut g);
+            let changes = (p.run)(&mut g, &mut cx);
             let after = node_lines(&g);
             let removed = before.difference(&after).cloned().collect();
             let added = after.difference(&before).cloned().collect();
@@ -85,7 +86,7 @@ pub fn main(args: Args) -> Result<()> {
     } else {
         io::load_model(&args.model, false, io::pass_target(&args.device)?)?.0
     };
-    let types = kiln::runtime::value_types(&graph, kiln::ops::Registry::builtin());
+    let types = kiln::ops::infer::value_types(&graph, kiln::ops::Registry::builtin());
     let session = Session::new(graph.clone(), SessionOptions::device(args.device.clone()))
         .with_context(|| format!("cannot prepare {} for device '{}'", args.model.display(), args.device))?;
     let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?);

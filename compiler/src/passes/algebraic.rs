@@ -8,12 +8,12 @@
 //!
 //! The inner node must have no other reader; it is left for dead-code elimination.
 use super::{bypass, producers, use_counts};
+use super::PassContext;
 use kiln_graph::{Attr, Graph};
-use kiln_ops::Registry;
 
 /// Applies the rewrites; returns how many.
-pub fn simplify_algebra(g: &mut Graph) -> usize {
-    let types = kiln_runtime::value_types(g, Registry::builtin());
+pub fn simplify_algebra(g: &mut Graph, cx: &mut PassContext) -> usize {
+    let types = cx.types(g);
     let uses = use_counts(g);
     let prod = producers(g);
     let mut changes = 0;

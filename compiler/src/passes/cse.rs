@@ -2,11 +2,12 @@
 //! compute the same values; the later one goes and its readers read the first's
 //! outputs. Runs to a fixed point, so duplicated chains collapse from their roots.
 use super::replace_uses;
+use super::PassContext;
 use kiln_graph::Graph;
 use std::collections::HashMap;
 
 /// Merges duplicate nodes; returns how many were removed.
-pub fn eliminate_common_subexpressions(g: &mut Graph) -> usize {
+pub fn eliminate_common_subexpressions(g: &mut Graph, _cx: &mut PassContext) -> usize {
     let mut removed = 0;
     loop {
         let Ok(order) = g.validate() else { return removed };

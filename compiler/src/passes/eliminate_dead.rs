@@ -1,9 +1,10 @@
 //! Dead-code elimination: nodes none of whose outputs reach a graph output, and weights
 //! no node reads, are removed.
+use super::PassContext;
 use kiln_graph::Graph;
 
 /// Removes dead nodes and unused weights; returns how many of both.
-pub fn eliminate_dead(g: &mut Graph) -> usize {
+pub fn eliminate_dead(g: &mut Graph, _cx: &mut PassContext) -> usize {
     let Ok(order) = g.validate() else { return 0 };
     let mut live = vec![false; g.values.len()];
     for &o in &g.outputs {

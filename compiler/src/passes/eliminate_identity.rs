@@ -4,16 +4,16 @@
 //! Unsqueeze whose output shape equals the input's (symbolic shapes compared as fitted),
 //! and Transpose by the identity permutation.
 use super::{bypass, use_counts};
+use super::PassContext;
 use kiln_graph::{Attr, Dim, Graph, ValueType};
-use kiln_ops::Registry;
 
 fn same_known_shape(a: &ValueType, b: &ValueType) -> bool {
     a.shape == b.shape && a.dtype == b.dtype && !a.shape.0.iter().any(|d| matches!(d, Dim::Sym(s) if s == "?"))
 }
 
 /// Removes pass-through nodes; returns how many.
-pub fn eliminate_identity(g: &mut Graph) -> usize {
-    let types = kiln_runtime::value_types(g, Registry::builtin());
+pub fn eliminate_identity(g: &mut Graph, cx: &mut PassContext) -> usize {
+    let types = cx.types(g);
     let uses = use_counts(g);
     let mut dead = vec![];
     for n in 0..g.nodes.len() {

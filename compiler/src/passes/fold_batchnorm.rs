@@ -14,9 +14,10 @@
 //! New weights are written (the old ones may be shared) and dead-code elimination drops
 //! the unused ones.
 use super::use_counts;
+use super::PassContext;
 use kiln_graph::{Attr, Graph, Node, NodeId, Tensor, ValueId};
 use kiln_ops::elementwise::ACTIVATION_ATTR;
-use kiln_ops::{Registry, MATMUL_BIAS_ATTR, MATMUL_RESIDUAL_ATTR};
+use kiln_ops::{MATMUL_BIAS_ATTR, MATMUL_RESIDUAL_ATTR};
 
 fn f64s(g: &Graph, v: Option<ValueId>) -> Option<Vec<f64>> {
     g.initializers.get(&v?).map(|t| t.to_f64_vec())
@@ -129,14 +130,14 @@ fn fold_linear(g: &Graph, node: &Node, a: &Affine, rank2: bool) -> Option<Folded
 }
 
 /// Folds BatchNormalization into preceding Convs, Gemms and MatMuls; returns how many.
-pub fn fold_batchnorm(g: &mut Graph) -> usize {
+pub fn fold_batchnorm(g: &mut Graph, cx: &mut PassContext) -> usize {
     let uses = use_counts(g);
-    let mut types = None;
+    let prod = super::producers(g);
     let mut dead = vec![];
     for bn in 0..g.nodes.len() {
         let Some(a) = affine(g, &g.nodes[bn]) else { continue };
         let y = a.input;
-        let Some(l) = g.nodes.iter().position(|n| n.outputs.first() == Some(&y)) else { continue };
+        let Some(l) = prod[y].filter(|&l| g.nodes[l].outputs.first() == Some(&y)) else { continue };
         let layer = &g.nodes[l];
         let internal = [ACTIVATION_ATTR, MATMUL_BIAS_ATTR, MATMUL_RESIDUAL_ATTR].iter().any(|k| layer.attrs.contains_key(*k));
         if !layer.domain.is_empty() || uses[y] != 1 || internal {
@@ -145,8 +146,7 @@ pub fn fold_batchnorm(g: &mut Graph) -> usize {
         let folded = match layer.op_type.as_str() {
             "Conv" => fold_conv(g, layer, &a),
             "Gemm" | "MatMul" => {
-                let types = types.get_or_insert_with(|| kiln_runtime::value_types(g, Registry::builtin()));
-                let rank2 = types.get(y).cloned().flatten().is_some_and(|t| t.shape.rank() == 2);
+                let rank2 = cx.types(g).get(y).cloned().flatten().is_some_and(|t| t.shape.rank() == 2);
                 fold_linear(g, layer, &a, rank2)
             }
             _ => None,

@@ -5,19 +5,20 @@
 //! (Shape -> Gather -> Concat -> Reshape) fold away. Random ops are left alone, and so
 //! are results larger than [`MAX_FOLDED_ELEMENTS`] (a folded ConstantOfShape must not
 //! turn a tiny model into a huge file).
+use super::PassContext;
 use kiln_graph::{Graph, Tensor};
 use kiln_ops::{Arg, NodeSpec, Registry, TensorType};
 
 /// Largest tensor (elements) a folded node may produce.
 pub const MAX_FOLDED_ELEMENTS: usize = 1 << 22;
 
-fn evaluate(g: &Graph, n: usize, types: &[Option<kiln_graph::ValueType>]) -> Option<Vec<Tensor>> {
+fn evaluate(g: &Graph, n: usize, types: &[Option<kiln_graph::ValueType>], registry: &Registry) -> Option<Vec<Tensor>> {
     let node = &g.nodes[n];
     if node.op_type.starts_with("Random") || node.op_type == "Bernoulli" || node.outputs.is_empty() {
         return None;
     }
     let opset = g.opsets.get(&node.domain).copied().unwrap_or_else(|| g.opset());
-    let op = Registry::builtin().create(&NodeSpec::new(node, opset)).ok()?;
+    let op = registry.create(&NodeSpec::new(node, opset)).ok()?;
     let values: Vec<Option<&Tensor>> = node.inputs.iter().map(|v| v.and_then(|v| g.initializers.get(&v))).collect();
     // Types of the inputs: from the weights, else fully fixed inferred types.
     let fixed = |v: usize| -> Option<TensorType> {
@@ -54,16 +55,17 @@ fn evaluate(g: &Graph, n: usize, types: &[Option<kiln_graph::ValueType>]) -> Opt
 
 /// Folds nodes whose inputs are all constant (repeatedly, in topological order);
 /// returns how many.
-pub fn fold_constants(g: &mut Graph) -> usize {
+pub fn fold_constants(g: &mut Graph, cx: &mut PassContext) -> usize {
     let Ok(order) = g.validate() else { return 0 };
-    let types = kiln_runtime::value_types(g, Registry::builtin());
+    let registry = cx.registry();
+    let types = cx.types(g);
     let mut dead = vec![];
     for n in order {
         // Graph outputs stay computed by a node (a run returns them by name either way).
         if g.nodes[n].outputs.iter().any(|o| g.outputs.contains(o)) {
             continue;
         }
-        if let Some(outs) = evaluate(g, n, &types) {
+        if let Some(outs) = evaluate(g, n, types, registry) {
             for (&o, t) in g.nodes[n].outputs.clone().iter().zip(outs) {
                 g.initializers.insert(o, t);
             }

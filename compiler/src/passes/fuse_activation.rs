@@ -7,6 +7,7 @@
 //! and activation (GPT-2's Gemm -> Reshape -> Gelu) is looked through: the activation
 //! moves into the producer and the reshape writes the activation's output.
 use super::{producers, remove_nodes, scalar_const, use_counts};
+use super::PassContext;
 use kiln_graph::{Attr, Graph};
 use kiln_ops::elementwise::{unary_kind_of, UnaryKind, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
 use kiln_ops::NodeSpec;
@@ -42,7 +43,7 @@ fn activation_of(g: &Graph, n: usize) -> Option<UnaryKind> {
 }
 
 /// Fuses activations into their producers; returns how many were fused.
-pub fn fuse_activation(g: &mut Graph) -> usize {
+pub fn fuse_activation(g: &mut Graph, _cx: &mut PassContext) -> usize {
     let uses = use_counts(g);
     let prod = producers(g);
     let mut dead = vec![];
@@ -103,7 +104,7 @@ mod tests {
         let s = b.node("Add", &[c3, r3], &[]); // c3 has two readers: no fusion
         b.output(s);
         let mut g = b.finish().unwrap();
-        let fused = fuse_activation(&mut g);
+        let fused = fuse_activation(&mut g, &mut super::PassContext::builtin());
         g.validate().unwrap();
         let ops: Vec<&str> = g.nodes.iter().map(|n| n.op_type.as_str()).collect();
         assert_eq!(fused, 2);
@@ -123,7 +124,7 @@ mod tests {
         b.output(y);
         let mut g = b.finish().unwrap();
         g.opsets.insert(String::new(), 20);
-        assert_eq!(fuse_activation(&mut g), 1);
+        assert_eq!(fuse_activation(&mut g, &mut super::PassContext::builtin()), 1);
         g.validate().unwrap();
         let ops: Vec<&str> = g.nodes.iter().map(|n| n.op_type.as_str()).collect();
         assert_eq!(ops, ["Gemm", "Reshape"]);

@@ -21,8 +21,8 @@
 //! gives zeros from Attention where the decomposed Softmax gives NaN (finite masks such
 //! as `f32::MIN`, which exporters write, behave identically).
 use super::{producers, use_counts};
+use super::PassContext;
 use kiln_graph::{Attr, DType, Dim, Graph, Node, NodeId, ValueId, ValueType};
-use kiln_ops::Registry;
 
 struct Found {
     q: ValueId,
@@ -239,8 +239,8 @@ fn heads_around(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>],
 /// Lets Attention nodes take and give 3-D activations where their heads are split and
 /// merged by reshapes and transposes around them (what BERT and GPT-2 exports do): the
 /// op splits heads itself (`q_num_heads`, `kv_num_heads`), and the transposes go.
-fn absorb_head_layout(g: &mut Graph) -> usize {
-    let types = kiln_runtime::value_types(g, Registry::builtin());
+fn absorb_head_layout(g: &mut Graph, cx: &mut PassContext) -> usize {
+    let types = cx.types(g);
     let mut absorbed = 0;
     loop {
         let (prod, uses) = (producers(g), use_counts(g));
@@ -259,16 +259,16 @@ fn absorb_head_layout(g: &mut Graph) -> usize {
 
 /// Replaces decomposed attention with Attention nodes (on 3-D activations where the
 /// heads are split around them); returns how many.
-pub fn fuse_attention(g: &mut Graph) -> usize {
-    let fused = fuse_4d(g);
+pub fn fuse_attention(g: &mut Graph, cx: &mut PassContext) -> usize {
+    let fused = fuse_4d(g, cx);
     if fused > 0 {
-        absorb_head_layout(g);
+        absorb_head_layout(g, cx);
     }
     fused
 }
 
-fn fuse_4d(g: &mut Graph) -> usize {
-    let types = kiln_runtime::value_types(g, Registry::builtin());
+fn fuse_4d(g: &mut Graph, cx: &mut PassContext) -> usize {
+    let types = cx.types(g);
     let mut fused = 0;
     loop {
         let (prod, uses) = (producers(g), use_counts(g));

@@ -4,13 +4,14 @@
 //! output and one kernel launch fewer per linear layer of an exported transformer.
 //! The MatMul's result must have no other reader, and its dtype must be f32.
 use super::{matmul_plus, producers, use_counts};
+use super::PassContext;
 use kiln_graph::{Attr, DType, Graph, Tensor};
 use kiln_ops::elementwise::ACTIVATION_ATTR;
-use kiln_ops::{Registry, MATMUL_BIAS_ATTR};
+use kiln_ops::MATMUL_BIAS_ATTR;
 
 /// Fuses constant bias adds into MatMuls; returns how many.
-pub fn fuse_bias(g: &mut Graph) -> usize {
-    let types = kiln_runtime::value_types(g, Registry::builtin());
+pub fn fuse_bias(g: &mut Graph, cx: &mut PassContext) -> usize {
+    let types = cx.types(g);
     let uses = use_counts(g);
     let prod = producers(g);
     let mut dead = vec![];

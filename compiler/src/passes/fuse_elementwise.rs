@@ -8,10 +8,11 @@
 //! outputs, stay materialised). Dtypes come from the runtime's inference for a generic
 //! binding of the symbols; only f32 nodes fuse.
 use super::producers;
+use super::PassContext;
 use kiln_graph::{DType, Graph, Node, NodeId, ValueId};
 use kiln_ops::elementwise::{unary_kind_of, BinaryKind, UnaryKind};
 use kiln_ops::fused::{fusible_binary, FusedElementwise, Instr};
-use kiln_ops::{NodeSpec, Registry};
+use kiln_ops::NodeSpec;
 use std::collections::{BTreeSet, HashMap};
 
 /// What a fusible node computes.
@@ -51,8 +52,8 @@ fn kind_of(g: &Graph, node: &Node, dtypes: &[Option<DType>]) -> Option<Kind> {
 }
 
 /// Fuses elementwise groups; returns how many nodes were removed.
-pub fn fuse_elementwise(g: &mut Graph) -> usize {
-    let dtypes: Vec<Option<DType>> = kiln_runtime::value_types(g, Registry::builtin()).into_iter().map(|t| t.map(|t| t.dtype)).collect();
+pub fn fuse_elementwise(g: &mut Graph, cx: &mut PassContext) -> usize {
+    let dtypes: Vec<Option<DType>> = cx.types(g).iter().map(|t| t.as_ref().map(|t| t.dtype)).collect();
     let Ok(order) = g.validate() else { return 0 };
     let kinds: Vec<Option<Kind>> = g.nodes.iter().map(|n| kind_of(g, n, &dtypes)).collect();
     let prod = producers(g);
@@ -184,7 +185,7 @@ mod tests {
     #[test]
     fn a_gelu_chain_becomes_one_node() {
         let mut g = gelu_graph();
-        assert_eq!(fuse_elementwise(&mut g), 7);
+        assert_eq!(fuse_elementwise(&mut g, &mut super::PassContext::builtin()), 7);
         g.validate().unwrap();
         let ops: Vec<&str> = g.nodes.iter().map(|n| n.op_type.as_str()).collect();
         assert_eq!(ops, ["MatMul", "FusedElementwise"]);
@@ -209,7 +210,7 @@ mod tests {
         b.output(i3);
         let mut g = b.finish().unwrap();
         g.opsets.insert(String::new(), 17);
-        assert_eq!(fuse_elementwise(&mut g), 1);
+        assert_eq!(fuse_elementwise(&mut g, &mut super::PassContext::builtin()), 1);
         let ops: Vec<&str> = g.nodes.iter().map(|n| n.op_type.as_str()).collect();
         assert_eq!(ops, ["Exp", "FusedElementwise", "Add", "Mul"]);
     }

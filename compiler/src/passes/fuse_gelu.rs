@@ -10,6 +10,7 @@
 //! subgraph in f64 at points across [-6, 6], and replaces it when it equals one of the
 //! two GELU forms there (to 1e-5, the rounding of f32 constants).
 use super::{producers, remove_nodes, use_counts};
+use super::PassContext;
 use kiln_graph::{Attr, DType, Graph, NodeId, ValueId};
 use std::collections::BTreeSet;
 
@@ -102,7 +103,7 @@ fn gelu_form(points: &[f64], ys: &[f64]) -> Option<bool> {
 }
 
 /// Replaces GELU expressions with Gelu nodes; returns how many.
-pub fn fuse_gelu(g: &mut Graph) -> usize {
+pub fn fuse_gelu(g: &mut Graph, _cx: &mut PassContext) -> usize {
     let uses = use_counts(g);
     let prod = producers(g);
     let mut readers: Vec<Vec<NodeId>> = vec![vec![]; g.values.len()];

@@ -11,8 +11,8 @@
 //! gamma and beta must be constants. Without gamma (or beta) a ones (zeros) vector of the
 //! normalised dim's size is added, when that size is known.
 use super::{producers, use_counts};
+use super::PassContext;
 use kiln_graph::{Attr, DType, Graph, NodeId, Tensor, ValueId};
-use kiln_ops::Registry;
 
 struct Found {
     x: ValueId,
@@ -107,8 +107,8 @@ fn match_at(g: &Graph, prod: &[Option<NodeId>], uses: &[usize], div: NodeId) -> 
 }
 
 /// Replaces decomposed layer norms; returns how many.
-pub fn fuse_layernorm(g: &mut Graph) -> usize {
-    let types = kiln_runtime::value_types(g, Registry::builtin());
+pub fn fuse_layernorm(g: &mut Graph, cx: &mut PassContext) -> usize {
+    let types = cx.types(g);
     let mut fused = 0;
     // Patterns found but not fusable (by their output): skipped, the scan goes on.
     let mut rejected: Vec<ValueId> = vec![];

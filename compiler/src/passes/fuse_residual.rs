@@ -7,9 +7,10 @@
 //! The product's result must have no other reader and no fused activation yet: an
 //! activation already fused would apply before the add.
 use super::{matmul_plus, producers, use_counts};
+use super::PassContext;
 use kiln_graph::{Attr, DType, Dim, Graph, NodeId, ValueId};
 use kiln_ops::elementwise::ACTIVATION_ATTR;
-use kiln_ops::{Registry, MATMUL_RESIDUAL_ATTR};
+use kiln_ops::MATMUL_RESIDUAL_ATTR;
 
 /// For node `a` = `Add(x, y)` where one side is a Conv's output `c` and the other, `o`,
 /// passes `other_ok(c, o)`: (the Conv node, `c`, `o`).
@@ -24,13 +25,13 @@ fn conv_plus(g: &Graph, prod: &[Option<NodeId>], a: NodeId, other_ok: impl Fn(Va
 }
 
 /// Fuses residual adds into MatMuls (`fuse-residual`); returns how many.
-pub fn fuse_residual(g: &mut Graph) -> usize {
-    fuse_into(g, Into::MatMul)
+pub fn fuse_residual(g: &mut Graph, cx: &mut PassContext) -> usize {
+    fuse_into(g, cx, Into::MatMul)
 }
 
 /// Fuses residual adds into Convs (`fuse-conv-residual`); returns how many.
-pub fn fuse_conv_residual(g: &mut Graph) -> usize {
-    fuse_into(g, Into::Conv)
+pub fn fuse_conv_residual(g: &mut Graph, cx: &mut PassContext) -> usize {
+    fuse_into(g, cx, Into::Conv)
 }
 
 /// Which products take residuals (two passes, so that each can be measured or skipped
@@ -42,8 +43,8 @@ enum Into {
     Conv,
 }
 
-fn fuse_into(g: &mut Graph, into: Into) -> usize {
-    let types = kiln_runtime::value_types(g, Registry::builtin());
+fn fuse_into(g: &mut Graph, cx: &mut PassContext, into: Into) -> usize {
+    let types = cx.types(g);
     let uses = use_counts(g);
     let prod = producers(g);
     let mut dead = vec![];

@@ -1,6 +1,8 @@
-//! Graph passes: each a named function `&mut Graph -> changes`, testable alone, run in
-//! order by [`optimize`].
+//! Graph passes: each a named function `(&mut Graph, &mut PassContext) -> changes`,
+//! testable alone, run in order by [`optimize`]. The [`PassContext`] carries the
+//! registry (custom ops included) and the value types, inferred once per pipeline.
 mod algebraic;
+mod context;
 mod cse;
 mod eliminate_dead;
 mod eliminate_identity;
@@ -15,6 +17,7 @@ mod fuse_layernorm;
 mod fuse_residual;
 
 pub use algebraic::simplify_algebra;
+pub use context::PassContext;
 pub use cse::eliminate_common_subexpressions;
 pub use eliminate_dead::eliminate_dead;
 pub use eliminate_identity::eliminate_identity;
@@ -34,7 +37,7 @@ use kiln_graph::{Graph, NodeId, ValueId};
 /// rewrites it made.
 pub struct Pass {
     pub name: &'static str,
-    pub run: fn(&mut Graph) -> usize,
+    pub run: fn(&mut Graph, &mut PassContext) -> usize,
 }
 
 /// The passes [`optimize`] runs, in order.
@@ -116,11 +119,16 @@ pub fn optimize(graph: &mut Graph) -> Vec<PassReport> {
 
 /// [`optimize`], plus the passes that pay on `target` ([`TARGET_PASSES`]).
 pub fn optimize_for(graph: &mut Graph, target: Target) -> Vec<PassReport> {
+    optimize_with(graph, target, &mut PassContext::builtin())
+}
+
+/// [`optimize_for`] in a given context (a custom registry).
+pub fn optimize_with(graph: &mut Graph, target: Target, cx: &mut PassContext) -> Vec<PassReport> {
     let env = |name: &str| std::env::var(name).unwrap_or_default();
     selected_passes(&env(SKIP_PASSES_ENV), &env(ENABLE_PASSES_ENV), target)
         .into_iter()
         .map(|p| {
-            let changes = (p.run)(graph);
+            let changes = (p.run)(graph, cx);
             log::info!("pass {}: {changes} change(s)", p.name);
             PassReport { name: p.name, changes }
         })
@@ -154,11 +162,14 @@ pub(crate) fn producers(g: &Graph) -> Vec<Option<NodeId>> {
 
 /// Removes the nodes in `dead` (indices), keeping the order of the others.
 pub(crate) fn remove_nodes(g: &mut Graph, dead: &[NodeId]) {
+    let mut drop = vec![false; g.nodes.len()];
+    for &n in dead {
+        drop[n] = true;
+    }
     let mut i = 0;
     g.nodes.retain(|_| {
-        let keep = !dead.contains(&i);
         i += 1;
-        keep
+        !drop[i - 1]
     });
 }
 

@@ -4,9 +4,10 @@ mod convert;
 mod half;
 mod plan;
 
-pub(crate) use plan::{GpuPlan, WeightCache};
+pub(crate) use plan::{generate, GpuPlan, WeightCache};
 
-use crate::{AdapterInfo, DeviceChoice, Result, RuntimeError};
+use crate::error::poisoned;
+use crate::{AdapterInfo, DeviceChoice, DeviceKind, DevicesReport, Result, RuntimeError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -85,6 +86,21 @@ pub(crate) fn describe(index: usize, a: &wgpu::Adapter) -> AdapterInfo {
         max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
         features,
     }
+}
+
+/// The kind of device a session with this choice runs on (adapters are looked up
+/// once per process); an error when the choice names a GPU that is not there.
+pub fn device_kind(choice: &DeviceChoice) -> Result<DeviceKind> {
+    Ok(match select(choice)? {
+        Some(_) => DeviceKind::Gpu,
+        None => DeviceKind::Cpu,
+    })
+}
+
+/// Lists the CPU and every wgpu adapter.
+pub fn list_devices() -> DevicesReport {
+    let adapters = enumerate().iter().enumerate().map(|(i, a)| describe(i, a)).collect();
+    DevicesReport { cpu: crate::device::cpu_info(), adapters }
 }
 
 /// Picks the adapter for a choice; `Ok(None)` means "use the CPU" (auto without a
@@ -366,8 +382,4 @@ fn new_cache(device: &wgpu::Device, data: Option<&[u8]>) -> wgpu::PipelineCache 
     // artifact's CRC-32; wgpu checks its own header (adapter, driver, size) and with
     // `fallback` starts an empty cache when the data does not fit.
     unsafe { device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor { label: Some("kiln"), data, fallback: true }) }
-}
-
-pub(crate) fn poisoned() -> RuntimeError {
-    RuntimeError::Gpu("a previous run panicked while holding a lock".into())
 }

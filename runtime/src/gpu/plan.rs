@@ -3,11 +3,14 @@
 //! allocated once per concurrent runner and reused. A run is one command encoder, one
 //! compute pass and one submit, with no readback before the outputs.
 use super::convert::{from_gpu, to_gpu};
-use super::{half, poisoned, GpuContext, Pipeline};
-use crate::specialize::Specialized;
+use super::{half, GpuContext, Pipeline};
+use crate::error::poisoned;
+use crate::arena::MemoryPlan;
+use kiln_ops::infer::Specialized;
 use crate::{Result, RuntimeError};
 use kiln_graph::{DType, Graph, Tensor, ValueId};
-use kiln_ops::{wgsl::Binding, Op, TensorType, TuneValues};
+use kiln_ops::infer::Step;
+use kiln_ops::{wgsl::Binding, Op, OpError, TensorType, TuneValues, WgslProgram};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -71,7 +74,7 @@ pub(crate) struct GpuPlan {
     /// (run buffer, node name, op type) of every node whose kernels report bad data.
     statuses: Vec<(usize, String, String)>,
     /// Device memory of the per-run buffers (bytes): planned, lower bound, unshared.
-    pub memory: crate::cpu::MemoryPlan,
+    pub memory: MemoryPlan,
     pool: Mutex<Vec<ExecState>>,
 }
 
@@ -247,13 +250,24 @@ fn output_bytes(o: &OutputSource) -> Option<u64> {
     }
 }
 
+/// The GPU's kernel for one step, generated for its concrete types: `Ok(None)` when the
+/// op has no WGSL kernel, an error when the kernel cannot be generated for these inputs.
+pub(crate) fn generate(op: &dyn Op, spec: &Specialized, step: &Step) -> std::result::Result<Option<WgslProgram>, OpError> {
+    let Some(kernel) = op.wgsl() else { return Ok(None) };
+    let out_types: Vec<TensorType> = step.outputs.iter().map(|&o| spec.ty(o).clone()).collect();
+    kernel.generate(&spec.args(&step.inputs), &out_types, &TuneValues::default()).map(Some)
+}
+
 impl GpuPlan {
+    /// The plan of `spec`'s steps; `programs[i]` is step `i`'s kernel when placement
+    /// already generated it (generated here otherwise).
     pub fn build(
         ctx: Arc<GpuContext>,
         graph: &Graph,
         ops: &[Box<dyn Op>],
         spec: &Specialized,
         weights: &WeightCache,
+        mut programs: Vec<Option<WgslProgram>>,
     ) -> Result<GpuPlan> {
         let max_binding = ctx.limits.max_storage_buffer_binding_size as u64;
         let mut consts: Vec<Arc<wgpu::Buffer>> = vec![];
@@ -319,7 +333,8 @@ impl GpuPlan {
             Ok(Buf::Const(consts.len() - 1))
         };
         let mut statuses: Vec<(usize, String, String)> = vec![];
-        for step in &spec.steps {
+        programs.resize_with(spec.steps.len(), || None);
+        for (step, program) in spec.steps.iter().zip(programs) {
             let node = &graph.nodes[step.node];
             let op = &ops[step.node];
             let out_types: Vec<TensorType> = step.outputs.iter().map(|&o| spec.ty(o).clone()).collect();
@@ -335,12 +350,15 @@ impl GpuPlan {
                 // Extra outputs of views (Dropout's mask) are not supported on the GPU.
                 continue;
             }
-            let kernel = op.wgsl().ok_or_else(|| RuntimeError::Unsupported {
-                node: format!("node '{}' ({})", node.name, node.op_type),
-                what: "this op has no GPU kernel yet; run the model on the CPU (--device cpu)".into(),
-            })?;
-            let args = spec.args(&step.inputs);
-            let program = kernel.generate(&args, &out_types, &TuneValues::default()).map_err(|e| RuntimeError::node(node, e))?;
+            let program = match program {
+                Some(p) => p,
+                None => generate(op.as_ref(), spec, step)
+                    .map_err(|e| RuntimeError::node(node, e))?
+                    .ok_or_else(|| RuntimeError::Unsupported {
+                        node: format!("node '{}' ({})", node.name, node.op_type),
+                        what: "this op has no GPU kernel yet; run the model on the CPU (--device cpu)".into(),
+                    })?,
+            };
             for (k, &o) in step.outputs.iter().enumerate() {
                 check_size(gpu_bytes(&out_types[k]), &format!("output {k} of node '{}' ({})", node.name, node.op_type))?;
                 where_is.insert(o, Buf::Run(run_sizes.len()));
@@ -441,7 +459,7 @@ impl GpuPlan {
         let lower_bound = live_peak(&dispatches, &run_sizes, &pinned);
         let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
         let (runs, buffer_sizes) = plan_runs(&dispatches, &run_sizes, &shareable, &pinned, align, ctx.limits.max_buffer_size);
-        let memory = crate::cpu::MemoryPlan { planned: buffer_sizes.iter().sum(), lower_bound, unshared: run_sizes.iter().sum(), in_place: 0 };
+        let memory = MemoryPlan { planned: buffer_sizes.iter().sum(), lower_bound, unshared: run_sizes.iter().sum(), in_place: 0 };
         log::debug!("GPU memory plan: {} run buffers in {} device buffers: {memory:?}", run_sizes.len(), buffer_sizes.len());
         let dispatches = dispatches
             .into_iter()

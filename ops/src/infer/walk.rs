@@ -2,10 +2,41 @@
 //! gets a concrete type; nodes whose inputs are all known (weights, shape computations
 //! of exported models) run once on the host with their CPU kernels and become
 //! constants; what is left, and needed by an output, are the steps a device runs.
-use crate::{Result, RuntimeError};
+use super::{InferError, Result};
+use crate::{Arg, Op, OpError, TensorType};
 use kiln_graph::{Graph, NodeId, Tensor, ValueId};
-use kiln_ops::{Arg, Op, TensorType};
 use std::collections::HashMap;
+use std::sync::OnceLock;
+
+/// Bounds on what inference may produce: no value (nor all values folded on the host
+/// together) may need more bytes than `memory`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub memory: u64,
+}
+
+impl Limits {
+    /// This machine's RAM (from /proc/meminfo), or 64 GiB where that is unknown.
+    pub fn physical_memory() -> u64 {
+        static TOTAL: OnceLock<u64> = OnceLock::new();
+        *TOTAL.get_or_init(|| {
+            std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|s| {
+                    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+                    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+                })
+                .unwrap_or(64 << 30)
+        })
+    }
+}
+
+impl Default for Limits {
+    /// Three quarters of the machine's RAM.
+    fn default() -> Self {
+        Limits { memory: Limits::physical_memory() / 4 * 3 }
+    }
+}
 
 /// A node that runs on the device at each run.
 #[derive(Clone, Debug)]
@@ -28,6 +59,7 @@ pub struct Specialized {
 }
 
 impl Specialized {
+    /// The type of a value of a step (every one is typed during specialisation).
     pub fn ty(&self, v: ValueId) -> &TensorType {
         self.types[v].as_ref().expect("every value of a step is typed during specialisation")
     }
@@ -43,16 +75,25 @@ impl Specialized {
 }
 
 /// Why a specialisation could not be built.
-pub(crate) enum SpecializeError {
+#[derive(Debug)]
+pub enum SpecializeError {
     /// A node needs the value of one of its inputs, which is not known; `inputs` are
     /// the graph inputs (by index) that the value is computed from.
-    NeedsValue { inputs: Vec<usize>, error: RuntimeError },
-    Other(RuntimeError),
+    NeedsValue { inputs: Vec<usize>, error: InferError },
+    Other(InferError),
 }
 
-impl From<RuntimeError> for SpecializeError {
-    fn from(e: RuntimeError) -> Self {
+impl From<InferError> for SpecializeError {
+    fn from(e: InferError) -> Self {
         SpecializeError::Other(e)
+    }
+}
+
+impl SpecializeError {
+    pub fn into_error(self) -> InferError {
+        match self {
+            SpecializeError::NeedsValue { error, .. } | SpecializeError::Other(error) => error,
+        }
     }
 }
 
@@ -61,10 +102,13 @@ impl From<RuntimeError> for SpecializeError {
 pub(crate) struct Walk {
     pub types: Vec<Option<TensorType>>,
     pub constants: HashMap<ValueId, Tensor>,
+    limits: Limits,
+    /// Bytes of the values folded so far.
+    folded_bytes: u64,
 }
 
 impl Walk {
-    pub(crate) fn new(graph: &Graph, input_types: &[TensorType], input_values: &[Option<&Tensor>]) -> Walk {
+    pub(crate) fn new(graph: &Graph, input_types: &[TensorType], input_values: &[Option<&Tensor>], limits: Limits) -> Walk {
         let mut types: Vec<Option<TensorType>> = vec![None; graph.values.len()];
         let mut constants: HashMap<ValueId, Tensor> = HashMap::new();
         for (&v, t) in &graph.initializers {
@@ -79,11 +123,12 @@ impl Walk {
                 constants.insert(v, (*t).clone());
             }
         }
-        Walk { types, constants }
+        Walk { types, constants, limits, folded_bytes: 0 }
     }
 
     /// Infers (and where possible folds) every node in `order`; returns the nodes left to
     /// run and the number folded, or the node that failed and why.
+    #[allow(clippy::type_complexity)]
     pub(crate) fn run(&mut self, graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Result<(Vec<Step>, usize), (NodeId, SpecializeError)> {
         let mut live = vec![];
         let mut folded = 0;
@@ -102,6 +147,7 @@ impl Walk {
 
     /// Types node `n`'s outputs; returns whether it was folded to constants.
     fn node(&mut self, graph: &Graph, ops: &[Box<dyn Op>], n: NodeId) -> Result<bool, SpecializeError> {
+        let limit = self.limits.memory;
         let (types, constants) = (&mut self.types, &mut self.constants);
         let node = &graph.nodes[n];
         let op = &ops[n];
@@ -117,30 +163,37 @@ impl Walk {
             .collect();
         let out_types = match op.infer(&args) {
             Ok(t) => t,
-            Err(kiln_ops::OpError::NeedsValue { index, what }) => {
-                let error = RuntimeError::node(node, kiln_ops::OpError::NeedsValue { index, what });
+            Err(OpError::NeedsValue { index, what }) => {
+                let error = InferError::node(node, OpError::NeedsValue { index, what });
                 let inputs = node.inputs.get(index).copied().flatten().map(|v| unknown_sources(graph, constants, v)).unwrap_or_default();
                 return Err(SpecializeError::NeedsValue { inputs, error });
             }
-            Err(e) => return Err(RuntimeError::node(node, e).into()),
+            Err(e) => return Err(InferError::node(node, e).into()),
         };
         if out_types.len() < node.outputs.len() {
-            return Err(RuntimeError::node(
-                node,
-                kiln_ops::OpError::invalid(format!("the node has {} outputs but the op produces {}", node.outputs.len(), out_types.len())),
-            )
-            .into());
+            return Err(InferError::node(node, OpError::invalid(format!("the node has {} outputs but the op produces {}", node.outputs.len(), out_types.len()))).into());
+        }
+        let mut out_bytes = 0u64;
+        for (i, t) in out_types.iter().enumerate() {
+            let bytes = t.checked_bytes().map(|b| b as u64);
+            if bytes.is_none_or(|b| b > limit) {
+                let output = node.outputs.get(i).map_or_else(|| format!("#{i}"), |&o| format!("'{}'", graph.values[o].name));
+                let bytes = bytes.map_or_else(|| "more bytes than an address space holds".to_string(), |b| format!("{b} bytes"));
+                return Err(InferError::TooLarge { node: node.name.clone(), op: node.op_type.clone(), output, ty: t.to_string(), bytes, limit }.into());
+            }
+            out_bytes += bytes.unwrap_or(0);
         }
         let all_const = node.inputs.iter().flatten().all(|v| constants.contains_key(v));
         let mut values: Option<Vec<Tensor>> = match op.eval_from_types(&args) {
-            Some(r) => Some(r.map_err(|e| RuntimeError::node(node, e))?),
+            Some(r) => Some(r.map_err(|e| InferError::node(node, e))?),
             None => None,
         };
-        if values.is_none() && all_const {
+        if values.is_none() && all_const && self.folded_bytes.saturating_add(out_bytes) <= limit {
             if let Some(k) = op.cpu() {
                 let ins: Vec<Option<&Tensor>> = node.inputs.iter().map(|v| v.and_then(|v| constants.get(&v))).collect();
                 let mut outs: Vec<Tensor> = out_types.iter().map(|t| Tensor::zeros(t.dtype, &t.dims)).collect();
-                k.run(&ins, &mut outs).map_err(|e| RuntimeError::node(node, e))?;
+                k.run(&ins, &mut outs).map_err(|e| InferError::node(node, e))?;
+                self.folded_bytes += out_bytes;
                 values = Some(outs);
             }
         }
@@ -162,16 +215,17 @@ impl Walk {
 
 /// Specialises for concrete input types; `input_values[i]` is the value of graph input
 /// `i` when it is bound by value (inputs that feed shapes, axes, pads).
-pub(crate) fn specialize(
+pub fn specialize(
     graph: &Graph,
     ops: &[Box<dyn Op>],
     order: &[NodeId],
     input_types: &[TensorType],
     input_values: &[Option<&Tensor>],
+    limits: Limits,
 ) -> Result<Specialized, SpecializeError> {
-    let mut walk = Walk::new(graph, input_types, input_values);
+    let mut walk = Walk::new(graph, input_types, input_values, limits);
     let (live, folded) = walk.run(graph, ops, order).map_err(|(_, e)| e)?;
-    let Walk { types, mut constants } = walk;
+    let Walk { types, mut constants, .. } = walk;
     // Graph inputs bound by value are constants of this specialisation, not steps.
     // Keep only the steps an output needs.
     let mut needed = vec![false; graph.values.len()];
@@ -194,17 +248,23 @@ pub(crate) fn specialize(
 
 /// The graph inputs (indices) that value `v` depends on through values not yet known.
 fn unknown_sources(graph: &Graph, constants: &HashMap<ValueId, Tensor>, v: ValueId) -> Vec<usize> {
+    let mut producer: Vec<Option<NodeId>> = vec![None; graph.values.len()];
+    for (i, n) in graph.nodes.iter().enumerate() {
+        for &o in &n.outputs {
+            producer[o] = Some(i);
+        }
+    }
     let mut found = vec![];
     let mut stack = vec![v];
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = vec![false; graph.values.len()];
     while let Some(v) = stack.pop() {
-        if constants.contains_key(&v) || !seen.insert(v) {
+        if constants.contains_key(&v) || std::mem::replace(&mut seen[v], true) {
             continue;
         }
         if let Some(i) = graph.inputs.iter().position(|&x| x == v) {
             found.push(i);
-        } else if let Some(n) = graph.nodes.iter().find(|n| n.outputs.contains(&v)) {
-            stack.extend(n.inputs.iter().flatten());
+        } else if let Some(n) = producer[v] {
+            stack.extend(graph.nodes[n].inputs.iter().flatten());
         }
     }
     found

@@ -15,10 +15,10 @@
 //! every value of seq: ..."). If some work, the model runs only for those values, and a
 //! warning says which. Failures that depend on values rather than types (an index out
 //! of range while folding) or on dims that cannot be fitted are left to run time.
-use crate::specialize::{SpecializeError, Walk};
-use crate::{Result, RuntimeError};
+use super::walk::{Limits, SpecializeError, Walk};
+use super::{InferError, Result};
+use crate::{Arg, Op, OpError, Registry, TensorType};
 use kiln_graph::{DType, Dim, Graph, NodeId, Shape, Tensor, ValueId};
-use kiln_ops::{Arg, Op, OpError, TensorType};
 use std::collections::BTreeSet;
 
 /// Probe values: symbol `i` of probe `k` gets `PRIMES[k * symbols + i]`.
@@ -196,7 +196,7 @@ fn probe(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Option<(Vec<St
             });
             types.push(TensorType::new(ty.dtype, dims.collect::<Vec<_>>()));
         }
-        let mut walk = Walk::new(graph, &types, &vec![None; types.len()]);
+        let mut walk = Walk::new(graph, &types, &vec![None; types.len()], Limits::default());
         failures.push(walk.run(graph, ops, order).err());
         walks.push(walk);
     }
@@ -204,7 +204,7 @@ fn probe(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Option<(Vec<St
 }
 
 /// Runs the probes; fails only when some node can never run.
-pub(crate) fn check(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Result<SymbolicShapes> {
+pub fn check(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Result<SymbolicShapes> {
     let Some((names, probes, walks, failures)) = probe(graph, ops, order) else { return Ok(SymbolicShapes::default()) };
     let probe_set = ProbeSet { names: &names, probes: &probes, walks: &walks };
     let first = failures.iter().map(|f| f.as_ref().map(|(n, _)| *n)).collect::<Vec<_>>();
@@ -230,9 +230,9 @@ pub(crate) fn check(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Res
 /// graph passes know about shapes before inputs are bound. `None` for values past a
 /// node that cannot be inferred without input values, and for every value of a graph
 /// that cannot be inferred at all.
-pub fn value_types(graph: &Graph, registry: &kiln_ops::Registry) -> Vec<Option<kiln_graph::ValueType>> {
+pub fn value_types(graph: &Graph, registry: &Registry) -> Vec<Option<kiln_graph::ValueType>> {
     let none = vec![None; graph.values.len()];
-    let (Ok(order), Ok(ops)) = (graph.validate(), crate::session::create_ops(graph, registry)) else { return none };
+    let (Ok(order), Ok(ops)) = (graph.validate(), super::create_ops(graph, registry)) else { return none };
     let Some((names, probes, walks, _)) = probe(graph, &ops, &order) else { return none };
     let probe_set = ProbeSet { names: &names, probes: &probes, walks: &walks };
     (0..graph.values.len()).map(|v| probe_set.value_type(v)).collect()
@@ -304,7 +304,7 @@ impl ProbeSet<'_> {
 
     /// Every probe failed at `node` with a type error: can any binding of the symbols
     /// make the node work?
-    fn recheck(&self, graph: &Graph, ops: &[Box<dyn Op>], node: NodeId, error: &RuntimeError) -> Result<()> {
+    fn recheck(&self, graph: &Graph, ops: &[Box<dyn Op>], node: NodeId, error: &InferError) -> Result<()> {
         let n = &graph.nodes[node];
         let inputs: Option<Vec<Option<SymInput>>> = n.inputs.iter().map(|v| match v {
             Some(v) => self.input(*v).map(Some),
@@ -357,7 +357,7 @@ impl ProbeSet<'_> {
             }
         }
         let source = match error {
-            RuntimeError::Node { source, .. } => self.symbolize(&source.to_string()),
+            InferError::Node { source, .. } => self.symbolize(&source.to_string()),
             other => self.symbolize(&other.to_string()),
         };
         if works.is_empty() {
@@ -366,7 +366,7 @@ impl ProbeSet<'_> {
             } else {
                 format!("for every value of {}: {source}", symbols.iter().map(|&s| self.names[s].as_str()).collect::<Vec<_>>().join(", "))
             };
-            return Err(RuntimeError::Node { node: n.name.clone(), op: n.op_type.clone(), source: OpError::invalid(what) });
+            return Err(InferError::Node { node: n.name.clone(), op: n.op_type.clone(), source: OpError::invalid(what) });
         }
         works.truncate(6);
         log::warn!(

@@ -1,0 +1,185 @@
+//! The plan of one specialisation: its steps in segments, each a run of consecutive
+//! steps on one device, planned as an ordinary CPU plan or GPU plan (one submit). A
+//! model on one device is the one-segment case. Tensors cross between segments at the
+//! boundaries (downloaded from and uploaded to a GPU). A segment is a plan over a view
+//! of the graph whose inputs are the values the segment reads from outside and whose
+//! outputs are the values later segments (or the caller) read, so the CPU and GPU plans
+//! run unchanged.
+use crate::arena::MemoryPlan;
+use crate::cpu::CpuPlan;
+use crate::gpu::{self, GpuContext, GpuPlan};
+use crate::placement::{Dev, Placement};
+use crate::{Result, RuntimeError};
+use kiln_graph::{Graph, NodeId, Tensor, ValueId};
+use kiln_ops::infer::{Limits, Specialized, Step};
+use kiln_ops::Op;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+enum SegmentPlan {
+    Cpu(CpuPlan),
+    Gpu(GpuPlan),
+}
+
+struct Segment {
+    /// The graph with this segment's inputs and outputs (the whole graph, with its
+    /// own inputs and outputs, when the segment is the only one).
+    graph: Graph,
+    plan: SegmentPlan,
+}
+
+impl Segment {
+    fn run(&self, ops: &[Box<dyn Op>], inputs: &[&Tensor]) -> Result<(Vec<Tensor>, usize, usize)> {
+        match &self.plan {
+            SegmentPlan::Cpu(p) => Ok((p.run(&self.graph, ops, inputs, None)?, p.kernel_count(), 0)),
+            SegmentPlan::Gpu(p) => {
+                let (outs, submits) = p.run(inputs)?;
+                Ok((outs, p.dispatch_count(), submits))
+            }
+        }
+    }
+}
+
+/// A specialisation ready to run: its segments, where each step runs, and the graph
+/// outputs that were folded to constants.
+pub(crate) struct Plan {
+    segments: Vec<Segment>,
+    /// The device of every step, by node.
+    pub devices: Vec<(NodeId, Dev)>,
+    /// Nodes evaluated once on the host when this specialisation was built.
+    pub folded: usize,
+    constants: HashMap<ValueId, Tensor>,
+}
+
+/// What one run did: outputs, kernels launched, queue submits.
+pub(crate) type RunResult = (Vec<Tensor>, usize, usize);
+
+impl Plan {
+    /// Plans `spec` as placed; `gpus[k]` is the context and weight cache of `Dev::Gpu(k)`.
+    pub fn build(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, placement: Placement, gpus: &[(Arc<GpuContext>, gpu::WeightCache)], limits: Limits) -> Result<Plan> {
+        let Placement { devices, mut programs } = placement;
+        if devices.len() != spec.steps.len() {
+            return Err(RuntimeError::Placement(format!("{} devices for {} steps", devices.len(), spec.steps.len())));
+        }
+        programs.resize_with(spec.steps.len(), || None);
+        let step_devices = spec.steps.iter().map(|s| s.node).zip(devices.iter().copied()).collect();
+        // Split the steps into runs of one device (a model without steps runs on the CPU).
+        let mut runs: Vec<(Dev, Vec<Step>, Vec<Option<kiln_ops::WgslProgram>>)> = vec![];
+        for ((s, &d), p) in spec.steps.iter().zip(&devices).zip(programs) {
+            match runs.last_mut() {
+                Some((dev, steps, progs)) if *dev == d => {
+                    steps.push(s.clone());
+                    progs.push(p);
+                }
+                _ => runs.push((d, vec![s.clone()], vec![p])),
+            }
+        }
+        if runs.is_empty() {
+            runs.push((Dev::Cpu, vec![], vec![]));
+        }
+        let whole = runs.len() == 1;
+        // Which values each run reads and writes.
+        let produced: Vec<HashSet<ValueId>> = runs.iter().map(|(_, st, _)| st.iter().flat_map(|s| s.outputs.iter().copied()).collect()).collect();
+        let read: Vec<HashSet<ValueId>> = runs.iter().map(|(_, st, _)| st.iter().flat_map(|s| s.inputs.iter().flatten().copied()).collect()).collect();
+        let graph_outputs: HashSet<ValueId> = graph.outputs.iter().copied().collect();
+        let mut segments = vec![];
+        for (k, (device, steps, programs)) in runs.into_iter().enumerate() {
+            let mut view = graph.clone();
+            if !whole {
+                let mut inputs: Vec<ValueId> = read[k].iter().copied().filter(|v| !produced[k].contains(v) && !spec.constants.contains_key(v)).collect();
+                inputs.sort_unstable();
+                let mut outputs: Vec<ValueId> =
+                    produced[k].iter().copied().filter(|v| graph_outputs.contains(v) || read[k + 1..].iter().any(|r| r.contains(v))).collect();
+                outputs.sort_unstable();
+                view.inputs = inputs;
+                view.outputs = outputs;
+            }
+            let sub;
+            let seg_spec = if whole {
+                spec
+            } else {
+                sub = Specialized { types: spec.types.clone(), constants: spec.constants.clone(), steps, folded: 0 };
+                &sub
+            };
+            let plan = match device {
+                Dev::Cpu => SegmentPlan::Cpu(CpuPlan::build(&view, ops, seg_spec, limits.memory)?),
+                Dev::Gpu(g) => {
+                    let (ctx, weights) = &gpus[g];
+                    SegmentPlan::Gpu(GpuPlan::build(ctx.clone(), &view, ops, seg_spec, weights, programs)?)
+                }
+            };
+            segments.push(Segment { graph: view, plan });
+        }
+        let constants = if whole { HashMap::new() } else { graph.outputs.iter().filter_map(|o| spec.constants.get(o).map(|t| (*o, t.clone()))).collect() };
+        Ok(Plan { segments, devices: step_devices, folded: spec.folded, constants })
+    }
+
+    /// Runs every segment in order; returns the graph outputs, kernels and submits.
+    pub fn run(&self, graph: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor]) -> Result<RunResult> {
+        if let [only] = self.segments.as_slice() {
+            return only.run(ops, inputs);
+        }
+        let mut values: HashMap<ValueId, Tensor> = graph.inputs.iter().zip(inputs).map(|(&v, &t)| (v, t.clone())).collect();
+        let (mut kernels, mut submits) = (0, 0);
+        for seg in &self.segments {
+            let ins: Vec<&Tensor> = seg
+                .graph
+                .inputs
+                .iter()
+                .map(|v| values.get(v).ok_or_else(|| RuntimeError::Gpu(format!("value '{}' is needed before it is computed", graph.values[*v].name))))
+                .collect::<Result<_>>()?;
+            let (outs, k, s) = seg.run(ops, &ins)?;
+            kernels += k;
+            submits += s;
+            for (&v, t) in seg.graph.outputs.iter().zip(outs) {
+                values.insert(v, t);
+            }
+        }
+        let outs = graph
+            .outputs
+            .iter()
+            .map(|v| {
+                values
+                    .get(v)
+                    .or_else(|| self.constants.get(v))
+                    .cloned()
+                    .ok_or_else(|| RuntimeError::Gpu(format!("output '{}' was not computed", graph.values[*v].name)))
+            })
+            .collect::<Result<_>>()?;
+        Ok((outs, kernels, submits))
+    }
+
+    /// The memory plan of the intermediates when the plan is one segment.
+    pub fn memory(&self) -> Option<MemoryPlan> {
+        match self.segments.as_slice() {
+            [only] => Some(match &only.plan {
+                SegmentPlan::Cpu(p) => p.memory,
+                SegmentPlan::Gpu(p) => p.memory,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The CPU plan when the whole specialisation runs on the CPU.
+    pub fn cpu_only(&self) -> Option<(&Graph, &CpuPlan)> {
+        match self.segments.as_slice() {
+            [Segment { graph, plan: SegmentPlan::Cpu(p) }] => Some((graph, p)),
+            _ => None,
+        }
+    }
+
+    /// The GPU kernels of every GPU segment.
+    pub fn kernel_records(&self) -> Vec<gpu::KernelRecord> {
+        self.segments
+            .iter()
+            .flat_map(|s| match &s.plan {
+                SegmentPlan::Gpu(p) => p.kernel_records(),
+                SegmentPlan::Cpu(_) => vec![],
+            })
+            .collect()
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+}
