@@ -5,7 +5,8 @@
 //! and Transpose by the identity permutation.
 use super::{bypass, use_counts};
 use super::PassContext;
-use kiln_graph::{Attr, Dim, Graph, ValueType};
+use kiln_graph::{Attr, Dim, Graph, ValueId, ValueType};
+use std::collections::HashSet;
 
 fn same_known_shape(a: &ValueType, b: &ValueType) -> bool {
     a.shape == b.shape && a.dtype == b.dtype && !a.shape.0.iter().any(|d| matches!(d, Dim::Sym(s) if s == "?"))
@@ -15,7 +16,7 @@ fn same_known_shape(a: &ValueType, b: &ValueType) -> bool {
 pub fn eliminate_identity(g: &mut Graph, cx: &mut PassContext) -> usize {
     let types = cx.types(g);
     let uses = use_counts(g);
-    let mut dead = vec![];
+    let mut candidates = vec![];
     for n in 0..g.nodes.len() {
         let node = &g.nodes[n];
         if !(node.domain.is_empty() || node.domain == "ai.onnx") || node.outputs.is_empty() {
@@ -39,10 +40,51 @@ pub fn eliminate_identity(g: &mut Graph, cx: &mut PassContext) -> usize {
             },
             _ => false,
         };
-        if passes && extra_outputs_unused && bypass(g, out, src) {
+        if passes && extra_outputs_unused {
+            candidates.push(n);
+        }
+    }
+    // Readers of a removed node's output read its input instead: one substitution map
+    // (chains resolved with path compression) applied in one sweep over the graph.
+    let is_output: HashSet<ValueId> = g.outputs.iter().copied().collect();
+    let mut subst: Vec<Option<ValueId>> = vec![None; g.values.len()];
+    let mut dead = vec![];
+    for &n in &candidates {
+        let node = &g.nodes[n];
+        if let (Some(src), out) = (node.inputs[0], node.outputs[0]) {
+            if !is_output.contains(&out) {
+                subst[out] = Some(src);
+                dead.push(n);
+            }
+        }
+    }
+    let mut resolve = |v: ValueId| -> ValueId {
+        let mut root = v;
+        while let Some(s) = subst[root] {
+            root = s;
+        }
+        let mut at = v;
+        while let Some(s) = subst[at] {
+            subst[at] = Some(root);
+            at = s;
+        }
+        root
+    };
+    for node in &mut g.nodes {
+        for v in node.inputs.iter_mut().flatten() {
+            *v = resolve(*v);
+        }
+    }
+    // A graph output keeps its name: the producer of the input writes it instead
+    // (a few per graph: one sweep each).
+    for &n in &candidates {
+        let node = &g.nodes[n];
+        let (src, out) = (node.inputs[0].expect("candidates have an input"), node.outputs[0]);
+        if is_output.contains(&out) && bypass(g, out, src) {
             dead.push(n);
         }
     }
+    dead.sort_unstable();
     super::remove_nodes(g, &dead);
     dead.len()
 }

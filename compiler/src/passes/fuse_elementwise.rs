@@ -51,6 +51,9 @@ fn kind_of(g: &Graph, node: &Node, dtypes: &[Option<DType>]) -> Option<Kind> {
     }
 }
 
+/// Most nodes in one fused group (bounds the size of the generated kernel).
+const MAX_GROUP: usize = 256;
+
 /// Fuses elementwise groups; returns how many nodes were removed.
 pub fn fuse_elementwise(g: &mut Graph, cx: &mut PassContext) -> usize {
     let dtypes: Vec<Option<DType>> = cx.types(g).iter().map(|t| t.as_ref().map(|t| t.dtype)).collect();
@@ -70,24 +73,21 @@ pub fn fuse_elementwise(g: &mut Graph, cx: &mut PassContext) -> usize {
         if assigned[root] || kinds[root].is_none() {
             continue;
         }
+        // Grow from the root: a producer joins once every reader of its output is in
+        // the group, which can only change when one of those readers joins, so each
+        // joining node checks the producers of its inputs once.
         let mut group = BTreeSet::from([root]);
-        loop {
-            let mut grew = false;
-            let members: Vec<NodeId> = group.iter().copied().collect();
-            for m in members {
-                for v in g.nodes[m].inputs.iter().flatten() {
-                    let Some(p) = prod[*v] else { continue };
-                    if group.contains(&p) || assigned[p] || kinds[p].is_none() || is_output[*v] {
-                        continue;
-                    }
-                    if readers[*v].iter().all(|r| group.contains(r)) {
-                        group.insert(p);
-                        grew = true;
-                    }
+        let mut joined = vec![root];
+        while let Some(m) = joined.pop() {
+            for v in g.nodes[m].inputs.iter().flatten() {
+                let Some(p) = prod[*v] else { continue };
+                if group.len() >= MAX_GROUP || group.contains(&p) || assigned[p] || kinds[p].is_none() || is_output[*v] {
+                    continue;
                 }
-            }
-            if !grew {
-                break;
+                if readers[*v].iter().all(|r| group.contains(r)) {
+                    group.insert(p);
+                    joined.push(p);
+                }
             }
         }
         if group.len() >= 2 {
