@@ -53,6 +53,25 @@ pub fn run(op: &dyn Op, inputs: &[Input], tunes: &[TuneValues]) -> Result<Vec<Te
     Ok(outs)
 }
 
+/// Inputs from optional tensors: `None` is omitted, indices in `consts` are constants,
+/// the others run-time values.
+pub fn as_inputs(tensors: &[Option<&Tensor>], consts: &[usize]) -> Vec<Input> {
+    tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match t {
+            None => Input::Omitted,
+            Some(t) if consts.contains(&i) => Input::Const((*t).clone()),
+            Some(t) => Input::Data((*t).clone()),
+        })
+        .collect()
+}
+
+/// The first output (for `run(..).map(first)` on single-output ops).
+pub fn first(mut outputs: Vec<Tensor>) -> Tensor {
+    outputs.swap_remove(0)
+}
+
 /// [`run`] with every input a run-time value.
 pub fn run_data(op: &dyn Op, inputs: &[&Tensor], tunes: &[TuneValues]) -> Result<Vec<Tensor>> {
     let inputs: Vec<Input> = inputs.iter().map(|t| Input::Data((*t).clone())).collect();
