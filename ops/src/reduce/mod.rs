@@ -8,10 +8,6 @@ mod layout;
 mod reduce;
 mod softmax;
 
-#[cfg(test)]
-mod testing;
-
-
 pub(crate) fn register(r: &mut Registry) {
     reduce::register(r);
     softmax::register(r);
