@@ -69,7 +69,7 @@ pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool, place:
 /// Reads a tensor from .npy or from a serialized ONNX TensorProto (.pb).
 pub fn read_tensor(path: &Path) -> Result<Tensor> {
     match path.extension().and_then(|e| e.to_str()) {
-        Some("npy") => kiln::compiler::npy::read_file(path).with_context(|| format!("cannot read {}", path.display())),
+        Some("npy") => kiln::runtime::npy::read_file(path).with_context(|| format!("cannot read {}", path.display())),
         Some("pb") => Ok(kiln::compiler::onnx::read_tensor_pb(path).with_context(|| format!("cannot read {}", path.display()))?.1),
         _ => bail!("{}: inputs must be .npy or .pb (ONNX TensorProto) files", path.display()),
     }

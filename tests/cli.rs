@@ -45,7 +45,7 @@ fn run_writes_npy_outputs_and_json() {
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
     let out_name = j["outputs"][0]["name"].as_str().unwrap().to_string();
     let file: String = out_name.chars().map(|c| if c.is_ascii_alphanumeric() || ".-_".contains(c) { c } else { '_' }).collect();
-    let got = kiln::compiler::npy::read_file(dir.join(format!("{file}.npy"))).unwrap();
+    let got = kiln::runtime::npy::read_file(dir.join(format!("{file}.npy"))).unwrap();
     let want = kiln::compiler::onnx::read_tensor_pb(zoo().join("mlp/test_data_set_0/output_0.pb")).unwrap().1;
     assert!(rel_l2(&got, &want) < 1e-4);
 }
@@ -89,12 +89,12 @@ fn wrong_inputs_are_clean_errors() {
     let m = mlp.to_str().unwrap();
     let x = kiln::graph::Tensor::zeros(kiln::graph::DType::F32, &[1, 783]);
     let bad_shape = dir.join("x.npy");
-    kiln::compiler::npy::write_file(&bad_shape, &x).unwrap();
+    kiln::runtime::npy::write_file(&bad_shape, &x).unwrap();
     let real_name = kiln::compiler::onnx::read_tensor_pb(zoo().join("mlp/test_data_set_0/input_0.pb")).unwrap().0;
     assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", &format!("{real_name}={}", bad_shape.display())]), "784");
     assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", &format!("nope={}", bad_shape.display())]), "unknown input 'nope'");
     let ints = dir.join("i.npy");
-    kiln::compiler::npy::write_file(&ints, &kiln::graph::Tensor::zeros(kiln::graph::DType::I64, &[1, 784])).unwrap();
+    kiln::runtime::npy::write_file(&ints, &kiln::graph::Tensor::zeros(kiln::graph::DType::I64, &[1, 784])).unwrap();
     assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", &format!("{real_name}={}", ints.display())]), "dtype i64");
     assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", "x"]), "NAME=FILE");
 }

@@ -46,7 +46,7 @@ pub fn main(args: Args) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         for (name, t) in session.output_names().iter().zip(&outputs) {
             let path = dir.join(io::output_file_name(name));
-            kiln::compiler::npy::write_file(&path, t).with_context(|| format!("cannot write {}", path.display()))?;
+            kiln::runtime::npy::write_file(&path, t).with_context(|| format!("cannot write {}", path.display()))?;
         }
     }
     if args.json {
