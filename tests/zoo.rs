@@ -91,7 +91,7 @@ fn bert_with_softmax_on_the_cpu_matches_onnxruntime() {
     let dir = zoo().join("bert_tiny");
     let mut g = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap();
     kiln::compiler::passes::optimize(&mut g);
-    let opts = SessionOptions { device: kiln::runtime::DeviceChoice::Gpu, registry: None, placement: vec!["Softmax=cpu".parse().unwrap()], auto_place: false };
+    let opts = SessionOptions { device: kiln::runtime::DeviceChoice::Gpu, registry: None, placement: vec!["Softmax=cpu".parse().unwrap()], ..Default::default() };
     let s = Session::new(g, opts).unwrap();
     for set in data_sets(&dir) {
         let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();

@@ -1,5 +1,5 @@
 use crate::{CpuKernel, OpError, Result, WgslKernel};
-use kiln_graph::{DType, SizeError, Tensor};
+use kiln_graph::{DType, Tensor};
 use std::fmt;
 
 /// A concrete tensor type: dtype and dims (no symbols: sessions specialize shapes
@@ -25,22 +25,6 @@ impl TensorType {
     }
     pub fn bytes(&self) -> usize {
         self.len() * self.dtype.size()
-    }
-    /// Number of elements, checked ([`kiln_graph::size`]): for types inferred from
-    /// input-derived dims, before anything is allocated or indexed.
-    pub fn checked_len(&self) -> std::result::Result<usize, SizeError> {
-        kiln_graph::size::check(self.dtype, &self.dims)?;
-        kiln_graph::size::elements(&self.dims)
-    }
-    /// Byte size, checked ([`kiln_graph::size`]).
-    pub fn checked_bytes(&self) -> std::result::Result<usize, SizeError> {
-        kiln_graph::size::bytes(self.dtype, &self.dims)
-    }
-}
-
-impl From<SizeError> for OpError {
-    fn from(e: SizeError) -> Self {
-        OpError::Graph(e.into())
     }
 }
 

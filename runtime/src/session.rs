@@ -23,11 +23,14 @@ pub struct SessionOptions {
     /// Place the other nodes of a GPU session by the cost model (each device measured
     /// once per process, `partition::calibrate`) instead of "GPU where possible".
     pub auto_place: bool,
+    /// The most bytes a session may use for one specialisation (values folded on the
+    /// host, planned intermediates); `None`: three quarters of the machine's RAM.
+    pub memory_limit: Option<u64>,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { device: DeviceChoice::Auto, registry: None, placement: vec![], auto_place: false }
+        SessionOptions { device: DeviceChoice::Auto, registry: None, placement: vec![], auto_place: false, memory_limit: None }
     }
 }
 

@@ -61,7 +61,7 @@ fn graph() -> kiln_graph::Graph {
 }
 
 fn opts(device: DeviceChoice, rules: &[&str]) -> SessionOptions {
-    SessionOptions { device, registry: Some(registry()), placement: rules.iter().map(|r| r.parse().unwrap()).collect(), auto_place: false }
+    SessionOptions { device, registry: Some(registry()), placement: rules.iter().map(|r| r.parse().unwrap()).collect(), ..Default::default() }
 }
 
 #[test]
