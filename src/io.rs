@@ -1,11 +1,12 @@
 //! Loading models and input tensors for the CLI, random inputs, output summaries.
+use crate::args::SessionArgs;
+use crate::rng::Rng;
 use anyhow::{anyhow, bail, Context, Result};
-use kiln::graph::{DType, Dim, Tensor, ValueType};
+use kiln::graph::{size, DType, Dim, Tensor, ValueType};
 use kiln::compiler::passes::Target;
 use kiln::runtime::{DeviceChoice, Session, SessionOptions};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-
 
 /// The pass target for a device choice (passes that pay on one kind of device).
 pub fn pass_target(device: &DeviceChoice) -> Result<Target> {
@@ -38,9 +39,10 @@ pub fn load_model(model: &Path, no_passes: bool, target: Target) -> Result<(kiln
     }
 }
 
-/// Loads a model (see [`load_model`]; passes for the device's kind) and opens a session on `device`, with placement
-/// overrides (`OP_OR_NODE=cpu|gpu`).
-pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool, place: &[String]) -> Result<Session> {
+/// Loads a model (see [`load_model`]; passes for the device's kind) and opens a session
+/// on its device, with placement overrides (`OP_OR_NODE=cpu|gpu`) and the memory limit.
+pub fn open_session(args: &SessionArgs) -> Result<Session> {
+    let (model, device, no_passes, place) = (&args.model, &args.device, args.no_passes, &args.place);
     let t0 = std::time::Instant::now();
     // Passes for the device kind, unless rules place nodes on several devices.
     let target = if place.is_empty() { pass_target(device)? } else { Target::Any };
@@ -48,7 +50,7 @@ pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool, place:
     let loaded = t0.elapsed();
     let auto_place = place.iter().any(|p| p == "auto");
     let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
-    let options = SessionOptions { device: device.clone(), placement, auto_place, ..Default::default() };
+    let options = SessionOptions { device: device.clone(), registry: None, placement, auto_place, memory_limit: args.memory_limit };
     let session = Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
     let opened = t0.elapsed();
     if let Some(info) = info {
@@ -69,7 +71,7 @@ pub fn open_session(model: &Path, device: &DeviceChoice, no_passes: bool, place:
 /// Reads a tensor from .npy or from a serialized ONNX TensorProto (.pb).
 pub fn read_tensor(path: &Path) -> Result<Tensor> {
     match path.extension().and_then(|e| e.to_str()) {
-        Some("npy") => kiln::compiler::npy::read_file(path).with_context(|| format!("cannot read {}", path.display())),
+        Some("npy") => kiln::runtime::npy::read_file(path).with_context(|| format!("cannot read {}", path.display())),
         Some("pb") => Ok(kiln::compiler::onnx::read_tensor_pb(path).with_context(|| format!("cannot read {}", path.display()))?.1),
         _ => bail!("{}: inputs must be .npy or .pb (ONNX TensorProto) files", path.display()),
     }
@@ -98,45 +100,91 @@ pub fn parse_dims(specs: &[String]) -> Result<HashMap<String, usize>> {
         .collect()
 }
 
-/// Deterministic random tensor for a declared input type; symbolic dims take their
-/// `--dim` binding, else 1.
-pub fn random_input(ty: &ValueType, dims: &HashMap<String, usize>, seed: u64) -> Tensor {
-    let shape: Vec<usize> = ty
-        .shape
+/// The memory limit for a run's tensors: `--memory-limit`, else three quarters of the
+/// machine's physical memory (the session's default; 64 GiB where that is unknown).
+pub fn memory_limit(flag: Option<u64>) -> u64 {
+    flag.unwrap_or_else(|| {
+        let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+        });
+        total.map_or(64 << 30, |t| t / 4 * 3)
+    })
+}
+
+/// The concrete dims of a declared input type: symbolic dims take their `--dim`
+/// binding, else 1.
+fn input_dims(ty: &ValueType, dims: &HashMap<String, usize>) -> Vec<usize> {
+    ty.shape
         .0
         .iter()
         .map(|d| match d {
             Dim::Fixed(n) => *n,
             Dim::Sym(s) => dims.get(s).copied().unwrap_or(1),
         })
-        .collect();
-    let mut rng = kiln_samples::Rng::new(seed);
-    let n: usize = shape.iter().product();
-    let v: Vec<f64> = (0..n)
-        .map(|_| {
-            let r = rng.next_f32() as f64;
-            if ty.dtype.is_float() {
-                r
-            } else if ty.dtype == DType::Bool {
-                (r > 0.0) as u8 as f64
-            } else {
-                ((r + 1.0) * 5.0).floor()
-            }
-        })
-        .collect();
-    Tensor::from_f64(ty.dtype, &shape, &v).expect("length matches shape")
+        .collect()
 }
 
-/// All inputs of a session: given ones first, random for the rest.
-pub fn complete_inputs(session: &Session, given: Vec<(String, Tensor)>, dims: &HashMap<String, usize>) -> Vec<(String, Tensor)> {
+/// Deterministic random tensor of `dtype` and `shape`: floats uniform in [-1, 1),
+/// integers in 0..10, bools half true. The caller has checked the size.
+pub fn random_tensor(dtype: DType, shape: &[usize], seed: u64) -> Result<Tensor> {
+    let mut t = Tensor::try_zeros(dtype, shape)?;
+    let mut rng = Rng::new(seed);
+    let mut next = move || {
+        let r = rng.next_f32() as f64;
+        if dtype.is_float() {
+            r
+        } else if dtype == DType::Bool {
+            (r > 0.0) as u8 as f64
+        } else {
+            ((r + 1.0) * 5.0).floor()
+        }
+    };
+    macro_rules! fill {
+        ($t:ty, $f:expr) => {
+            t.as_mut_slice::<$t>()?.iter_mut().for_each(|x| *x = $f(next()))
+        };
+    }
+    match dtype {
+        DType::F32 => fill!(f32, |v| v as f32),
+        DType::F64 => fill!(f64, |v| v),
+        DType::F16 => fill!(half::f16, half::f16::from_f64),
+        DType::BF16 => fill!(half::bf16, half::bf16::from_f64),
+        DType::I8 => fill!(i8, |v| v as i8),
+        DType::I16 => fill!(i16, |v| v as i16),
+        DType::I32 => fill!(i32, |v| v as i32),
+        DType::I64 => fill!(i64, |v| v as i64),
+        DType::U8 | DType::Bool => fill!(u8, |v| v as u8),
+        DType::U16 => fill!(u16, |v| v as u16),
+        DType::U32 => fill!(u32, |v| v as u32),
+        DType::U64 => fill!(u64, |v| v as u64),
+    }
+    Ok(t)
+}
+
+/// All inputs of a session: given ones first, random for the rest. The sizes of the
+/// random inputs are checked (no overflow, and all inputs together within `limit`
+/// bytes) before anything is allocated.
+pub fn complete_inputs(session: &Session, given: Vec<(String, Tensor)>, dims: &HashMap<String, usize>, limit: u64) -> Result<Vec<(String, Tensor)>> {
+    let mut used: u64 = given.iter().map(|(_, t)| t.bytes().len() as u64).sum();
     let mut all = given;
     for (i, (name, ty)) in session.inputs().into_iter().enumerate() {
-        if !all.iter().any(|(n, _)| *n == name) {
-            log::info!("input '{name}' not given: using random values of type {ty}");
-            all.push((name, random_input(&ty, dims, 1 + i as u64)));
+        if all.iter().any(|(n, _)| *n == name) {
+            continue;
         }
+        let shape = input_dims(&ty, dims);
+        let bytes = size::bytes(ty.dtype, &shape).map_err(|e| anyhow!("random input '{name}': {e}"))? as u64;
+        used = used.saturating_add(bytes);
+        if used > limit {
+            bail!(
+                "random input '{name}' ({} of shape {shape:?}, {bytes} bytes) takes the inputs to {used} bytes, over the memory limit of {limit} bytes (set --dim smaller or --memory-limit larger)",
+                ty.dtype
+            );
+        }
+        log::info!("input '{name}' not given: using random values of type {ty}");
+        all.push((name, random_tensor(ty.dtype, &shape, 1 + i as u64)?));
     }
-    all
+    Ok(all)
 }
 
 /// A short summary of a tensor's values.
@@ -152,8 +200,58 @@ pub fn summary(t: &Tensor) -> String {
     format!("min {min:.5} max {max:.5} mean {mean:.5} first [{}{}]", head.join(", "), if v.len() > 5 { ", ..." } else { "" })
 }
 
-/// File name for an output: every character outside [A-Za-z0-9._-] becomes '_'.
-pub fn output_file_name(name: &str) -> String {
-    let s: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
-    format!("{s}.npy")
+/// File names for outputs, in order: every character outside [A-Za-z0-9._-] becomes
+/// '_', and names that would collide (`a/b` and `a_b`; compared ignoring case, for
+/// case-insensitive file systems) get a suffix `_2`, `_3`, ..., said in a warning.
+pub fn output_file_names(names: &[String]) -> Vec<String> {
+    let mut taken: HashSet<String> = HashSet::new();
+    let mut first_of: HashMap<String, &str> = HashMap::new();
+    names
+        .iter()
+        .map(|name| {
+            let base: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
+            let mut file = format!("{base}.npy");
+            let mut k = 2;
+            while taken.contains(&file.to_lowercase()) {
+                file = format!("{base}_{k}.npy");
+                k += 1;
+            }
+            if k > 2 {
+                let other = first_of.get(&format!("{base}.npy").to_lowercase()).copied().unwrap_or("another output");
+                log::warn!("outputs '{other}' and '{name}' would both be written to {base}.npy: '{name}' goes to {file}");
+            }
+            taken.insert(file.to_lowercase());
+            first_of.entry(format!("{base}.npy").to_lowercase()).or_insert(name);
+            file
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_file_names_never_collide() {
+        let names: Vec<String> = ["a/b", "a_b", "a:b", "A_B", "y", "a_b_2"].iter().map(|s| s.to_string()).collect();
+        let files = output_file_names(&names);
+        assert_eq!(files, ["a_b.npy", "a_b_2.npy", "a_b_3.npy", "A_B_4.npy", "y.npy", "a_b_2_2.npy"]);
+        let unique: HashSet<String> = files.iter().map(|f| f.to_lowercase()).collect();
+        assert_eq!(unique.len(), files.len());
+    }
+
+    #[test]
+    fn random_tensors_of_every_dtype() {
+        for dtype in DType::ALL {
+            let t = random_tensor(dtype, &[3, 4], 7).unwrap();
+            assert_eq!((t.dtype(), t.dims()), (dtype, &[3usize, 4][..]));
+            assert_eq!(t, random_tensor(dtype, &[3, 4], 7).unwrap());
+        }
+        // Values as the f64 path made them.
+        let f = random_tensor(DType::F32, &[5], 1).unwrap();
+        let mut rng = Rng::new(1);
+        let want: Vec<f32> = (0..5).map(|_| rng.next_f32()).collect();
+        assert_eq!(f.as_slice::<f32>().unwrap(), &want[..]);
+        assert!(random_tensor(DType::F32, &[1 << 40, 1 << 40], 1).is_err());
+    }
 }

@@ -1,6 +1,8 @@
 //! The `kiln` command line: demo, devices, run, bench.
+mod args;
 mod commands;
 mod io;
+mod rng;
 
 use clap::{Parser, Subcommand};
 

@@ -45,7 +45,7 @@ fn run_writes_npy_outputs_and_json() {
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
     let out_name = j["outputs"][0]["name"].as_str().unwrap().to_string();
     let file: String = out_name.chars().map(|c| if c.is_ascii_alphanumeric() || ".-_".contains(c) { c } else { '_' }).collect();
-    let got = kiln::compiler::npy::read_file(dir.join(format!("{file}.npy"))).unwrap();
+    let got = kiln::runtime::npy::read_file(dir.join(format!("{file}.npy"))).unwrap();
     let want = kiln::compiler::onnx::read_tensor_pb(zoo().join("mlp/test_data_set_0/output_0.pb")).unwrap().1;
     assert!(rel_l2(&got, &want) < 1e-4);
 }
@@ -89,12 +89,12 @@ fn wrong_inputs_are_clean_errors() {
     let m = mlp.to_str().unwrap();
     let x = kiln::graph::Tensor::zeros(kiln::graph::DType::F32, &[1, 783]);
     let bad_shape = dir.join("x.npy");
-    kiln::compiler::npy::write_file(&bad_shape, &x).unwrap();
+    kiln::runtime::npy::write_file(&bad_shape, &x).unwrap();
     let real_name = kiln::compiler::onnx::read_tensor_pb(zoo().join("mlp/test_data_set_0/input_0.pb")).unwrap().0;
     assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", &format!("{real_name}={}", bad_shape.display())]), "784");
     assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", &format!("nope={}", bad_shape.display())]), "unknown input 'nope'");
     let ints = dir.join("i.npy");
-    kiln::compiler::npy::write_file(&ints, &kiln::graph::Tensor::zeros(kiln::graph::DType::I64, &[1, 784])).unwrap();
+    kiln::runtime::npy::write_file(&ints, &kiln::graph::Tensor::zeros(kiln::graph::DType::I64, &[1, 784])).unwrap();
     assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", &format!("{real_name}={}", ints.display())]), "dtype i64");
     assert_clean_error(&kiln(&["run", m, "--device", "cpu", "-i", "x"]), "NAME=FILE");
 }
@@ -176,4 +176,63 @@ fn compile_writes_an_artifact_that_run_accepts() {
     // Compiling an artifact again, or fixing a symbol the model lacks, are clean errors.
     assert_clean_error(&kiln(&["compile", art.to_str().unwrap()]), "already a compiled artifact");
     assert_clean_error(&kiln(&["compile", model("mlp").to_str().unwrap(), "--fix", "nope=2", "-o", art.to_str().unwrap()]), "no symbolic dim 'nope'");
+}
+
+#[test]
+fn a_huge_dim_for_random_inputs_is_a_named_error_not_an_abort() {
+    // 2^40 x 1 i64 elements: 8 TiB, which used to be built as a Vec<f64> and abort.
+    let o = kiln(&["run", model("bert_tiny").to_str().unwrap(), "--device", "cpu", "--dim", "batch=1099511627776"]);
+    assert_clean_error(&o, "random input 'input_ids'");
+    assert!(stderr(&o).contains("memory limit"), "{}", stderr(&o));
+    // A size that wraps usize is an overflow, also named.
+    let o = kiln(&["bench", model("bert_tiny").to_str().unwrap(), "--device", "cpu", "--dim", "batch=4294967296", "--dim", "sequence=4294967296"]);
+    assert_clean_error(&o, "overflows");
+    // --memory-limit is honoured, and checked as a size.
+    let o = kiln(&["run", model("mlp").to_str().unwrap(), "--device", "cpu", "--memory-limit", "1K"]);
+    assert_clean_error(&o, "over the memory limit of 1024 bytes");
+    let o = kiln(&["run", model("mlp").to_str().unwrap(), "--device", "cpu", "--memory-limit", "lots"]);
+    assert!(!o.status.success() && stderr(&o).contains("not a size"), "{}", stderr(&o));
+}
+
+#[test]
+fn colliding_output_names_get_a_suffix_and_a_warning() {
+    let dir = tmp("collide");
+    // The MLP with its logits also given out as 'a/b' and 'a_b' (both "a_b.npy" as files).
+    let bytes = std::fs::read(model("mlp")).unwrap();
+    let mut m = kiln::compiler::onnx::decode_model(bytes.as_slice(), "mlp").unwrap();
+    let g = m.graph.as_mut().unwrap();
+    let logits = g.output[0].clone();
+    for name in ["a/b", "a_b"] {
+        g.node.push(kiln::compiler::onnx::proto::NodeProto {
+            op_type: "Identity".into(),
+            name: format!("copy {name}"),
+            input: vec![logits.name.clone()],
+            output: vec![name.into()],
+            ..Default::default()
+        });
+        let mut out = logits.clone();
+        out.name = name.into();
+        g.output.push(out);
+    }
+    let path = dir.join("two_names.onnx");
+    std::fs::write(&path, prost::Message::encode_to_vec(&m)).unwrap();
+    let out_dir = dir.join("out");
+    let o = kiln(&["run", path.to_str().unwrap(), "--device", "cpu", "--output-dir", out_dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("'a_b' goes to a_b_2.npy"), "{}", stderr(&o));
+    let a = kiln::runtime::npy::read_file(out_dir.join("a_b.npy")).unwrap();
+    let b = kiln::runtime::npy::read_file(out_dir.join("a_b_2.npy")).unwrap();
+    assert_eq!(a, b);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_input_is_refused_not_read() {
+    let dir = tmp("fifo");
+    let fifo = dir.join("x.npy");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let spec = format!("x={}", fifo.display());
+    let o = kiln(&["run", model("mlp").to_str().unwrap(), "--device", "cpu", "-i", &spec]);
+    assert_clean_error(&o, "FIFO");
+    assert!(stderr(&o).contains("x.npy"), "{}", stderr(&o));
 }

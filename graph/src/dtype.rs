@@ -1,3 +1,6 @@
+//! [`DType`] (ONNX element types with their sizes, codes and numpy names) and
+//! [`Element`], the Rust types tensors hold.
+
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

@@ -1,3 +1,5 @@
+//! [`GraphError`]: what building, validating or querying the IR can report.
+
 use thiserror::Error;
 
 /// Errors raised while building, validating or querying a graph.
@@ -15,6 +17,9 @@ pub enum GraphError {
     BadTensor { name: String, what: String },
     #[error("attribute '{attr}' of node '{node}' ({op}): {what}")]
     BadAttribute { node: String, op: String, attr: String, what: String },
+    /// A size computation that overflows ([`crate::size`]).
+    #[error(transparent)]
+    Size(#[from] crate::size::SizeError),
 }
 
 pub type Result<T, E = GraphError> = std::result::Result<T, E>;

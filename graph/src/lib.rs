@@ -14,6 +14,7 @@ mod dtype;
 mod error;
 mod graph;
 mod shape;
+pub mod size;
 mod tensor;
 
 pub use arena::Arena;
@@ -23,4 +24,5 @@ pub use dtype::{DType, Element};
 pub use error::{GraphError, Result};
 pub use graph::{Graph, Node, NodeId, ValueId, ValueInfo};
 pub use shape::{Dim, Shape, ValueType};
+pub use size::SizeError;
 pub use tensor::Tensor;

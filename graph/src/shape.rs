@@ -1,3 +1,5 @@
+//! [`Dim`], [`Shape`] and [`ValueType`]: the (possibly symbolic) types of graph values.
+
 use crate::DType;
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -1,4 +1,11 @@
-use crate::{Arena, DType, Element, GraphError, Result};
+//! [`Tensor`]: dense row-major tensors with copy-on-write storage (heap, arena or a
+//! mapped file).
+//!
+//! Invariant: the byte size of every tensor is representable ([`crate::size`]): its
+//! constructors check sizes that come from elsewhere, so `len`, `bytes` and the strides
+//! of an existing tensor never overflow.
+
+use crate::{size, Arena, DType, Element, GraphError, Result};
 use std::fmt;
 use std::sync::Arc;
 
@@ -49,11 +56,24 @@ fn words_of(bytes: &[u8]) -> Vec<u64> {
 }
 
 impl Tensor {
-    /// A tensor of zeros.
+    /// A tensor of zeros, for dims the caller knows to be small (constants, tests).
+    ///
+    /// # Panics
+    /// When the byte size overflows ([`size::bytes`]). Dims that come from a model, an
+    /// artifact, an input file or a flag go through [`Tensor::try_zeros`].
     pub fn zeros(dtype: DType, dims: &[usize]) -> Tensor {
-        let n: usize = dims.iter().product();
-        let len_bytes = n * dtype.size();
-        Tensor { dtype, dims: dims.to_vec(), data: Storage::Heap(Arc::new(vec![0u64; words(len_bytes)])), len_bytes }
+        match Tensor::try_zeros(dtype, dims) {
+            Ok(t) => t,
+            Err(e) => panic!("Tensor::zeros: {e}"),
+        }
+    }
+
+    /// A tensor of zeros; an error naming the dims and dtype when its size overflows.
+    /// (Whether the memory is available is the caller's limit to check: this only
+    /// guarantees that the size is computed without wrapping.)
+    pub fn try_zeros(dtype: DType, dims: &[usize]) -> Result<Tensor> {
+        let len_bytes = size::bytes(dtype, dims)?;
+        Ok(Tensor { dtype, dims: dims.to_vec(), data: Storage::Heap(Arc::new(vec![0u64; words(len_bytes)])), len_bytes })
     }
 
     /// A tensor from typed values.
@@ -78,8 +98,7 @@ impl Tensor {
 
     /// A tensor from little-endian raw bytes.
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor> {
-        let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        let expected = n.and_then(|n| n.checked_mul(dtype.size()));
+        let expected = size::bytes(dtype, dims).ok();
         if expected != Some(bytes.len()) {
             return Err(GraphError::BadTensor {
                 name: String::new(),
@@ -101,7 +120,7 @@ impl Tensor {
     /// Until this tensor and every view made from it are dropped, no other tensor may
     /// be placed on an overlapping range of `arena`.
     pub unsafe fn in_arena(dtype: DType, dims: &[usize], arena: &Arc<Arena>, offset: usize) -> Result<Tensor> {
-        let len_bytes = dims.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d));
+        let len_bytes = size::bytes(dtype, dims).ok();
         match len_bytes {
             Some(n) if offset.checked_add(words(n)).is_some_and(|end| end <= arena.words()) => {
                 Ok(Tensor { dtype, dims: dims.to_vec(), data: Storage::Arena { arena: arena.clone(), offset, owner: true }, len_bytes: n })
@@ -117,7 +136,7 @@ impl Tensor {
     /// memory-mapped file); a write copies them first. Bytes that are not 8-byte aligned
     /// in memory are copied at once.
     pub fn from_shared(dtype: DType, dims: &[usize], bytes: Arc<dyn AsRef<[u8]> + Send + Sync>, offset: usize) -> Result<Tensor> {
-        let n = dims.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d));
+        let n = size::bytes(dtype, dims).ok();
         let all = (*bytes).as_ref();
         let Some(part) = n.and_then(|n| all.get(offset..offset.checked_add(n)?)) else {
             return Err(GraphError::BadTensor {
@@ -158,9 +177,9 @@ impl Tensor {
         self.dims.len()
     }
 
-    /// Number of elements.
+    /// Number of elements (never overflows: the constructors checked the size).
     pub fn len(&self) -> usize {
-        self.dims.iter().product()
+        self.len_bytes / self.dtype.size()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -192,7 +211,7 @@ impl Tensor {
 
     /// Same bytes, other dims (the element count must match).
     pub fn reshaped(&self, dims: &[usize]) -> Result<Tensor> {
-        if dims.iter().product::<usize>() != self.len() {
+        if size::elements(dims).ok() != Some(self.len()) || size::check(self.dtype, dims).is_err() {
             return Err(GraphError::BadTensor { name: String::new(), what: format!("cannot reshape {:?} to {:?}", self.dims, dims) });
         }
         let data = match &self.data {
@@ -387,6 +406,30 @@ mod tests {
         assert!(Tensor::from_shared(DType::F32, &[1], shared.clone(), usize::MAX).is_err());
         let odd = Tensor::from_shared(DType::U8, &[3], shared, 9).unwrap();
         assert_eq!(odd.bytes(), &1.5f32.to_le_bytes()[1..4]);
+    }
+
+    #[test]
+    fn sizes_that_wrap_are_errors_not_tensors() {
+        // 2^32 * 2^32 * 4 bytes wraps to 0 in release builds: a tensor "of 0 bytes" that
+        // kernels would then index out of range.
+        let huge = [1usize << 32, 1 << 32];
+        let e = Tensor::try_zeros(DType::F32, &huge).unwrap_err().to_string();
+        assert!(e.contains("[4294967296, 4294967296]") && e.contains("f32"), "{e}");
+        assert!(Tensor::try_zeros(DType::F32, &[usize::MAX, 2, 0]).is_err());
+        assert!(Tensor::from_bytes(DType::F32, &huge, &[]).is_err());
+        let empty = Tensor::zeros(DType::F32, &[0]);
+        assert!(empty.reshaped(&huge).is_err(), "the wrapped product 0 must not pass for an empty tensor");
+        assert!(empty.reshaped(&[0, usize::MAX]).is_err());
+        assert_eq!(empty.reshaped(&[0, 7]).unwrap().len(), 0);
+        let t = Tensor::try_zeros(DType::I64, &[3, 5]).unwrap();
+        assert_eq!((t.len(), t.bytes().len()), (15, 120));
+        assert_eq!(Tensor::scalar(1u8).len(), 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "overflows")]
+    fn zeros_panics_instead_of_wrapping() {
+        Tensor::zeros(DType::F32, &[1 << 32, 1 << 32]);
     }
 
     #[test]

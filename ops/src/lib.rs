@@ -28,7 +28,7 @@ mod tensor;
 pub use cpu::CpuKernel;
 pub use error::{OpError, Result};
 pub use op::{constant, expect_dtype, norm_axis, required, Arg, Cost, Op, TensorType};
-pub use registry::{OpFactory, Registry};
+pub use registry::{canonical_domain, OpFactory, Registry};
 pub use linalg::{BIAS_ATTR as MATMUL_BIAS_ATTR, RESIDUAL_ATTR as MATMUL_RESIDUAL_ATTR};
 pub use spec::NodeSpec;
 pub use wgsl::{Binding, Dispatch, TuneParam, TuneValues, WgslKernel, WgslProgram};

@@ -26,14 +26,13 @@ impl TensorType {
     pub fn bytes(&self) -> usize {
         self.len() * self.dtype.size()
     }
-    /// Elements, or None when the product of the dims overflows.
+    /// Elements, or None when the shape does not fit in memory (`kiln_graph::size`).
     pub fn checked_len(&self) -> Option<usize> {
-        self.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+        kiln_graph::size::elements(&self.dims).ok()
     }
-    /// Bytes, or None when they overflow (or exceed `isize::MAX`, the most one
-    /// allocation can hold).
+    /// Bytes, or None when the shape does not fit in memory (`kiln_graph::size`).
     pub fn checked_bytes(&self) -> Option<usize> {
-        self.checked_len()?.checked_mul(self.dtype.size()).filter(|&b| b <= isize::MAX as usize)
+        kiln_graph::size::bytes(self.dtype, &self.dims).ok()
     }
 }
 

@@ -1,3 +1,6 @@
+//! [`Registry`]: (domain, op type) -> op factory, and [`canonical_domain`], the one
+//! spelling of ONNX domains every layer uses.
+
 use crate::{NodeSpec, Op, OpError, Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -12,8 +15,9 @@ pub struct Registry {
     factories: BTreeMap<(String, String), OpFactory>,
 }
 
-/// The default ONNX domain may be spelled "" or "ai.onnx".
-fn canonical_domain(domain: &str) -> &str {
+/// The canonical spelling of an ONNX domain: the default domain may be written "" or
+/// "ai.onnx" and is always "" here; other domains are kept as they are.
+pub fn canonical_domain(domain: &str) -> &str {
     if domain == "ai.onnx" {
         ""
     } else {

@@ -205,7 +205,7 @@ pub fn save(path: &Path, graph: &Graph, info: &ArtifactInfo) -> Result<()> {
 
 /// Reads a `.kiln` artifact: the graph, ready for [`crate::Session::new`], and its info.
 pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
-    let file = std::fs::File::open(path).map_err(|e| bad(path, format!("cannot open: {e}")))?;
+    let file = crate::file::open_regular(path).map_err(|e| bad(path, format!("cannot open: {e}")))?;
     // SAFETY: the map is read-only. The weights read it in place for as long as they
     // live, so the file must not be modified while a graph or session loaded from it is
     // in use (the checksums below catch changes made before loading).
@@ -264,10 +264,21 @@ pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
         let attrs = n.attrs.into_iter().map(|(k, a)| attr(a).map(|a| (k, a))).collect::<std::result::Result<_, _>>().map_err(|e| bad(path, format!("node '{}': {e}", n.name)))?;
         graph.nodes.push(Node { name: n.name, op_type: n.op_type, domain: n.domain, attrs, inputs: n.inputs, outputs: n.outputs });
     }
+    // Weights start 64-byte aligned and never overlap (an edited header that shifts a
+    // weight would otherwise read garbage, or alias another weight, in place).
+    let mut placed: Vec<(std::ops::Range<usize>, usize)> = Vec::with_capacity(g.weights.len());
     for w in g.weights {
         let v = check(w.value, "a weight")?;
+        let name = &graph.values[v].name;
         let range = usize::try_from(w.offset).ok().zip(usize::try_from(w.len).ok()).and_then(|(o, l)| Some(o..o.checked_add(l)?)).filter(|r| r.end <= blob.len());
-        let range = range.ok_or_else(|| bad(path, format!("corrupted: weight '{}' lies outside the weight blob", graph.values[v].name)))?;
+        let range = range.ok_or_else(|| bad(path, format!("corrupted: weight '{name}' lies outside the weight blob")))?;
+        if range.start % ALIGN != 0 {
+            return Err(bad(path, format!("corrupted: weight '{name}' starts at offset {}, which is not {ALIGN}-byte aligned", range.start)));
+        }
+        if graph.initializers.contains_key(&v) {
+            return Err(bad(path, format!("corrupted: weight '{name}' is stored twice")));
+        }
+        placed.push((range.clone(), v));
         let expected = w.dims.iter().try_fold(w.dtype.size(), |a, &d| a.checked_mul(d));
         if expected != Some(range.len()) {
             return Err(bad(path, format!("corrupted: weight '{}' has {} bytes for a {} tensor of shape {:?}", graph.values[v].name, range.len(), w.dtype, w.dims)));
@@ -275,6 +286,16 @@ pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
         // Weights read the mapped file in place (no copy).
         let t = Tensor::from_shared(w.dtype, &w.dims, map.clone(), blob_start + range.start).map_err(|e| bad(path, format!("weight '{}': {e}", graph.values[v].name)))?;
         graph.initializers.insert(v, t);
+    }
+    placed.sort_by_key(|(r, _)| (r.start, r.end));
+    for pair in placed.windows(2) {
+        let ((a, va), (b, vb)) = (&pair[0], &pair[1]);
+        if !a.is_empty() && !b.is_empty() && b.start < a.end {
+            return Err(bad(path, format!(
+                "corrupted: weights '{}' (bytes {}..{}) and '{}' (bytes {}..{}) overlap",
+                graph.values[*va].name, a.start, a.end, graph.values[*vb].name, b.start, b.end
+            )));
+        }
     }
     graph.validate()?;
     Ok((graph, info))
@@ -342,6 +363,65 @@ mod tests {
             assert!(e.contains(want) && e.contains("cache.kiln"), "{want}: {e}");
         }
         std::fs::remove_file(&p).ok();
+    }
+
+    /// `bytes` (a valid artifact) with its JSON header edited by `edit` and every
+    /// checksum and offset made consistent again: corruption no checksum can catch.
+    fn with_header(bytes: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        let header_len = u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize;
+        let header_end = PREFIX + header_len;
+        let mut header: serde_json::Value = serde_json::from_slice(&bytes[PREFIX..header_end]).unwrap();
+        let blob_start = header_end.next_multiple_of(ALIGN);
+        let blob = &bytes[blob_start..blob_start + header["weights_len"].as_u64().unwrap() as usize];
+        edit(&mut header);
+        let json = serde_json::to_vec(&header).unwrap();
+        let mut out = bytes[..12].to_vec();
+        out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(&json).to_le_bytes());
+        out.extend_from_slice(&json);
+        out.resize(out.len().next_multiple_of(ALIGN), 0);
+        out.extend_from_slice(blob);
+        out
+    }
+
+    #[test]
+    fn misaligned_and_overlapping_weights_are_refused() {
+        let p = tmp("weights.kiln");
+        save(&p, &graph(), &ArtifactInfo::default()).unwrap();
+        let good = std::fs::read(&p).unwrap();
+        // The header rewrite itself keeps a loadable file.
+        std::fs::write(&p, with_header(&good, |_| {})).unwrap();
+        load(&p).unwrap();
+        let weight = |h: &mut serde_json::Value, name: &str| -> usize {
+            let values = h["graph"]["values"].as_array().unwrap();
+            let v = values.iter().position(|x| x[0] == name).unwrap();
+            h["graph"]["weights"].as_array().unwrap().iter().position(|w| w["value"] == v).unwrap()
+        };
+        let cases: Vec<(Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+            // 'w' (12 bytes at 0) moved to offset 4: in the blob, but shifted by one f32.
+            (Box::new(|h| { let i = weight(h, "w"); h["graph"]["weights"][i]["offset"] = 4.into(); }), "'w' starts at offset 4, which is not 64-byte aligned"),
+            // 'idx' (16 bytes at 64) moved onto 'w'.
+            (Box::new(|h| { let i = weight(h, "idx"); h["graph"]["weights"][i]["offset"] = 0.into(); }), "overlap"),
+            // One value stored twice.
+            (Box::new(|h| { let i = weight(h, "w"); let w = h["graph"]["weights"][i].clone(); h["graph"]["weights"].as_array_mut().unwrap().push(w); }), "'w' is stored twice"),
+        ];
+        for (edit, want) in cases {
+            std::fs::write(&p, with_header(&good, edit)).unwrap();
+            let e = load(&p).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains("weights.kiln"), "{want}: {e}");
+        }
+        std::fs::remove_file(&p).ok();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_is_refused_not_read() {
+        let p = tmp("fifo.kiln");
+        if std::process::Command::new("mkfifo").arg(&p).status().is_ok_and(|s| s.success()) {
+            let e = load(&p).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains("FIFO") && e.contains("fifo.kiln"), "{e}");
+            std::fs::remove_file(&p).ok();
+        }
     }
 
     #[test]

@@ -1,44 +1,23 @@
 //! `kiln bench`: warm up, then time repeated runs and report latency statistics.
+use crate::args::SessionArgs;
 use crate::io;
 use anyhow::{bail, Result};
-use kiln::runtime::{DeviceChoice, Session};
-use std::path::PathBuf;
+use kiln::runtime::Session;
 use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model (.onnx, or a .kiln artifact from `kiln compile`).
-    model: PathBuf,
-    /// cpu, gpu, auto, or an adapter name / gpu:N (see `kiln devices`).
-    #[arg(long, default_value = "auto")]
-    device: DeviceChoice,
+    #[command(flatten)]
+    session: SessionArgs,
     /// Timed runs (after warm-up).
     #[arg(long, default_value_t = 50)]
     iters: usize,
     /// Warm-up runs (the first also specialises the model).
     #[arg(long, default_value_t = 3)]
     warmup: usize,
-    /// An input as NAME=FILE (.npy or .pb); random values for the rest.
-    #[arg(long = "input", short = 'i')]
-    inputs: Vec<String>,
-    /// Size of a symbolic dim for random inputs, NAME=VALUE (default 1).
-    #[arg(long = "dim")]
-    dims: Vec<String>,
     /// Also time every node (CPU) and print the slowest nodes and op types.
     #[arg(long)]
     profile: bool,
-    /// Run the imported graph as is, without the graph passes (fusion, ...).
-    #[arg(long)]
-    no_passes: bool,
-    /// Place nodes (by name or op type) on a device: OP_OR_NODE=DEVICE with cpu, gpu,
-    /// gpu:N or an adapter name (repeatable); `auto` places the rest by the cost model
-    /// (devices measured once); otherwise a GPU session runs the rest on the GPU where a
-    /// kernel exists, else on the CPU.
-    #[arg(long = "place")]
-    place: Vec<String>,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 /// Latency statistics of a series of runs, in milliseconds.
@@ -79,14 +58,15 @@ pub fn main(args: Args) -> Result<()> {
         bail!("--iters must be at least 1");
     }
     let t0 = Instant::now();
-    let session = io::open_session(&args.model, &args.device, args.no_passes, &args.place)?;
+    let a = &args.session;
+    let session = io::open_session(a)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let inputs = io::complete_inputs(&session, io::parse_inputs(&args.inputs)?, &io::parse_dims(&args.dims)?);
+    let inputs = io::complete_inputs(&session, io::parse_inputs(&a.inputs)?, &io::parse_dims(&a.dims)?, io::memory_limit(a.memory_limit))?;
     let (times, run, first_ms) = time_runs(&session, &inputs, args.warmup, args.iters)?;
     let s = stats(times);
-    if args.json {
+    if a.json {
         let j = serde_json::json!({
-            "model": args.model, "device": session.device_name(), "iters": args.iters,
+            "model": a.model, "device": session.device_name(), "iters": args.iters,
             "median_ms": s.median, "p90_ms": s.p90, "min_ms": s.min, "mean_ms": s.mean,
             "throughput_per_s": 1e3 / s.median, "load_ms": load_ms, "first_run_ms": first_ms,
             "kernels_per_run": run.kernels, "submits_per_run": run.submits,
@@ -95,7 +75,7 @@ pub fn main(args: Args) -> Result<()> {
         println!("{j}");
         return Ok(());
     }
-    println!("{} on {}", args.model.display(), session.device_name());
+    println!("{} on {}", a.model.display(), session.device_name());
     println!("  load {load_ms:.1} ms, first run {first_ms:.1} ms (specialisation + shader compilation)");
     println!(
         "  {} runs: median {:.3} ms, p90 {:.3} ms, min {:.3} ms, mean {:.3} ms, {:.1} runs/s",

@@ -64,7 +64,7 @@ pub fn main(args: Args) -> Result<()> {
     // With every input dim fixed, a GPU target's kernels are generated now and stored.
     let fixed_shapes = graph.inputs.iter().all(|&v| graph.values[v].ty.as_ref().is_some_and(|t| t.shape.is_fixed()));
     let wgsl = if fixed_shapes && session.device_kind() == kiln::runtime::DeviceKind::Gpu {
-        let inputs = io::complete_inputs(&session, vec![], &Default::default());
+        let inputs = io::complete_inputs(&session, vec![], &Default::default(), io::memory_limit(None))?;
         let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         session.run(&refs).with_context(|| format!("{} does not run on '{}' with its fixed shapes", args.model.display(), args.device))?;
         session.kernel_records()?

@@ -89,7 +89,7 @@ pub fn main(args: Args) -> Result<()> {
     let types = kiln::ops::infer::value_types(&graph, kiln::ops::Registry::builtin());
     let session = Session::new(graph.clone(), SessionOptions::device(args.device.clone()))
         .with_context(|| format!("cannot prepare {} for device '{}'", args.model.display(), args.device))?;
-    let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?);
+    let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?, io::memory_limit(None))?;
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let report = session.report(&refs)?;
     let (_, stats) = session.run_with_stats(&refs)?;

@@ -5,7 +5,7 @@ use super::tensor::{convert, ExternalFiles};
 use kiln_graph::{Attr, Tensor};
 
 /// The attribute type, inferred from the set fields for old files that omit `type`.
-fn kind(a: &AttributeProto) -> i32 {
+pub(crate) fn kind(a: &AttributeProto) -> i32 {
     if a.r#type != at::UNDEFINED {
         return a.r#type;
     }

@@ -3,9 +3,8 @@
 //! together.
 
 use super::error::{ImportError, NodeProblem, UnsupportedOp, EXAMPLE_NODES};
-use super::import::canonical_domain;
 use kiln_graph::{Graph, NodeId};
-use kiln_ops::{NodeSpec, Registry};
+use kiln_ops::{canonical_domain, NodeSpec, Registry};
 use std::collections::BTreeMap;
 
 /// The opset version a node of `domain` is interpreted with: the model's import for that
@@ -22,12 +21,18 @@ pub fn node_opset(graph: &Graph, domain: &str) -> Option<i64> {
 /// Checks every node of `graph` against `registry`: unsupported ops first (all of them,
 /// grouped by domain, op type and opset), then attribute problems of supported nodes.
 pub fn check_ops(graph: &Graph, registry: &Registry) -> Result<(), ImportError> {
-    check_nodes(graph, registry, Vec::new())
+    check_nodes(graph, registry, Vec::new(), Vec::new())
 }
 
-/// [`check_ops`], plus problems found at import (unrepresentable attributes), reported
-/// for the nodes whose op is supported.
-pub(crate) fn check_nodes(graph: &Graph, registry: &Registry, import_problems: Vec<(NodeId, String)>) -> Result<(), ImportError> {
+/// [`check_ops`], plus problems found at import: `invalid` (violations of the ONNX spec)
+/// and `import_problems` (unrepresentable attributes), reported for the nodes whose op
+/// is supported.
+pub(crate) fn check_nodes(
+    graph: &Graph,
+    registry: &Registry,
+    import_problems: Vec<(NodeId, String)>,
+    invalid: Vec<NodeProblem>,
+) -> Result<(), ImportError> {
     let mut unsupported: BTreeMap<(String, String), UnsupportedOp> = BTreeMap::new();
     for n in &graph.nodes {
         if registry.supports(&n.domain, &n.op_type) {
@@ -54,7 +59,8 @@ pub(crate) fn check_nodes(graph: &Graph, registry: &Registry, import_problems: V
         let n = &graph.nodes[id];
         NodeProblem { node: n.name.clone(), op_type: n.op_type.clone(), domain: n.domain.clone(), problem: what }
     };
-    let mut problems: Vec<NodeProblem> = import_problems.into_iter().map(|(id, what)| problem(id, what)).collect();
+    let mut problems = invalid;
+    problems.extend(import_problems.into_iter().map(|(id, what)| problem(id, what)));
     for (id, n) in graph.nodes.iter().enumerate() {
         if problems.iter().any(|p| p.node == n.name) {
             continue; // already reported; the attribute the op needs is missing

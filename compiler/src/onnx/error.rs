@@ -21,6 +21,10 @@ pub enum ImportError {
     ExternalData { name: String, what: String },
     #[error("invalid model: {0}")]
     Invalid(String),
+    #[error("'{source_name}': ONNX IR version {version} is not one this Kiln knows (1 to {max}, from onnx {onnx})")]
+    IrVersion { source_name: String, version: i64, max: i64, onnx: &'static str },
+    #[error("'{source_name}': {what}")]
+    Opset { source_name: String, what: String },
     /// A tensor or graph input of an element type Kiln does not represent (string,
     /// complex, float8, int4, ...).
     #[error("unsupported data type: {0}")]

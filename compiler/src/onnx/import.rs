@@ -5,12 +5,13 @@
 
 use super::attrs::{constant_value, convert_attr};
 use super::check::check_nodes;
-use super::error::ImportError;
+use super::error::{ImportError, NodeProblem};
+use super::schema::{check_model, node_problems};
 use super::proto::{DimensionValue, ModelProto, NodeProto, ValueInfoProto};
 use super::tensor::{convert, ExternalFiles};
 use bytes::Bytes;
 use kiln_graph::{Attributes, DType, Dim, GraphError, Graph, Node, NodeId, Shape, ValueId, ValueType};
-use kiln_ops::Registry;
+use kiln_ops::{canonical_domain, Registry};
 use prost::Message;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -54,7 +55,7 @@ pub fn import_file_unchecked(path: impl AsRef<Path>) -> Result<Graph, ImportErro
 
 pub fn import_file_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Graph, ImportError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let bytes = super::file::read_regular(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
     let source_name = path.display().to_string();
     // Decoding from `Bytes` slices raw_data out of the file buffer instead of copying it.
     let model = decode_model(Bytes::from(bytes), &source_name)?;
@@ -82,23 +83,15 @@ pub fn decode_model(buf: impl bytes::Buf, source_name: &str) -> Result<ModelProt
     })
 }
 
-/// Canonical opset domain: the default domain may be spelled "" or "ai.onnx".
-pub(crate) fn canonical_domain(d: &str) -> &str {
-    if d == "ai.onnx" {
-        ""
-    } else {
-        d
-    }
-}
-
 /// Builds a graph from a decoded model.
 pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, options: &ImportOptions) -> Result<Graph, ImportError> {
+    if model.graph.is_none() {
+        return Err(ImportError::NoGraph(source_name.to_string()));
+    }
+    let opsets = check_model(&model, source_name)?;
     let gp = model.graph.ok_or_else(|| ImportError::NoGraph(source_name.to_string()))?;
     let mut b = Builder::new(&gp.name);
-    for o in &model.opset_import {
-        let e = b.graph.opsets.entry(canonical_domain(&o.domain).to_string()).or_insert(o.version);
-        *e = (*e).max(o.version);
-    }
+    b.graph.opsets = opsets.clone();
     b.reserve_symbols(gp.input.iter().chain(&gp.output).chain(&gp.value_info));
     let mut ext = ExternalFiles::new(base_dir);
 
@@ -135,12 +128,21 @@ pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, opti
 
     let names = node_names(&gp.node);
     let mut problems: Vec<(NodeId, String)> = Vec::new();
+    // Violations of the ONNX spec: errors even when the op checks are off.
+    let mut invalid: Vec<NodeProblem> = Vec::new();
     for (np, name) in gp.node.iter().zip(names) {
         if np.op_type.is_empty() {
             return Err(ImportError::Invalid(format!("node '{name}' has no op_type")));
         }
-        let mut reported = false;
-        if np.op_type == "Constant" && canonical_domain(&np.domain).is_empty() && np.output.len() == 1 {
+        let spec_problems = node_problems(np, &name, &opsets);
+        let mut reported = !spec_problems.is_empty();
+        invalid.extend(spec_problems.into_iter().map(|problem| NodeProblem {
+            node: name.clone(),
+            op_type: np.op_type.clone(),
+            domain: canonical_domain(&np.domain).to_string(),
+            problem,
+        }));
+        if !reported && np.op_type == "Constant" && canonical_domain(&np.domain).is_empty() && np.output.len() == 1 {
             match constant_value(&np.attribute, &mut ext) {
                 Ok(t) => {
                     b.fold_constant(np, &name, t)?;
@@ -202,7 +204,8 @@ pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, opti
     let graph = b.graph;
     graph.validate()?;
     match options.registry {
-        Some(registry) => check_nodes(&graph, registry, problems)?,
+        Some(registry) => check_nodes(&graph, registry, problems, invalid)?,
+        None if !invalid.is_empty() => return Err(ImportError::InvalidNodes(invalid)),
         None => {
             for (n, what) in problems {
                 log::warn!("node {}: {what}", graph.nodes[n].label());

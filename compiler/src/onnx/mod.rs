@@ -1,6 +1,8 @@
 //! The ONNX frontend: decodes .onnx files (protobuf, via prost) into a
 //! [`kiln_graph::Graph`], with initializers (inline or external data) as tensors,
 //! `Constant` nodes folded into initializers, and errors that list every problem at once.
+//! Models are checked against the ONNX specification first (IR version, opset imports,
+//! and each node against its operator's schema at the model's opset: `schema`).
 //!
 //! ```no_run
 //! let graph = kiln_compiler::onnx::import_file("model.onnx")?;
@@ -11,8 +13,11 @@
 mod attrs;
 mod check;
 mod error;
+mod file;
 mod import;
 pub mod proto;
+mod schema;
+mod schemas;
 mod tensor;
 
 pub use check::{check_ops, node_opset};

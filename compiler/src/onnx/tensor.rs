@@ -6,7 +6,7 @@
 use super::error::ImportError;
 use super::proto::{data_type_name, StringStringEntryProto, TensorProto, DATA_LOCATION_EXTERNAL};
 use bytes::Bytes;
-use kiln_graph::{DType, Tensor};
+use kiln_graph::{size, DType, Tensor};
 use prost::Message;
 use std::collections::HashMap;
 use std::fs::File;
@@ -86,7 +86,7 @@ impl ExternalFiles {
         }
         let path = self.resolve(name, location)?;
         if !self.open.contains_key(&path) {
-            let f = File::open(&path).map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
+            let f = super::file::open_regular(&path).map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
             self.open.insert(path.clone(), f);
         }
         let file = self.open.get_mut(&path).expect("inserted above");
@@ -97,7 +97,7 @@ impl ExternalFiles {
                 path.display()
             )));
         }
-        let mut t = Tensor::zeros(dtype, dims);
+        let mut t = Tensor::try_zeros(dtype, dims).map_err(|e| err(e.to_string()))?;
         file.seek(SeekFrom::Start(offset))
             .and_then(|_| file.read_exact(t.bytes_mut()))
             .map_err(|e| err(format!("reading {n_bytes} bytes at offset {offset} of '{}': {e}", path.display())))?;
@@ -131,13 +131,8 @@ pub fn tensor_from_proto(p: &TensorProto, base_dir: Option<&Path>) -> Result<Ten
 pub(crate) fn convert(p: &TensorProto, ext: &mut ExternalFiles) -> Result<Tensor, ImportError> {
     let bad = |what: String| ImportError::Tensor { name: p.name.clone(), what };
     let dtype = dtype_of(p.data_type).map_err(|what| ImportError::UnsupportedDtype(format!("tensor '{}' {what}", p.name)))?;
-    let dims = p
-        .dims
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| bad(format!("negative dimension in {:?}", p.dims))))
-        .collect::<Result<Vec<usize>, _>>()?;
-    let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-    let n_bytes = n.and_then(|n| n.checked_mul(dtype.size())).ok_or_else(|| bad(format!("shape {dims:?} is too large")))?;
+    let dims = size::dims_from_i64(dtype, &p.dims).map_err(|e| bad(e.to_string()))?;
+    let n_bytes = size::bytes(dtype, &dims).map_err(|e| bad(e.to_string()))?;
     let n = n_bytes / dtype.size();
 
     if p.data_location == DATA_LOCATION_EXTERNAL {
@@ -224,7 +219,7 @@ pub fn tensor_to_proto(name: &str, t: &Tensor) -> TensorProto {
 /// field and its tensor. External data is read relative to the file's directory.
 pub fn read_tensor_pb(path: impl AsRef<Path>) -> Result<(String, Tensor), ImportError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let bytes = super::file::read_regular(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
     let p = TensorProto::decode(Bytes::from(bytes)).map_err(|error| ImportError::Decode {
         source_name: path.display().to_string(),
         what: "tensor",

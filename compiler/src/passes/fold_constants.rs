@@ -38,7 +38,7 @@ fn evaluate(g: &Graph, n: usize, types: &[Option<kiln_graph::ValueType>], regist
     let args: Vec<Option<Arg>> = in_types.iter().zip(&values).map(|(t, v)| t.as_ref().map(|t| Arg { ty: t, value: *v })).collect();
     let all_constant = node.inputs.iter().zip(&values).all(|(v, t)| v.is_none() || t.is_some());
     let out_types = op.infer(&args).ok()?;
-    if out_types.len() < node.outputs.len() || out_types.iter().any(|t| t.len() > MAX_FOLDED_ELEMENTS) {
+    if out_types.len() < node.outputs.len() || out_types.iter().any(|t| t.checked_len().is_none_or(|n| n > MAX_FOLDED_ELEMENTS)) {
         return None;
     }
     if let Some(r) = op.eval_from_types(&args) {

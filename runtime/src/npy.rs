@@ -6,8 +6,13 @@
 //! multiple of 64 bytes and ended by `\n`, then the elements in C order. Kiln reads and
 //! writes little-endian, C-order arrays of the dtypes of [`DType::numpy_descr`] (bf16 as
 //! `<V2`, which numpy itself cannot name).
+//!
+//! It lives in the runtime so that applications that only run models (and the CLI) read
+//! and write tensors without the compiler. A header's shape is checked against the data
+//! that follows it before anything is allocated: a header claiming terabytes costs
+//! nothing. Files must be regular files ([`crate::file::open_regular`]).
 
-use kiln_graph::{DType, Tensor};
+use kiln_graph::{size, DType, Tensor};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -30,11 +35,12 @@ pub enum NpyError {
 
 type Result<T> = std::result::Result<T, NpyError>;
 
-/// Reads a .npy file.
+/// Reads a .npy file (a regular file: FIFOs and devices are refused).
 pub fn read_file(path: impl AsRef<Path>) -> Result<Tensor> {
     let path = path.as_ref();
-    let file = std::fs::File::open(path).map_err(|source| NpyError::Io { path: path.to_path_buf(), source })?;
-    read(std::io::BufReader::new(file)).map_err(|e| NpyError::InFile { path: path.to_path_buf(), source: Box::new(e) })
+    let file = crate::file::open_regular(path).map_err(|source| NpyError::Io { path: path.to_path_buf(), source })?;
+    let len = file.metadata().map_err(|source| NpyError::Io { path: path.to_path_buf(), source })?.len();
+    read_sized(std::io::BufReader::new(file), Some(len)).map_err(|e| NpyError::InFile { path: path.to_path_buf(), source: Box::new(e) })
 }
 
 /// Writes a .npy file.
@@ -45,27 +51,34 @@ pub fn write_file(path: impl AsRef<Path>, t: &Tensor) -> Result<()> {
 
 /// Decodes a .npy file held in memory.
 pub fn decode(bytes: &[u8]) -> Result<Tensor> {
-    read(bytes)
+    read_sized(bytes, Some(bytes.len() as u64))
 }
 
-/// Reads one array from a stream (which must end after it).
-pub fn read(mut r: impl Read) -> Result<Tensor> {
+/// Reads one array from a stream (which must end after it). Memory grows with the data
+/// actually read, never with what the header claims.
+pub fn read(r: impl Read) -> Result<Tensor> {
+    read_sized(r, None)
+}
+
+/// [`read`], knowing the stream's total length when it is a file or a buffer: then the
+/// data length is checked before the tensor is allocated.
+fn read_sized(mut r: impl Read, total: Option<u64>) -> Result<Tensor> {
     let mut head = [0u8; 8];
     let got = read_full(&mut r, &mut head)?;
     if got < 8 || &head[..6] != MAGIC {
         return Err(NpyError::Invalid("it does not start with the magic string \\x93NUMPY".into()));
     }
     let (major, minor) = (head[6], head[7]);
-    let header_len = match major {
+    let (header_len, len_size) = match major {
         1 => {
             let mut b = [0u8; 2];
             read_exactly(&mut r, &mut b, "the header length")?;
-            u16::from_le_bytes(b) as usize
+            (u16::from_le_bytes(b) as usize, 2)
         }
         2 | 3 => {
             let mut b = [0u8; 4];
             read_exactly(&mut r, &mut b, "the header length")?;
-            u32::from_le_bytes(b) as usize
+            (u32::from_le_bytes(b) as usize, 4)
         }
         _ => return Err(NpyError::Unsupported(format!("format version {major}.{minor} (1.0, 2.0 and 3.0 are supported)"))),
     };
@@ -77,22 +90,43 @@ pub fn read(mut r: impl Read) -> Result<Tensor> {
     let header = std::str::from_utf8(&header).map_err(|_| NpyError::Invalid("the header is not text".into()))?;
     let (dtype, dims) = parse_header(header)?;
 
-    let n_bytes = dims
-        .iter()
-        .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
-        .ok_or_else(|| NpyError::Invalid(format!("shape {dims:?} is too large")))?;
-    let mut t = Tensor::zeros(dtype, &dims);
-    let got = read_full(&mut r, t.bytes_mut())?;
-    if got < n_bytes {
-        return Err(NpyError::Invalid(format!(
-            "the data ends after {got} bytes; a {dtype} array of shape {dims:?} needs {n_bytes}"
-        )));
-    }
+    let n_bytes = size::bytes(dtype, &dims).map_err(|e| NpyError::Invalid(e.to_string()))?;
+    let ends_after = |got: u64| {
+        NpyError::Invalid(format!("the data ends after {got} bytes; a {dtype} array of shape {dims:?} needs {n_bytes}"))
+    };
+    let extra_data = || NpyError::Invalid(format!("there is data after the {n_bytes} bytes of a {dtype} array of shape {dims:?}"));
+    let mut t = match total {
+        Some(total) => {
+            // The data length is known: check it before allocating.
+            let data_len = total.saturating_sub((MAGIC.len() + 2 + len_size + header_len) as u64);
+            match data_len.cmp(&(n_bytes as u64)) {
+                std::cmp::Ordering::Less => return Err(ends_after(data_len)),
+                std::cmp::Ordering::Greater => return Err(extra_data()),
+                std::cmp::Ordering::Equal => {}
+            }
+            let mut t = Tensor::try_zeros(dtype, &dims).map_err(|e| NpyError::Invalid(e.to_string()))?;
+            let got = read_full(&mut r, t.bytes_mut())?;
+            if got < n_bytes {
+                return Err(ends_after(got as u64));
+            }
+            t
+        }
+        None => {
+            // Unknown length: buffer what arrives, at most one byte more than needed.
+            let mut data = Vec::new();
+            r.by_ref().take(n_bytes as u64 + 1).read_to_end(&mut data)?;
+            if data.len() < n_bytes {
+                return Err(ends_after(data.len() as u64));
+            }
+            if data.len() > n_bytes {
+                return Err(extra_data());
+            }
+            Tensor::from_bytes(dtype, &dims, &data).map_err(|e| NpyError::Invalid(e.to_string()))?
+        }
+    };
     let mut extra = [0u8; 1];
     if read_full(&mut r, &mut extra)? > 0 {
-        return Err(NpyError::Invalid(format!(
-            "there is data after the {n_bytes} bytes of a {dtype} array of shape {dims:?}"
-        )));
+        return Err(extra_data());
     }
     if dtype == DType::Bool {
         for b in t.bytes_mut() {
@@ -437,6 +471,24 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_header_shape_is_refused_before_allocating() {
+        // 2^40 f32 elements claimed, 8 bytes given: an error, not a 4 TiB allocation
+        // (which aborts the process).
+        let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }";
+        let e = err(&numpy_file(1, header, &[0; 8]));
+        assert!(e.contains("ends after 8 bytes") && e.contains("1099511627776"), "{e}");
+        let e = read(&numpy_file(1, header, &[0; 8])[..]).unwrap_err().to_string();
+        assert!(e.contains("ends after 8 bytes"), "{e}");
+        // A shape whose byte size wraps (2^32 * 2^32 * 4 = 0 mod 2^64) is an overflow.
+        let e = err(&numpy_file(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", &[]));
+        assert!(e.contains("overflows"), "{e}");
+        // Streams: trailing data is still found.
+        let e = read(&numpy_file(1, "{'descr': '<u1', 'fortran_order': False, 'shape': (2,), }", &[1, 2, 3])[..]).unwrap_err().to_string();
+        assert!(e.contains("data after"), "{e}");
+        assert_eq!(read(&numpy_file(1, "{'descr': '<u1', 'fortran_order': False, 'shape': (2,), }", &[1, 2])[..]).unwrap().bytes(), &[1, 2]);
+    }
+
+    #[test]
     fn files() {
         let dir = std::env::temp_dir().join(format!("kiln-npy-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -449,6 +501,12 @@ mod tests {
         std::fs::write(&path, b"garbage").unwrap();
         let e = read_file(&path).unwrap_err().to_string();
         assert!(e.contains("a.npy") && e.contains("magic"), "{e}");
+        // A FIFO would block forever: refused by type, naming the path.
+        let fifo = dir.join("in.npy");
+        if std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()) {
+            let e = read_file(&fifo).unwrap_err().to_string();
+            assert!(e.contains("in.npy") && e.contains("FIFO"), "{e}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
