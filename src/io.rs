@@ -54,14 +54,15 @@ pub fn open_session(args: &SessionArgs) -> Result<Session> {
     let session = Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
     let opened = t0.elapsed();
     if let Some(info) = info {
-        // Kernels generated at compile time: build their pipelines now, from the
-        // driver's stored cache when it was made for this adapter and driver.
+        // A fixed-shape model: plan it now (kernels generated and compiled), from the
+        // driver's stored pipeline cache when it was made for this adapter and driver.
         let cached = match &info.pipeline_cache {
             Some(c) => session.use_pipeline_cache(c)?,
             None => false,
         };
-        let n = session.prebuild_kernels(&info.wgsl)?;
-        log::info!("built {n} stored kernels{}", if cached { " (from the stored pipeline cache)" } else { "" });
+        if session.device_kind() == kiln::runtime::DeviceKind::Gpu && session.warm_up()? {
+            log::info!("planned the fixed input shapes{}", if cached { " (from the stored pipeline cache)" } else { "" });
+        }
     }
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     log::info!("load: read {:.1} ms, session {:.1} ms, kernels {:.1} ms", ms(loaded), ms(opened - loaded), ms(t0.elapsed() - opened));

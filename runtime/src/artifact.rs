@@ -30,7 +30,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// The artifact format this runtime writes and reads.
-pub const FORMAT: u32 = 2;
+pub const FORMAT: u32 = 3;
 const MAGIC: &[u8; 8] = b"KILNART\0";
 const ALIGN: usize = 64;
 const PREFIX: usize = 24;
@@ -48,9 +48,6 @@ pub struct ArtifactInfo {
     pub fixed: Vec<(String, usize)>,
     /// What each graph pass changed.
     pub passes: Vec<(String, usize)>,
-    /// WGSL kernels generated at compile time (for a GPU, with every input dim fixed):
-    /// built into pipelines when the artifact is loaded on that GPU.
-    pub wgsl: Vec<crate::KernelRecord>,
     /// The GPU driver's cache of those kernels' pipelines, made by `kiln compile` on the
     /// target adapter when it supports pipeline caching: loading on the same adapter and
     /// driver skips most of the pipelines' compile time. Stored after the weights, not

@@ -320,8 +320,8 @@ impl Session {
 }
 
 impl Session {
-    /// Every WGSL kernel of the specialisations built so far, each once (for `.kiln`
-    /// artifacts: `kiln compile` stores them for fixed shapes).
+    /// Every WGSL kernel of the specialisations built so far, each once (`kiln compile`
+    /// reports how many a fixed-shape GPU artifact's pipeline cache holds).
     pub fn kernel_records(&self) -> Result<Vec<gpu::KernelRecord>> {
         let plans = self.plans.lock().map_err(|_| poisoned())?;
         let mut out: Vec<gpu::KernelRecord> = vec![];
@@ -335,15 +335,21 @@ impl Session {
         Ok(out)
     }
 
-    /// Builds the pipelines of stored kernels on the session's GPU ahead of the first run
-    /// (whose plan then finds them cached); returns how many. Nothing on a CPU session.
-    /// The pipelines are built on the rayon pool's threads at once: a driver compiles
-    /// each on the calling thread (wgpu's error scopes are per thread).
-    pub fn prebuild_kernels(&self, kernels: &[gpu::KernelRecord]) -> Result<usize> {
-        use rayon::prelude::*;
-        let Some((ctx, _)) = self.gpus.first().filter(|_| matches!(self.backend, Backend::Gpu)) else { return Ok(0) };
-        kernels.par_iter().try_for_each(|k| ctx.pipeline(&k.label, &k.source, &k.entry, &k.read_only).map(|_| ()))?;
-        Ok(kernels.len())
+    /// Builds the plan of the model's fixed input shapes now (kernels generated and their
+    /// pipelines compiled, from the device's pipeline cache when one was taken), so the
+    /// first run only executes; returns whether there was such a plan to build (every
+    /// input dim fixed). Inputs that specialise by value are warmed with zeros.
+    pub fn warm_up(&self) -> Result<bool> {
+        let mut inputs = vec![];
+        for (name, ty) in self.inputs() {
+            let Some(dims) = ty.shape.as_fixed() else { return Ok(false) };
+            let t = Tensor::try_zeros(ty.dtype, &dims).map_err(|e| RuntimeError::InputMismatch { name: name.clone(), expected: ty.to_string(), got: e.to_string() })?;
+            inputs.push((name, t));
+        }
+        let refs: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let (tensors, types) = self.bind(&refs)?;
+        self.plan(&tensors, types)?;
+        Ok(true)
     }
 
     /// The driver's pipeline cache of the session's GPU, for `.kiln` artifacts: it holds
@@ -358,7 +364,7 @@ impl Session {
         }
     }
 
-    /// Lets pipelines built from now on (e.g. by [`Session::prebuild_kernels`]) start
+    /// Lets pipelines built from now on (e.g. by [`Session::warm_up`]) start
     /// from a stored driver cache, when it was written for this session's adapter and
     /// driver; returns whether it was taken. A foreign cache is ignored, never an error.
     pub fn use_pipeline_cache(&self, cache: &gpu::PipelineCacheData) -> Result<bool> {

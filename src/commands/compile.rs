@@ -61,9 +61,10 @@ pub fn main(args: Args) -> Result<()> {
     // limits) before writing anything.
     let session = Session::new(graph.clone(), SessionOptions::device(args.device.clone()))
         .with_context(|| format!("{} does not compile for device '{}'", args.model.display(), args.device))?;
-    // With every input dim fixed, a GPU target's kernels are generated now and stored.
+    // With every input dim fixed, a GPU target runs once now, so that the driver's
+    // pipeline cache holds its kernels.
     let fixed_shapes = graph.inputs.iter().all(|&v| graph.values[v].ty.as_ref().is_some_and(|t| t.shape.is_fixed()));
-    let wgsl = if fixed_shapes && session.device_kind() == kiln::runtime::DeviceKind::Gpu {
+    let kernels = if fixed_shapes && session.device_kind() == kiln::runtime::DeviceKind::Gpu {
         let inputs = io::complete_inputs(&session, vec![], &Default::default(), io::memory_limit(None))?;
         let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         session.run(&refs).with_context(|| format!("{} does not run on '{}' with its fixed shapes", args.model.display(), args.device))?;
@@ -73,14 +74,13 @@ pub fn main(args: Args) -> Result<()> {
     };
     // The driver's compiled pipelines of those kernels (the device opened for this
     // command with an empty cache), for loading on the same adapter and driver.
-    let pipeline_cache = if wgsl.is_empty() { None } else { session.pipeline_cache()? };
+    let pipeline_cache = if kernels.is_empty() { None } else { session.pipeline_cache()? };
     let info = ArtifactInfo {
         kiln_version: env!("CARGO_PKG_VERSION").into(),
         source: args.model.display().to_string(),
         device: args.device.to_string(),
         fixed: fixed_list,
         passes,
-        wgsl,
         pipeline_cache,
     };
     let out = args.output.clone().unwrap_or_else(|| args.model.with_extension("kiln"));
@@ -89,7 +89,7 @@ pub fn main(args: Args) -> Result<()> {
     let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     if args.json {
         let cache_bytes = info.pipeline_cache.as_ref().map(|c| c.data.len());
-        println!("{}", serde_json::json!({"model": args.model, "artifact": out, "bytes": bytes, "compile_ms": ms, "nodes": graph.nodes.len(), "device": session.device_name(), "passes": info.passes, "kernels": info.wgsl.len(), "pipeline_cache_bytes": cache_bytes}));
+        println!("{}", serde_json::json!({"model": args.model, "artifact": out, "bytes": bytes, "compile_ms": ms, "nodes": graph.nodes.len(), "device": session.device_name(), "passes": info.passes, "kernels": kernels.len(), "pipeline_cache_bytes": cache_bytes}));
     } else {
         println!(
             "{} -> {} ({} bytes, {} nodes, {} WGSL kernels{}) for {} in {ms:.0} ms",
@@ -97,7 +97,7 @@ pub fn main(args: Args) -> Result<()> {
             out.display(),
             bytes,
             graph.nodes.len(),
-            info.wgsl.len(),
+            kernels.len(),
             info.pipeline_cache.as_ref().map(|c| format!(", pipeline cache {} bytes", c.data.len())).unwrap_or_default(),
             session.device_name()
         );

@@ -461,8 +461,11 @@ impl GpuPlan {
         let (runs, buffer_sizes) = plan_runs(&dispatches, &run_sizes, &shareable, &pinned, align, ctx.limits.max_buffer_size);
         let memory = MemoryPlan { planned: buffer_sizes.iter().sum(), lower_bound, unshared: run_sizes.iter().sum(), in_place: 0 };
         log::debug!("GPU memory plan: {} run buffers in {} device buffers: {memory:?}", run_sizes.len(), buffer_sizes.len());
+        // Pipelines compile on the rayon pool's threads at once (a driver compiles each on
+        // the calling thread; the context's error scopes are per thread).
+        use rayon::prelude::*;
         let dispatches = dispatches
-            .into_iter()
+            .into_par_iter()
             .map(|mut d| {
                 widen_access(&mut d, &runs)?;
                 let pipeline = ctx.pipeline(&d.label, &d.source, &d.entry, &d.read_only)?;
