@@ -22,13 +22,7 @@ pub fn fused_activation(spec: &NodeSpec) -> Result<Option<UnaryKind>> {
 /// WGSL functions `kiln_act(x: f32) -> f32` and `kiln_act4(v: vec4<f32>)` applying a
 /// fused activation (the identity when there is none).
 pub fn activation_wgsl(act: Option<UnaryKind>) -> String {
-    let body = match act {
-        Some(UnaryKind::Clip { min, max }) => {
-            format!("min(max(x, {}), {})", crate::wgsl::literal("f32", min as f64), crate::wgsl::literal("f32", max as f64))
-        }
-        Some(k) => k.wgsl_expr("x", "f32"),
-        None => "x".to_string(),
-    };
+    let body = act.map_or_else(|| "x".to_string(), |k| k.wgsl_expr("x", "f32"));
     let helpers = act.map(|k| k.wgsl_helpers()).unwrap_or_default();
     format!(
         "{helpers}fn kiln_act(x: f32) -> f32 {{ return {body}; }}\n\

@@ -414,7 +414,7 @@ fn axpy<const FMA: bool>(acc: &mut [f32], w: f32, a: &[f32]) {
 }
 
 /// `out = b + sum_t w[t] * src[t]` for nine taps (a 3x3 kernel) in one pass, then
-/// clamped to `[lo, hi]` when `CLAMP` (like `UnaryKind::Clip`: a NaN becomes `lo`).
+/// clamped to `[lo, hi]` when `CLAMP` (like `UnaryKind::Clip`: a NaN stays NaN).
 #[inline(always)]
 fn taps9<const FMA: bool, const CLAMP: bool>(out: &mut [f32], b: f32, w: &[f32; 9], src: [&[f32]; 9], (lo, hi): (f32, f32)) {
     let n = out.len();
@@ -427,11 +427,11 @@ fn taps9<const FMA: bool, const CLAMP: bool>(out: &mut [f32], b: f32, w: &[f32; 
         let r2 = madd::<FMA>(w[8], s8[i], madd::<FMA>(w[7], s7[i], w[6] * s6[i]));
         let v = r0 + (r1 + r2);
         out[i] = if CLAMP {
-            let v = if v > lo { v } else { lo };
-            if v < hi {
-                v
-            } else {
+            let v = if v < lo { lo } else { v };
+            if v > hi {
                 hi
+            } else {
+                v
             }
         } else {
             v
