@@ -602,18 +602,6 @@ impl DepthwisePlan<'_> {
     }
 }
 
-/// Whether the CPU has AVX2 + FMA (for kernels compiled with those features).
-pub(crate) fn has_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// Depthwise 1-D/2-D convolution. Each channel plane is first copied into zero-padded
 /// "phase" planes (phase (qh, qw) holds the padded positions congruent to (qh, qw)
 /// modulo the strides), so that every tap reads the plane as one contiguous run: the
@@ -626,7 +614,7 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mu
     let multiplier = p.out_per_group();
     let plan = DepthwisePlan::new(g);
     let ksize = g.kernel_size();
-    let fma = has_fma();
+    let fma = cpu::has_avx2();
     let clamp = act.and_then(|k| conv_small_k::as_clamp(Some(k)));
     cpu::par_chunks_mut(y, out_size, 2 * ksize + 2, |first, planes| {
         cpu::with_scratch(plan.scratch_len(), |scratch| {

@@ -50,7 +50,7 @@ impl SmallK<'_> {
     /// `y_rs` apart, not overlapping `x`, and nothing else may access them meanwhile.
     pub(crate) unsafe fn run(&self, x: *const f32, x_rs: usize, cols: usize, y: *mut f32, y_rs: usize) {
         #[cfg(target_arch = "x86_64")]
-        if super::conv_cpu::has_fma() {
+        if crate::cpu::has_avx2() {
             return self.run_avx(x, x_rs, cols, y, y_rs);
         }
         self.run_plain(x, x_rs, cols, y, y_rs)
