@@ -21,6 +21,7 @@ pub use binary::BinaryKind;
 pub use activation::{activation_wgsl, apply_activation, fused_activation, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
 pub use unary::UnaryKind;
 pub use unary_op::unary_kind_of;
+pub(crate) use unary_wgsl::{wgsl_isnan, wgsl_max, wgsl_min};
 
 pub(crate) fn register(r: &mut Registry) {
     unary_op::register(r);
