@@ -14,6 +14,8 @@ mod op;
 mod registry;
 mod spec;
 pub mod wgsl;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub mod elementwise;
 pub mod fused;

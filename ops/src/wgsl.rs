@@ -218,18 +218,8 @@ pub fn simple_kernel(
 
 #[cfg(test)]
 pub(crate) mod testing {
-    //! Validates generated WGSL with naga so that op tests catch shader errors without
-    //! a GPU.
-    pub fn validate(src: &str) {
-        let module = match naga::front::wgsl::parse_str(src) {
-            Ok(m) => m,
-            Err(e) => panic!("WGSL parse error:\n{}\n--- source ---\n{src}", e.emit_to_string(src)),
-        };
-        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
-        if let Err(e) = v.validate(&module) {
-            panic!("WGSL validation error: {e:?}\n--- source ---\n{src}");
-        }
-    }
+    //! The naga validation of generated WGSL, for this crate's tests.
+    pub use crate::testing::validate_wgsl as validate;
 }
 
 /// Most loop iterations one invocation may run on every driver: Mesa's

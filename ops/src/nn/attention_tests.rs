@@ -1,7 +1,7 @@
 //! Attention tests: the CPU kernel against a naive f64 reference (3-D and 4-D inputs,
 //! grouped-query heads, past keys, masks, causal and window masking, nonpad lengths,
 //! softcap, every qk_matmul_output mode), WGSL validation and shape errors.
-use super::testutil::{assert_close, make, run, tensor, tune};
+use crate::testing::{assert_close, as_inputs, make, rand_f32, run, tune};
 use kiln_graph::{Attr, Tensor};
 
 #[derive(Clone, Default)]
@@ -130,17 +130,17 @@ fn reference(c: &Case, q: &Tensor, k: &Tensor, v: &Tensor, pk: Option<&Tensor>, 
 }
 
 fn check(c: &Case) {
-    let q = tensor(&c.q, 1);
-    let k = tensor(&c.k, 2);
-    let v = tensor(&c.v, 3);
+    let q = rand_f32(&c.q, 1);
+    let k = rand_f32(&c.k, 2);
+    let v = rand_f32(&c.v, 3);
     let (hkv, d, dv, b) = if c.q.len() == 3 {
         let (_, hkv) = c.heads.unwrap();
         (hkv as usize, c.k[2] / hkv as usize, c.v[2] / hkv as usize, c.q[0])
     } else {
         (c.k[1], c.k[3], c.v[3], c.q[0])
     };
-    let pk = c.past.map(|p| tensor(&[b, hkv, p, d], 4));
-    let pv = c.past.map(|p| tensor(&[b, hkv, p, dv], 5));
+    let pk = c.past.map(|p| rand_f32(&[b, hkv, p, d], 4));
+    let pv = c.past.map(|p| rand_f32(&[b, hkv, p, dv], 5));
     let nonpad = c.nonpad.as_ref().map(|n| Tensor::from_slice(&[n.len()], n).unwrap());
     let mut attrs = vec![("is_causal", Attr::Int(c.causal as i64)), ("softcap", Attr::Float(c.softcap)), ("qk_matmul_output_mode", Attr::Int(c.mode))];
     if let Some((hq, hkv)) = c.heads {
@@ -154,9 +154,9 @@ fn check(c: &Case) {
         attrs.push(("left_window_size", Attr::Int(c.window.0)));
         attrs.push(("right_window_size", Attr::Int(c.window.1)));
     }
-    let op = make("Attention", 7, 4, &attrs).unwrap();
+    let op = make("Attention", 19, &attrs, 7, 4).unwrap();
     let inputs = [Some(&q), Some(&k), Some(&v), c.mask.as_ref(), pk.as_ref(), pv.as_ref(), nonpad.as_ref()];
-    let got = run(op.as_ref(), &inputs, &[tune(&[("workgroup", 32)])]).unwrap();
+    let got = run(op.as_ref(), &as_inputs(&inputs, &[]), &[tune(&[("workgroup", 32)])]).unwrap();
     let want = reference(c, &q, &k, &v, pk.as_ref(), pv.as_ref());
     for (o, name) in ["Y", "present_key", "present_value", "qk_matmul_output"].iter().enumerate() {
         assert_close(&got[o], &want[o], 1e-5, name);
@@ -174,7 +174,7 @@ fn four_d_variants_match_the_reference() {
     check(&Case { softcap: 0.7, mode: 1, ..case4([2, 2, 3, 4], [2, 1, 5, 4], 3) });
     check(&Case { softcap: 0.7, mode: 0, ..case4([2, 2, 3, 4], [2, 1, 5, 4], 3) });
     // Past keys, a float mask shorter than the total length, causal: mode 2 and 3.
-    let mask = tensor(&[2, 1, 3, 7], 9);
+    let mask = rand_f32(&[2, 1, 3, 7], 9);
     for mode in [2, 3] {
         check(&Case { past: Some(4), mask: Some(mask.clone()), causal: true, mode, ..case4([2, 2, 3, 4], [2, 2, 5, 4], 6) });
     }
@@ -189,14 +189,14 @@ fn four_d_variants_match_the_reference() {
 #[test]
 fn blocked_f32_path_matches_the_reference_over_several_blocks() {
     // 70 query rows: blocks of 32 split across (batch, head) boundaries and threads.
-    let mask = tensor(&[2, 1, 70, 75], 9);
+    let mask = rand_f32(&[2, 1, 70, 75], 9);
     check(&Case { mask: Some(mask), scale: Some(0.125), ..case4([2, 3, 70, 16], [2, 3, 75, 16], 12) });
     // Grouped heads with a per-head mask and causal masking (the general bias path).
-    let mask = tensor(&[4, 40, 40], 8);
+    let mask = rand_f32(&[4, 40, 40], 8);
     check(&Case { mask: Some(mask), causal: true, ..case4([1, 4, 40, 8], [1, 2, 40, 8], 8) });
     // A mask shorter than the keys (the rest masked), and one query row.
-    check(&Case { mask: Some(tensor(&[33, 20], 3)), ..case4([1, 2, 33, 5], [1, 2, 37, 5], 3) });
-    check(&Case { mask: Some(tensor(&[1, 50], 4)), ..case4([3, 1, 1, 8], [3, 1, 50, 8], 8) });
+    check(&Case { mask: Some(rand_f32(&[33, 20], 3)), ..case4([1, 2, 33, 5], [1, 2, 37, 5], 3) });
+    check(&Case { mask: Some(rand_f32(&[1, 50], 4)), ..case4([3, 1, 1, 8], [3, 1, 50, 8], 8) });
 }
 
 #[test]
@@ -204,18 +204,18 @@ fn three_d_inputs_are_split_into_heads() {
     let base = Case { q: vec![2, 4, 24], k: vec![2, 6, 24], v: vec![2, 6, 30], heads: Some((3, 3)), window: (-1, -1), ..Default::default() };
     check(&base);
     check(&Case { q: vec![2, 4, 72], heads: Some((9, 3)), causal: true, ..base.clone() });
-    check(&Case { past: Some(5), mask: Some(tensor(&[4, 11], 7)), mode: 2, ..base.clone() });
+    check(&Case { past: Some(5), mask: Some(rand_f32(&[4, 11], 7)), mode: 2, ..base.clone() });
     check(&Case { q: vec![1, 3, 33], k: vec![1, 129, 11], v: vec![1, 129, 7], heads: Some((3, 1)), softcap: 2.0, ..base });
 }
 
 #[test]
 fn fully_masked_rows_are_zero() {
     let mask = Tensor::from_bools(&[2, 2], &[false, false, true, true]).unwrap();
-    let q = tensor(&[1, 2, 2, 8], 1);
-    let k = tensor(&[1, 2, 2, 8], 2);
-    let v = tensor(&[1, 2, 2, 8], 3);
-    let op = make("Attention", 4, 4, &[("qk_matmul_output_mode", Attr::Int(3))]).unwrap();
-    let got = run(op.as_ref(), &[Some(&q), Some(&k), Some(&v), Some(&mask)], &[]).unwrap();
+    let q = rand_f32(&[1, 2, 2, 8], 1);
+    let k = rand_f32(&[1, 2, 2, 8], 2);
+    let v = rand_f32(&[1, 2, 2, 8], 3);
+    let op = make("Attention", 19, &[("qk_matmul_output_mode", Attr::Int(3))], 4, 4).unwrap();
+    let got = run(op.as_ref(), &as_inputs(&[Some(&q), Some(&k), Some(&v), Some(&mask)], &[]), &[]).unwrap();
     let y = got[0].to_f64_vec();
     assert!(y[..8].iter().all(|&x| x == 0.0) && y[8..16].iter().any(|&x| x != 0.0), "{y:?}");
     assert!(got[3].to_f64_vec()[..2].iter().all(|&x| x == 0.0));
@@ -230,10 +230,10 @@ fn long_rows_use_lanes_in_wgsl() {
 #[test]
 fn bad_shapes_are_errors_that_say_what_was_expected() {
     let err = |attrs: &[(&str, Attr)], shapes: &[&[usize]]| {
-        let op = make("Attention", shapes.len(), 1, attrs).unwrap();
-        let ts: Vec<Tensor> = shapes.iter().map(|s| tensor(s, 1)).collect();
+        let op = make("Attention", 19, attrs, shapes.len(), 1).unwrap();
+        let ts: Vec<Tensor> = shapes.iter().map(|s| rand_f32(s, 1)).collect();
         let ins: Vec<Option<&Tensor>> = ts.iter().map(Some).collect();
-        run(op.as_ref(), &ins, &[]).unwrap_err().to_string()
+        run(op.as_ref(), &as_inputs(&ins, &[]), &[]).unwrap_err().to_string()
     };
     let heads = [("q_num_heads", Attr::Int(3)), ("kv_num_heads", Attr::Int(3))];
     assert!(err(&[], &[&[2, 4, 24], &[2, 6, 24], &[2, 6, 24]]).contains("q_num_heads"));
@@ -242,5 +242,5 @@ fn bad_shapes_are_errors_that_say_what_was_expected() {
     assert!(err(&[], &[&[2, 4, 4, 8], &[2, 3, 6, 8], &[2, 3, 6, 8]]).contains("grouped"));
     assert!(err(&[], &[&[2, 3, 4, 8], &[2, 3, 6, 8], &[2, 3, 6, 8], &[2, 4, 6]]).contains("broadcast"));
     assert!(err(&[], &[&[2, 3, 4, 8], &[2, 3, 6, 8], &[2, 3, 6, 8], &[4, 7]]).contains("exceeds"));
-    assert!(make("Attention", 3, 1, &[("qk_matmul_output_mode", Attr::Int(5))]).unwrap_err().to_string().contains("qk_matmul_output_mode"));
+    assert!(make("Attention", 19, &[("qk_matmul_output_mode", Attr::Int(5))], 3, 1).unwrap_err().to_string().contains("qk_matmul_output_mode"));
 }

@@ -143,18 +143,18 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
     use kiln_graph::{Attr, Tensor};
 
     #[test]
     fn batchnorm_matches_reference() {
         for dims in [vec![2, 3, 4, 5], vec![3, 4], vec![1, 5, 7]] {
             let c = dims[1];
-            let x = tensor(&dims, 1);
-            let (s, b, m) = (tensor(&[c], 2), tensor(&[c], 3), tensor(&[c], 4));
-            let v = Tensor::from_vec(&[c], tensor(&[c], 5).as_slice::<f32>().unwrap().iter().map(|v| v.abs() + 0.1).collect()).unwrap();
-            let op = make("BatchNormalization", 5, 1, &[("epsilon", Attr::Float(1e-2))]).unwrap();
-            let y = run(op.as_ref(), &[Some(&x), Some(&s), Some(&b), Some(&m), Some(&v)], &[]).unwrap().remove(0);
+            let x = rand_f32(&dims, 1);
+            let (s, b, m) = (rand_f32(&[c], 2), rand_f32(&[c], 3), rand_f32(&[c], 4));
+            let v = Tensor::from_vec(&[c], rand_f32(&[c], 5).as_slice::<f32>().unwrap().iter().map(|v| v.abs() + 0.1).collect()).unwrap();
+            let op = make("BatchNormalization", 19, &[("epsilon", Attr::Float(1e-2))], 5, 1).unwrap();
+            let y = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&s), Some(&b), Some(&m), Some(&v)], &[]), &[]).unwrap().remove(0);
             let inner: usize = dims[2..].iter().product();
             let (xv, sv, bv, mv, vv) = (x.to_f64_vec(), s.to_f64_vec(), b.to_f64_vec(), m.to_f64_vec(), v.to_f64_vec());
             let want: Vec<f64> = xv
@@ -167,7 +167,7 @@ mod tests {
                 .collect();
             assert_close(&y, &want, 1e-5, "BatchNormalization");
         }
-        assert!(make("BatchNormalization", 5, 1, &[("training_mode", Attr::Int(1))]).is_err());
-        assert!(make("BatchNormalization", 5, 3, &[]).is_err());
+        assert!(make("BatchNormalization", 19, &[("training_mode", Attr::Int(1))], 5, 1).is_err());
+        assert!(make("BatchNormalization", 19, &[], 5, 3).is_err());
     }
 }

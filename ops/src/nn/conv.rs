@@ -390,7 +390,7 @@ mod residual_tests;
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, data, ints, make, run, tensor, tune};
+    use crate::testing::{assert_close, as_inputs, ints, make, rand_f32, rand_values, run, tune};
     use crate::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
     use crate::{Arg, TensorType};
     use kiln_graph::{Attr, DType, Tensor};
@@ -465,19 +465,19 @@ mod tests {
 
     fn check(case: &Case) {
         let nsp = case.x.len() - 2;
-        let x = tensor(&case.x, 1);
-        let w = tensor(&case.w, 2);
-        let b = tensor(&[case.w[0]], 3);
+        let x = rand_f32(&case.x, 1);
+        let w = rand_f32(&case.w, 2);
+        let b = rand_f32(&[case.w[0]], 3);
         let attrs = vec![
             ("group", Attr::Int(case.group as i64)),
             ("strides", ints(&case.strides.iter().map(|&v| v as i64).collect::<Vec<_>>())),
             ("dilations", ints(&case.dil.iter().map(|&v| v as i64).collect::<Vec<_>>())),
             ("pads", ints(&case.pads)),
         ];
-        let op = make("Conv", 3, 1, &attrs).unwrap();
+        let op = make("Conv", 19, &attrs, 3, 1).unwrap();
         let inputs = [Some(&x), Some(&w), case.bias.then_some(&b)];
         let tunes = [tune(&[("oc_block", 1), ("px_block", 1)]), tune(&[("oc_block", 8), ("px_block", 3), ("workgroup", 32)])];
-        let y = run(op.as_ref(), &inputs, &tunes).unwrap().remove(0);
+        let y = run(op.as_ref(), &as_inputs(&inputs, &[]), &tunes).unwrap().remove(0);
         let out_sp = &y.dims()[2..];
         for d in 0..nsp {
             let span = (case.w[2 + d] - 1) * case.dil[d] + 1;
@@ -588,11 +588,11 @@ mod tests {
 
     #[test]
     fn auto_pad_and_kernel_shape() {
-        let x = tensor(&[1, 1, 6, 5], 4);
-        let w = tensor(&[1, 1, 3, 3], 5);
+        let x = rand_f32(&[1, 1, 6, 5], 4);
+        let w = rand_f32(&[1, 1, 3, 3], 5);
         for (mode, begin) in [("SAME_UPPER", [0i64, 1]), ("SAME_LOWER", [1, 1]), ("VALID", [0, 0])] {
-            let op = make("Conv", 2, 1, &[("auto_pad", Attr::String(mode.into())), ("strides", ints(&[2, 1])), ("kernel_shape", ints(&[3, 3]))]).unwrap();
-            let y = run(op.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap().remove(0);
+            let op = make("Conv", 19, &[("auto_pad", Attr::String(mode.into())), ("strides", ints(&[2, 1])), ("kernel_shape", ints(&[3, 3]))], 2, 1).unwrap();
+            let y = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&w)], &[]), &[]).unwrap().remove(0);
             let out: Vec<usize> = y.dims()[2..].to_vec();
             let want = reference(&x, &w, None, 1, &[2, 1], &[1, 1], &begin, &out);
             assert_close(&y, &want, 1e-5, mode);
@@ -622,10 +622,10 @@ mod tests {
     pub(super) fn activate(name: &str, attrs: &[(&str, Attr)], y: &Tensor) -> Tensor {
         if name == "Clip" {
             let (lo, hi) = (Tensor::scalar(0f32), Tensor::scalar(6f32));
-            let op = make("Clip", 3, 1, &[]).unwrap();
-            return run(op.as_ref(), &[Some(y), Some(&lo), Some(&hi)], &[]).unwrap().remove(0);
+            let op = make("Clip", 19, &[], 3, 1).unwrap();
+            return run(op.as_ref(), &as_inputs(&[Some(y), Some(&lo), Some(&hi)], &[]), &[]).unwrap().remove(0);
         }
-        run(make(name, 1, 1, attrs).unwrap().as_ref(), &[Some(y)], &[]).unwrap().remove(0)
+        run(make(name, 19, attrs, 1, 1).unwrap().as_ref(), &as_inputs(&[Some(y)], &[]), &[]).unwrap().remove(0)
     }
 
     #[test]
@@ -644,9 +644,9 @@ mod tests {
             (vec![1, 3, 17], vec![4, 3, 3], 1, vec![2], vec![1, 2]),
         ];
         for (xd, wd, group, strides, pads) in cases {
-            let (x, w, b) = (tensor(&xd, 21), tensor(&wd, 22), tensor(&[wd[0]], 23));
+            let (x, w, b) = (rand_f32(&xd, 21), rand_f32(&wd, 22), rand_f32(&[wd[0]], 23));
             let mut attrs = vec![("group", Attr::Int(group as i64)), ("strides", ints(&strides)), ("pads", ints(&pads))];
-            let plain = run(make("Conv", 3, 1, &attrs).unwrap().as_ref(), &[Some(&x), Some(&w), Some(&b)], &[]).unwrap().remove(0);
+            let plain = run(make("Conv", 19, &attrs, 3, 1).unwrap().as_ref(), &as_inputs(&[Some(&x), Some(&w), Some(&b)], &[]), &[]).unwrap().remove(0);
             attrs.push((ACTIVATION_ATTR, Attr::String(String::new())));
             attrs.push((ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![])));
             for (name, act_attrs, params) in activations() {
@@ -654,9 +654,9 @@ mod tests {
                 let n = attrs.len();
                 attrs[n - 2].1 = Attr::String(name.into());
                 attrs[n - 1].1 = Attr::Floats(params);
-                let op = make("Conv", 3, 1, &attrs).unwrap();
+                let op = make("Conv", 19, &attrs, 3, 1).unwrap();
                 let tunes = [tune(&[("oc_block", 3), ("px_block", 2)])];
-                let got = run(op.as_ref(), &[Some(&x), Some(&w), Some(&b)], &tunes).unwrap().remove(0);
+                let got = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&w), Some(&b)], &[]), &tunes).unwrap().remove(0);
                 assert_close(&got, &want, 1e-6, &format!("{name} x{xd:?} w{wd:?} g{group}"));
             }
         }
@@ -664,9 +664,9 @@ mod tests {
 
     #[test]
     fn fused_activation_in_wgsl_f64_and_bad_attrs() {
-        let (x, w) = (tensor(&[1, 2, 5, 5], 1), tensor(&[3, 2, 3, 3], 2));
+        let (x, w) = (rand_f32(&[1, 2, 5, 5], 1), rand_f32(&[3, 2, 3, 3], 2));
         let attrs = [(ACTIVATION_ATTR, Attr::String("Clip".into())), (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![0.0, 6.0]))];
-        let op = make("Conv", 2, 1, &attrs).unwrap();
+        let op = make("Conv", 19, &attrs, 2, 1).unwrap();
         let types = [TensorType::new(DType::F32, x.dims()), TensorType::new(DType::F32, w.dims())];
         let args: Vec<Option<Arg>> = types.iter().map(|ty| Some(Arg { ty, value: None })).collect();
         let outs = op.infer(&args).unwrap();
@@ -675,42 +675,42 @@ mod tests {
         // f64 (and f16) apply the activation to the finished output.
         let x64 = Tensor::from_vec(x.dims(), x.to_f64_vec()).unwrap();
         let w64 = Tensor::from_vec(w.dims(), w.to_f64_vec().iter().map(|v| v * 8.0).collect()).unwrap();
-        let plain = run(make("Conv", 2, 1, &[]).unwrap().as_ref(), &[Some(&x64), Some(&w64)], &[]).unwrap().remove(0);
-        let got = run(op.as_ref(), &[Some(&x64), Some(&w64)], &[]).unwrap().remove(0);
+        let plain = run(make("Conv", 19, &[], 2, 1).unwrap().as_ref(), &as_inputs(&[Some(&x64), Some(&w64)], &[]), &[]).unwrap().remove(0);
+        let got = run(op.as_ref(), &as_inputs(&[Some(&x64), Some(&w64)], &[]), &[]).unwrap().remove(0);
         let want: Vec<f64> = plain.to_f64_vec().iter().map(|v| v.clamp(0.0, 6.0)).collect();
         assert!(want.iter().any(|&v| v == 6.0) && want.iter().any(|&v| v == 0.0));
         assert_eq!(got.to_f64_vec(), want);
         for (name, params) in [("Exp", vec![]), ("Clip", vec![0.0]), ("Nope", vec![])] {
             let bad = [(ACTIVATION_ATTR, Attr::String(name.into())), (ACTIVATION_PARAMS_ATTR, Attr::Floats(params))];
-            assert!(make("Conv", 2, 1, &bad).is_err(), "{name}");
+            assert!(make("Conv", 19, &bad, 2, 1).is_err(), "{name}");
         }
     }
 
     #[test]
     fn f64_and_bad_inputs() {
-        let xs = data(2 * 3 * 6 * 6, 9);
+        let xs = rand_values(2 * 3 * 6 * 6, 9);
         let x = Tensor::from_vec(&[2, 3, 6, 6], xs.iter().map(|&v| v as f64).collect()).unwrap();
-        let w = Tensor::from_vec(&[2, 3, 3, 3], data(54, 8).iter().map(|&v| v as f64).collect()).unwrap();
-        let op = make("Conv", 2, 1, &[("pads", ints(&[1, 1, 1, 1]))]).unwrap();
-        let y = run(op.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap().remove(0);
+        let w = Tensor::from_vec(&[2, 3, 3, 3], rand_values(54, 8).iter().map(|&v| v as f64).collect()).unwrap();
+        let op = make("Conv", 19, &[("pads", ints(&[1, 1, 1, 1]))], 2, 1).unwrap();
+        let y = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&w)], &[]), &[]).unwrap().remove(0);
         let want = reference(&x, &w, None, 1, &[1, 1], &[1, 1], &[1, 1], &[6, 6]);
         for (g, w) in y.to_f64_vec().iter().zip(&want) {
             assert!((g - w).abs() < 1e-12);
         }
         let xh = Tensor::from_vec(&[2, 3, 6, 6], xs.iter().map(|&v| half::f16::from_f32(v)).collect()).unwrap();
-        let wh = Tensor::from_vec(&[2, 3, 3, 3], data(54, 8).iter().map(|&v| half::f16::from_f32(v)).collect()).unwrap();
-        let y = run(op.as_ref(), &[Some(&xh), Some(&wh)], &[]).unwrap().remove(0);
+        let wh = Tensor::from_vec(&[2, 3, 3, 3], rand_values(54, 8).iter().map(|&v| half::f16::from_f32(v)).collect()).unwrap();
+        let y = run(op.as_ref(), &as_inputs(&[Some(&xh), Some(&wh)], &[]), &[]).unwrap().remove(0);
         assert_eq!(y.dtype(), kiln_graph::DType::F16);
         let want = reference(&xh, &wh, None, 1, &[1, 1], &[1, 1], &[1, 1], &[6, 6]);
         for (g, w) in y.to_f64_vec().iter().zip(&want) {
             assert!((g - w).abs() < 4e-3 * w.abs().max(1.0), "{g} vs {w}");
         }
-        let xf = tensor(&[1, 4, 5, 5], 1);
-        let wf = tensor(&[2, 3, 3, 3], 1);
-        assert!(run(make("Conv", 2, 1, &[]).unwrap().as_ref(), &[Some(&xf), Some(&wf)], &[]).is_err());
-        let wf = tensor(&[2, 4, 7, 7], 1);
-        assert!(run(make("Conv", 2, 1, &[]).unwrap().as_ref(), &[Some(&xf), Some(&wf)], &[]).is_err());
-        assert!(make("Conv", 2, 1, &[("auto_pad", Attr::String("BOGUS".into()))]).is_err());
-        assert!(make("Conv", 2, 1, &[("strides", ints(&[0, 1]))]).is_err());
+        let xf = rand_f32(&[1, 4, 5, 5], 1);
+        let wf = rand_f32(&[2, 3, 3, 3], 1);
+        assert!(run(make("Conv", 19, &[], 2, 1).unwrap().as_ref(), &as_inputs(&[Some(&xf), Some(&wf)], &[]), &[]).is_err());
+        let wf = rand_f32(&[2, 4, 7, 7], 1);
+        assert!(run(make("Conv", 19, &[], 2, 1).unwrap().as_ref(), &as_inputs(&[Some(&xf), Some(&wf)], &[]), &[]).is_err());
+        assert!(make("Conv", 19, &[("auto_pad", Attr::String("BOGUS".into()))], 2, 1).is_err());
+        assert!(make("Conv", 19, &[("strides", ints(&[0, 1]))], 2, 1).is_err());
     }
 }

@@ -3,7 +3,7 @@
 //! GEMM, depthwise 2-D and 3-D, f64 and f16) against an f64 reference of
 //! `act(conv + bias + residual)`, running in place of the residual, WGSL validation,
 //! and the errors for a missing or misshapen residual.
-use super::super::testutil::{assert_close, ints, make, run, tensor, tune};
+use crate::testing::{assert_close, as_inputs, ints, make, rand_f32, run, tune};
 use super::tests::{activate, activations, reference};
 use crate::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
 use crate::linalg::RESIDUAL_ATTR;
@@ -40,7 +40,7 @@ fn residual_and_activation_match_the_f64_reference_on_every_path() {
     let acts: Vec<_> = activations().into_iter().filter(|(n, _, _)| ["Relu", "Clip", "HardSwish", "Sigmoid"].contains(n)).collect();
     for (xd, wd, group, strides, pads) in cases() {
         let nsp = xd.len() - 2;
-        let (x, w, b) = (tensor(&xd, 31), tensor(&wd, 32), tensor(&[wd[0]], 33));
+        let (x, w, b) = (rand_f32(&xd, 31), rand_f32(&wd, 32), rand_f32(&[wd[0]], 33));
         for with_bias in [true, false] {
             let bias = with_bias.then_some(&b);
             let out_sp: Vec<usize> = (0..nsp)
@@ -48,15 +48,15 @@ fn residual_and_activation_match_the_f64_reference_on_every_path() {
                 .collect();
             let mut ydims = vec![xd[0], wd[0]];
             ydims.extend(&out_sp);
-            let r = tensor(&ydims, 34);
+            let r = rand_f32(&ydims, 34);
             let conv = reference(&x, &w, bias, group, &strides, &vec![1; nsp], &pads[..nsp], &out_sp);
             let sum: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(c, r)| c + r).collect();
             let what = format!("x{xd:?} w{wd:?} g{group} bias {with_bias}");
             let b_in = if with_bias { Some(&b) } else { None };
             let inputs = [Some(&x), Some(&w), b_in, Some(&r)];
             let tunes = [tune(&[("oc_block", 3), ("px_block", 2)]), tune(&[("oc_block", 1), ("px_block", 8), ("workgroup", 32)])];
-            let op = make("Conv", 4, 1, &attrs_of(group, &strides, &pads)).unwrap();
-            let got = run(op.as_ref(), &inputs, &tunes).unwrap().remove(0);
+            let op = make("Conv", 19, &attrs_of(group, &strides, &pads), 4, 1).unwrap();
+            let got = run(op.as_ref(), &as_inputs(&inputs, &[]), &tunes).unwrap().remove(0);
             assert_close(&got, &sum, 1e-5, &what);
             let sum_f32 = Tensor::from_vec(&ydims, sum.iter().map(|&v| v as f32).collect()).unwrap();
             for (name, act_attrs, params) in &acts {
@@ -64,8 +64,8 @@ fn residual_and_activation_match_the_f64_reference_on_every_path() {
                 let mut attrs = attrs_of(group, &strides, &pads);
                 attrs.push((ACTIVATION_ATTR, Attr::String(name.to_string())));
                 attrs.push((ACTIVATION_PARAMS_ATTR, Attr::Floats(params.clone())));
-                let op = make("Conv", 4, 1, &attrs).unwrap();
-                let got = run(op.as_ref(), &inputs, &tunes).unwrap().remove(0);
+                let op = make("Conv", 19, &attrs, 4, 1).unwrap();
+                let got = run(op.as_ref(), &as_inputs(&inputs, &[]), &tunes).unwrap().remove(0);
                 assert_close(&got, &want, 1e-5, &format!("{name} {what}"));
                 // In place: the output starts as the residual, input 3 is gone.
                 let kernel = op.cpu().unwrap();
@@ -90,7 +90,7 @@ fn residual_in_wgsl_is_added_before_the_activation() {
         (ACTIVATION_ATTR, Attr::String("Relu".into())),
         (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![])),
     ];
-    let op = make("Conv", 4, 1, &attrs).unwrap();
+    let op = make("Conv", 19, &attrs, 4, 1).unwrap();
     let args = [Some(Arg { ty: &x, value: None }), Some(Arg { ty: &w, value: None }), None, Some(Arg { ty: &r, value: None })];
     let outs = op.infer(&args).unwrap();
     assert_eq!(outs[0], r);
@@ -104,7 +104,7 @@ fn residual_in_wgsl_is_added_before_the_activation() {
 #[test]
 fn f64_and_f16_add_the_residual_before_the_activation() {
     let (xd, wd, yd) = ([2usize, 3, 6, 6], [4usize, 3, 3, 3], [2usize, 4, 6, 6]);
-    let (x, w, r) = (tensor(&xd, 41), tensor(&wd, 42), tensor(&yd, 43));
+    let (x, w, r) = (rand_f32(&xd, 41), rand_f32(&wd, 42), rand_f32(&yd, 43));
     let conv = reference(&x, &w, None, 1, &[1, 1], &[1, 1], &[1, 1], &[6, 6]);
     let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(c, r)| (c + r).max(0.0)).collect();
     assert!(want.contains(&0.0) && want.iter().any(|&v| v > 0.5));
@@ -114,9 +114,9 @@ fn f64_and_f16_add_the_residual_before_the_activation() {
         (ACTIVATION_ATTR, Attr::String("Relu".into())),
         (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![])),
     ];
-    let op = make("Conv", 4, 1, &attrs).unwrap();
+    let op = make("Conv", 19, &attrs, 4, 1).unwrap();
     let as64 = |t: &Tensor| Tensor::from_vec(t.dims(), t.to_f64_vec()).unwrap();
-    let y = run(op.as_ref(), &[Some(&as64(&x)), Some(&as64(&w)), None, Some(&as64(&r))], &[]).unwrap().remove(0);
+    let y = run(op.as_ref(), &as_inputs(&[Some(&as64(&x)), Some(&as64(&w)), None, Some(&as64(&r))], &[]), &[]).unwrap().remove(0);
     for (g, w) in y.to_f64_vec().iter().zip(&want) {
         assert!((g - w).abs() < 1e-6, "f64: {g} vs {w}");
     }
@@ -124,7 +124,7 @@ fn f64_and_f16_add_the_residual_before_the_activation() {
     let (x16, w16, r16) = (as16(&x), as16(&w), as16(&r));
     let conv = reference(&x16, &w16, None, 1, &[1, 1], &[1, 1], &[1, 1], &[6, 6]);
     let want: Vec<f64> = conv.iter().zip(r16.to_f64_vec()).map(|(c, r)| (c + r).max(0.0)).collect();
-    let y = run(op.as_ref(), &[Some(&x16), Some(&w16), None, Some(&r16)], &[]).unwrap().remove(0);
+    let y = run(op.as_ref(), &as_inputs(&[Some(&x16), Some(&w16), None, Some(&r16)], &[]), &[]).unwrap().remove(0);
     assert_eq!(y.dtype(), DType::F16);
     for (g, w) in y.to_f64_vec().iter().zip(&want) {
         assert!((g - w).abs() < 4e-3 * w.abs().max(1.0), "f16: {g} vs {w}");
@@ -133,19 +133,19 @@ fn f64_and_f16_add_the_residual_before_the_activation() {
 
 #[test]
 fn a_missing_or_misshapen_residual_is_refused() {
-    let (x, w) = (tensor(&[1, 2, 5, 5], 1), tensor(&[3, 2, 3, 3], 2));
+    let (x, w) = (rand_f32(&[1, 2, 5, 5], 1), rand_f32(&[3, 2, 3, 3], 2));
     let on = [(RESIDUAL_ATTR, Attr::Int(1))];
     // The attribute without input 3, input 3 without the attribute.
-    let err = make("Conv", 2, 1, &on).unwrap_err().to_string();
+    let err = make("Conv", 19, &on, 2, 1).unwrap_err().to_string();
     assert!(err.contains(RESIDUAL_ATTR), "{err}");
-    let err = make("Conv", 4, 1, &[]).unwrap_err().to_string();
+    let err = make("Conv", 19, &[], 4, 1).unwrap_err().to_string();
     assert!(err.contains("input 3"), "{err}");
-    let op = make("Conv", 4, 1, &on).unwrap();
-    for bad in [tensor(&[1, 3, 5, 5], 3), tensor(&[1, 3, 9], 3), tensor(&[3, 3, 3], 3)] {
-        let err = run(op.as_ref(), &[Some(&x), Some(&w), None, Some(&bad)], &[]).unwrap_err().to_string();
+    let op = make("Conv", 19, &on, 4, 1).unwrap();
+    for bad in [rand_f32(&[1, 3, 5, 5], 3), rand_f32(&[1, 3, 9], 3), rand_f32(&[3, 3, 3], 3)] {
+        let err = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&w), None, Some(&bad)], &[]), &[]).unwrap_err().to_string();
         assert!(err.contains("residual") && err.contains("[1, 3, 3, 3]"), "{err}");
     }
     let r64 = Tensor::from_vec(&[1, 3, 3, 3], vec![0f64; 27]).unwrap();
-    let err = run(op.as_ref(), &[Some(&x), Some(&w), None, Some(&r64)], &[]).unwrap_err().to_string();
+    let err = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&w), None, Some(&r64)], &[]), &[]).unwrap_err().to_string();
     assert!(err.contains("residual") && err.contains("f64"), "{err}");
 }

@@ -343,7 +343,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, ints, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, ints, make, rand_f32, run};
     use kiln_graph::{Attr, Tensor};
 
     /// Naive 2-D scatter reference; returns the output for given output dims and pads.
@@ -393,7 +393,7 @@ mod tests {
             ([1, 4, 4, 5], [4, 3, 2, 3], 2, [2, 2], [2, 1], [0, 1, 1, 0], [0, 1], true),
             ([1, 3, 6, 7], [3, 1, 3, 3], 3, [2, 1], [1, 2], [1, 1, 1, 1], [1, 0], false),
         ] {
-            let (x, w, b) = (tensor(&xd, 1), tensor(&wd, 2), tensor(&[wd[1] * group], 3));
+            let (x, w, b) = (rand_f32(&xd, 1), rand_f32(&wd, 2), rand_f32(&[wd[1] * group], 3));
             let attrs = [
                 ("group", Attr::Int(group as i64)),
                 ("strides", ints(&s.map(|v| v as i64))),
@@ -401,8 +401,8 @@ mod tests {
                 ("pads", ints(&pads)),
                 ("output_padding", ints(&opad)),
             ];
-            let op = make("ConvTranspose", 3, 1, &attrs).unwrap();
-            let y = run(op.as_ref(), &[Some(&x), Some(&w), bias.then_some(&b)], &[]).unwrap().remove(0);
+            let op = make("ConvTranspose", 19, &attrs, 3, 1).unwrap();
+            let y = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&w), bias.then_some(&b)], &[]), &[]).unwrap().remove(0);
             let out: [usize; 2] = std::array::from_fn(|k| {
                 (s[k] * (xd[2 + k] - 1) + opad[k] as usize + (wd[2 + k] - 1) * d[k] + 1) - (pads[k] + pads[2 + k]) as usize
             });
@@ -415,14 +415,14 @@ mod tests {
     #[test]
     fn output_shape_and_auto_pad() {
         // test_convtranspose_output_shape / _autopad_same shapes.
-        let (x, w) = (tensor(&[1, 1, 3, 3], 1), tensor(&[1, 2, 3, 3], 2));
-        let op = make("ConvTranspose", 2, 1, &[("strides", ints(&[3, 2])), ("output_shape", ints(&[10, 8]))]).unwrap();
-        let y = run(op.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap().remove(0);
+        let (x, w) = (rand_f32(&[1, 1, 3, 3], 1), rand_f32(&[1, 2, 3, 3], 2));
+        let op = make("ConvTranspose", 19, &[("strides", ints(&[3, 2])), ("output_shape", ints(&[10, 8]))], 2, 1).unwrap();
+        let y = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&w)], &[]), &[]).unwrap().remove(0);
         assert_eq!(y.dims(), &[1, 2, 10, 8]);
         let want = reference(&x, &w, None, 1, [3, 2], [1, 1], [0, 0], [10, 8]);
         assert_close(&y, &want, 1e-5, "output_shape");
-        let op = make("ConvTranspose", 2, 1, &[("strides", ints(&[2, 2])), ("auto_pad", Attr::String("SAME_UPPER".into()))]).unwrap();
-        let y = run(op.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap().remove(0);
+        let op = make("ConvTranspose", 19, &[("strides", ints(&[2, 2])), ("auto_pad", Attr::String("SAME_UPPER".into()))], 2, 1).unwrap();
+        let y = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&w)], &[]), &[]).unwrap().remove(0);
         assert_eq!(y.dims(), &[1, 2, 6, 6]);
         // total pad = 2*2 + 3 - 6 = 1: SAME_UPPER puts it at the end.
         let want = reference(&x, &w, None, 1, [2, 2], [1, 1], [0, 0], [6, 6]);
@@ -430,7 +430,7 @@ mod tests {
         // 1-D and f64.
         let x = Tensor::from_vec(&[1, 1, 3], vec![0.0f64, 1.0, 2.0]).unwrap();
         let w = Tensor::from_vec(&[1, 2, 3], vec![1.0f64; 6]).unwrap();
-        let y = run(make("ConvTranspose", 2, 1, &[]).unwrap().as_ref(), &[Some(&x), Some(&w)], &[]).unwrap().remove(0);
+        let y = run(make("ConvTranspose", 19, &[], 2, 1).unwrap().as_ref(), &as_inputs(&[Some(&x), Some(&w)], &[]), &[]).unwrap().remove(0);
         assert_eq!(y.to_f64_vec(), vec![0.0, 1.0, 3.0, 3.0, 2.0, 0.0, 1.0, 3.0, 3.0, 2.0]);
     }
 }

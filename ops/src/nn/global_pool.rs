@@ -156,17 +156,17 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
 
     #[test]
     fn global_pools_match_reference() {
         // Small planes (one invocation each) and big ones (a workgroup of lanes each).
         for dims in [vec![2, 3, 7, 5], vec![1, 4, 13], vec![1, 2, 3, 4, 5], vec![3, 5, 1, 1], vec![2, 3, 2049], vec![1, 4, 300, 300]] {
-            let x = tensor(&dims, 11);
+            let x = rand_f32(&dims, 11);
             let size: usize = dims[2..].iter().product();
             let xv = x.to_f64_vec();
             for (op, max) in [("GlobalAveragePool", false), ("GlobalMaxPool", true)] {
-                let y = run(make(op, 1, 1, &[]).unwrap().as_ref(), &[Some(&x)], &[]).unwrap().remove(0);
+                let y = run(make(op, 19, &[], 1, 1).unwrap().as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap().remove(0);
                 assert_eq!(&y.dims()[..2], &dims[..2]);
                 let want: Vec<f64> = xv
                     .chunks(size)
@@ -182,7 +182,7 @@ mod tests {
         use crate::{Arg, TensorType};
         use kiln_graph::DType;
         for (dims, label) in [(vec![1, 4, 300, 300], "[64 lanes]"), (vec![1, 2, 16_000_000], "[256 lanes]"), (vec![8, 512, 7, 7], "GlobalAveragePool")] {
-            let op = make("GlobalAveragePool", 1, 1, &[]).unwrap();
+            let op = make("GlobalAveragePool", 19, &[], 1, 1).unwrap();
             let ty = TensorType::new(DType::F32, dims);
             let args = [Some(Arg { ty: &ty, value: None })];
             let outs = op.infer(&args).unwrap();
@@ -191,7 +191,7 @@ mod tests {
             crate::wgsl::testing::validate(&prog.dispatches[0].source);
         }
         for op in ["GlobalAveragePool", "GlobalMaxPool"] {
-            let op = make(op, 1, 1, &[]).unwrap();
+            let op = make(op, 19, &[], 1, 1).unwrap();
             let ty = TensorType::new(DType::F32, vec![1, 1, 4096, 4096]);
             let args = [Some(Arg { ty: &ty, value: None })];
             let outs = op.infer(&args).unwrap();

@@ -306,7 +306,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
     use super::{cubic_weights, reflect};
     use kiln_graph::{Attr, Tensor};
 
@@ -336,15 +336,15 @@ mod tests {
     #[test]
     fn two_d_linear_and_nearest_match_a_direct_reference() {
         let (n, c, h, w) = (2usize, 3usize, 5usize, 4usize);
-        let x = tensor(&[n, c, h, w], 1);
+        let x = rand_f32(&[n, c, h, w], 1);
         // Grid values in [-1.3, 1.3): some samples fall outside the image.
-        let g: Vec<f32> = tensor(&[n, 3, 7, 2], 2).as_slice::<f32>().unwrap().iter().map(|v| v * 1.3).collect();
+        let g: Vec<f32> = rand_f32(&[n, 3, 7, 2], 2).as_slice::<f32>().unwrap().iter().map(|v| v * 1.3).collect();
         let grid = Tensor::from_slice(&[n, 3, 7, 2], &g).unwrap();
         for mode in ["linear", "nearest"] {
             for align in [0i64, 1] {
                 for pad in ["zeros", "border"] {
                     let attrs = [("mode", Attr::String(mode.into())), ("align_corners", Attr::Int(align)), ("padding_mode", Attr::String(pad.into()))];
-                    let y = run(make("GridSample", 2, 1, &attrs).unwrap().as_ref(), &[Some(&x), Some(&grid)], &[]).unwrap().remove(0);
+                    let y = run(make("GridSample", 19, &attrs, 2, 1).unwrap().as_ref(), &as_inputs(&[Some(&x), Some(&grid)], &[]), &[]).unwrap().remove(0);
                     let xv = x.to_f64_vec();
                     let mut want = vec![];
                     for b in 0..n {
@@ -376,17 +376,17 @@ mod tests {
         // stays constant under cubic interpolation inside the image.
         let ones = Tensor::from_slice(&[1, 1, 4, 5], &[2.0f32; 20]).unwrap();
         let grid = Tensor::from_slice(&[1, 1, 2, 2], &[0.1f32, -0.2, 0.3, 0.25]).unwrap();
-        let y = run(make("GridSample", 2, 1, &[("mode", Attr::String("cubic".into())), ("padding_mode", Attr::String("border".into()))]).unwrap().as_ref(), &[Some(&ones), Some(&grid)], &[]).unwrap();
+        let y = run(make("GridSample", 19, &[("mode", Attr::String("cubic".into())), ("padding_mode", Attr::String("border".into()))], 2, 1).unwrap().as_ref(), &as_inputs(&[Some(&ones), Some(&grid)], &[]), &[]).unwrap();
         assert_close(&y[0], &[2.0, 2.0], 1e-6, "constant image");
-        let x3 = tensor(&[1, 2, 3, 4, 5], 3);
-        let g3 = tensor(&[1, 2, 2, 3, 3], 4);
+        let x3 = rand_f32(&[1, 2, 3, 4, 5], 3);
+        let g3 = rand_f32(&[1, 2, 2, 3, 3], 4);
         for mode in ["linear", "nearest", "cubic"] {
             let attrs = [("mode", Attr::String(mode.into())), ("padding_mode", Attr::String("reflection".into()))];
-            let y = run(make("GridSample", 2, 1, &attrs).unwrap().as_ref(), &[Some(&x3), Some(&g3)], &[]).unwrap();
+            let y = run(make("GridSample", 19, &attrs, 2, 1).unwrap().as_ref(), &as_inputs(&[Some(&x3), Some(&g3)], &[]), &[]).unwrap();
             assert_eq!(y[0].dims(), &[1, 2, 2, 2, 3]);
         }
-        let err = run(make("GridSample", 2, 1, &[]).unwrap().as_ref(), &[Some(&tensor(&[1, 1, 4, 4], 1)), Some(&tensor(&[1, 2, 2, 3], 2))], &[]).unwrap_err();
+        let err = run(make("GridSample", 19, &[], 2, 1).unwrap().as_ref(), &as_inputs(&[Some(&rand_f32(&[1, 1, 4, 4], 1)), Some(&rand_f32(&[1, 2, 2, 3], 2))], &[]), &[]).unwrap_err();
         assert!(err.to_string().contains("grid must have shape"), "{err}");
-        assert!(make("GridSample", 2, 1, &[("mode", Attr::String("area".into()))]).is_err());
+        assert!(make("GridSample", 19, &[("mode", Attr::String("area".into()))], 2, 1).is_err());
     }
 }

@@ -180,7 +180,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, run, tensor};
+    use crate::testing::{assert_close, as_inputs, rand_f32, run};
     use crate::{NodeSpec, Registry};
     use kiln_graph::{Attr, Node};
 
@@ -203,8 +203,8 @@ mod tests {
                 let (n, c) = (dims[0], dims[1]);
                 let spatial: usize = dims[2..].iter().product();
                 let plen = if opset >= 21 { c } else { groups };
-                let (x, s, b) = (tensor(&dims, 1), tensor(&[plen], 2), tensor(&[plen], 3));
-                let y = run(op(groups as i64, opset).as_ref(), &[Some(&x), Some(&s), Some(&b)], &[]).unwrap().remove(0);
+                let (x, s, b) = (rand_f32(&dims, 1), rand_f32(&[plen], 2), rand_f32(&[plen], 3));
+                let y = run(op(groups as i64, opset).as_ref(), &as_inputs(&[Some(&x), Some(&s), Some(&b)], &[]), &[]).unwrap().remove(0);
                 let (xv, sv, bv) = (x.to_f64_vec(), s.to_f64_vec(), b.to_f64_vec());
                 let size = c / groups * spatial;
                 let mut want = vec![];
@@ -220,9 +220,9 @@ mod tests {
                 assert_close(&y, &want, 1e-4, &format!("GroupNormalization {dims:?} opset {opset}"));
             }
         }
-        let err = run(op(3, 21).as_ref(), &[Some(&tensor(&[1, 4, 2], 1)), Some(&tensor(&[4], 2)), Some(&tensor(&[4], 3))], &[]).unwrap_err();
+        let err = run(op(3, 21).as_ref(), &as_inputs(&[Some(&rand_f32(&[1, 4, 2], 1)), Some(&rand_f32(&[4], 2)), Some(&rand_f32(&[4], 3))], &[]), &[]).unwrap_err();
         assert!(err.to_string().contains("num_groups"), "{err}");
-        let err = run(op(2, 21).as_ref(), &[Some(&tensor(&[1, 4, 2], 1)), Some(&tensor(&[2], 2)), Some(&tensor(&[4], 3))], &[]).unwrap_err();
+        let err = run(op(2, 21).as_ref(), &as_inputs(&[Some(&rand_f32(&[1, 4, 2], 1)), Some(&rand_f32(&[2], 2)), Some(&rand_f32(&[4], 3))], &[]), &[]).unwrap_err();
         assert!(err.to_string().contains("one per channel"), "{err}");
     }
 }

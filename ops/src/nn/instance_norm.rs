@@ -168,7 +168,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
 
     #[test]
     fn instancenorm_matches_reference() {
@@ -176,9 +176,9 @@ mod tests {
         for dims in [vec![2usize, 3, 5, 7], vec![1, 2, 50, 61], vec![1, 4, 300, 300]] {
             let c = dims[1];
             let inner: usize = dims[2..].iter().product();
-            let x = tensor(&dims, 1);
-            let (s, b) = (tensor(&[c], 2), tensor(&[c], 3));
-            let y = run(make("InstanceNormalization", 3, 1, &[]).unwrap().as_ref(), &[Some(&x), Some(&s), Some(&b)], &[]).unwrap().remove(0);
+            let x = rand_f32(&dims, 1);
+            let (s, b) = (rand_f32(&[c], 2), rand_f32(&[c], 3));
+            let y = run(make("InstanceNormalization", 19, &[], 3, 1).unwrap().as_ref(), &as_inputs(&[Some(&x), Some(&s), Some(&b)], &[]), &[]).unwrap().remove(0);
             let mut want = vec![0.0; x.len()];
             let (sv, bv) = (s.to_f64_vec(), b.to_f64_vec());
             for (p, (src, dst)) in x.to_f64_vec().chunks(inner).zip(want.chunks_mut(inner)).enumerate() {
@@ -193,7 +193,7 @@ mod tests {
         use crate::{Arg, TensorType};
         use kiln_graph::DType;
         let generate = |dims: Vec<usize>| {
-            let op = make("InstanceNormalization", 3, 1, &[]).unwrap();
+            let op = make("InstanceNormalization", 19, &[], 3, 1).unwrap();
             let types = [TensorType::new(DType::F32, dims.clone()), TensorType::new(DType::F32, vec![dims[1]]), TensorType::new(DType::F32, vec![dims[1]])];
             let args: Vec<Option<Arg>> = types.iter().map(|ty| Some(Arg { ty, value: None })).collect();
             let outs = op.infer(&args).unwrap();

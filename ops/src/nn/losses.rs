@@ -229,7 +229,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
     use kiln_graph::{Attr, Tensor};
 
     /// Naive reference: (loss, log_prob).
@@ -276,7 +276,7 @@ mod tests {
         for dims in [vec![3usize, 5], vec![2, 4, 3], vec![2, 3, 2, 5]] {
             let (n, c) = (dims[0], dims[1]);
             let inner: usize = dims[2..].iter().product();
-            let x = tensor(&dims, 1);
+            let x = rand_f32(&dims, 1);
             let target: Vec<i64> = (0..n * inner).map(|i| ((i * 7 + 1) % c) as i64).collect();
             let mut tdims = vec![n];
             tdims.extend_from_slice(&dims[2..]);
@@ -293,7 +293,7 @@ mod tests {
                             }
                             let inputs = if weighted { vec![Some(&x), Some(&tt), Some(&w)] } else { vec![Some(&x), Some(&tt)] };
                             let outs = if softmax { 2 } else { 1 };
-                            let got = run(make(op, inputs.len(), outs, &attrs).unwrap().as_ref(), &inputs, &[]).unwrap();
+                            let got = run(make(op, 19, &attrs, inputs.len(), outs).unwrap().as_ref(), &as_inputs(&inputs, &[]), &[]).unwrap();
                             let (loss, lp) = reference(&x, &target, weighted.then_some(&wv[..]), reduction, ii, softmax);
                             let what = format!("{op} {dims:?} {reduction} ii={ii:?} weighted={weighted}");
                             assert_close(&got[0], &loss, 1e-5, &what);
@@ -309,12 +309,12 @@ mod tests {
 
     #[test]
     fn bad_targets_and_shapes_are_errors() {
-        let x = tensor(&[2, 3], 1);
+        let x = rand_f32(&[2, 3], 1);
         let bad = Tensor::from_slice(&[2], &[0i64, 3]).unwrap();
-        let op = make("NegativeLogLikelihoodLoss", 2, 1, &[]).unwrap();
-        assert!(run(op.as_ref(), &[Some(&x), Some(&bad)], &[]).unwrap_err().to_string().contains("not a class"));
+        let op = make("NegativeLogLikelihoodLoss", 19, &[], 2, 1).unwrap();
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&bad)], &[]), &[]).unwrap_err().to_string().contains("not a class"));
         let wrong = Tensor::from_slice(&[3], &[0i64, 1, 2]).unwrap();
-        assert!(run(op.as_ref(), &[Some(&x), Some(&wrong)], &[]).unwrap_err().to_string().contains("(N, d1..dk)"));
-        assert!(make("SoftmaxCrossEntropyLoss", 2, 1, &[("reduction", Attr::String("max".into()))]).is_err());
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&wrong)], &[]), &[]).unwrap_err().to_string().contains("(N, d1..dk)"));
+        assert!(make("SoftmaxCrossEntropyLoss", 19, &[("reduction", Attr::String("max".into()))], 2, 1).is_err());
     }
 }

@@ -104,15 +104,15 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
     use kiln_graph::{Attr, Tensor};
 
     #[test]
     fn lp_norm_matches_a_reference() {
         for (dims, axis) in [(vec![2usize, 3, 5], -1i64), (vec![2, 3, 5], 1), (vec![4, 7], 0), (vec![2, 5000], 1)] {
             for p in [1i64, 2] {
-                let x = tensor(&dims, 3);
-                let y = run(make("LpNormalization", 1, 1, &[("axis", Attr::Int(axis)), ("p", Attr::Int(p))]).unwrap().as_ref(), &[Some(&x)], &[]).unwrap().remove(0);
+                let x = rand_f32(&dims, 3);
+                let y = run(make("LpNormalization", 19, &[("axis", Attr::Int(axis)), ("p", Attr::Int(p))], 1, 1).unwrap().as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap().remove(0);
                 let a = if axis < 0 { dims.len() as i64 + axis } else { axis } as usize;
                 let (outer, d, inner): (usize, usize, usize) = (dims[..a].iter().product(), dims[a], dims[a + 1..].iter().product());
                 let xv = x.to_f64_vec();
@@ -128,8 +128,8 @@ mod tests {
             }
         }
         let zeros = Tensor::from_slice(&[2, 2], &[0f32, 0.0, 3.0, 4.0]).unwrap();
-        let y = run(make("LpNormalization", 1, 1, &[]).unwrap().as_ref(), &[Some(&zeros)], &[]).unwrap().remove(0);
+        let y = run(make("LpNormalization", 19, &[], 1, 1).unwrap().as_ref(), &as_inputs(&[Some(&zeros)], &[]), &[]).unwrap().remove(0);
         assert_close(&y, &[0.0, 0.0, 0.6, 0.8], 1e-6, "a zero vector stays zero");
-        assert!(make("LpNormalization", 1, 1, &[("p", Attr::Int(3))]).is_err());
+        assert!(make("LpNormalization", 19, &[("p", Attr::Int(3))], 1, 1).is_err());
     }
 }

@@ -114,15 +114,15 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
     use kiln_graph::Attr;
 
     #[test]
     fn lrn_matches_a_reference() {
         for (dims, size) in [(vec![2usize, 5, 3, 4], 3i64), (vec![1, 7, 5], 4), (vec![2, 3, 2, 2], 1), (vec![1, 4, 3, 3], 9)] {
-            let x = tensor(&dims, 2);
+            let x = rand_f32(&dims, 2);
             let attrs = [("size", Attr::Int(size)), ("alpha", Attr::Float(0.3)), ("beta", Attr::Float(0.6)), ("bias", Attr::Float(1.5))];
-            let y = run(make("LRN", 1, 1, &attrs).unwrap().as_ref(), &[Some(&x)], &[]).unwrap().remove(0);
+            let y = run(make("LRN", 19, &attrs, 1, 1).unwrap().as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap().remove(0);
             let (c, sp): (usize, usize) = (dims[1], dims[2..].iter().product());
             let xv = x.to_f64_vec();
             let (lo, hi) = ((size as f64 - 1.0) / 2.0, (size as f64 - 1.0) / 2.0);
@@ -136,6 +136,6 @@ mod tests {
                 .collect();
             assert_close(&y, &want, 1e-5, &format!("LRN {dims:?} size {size}"));
         }
-        assert!(make("LRN", 1, 1, &[]).unwrap_err().to_string().contains("size"));
+        assert!(make("LRN", 19, &[], 1, 1).unwrap_err().to_string().contains("size"));
     }
 }

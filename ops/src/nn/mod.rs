@@ -31,8 +31,6 @@ mod plane_lanes;
 mod rms_norm;
 mod rotary_embedding;
 mod pool;
-#[cfg(test)]
-mod testutil;
 mod window;
 
 pub(crate) fn register(r: &mut Registry) {

@@ -148,14 +148,14 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, make, run, tensor};
-    use super::super::testutil::ints;
+    use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
+    use crate::testing::ints;
 
     #[test]
     fn mvn_matches_a_reference() {
         for (dims, axes) in [(vec![3usize, 3, 3, 1], vec![0i64, 2, 3]), (vec![2, 3, 4, 5], vec![1]), (vec![2, 3, 4], vec![-1, 0]), (vec![1, 3, 60, 70], vec![0, 2, 3])] {
-            let x = tensor(&dims, 5);
-            let y = run(make("MeanVarianceNormalization", 1, 1, &[("axes", ints(&axes))]).unwrap().as_ref(), &[Some(&x)], &[]).unwrap().remove(0);
+            let x = rand_f32(&dims, 5);
+            let y = run(make("MeanVarianceNormalization", 19, &[("axes", ints(&axes))], 1, 1).unwrap().as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap().remove(0);
             // Reference: for every element, the statistics of the elements that agree with
             // it on every kept axis (quadratic, fine for these sizes except the big one).
             let xv = x.to_f64_vec();
@@ -181,6 +181,6 @@ mod tests {
                 .collect();
             assert_close(&y, &want, 1e-4, &format!("MVN {dims:?} axes {axes:?}"));
         }
-        assert!(run(make("MeanVarianceNormalization", 1, 1, &[("axes", ints(&[1, 1]))]).unwrap().as_ref(), &[Some(&tensor(&[2, 3], 1))], &[]).is_err());
+        assert!(run(make("MeanVarianceNormalization", 19, &[("axes", ints(&[1, 1]))], 1, 1).unwrap().as_ref(), &as_inputs(&[Some(&rand_f32(&[2, 3], 1))], &[]), &[]).is_err());
     }
 }

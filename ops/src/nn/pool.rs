@@ -521,7 +521,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, ints, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, ints, make, rand_f32, run};
     use kiln_graph::{Attr, Tensor};
 
     /// Naive 2-D pooling reference with explicit pads (begin, end) per dim.
@@ -561,7 +561,7 @@ mod tests {
 
     #[test]
     fn pools_match_reference() {
-        let x = tensor(&[2, 3, 11, 9], 7);
+        let x = rand_f32(&[2, 3, 11, 9], 7);
         for kind in ["MaxPool", "AveragePool", "LpPool"] {
             for (k, s, d, pads, ceil, include) in [
                 ([3, 3], [2, 2], [1, 1], [1i64, 1, 1, 1], false, false),
@@ -579,8 +579,8 @@ mod tests {
                     ("ceil_mode", Attr::Int(ceil as i64)),
                     ("count_include_pad", Attr::Int(include as i64)),
                 ];
-                let op = make(kind, 1, 1, &attrs).unwrap();
-                let y = run(op.as_ref(), &[Some(&x)], &[]).unwrap().remove(0);
+                let op = make(kind, 19, &attrs, 1, 1).unwrap();
+                let y = run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap().remove(0);
                 let out = [y.dims()[2], y.dims()[3]];
                 let want = reference(&x, kind, k, s, d, [pads[0], pads[1]], [pads[2], pads[3]], out, include);
                 assert_close(&y, &want, 1e-5, &format!("{kind} k{k:?} s{s:?} d{d:?} p{pads:?} ceil{ceil}"));
@@ -592,33 +592,33 @@ mod tests {
     fn maxpool_indices_and_ceil_rules() {
         // test_maxpool_with_argmax_2d_precomputed_strides: 5x5, k2 s2, storage_order 1.
         let x = Tensor::from_vec(&[1, 1, 5, 5], (1..=25).map(|v| v as f32).collect()).unwrap();
-        let op = make("MaxPool", 1, 2, &[("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2])), ("storage_order", Attr::Int(1))]).unwrap();
-        let out = run(op.as_ref(), &[Some(&x)], &[]).unwrap();
+        let op = make("MaxPool", 19, &[("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2])), ("storage_order", Attr::Int(1))], 1, 2).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap();
         assert_eq!(out[0].as_slice::<f32>().unwrap(), &[7.0, 9.0, 17.0, 19.0]);
         assert_eq!(out[1].as_slice::<i64>().unwrap(), &[6, 16, 8, 18]);
         // test_maxpool_2d_ceil_output_size_reduce_by_one: 2x2, k1 s2 ceil -> 1x1.
-        let x = tensor(&[1, 1, 2, 2], 1);
-        let op = make("MaxPool", 1, 1, &[("kernel_shape", ints(&[1, 1])), ("strides", ints(&[2, 2])), ("ceil_mode", Attr::Int(1))]).unwrap();
-        assert_eq!(run(op.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[1, 1, 1, 1]);
+        let x = rand_f32(&[1, 1, 2, 2], 1);
+        let op = make("MaxPool", 19, &[("kernel_shape", ints(&[1, 1])), ("strides", ints(&[2, 2])), ("ceil_mode", Attr::Int(1))], 1, 1).unwrap();
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].dims(), &[1, 1, 1, 1]);
         // uint8 max pooling, 1-D and 3-D shapes.
         let x = Tensor::from_vec(&[1, 1, 6], vec![3u8, 9, 1, 200, 4, 4]).unwrap();
-        let op = make("MaxPool", 1, 1, &[("kernel_shape", ints(&[2])), ("strides", ints(&[2]))]).unwrap();
-        assert_eq!(run(op.as_ref(), &[Some(&x)], &[]).unwrap()[0].as_slice::<u8>().unwrap(), &[9, 200, 4]);
-        let x = tensor(&[1, 2, 4, 5, 6], 3);
-        let op = make("AveragePool", 1, 1, &[("kernel_shape", ints(&[2, 2, 2])), ("auto_pad", Attr::String("SAME_UPPER".into()))]).unwrap();
-        assert_eq!(run(op.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[1, 2, 4, 5, 6]);
-        assert!(make("MaxPool", 1, 1, &[]).is_err());
+        let op = make("MaxPool", 19, &[("kernel_shape", ints(&[2])), ("strides", ints(&[2]))], 1, 1).unwrap();
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].as_slice::<u8>().unwrap(), &[9, 200, 4]);
+        let x = rand_f32(&[1, 2, 4, 5, 6], 3);
+        let op = make("AveragePool", 19, &[("kernel_shape", ints(&[2, 2, 2])), ("auto_pad", Attr::String("SAME_UPPER".into()))], 1, 1).unwrap();
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].dims(), &[1, 2, 4, 5, 6]);
+        assert!(make("MaxPool", 19, &[], 1, 1).is_err());
         // Empty inputs give empty outputs (no panics, no shader).
         let x = Tensor::from_vec(&[0, 3, 5, 5], Vec::<f32>::new()).unwrap();
         for op in ["MaxPool", "AveragePool", "LpPool"] {
-            let o = make(op, 1, 1, &[("kernel_shape", ints(&[2, 2]))]).unwrap();
-            assert_eq!(run(o.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[0, 3, 4, 4]);
+            let o = make(op, 19, &[("kernel_shape", ints(&[2, 2]))], 1, 1).unwrap();
+            assert_eq!(run(o.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].dims(), &[0, 3, 4, 4]);
         }
-        let o = make("Conv", 2, 1, &[]).unwrap();
-        let w = tensor(&[2, 3, 2, 2], 1);
-        assert_eq!(run(o.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap()[0].dims(), &[0, 2, 4, 4]);
-        let o = make("Conv", 2, 1, &[("auto_pad", Attr::String("SAME_UPPER".into()))]).unwrap();
+        let o = make("Conv", 19, &[], 2, 1).unwrap();
+        let w = rand_f32(&[2, 3, 2, 2], 1);
+        assert_eq!(run(o.as_ref(), &as_inputs(&[Some(&x), Some(&w)], &[]), &[]).unwrap()[0].dims(), &[0, 2, 4, 4]);
+        let o = make("Conv", 19, &[("auto_pad", Attr::String("SAME_UPPER".into()))], 2, 1).unwrap();
         let x = Tensor::from_vec(&[1, 3, 0, 5], Vec::<f32>::new()).unwrap();
-        assert_eq!(run(o.as_ref(), &[Some(&x), Some(&w)], &[]).unwrap()[0].dims(), &[1, 2, 0, 5]);
+        assert_eq!(run(o.as_ref(), &as_inputs(&[Some(&x), Some(&w)], &[]), &[]).unwrap()[0].dims(), &[1, 2, 0, 5]);
     }
 }

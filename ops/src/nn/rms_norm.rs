@@ -149,16 +149,16 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
     use kiln_graph::Attr;
 
     #[test]
     fn rms_norm_matches_a_reference() {
         for (dims, axis, sdims) in [(vec![3usize, 5, 7], -1i64, vec![7usize]), (vec![2, 3, 5], 1, vec![1, 5]), (vec![2, 3], 0, vec![2, 3]), (vec![2, 3000], -1, vec![3000])] {
-            let x = tensor(&dims, 1);
-            let s = tensor(&sdims, 2);
-            let op = make("RMSNormalization", 2, 1, &[("axis", Attr::Int(axis)), ("epsilon", Attr::Float(0.01))]).unwrap();
-            let y = run(op.as_ref(), &[Some(&x), Some(&s)], &[]).unwrap().remove(0);
+            let x = rand_f32(&dims, 1);
+            let s = rand_f32(&sdims, 2);
+            let op = make("RMSNormalization", 19, &[("axis", Attr::Int(axis)), ("epsilon", Attr::Float(0.01))], 2, 1).unwrap();
+            let y = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&s)], &[]), &[]).unwrap().remove(0);
             let a = if axis < 0 { dims.len() as i64 + axis } else { axis } as usize;
             let n: usize = dims[a..].iter().product();
             let (xv, sv) = (x.to_f64_vec(), s.to_f64_vec());
@@ -171,9 +171,9 @@ mod tests {
             }
             assert_close(&y, &want, 1e-5, &format!("RMSNormalization {dims:?} axis {axis}"));
         }
-        let op = make("RMSNormalization", 2, 1, &[]).unwrap();
-        let err = run(op.as_ref(), &[Some(&tensor(&[2, 3], 1)), Some(&tensor(&[2], 2))], &[]).unwrap_err();
+        let op = make("RMSNormalization", 19, &[], 2, 1).unwrap();
+        let err = run(op.as_ref(), &as_inputs(&[Some(&rand_f32(&[2, 3], 1)), Some(&rand_f32(&[2], 2))], &[]), &[]).unwrap_err();
         assert!(err.to_string().contains("does not broadcast"), "{err}");
-        assert!(make("RMSNormalization", 2, 1, &[("stash_type", Attr::Int(0))]).is_err());
+        assert!(make("RMSNormalization", 19, &[("stash_type", Attr::Int(0))], 2, 1).is_err());
     }
 }

@@ -190,7 +190,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_close, make, run, tensor};
+    use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
     use kiln_graph::{Attr, Tensor};
 
     /// Reference on a (B, S, H, D) view: rotate each head's first `r` features.
@@ -222,12 +222,12 @@ mod tests {
                 let rot = if r == 0 { d } else { r };
                 let mut attrs = vec![("interleaved", Attr::Int(interleaved as i64)), ("rotary_embedding_dim", Attr::Int(r as i64))];
                 // Position ids into a (9, R/2) cache, 4-D input.
-                let (cos, sin) = (tensor(&[9, rot / 2], 1), tensor(&[9, rot / 2], 2));
+                let (cos, sin) = (rand_f32(&[9, rot / 2], 1), rand_f32(&[9, rot / 2], 2));
                 let pos: Vec<i64> = (0..b * s).map(|i| (i * 4 % 9) as i64).collect();
                 let pt = Tensor::from_slice(&[b, s], &pos).unwrap();
-                let x = tensor(&[b, h, s, d], 3);
-                let op = make("RotaryEmbedding", 4, 1, &attrs).unwrap();
-                let y = run(op.as_ref(), &[Some(&x), Some(&cos), Some(&sin), Some(&pt)], &[]).unwrap().remove(0);
+                let x = rand_f32(&[b, h, s, d], 3);
+                let op = make("RotaryEmbedding", 19, &attrs, 4, 1).unwrap();
+                let y = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&cos), Some(&sin), Some(&pt)], &[]), &[]).unwrap().remove(0);
                 let (cv, sv) = (cos.to_f64_vec(), sin.to_f64_vec());
                 let at = |bb: usize, ss: usize, k: usize| {
                     let row = pos[bb * s + ss] as usize;
@@ -236,18 +236,18 @@ mod tests {
                 assert_close(&y, &reference(&x.to_f64_vec(), [b, h, s, d], true, &at, rot, interleaved), 1e-6, "4-D with positions");
                 // A (B, S, R/2) cache, 3-D input.
                 attrs.push(("num_heads", Attr::Int(h as i64)));
-                let (cos, sin) = (tensor(&[b, s, rot / 2], 4), tensor(&[b, s, rot / 2], 5));
-                let x = tensor(&[b, s, h * d], 6);
-                let y = run(make("RotaryEmbedding", 3, 1, &attrs).unwrap().as_ref(), &[Some(&x), Some(&cos), Some(&sin)], &[]).unwrap().remove(0);
+                let (cos, sin) = (rand_f32(&[b, s, rot / 2], 4), rand_f32(&[b, s, rot / 2], 5));
+                let x = rand_f32(&[b, s, h * d], 6);
+                let y = run(make("RotaryEmbedding", 19, &attrs, 3, 1).unwrap().as_ref(), &as_inputs(&[Some(&x), Some(&cos), Some(&sin)], &[]), &[]).unwrap().remove(0);
                 let (cv, sv) = (cos.to_f64_vec(), sin.to_f64_vec());
                 let at = |bb: usize, ss: usize, k: usize| (cv[(bb * s + ss) * rot / 2 + k], sv[(bb * s + ss) * rot / 2 + k]);
                 assert_close(&y, &reference(&x.to_f64_vec(), [b, h, s, d], false, &at, rot, interleaved), 1e-6, "3-D without positions");
             }
         }
-        let op = make("RotaryEmbedding", 3, 1, &[]).unwrap();
-        let err = run(op.as_ref(), &[Some(&tensor(&[1, 2, 3, 4], 1)), Some(&tensor(&[1, 3, 3], 2)), Some(&tensor(&[1, 3, 2], 3))], &[]).unwrap_err();
+        let op = make("RotaryEmbedding", 19, &[], 3, 1).unwrap();
+        let err = run(op.as_ref(), &as_inputs(&[Some(&rand_f32(&[1, 2, 3, 4], 1)), Some(&rand_f32(&[1, 3, 3], 2)), Some(&rand_f32(&[1, 3, 2], 3))], &[]), &[]).unwrap_err();
         assert!(err.to_string().contains("cos_cache"), "{err}");
-        let err = run(op.as_ref(), &[Some(&tensor(&[1, 3, 8], 1)), Some(&tensor(&[1, 3, 2], 2)), Some(&tensor(&[1, 3, 2], 3))], &[]).unwrap_err();
+        let err = run(op.as_ref(), &as_inputs(&[Some(&rand_f32(&[1, 3, 8], 1)), Some(&rand_f32(&[1, 3, 2], 2)), Some(&rand_f32(&[1, 3, 2], 3))], &[]), &[]).unwrap_err();
         assert!(err.to_string().contains("num_heads"), "{err}");
     }
 }

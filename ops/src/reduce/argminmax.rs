@@ -166,7 +166,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{make, run};
+    use crate::testing::{Input, first, make, run};
     use super::*;
     use kiln_graph::Attr;
 
@@ -193,9 +193,9 @@ mod tests {
             for axis in [0i64, 1, 2, -1] {
                 for keep in [0i64, 1] {
                     for last in [0i64, 1] {
-                        let op = make(name, &[("axis", Attr::Int(axis)), ("keepdims", Attr::Int(keep)), ("select_last_index", Attr::Int(last))], 13, 1);
+                        let op = make(name, 13, &[("axis", Attr::Int(axis)), ("keepdims", Attr::Int(keep)), ("select_last_index", Attr::Int(last))], 1, 1).unwrap();
                         for xt in [x.clone(), Tensor::from_f64(DType::I64, x.dims(), &x.to_f64_vec()).unwrap()] {
-                            let got = run(&*op, &[xt], &[]).unwrap();
+                            let got = run(&*op, &[Input::Data(xt)], &[]).map(first).unwrap();
                             let a = norm_axis(axis, 3).unwrap();
                             let mut dims = vec![3, 4, 5];
                             if keep == 1 { dims[a] = 1 } else { dims.remove(a); }
@@ -207,9 +207,9 @@ mod tests {
             }
         }
         let nan = Tensor::from_slice(&[4], &[1f32, f32::NAN, 5., f32::NAN]).unwrap();
-        assert_eq!(run(&*make("ArgMax", &[], 13, 1), &[nan.clone()], &[]).unwrap().as_slice::<i64>().unwrap(), &[1]);
-        assert_eq!(run(&*make("ArgMin", &[("select_last_index", Attr::Int(1))], 13, 1), &[nan], &[]).unwrap().as_slice::<i64>().unwrap(), &[3]);
-        assert!(run(&*make("ArgMax", &[("axis", Attr::Int(1))], 13, 1), &[Tensor::zeros(DType::F32, &[2, 0])], &[]).is_err());
-        assert!(run(&*make("ArgMax", &[("axis", Attr::Int(2))], 13, 1), &[Tensor::zeros(DType::F32, &[2, 3])], &[]).is_err());
+        assert_eq!(run(&*make("ArgMax", 13, &[], 1, 1).unwrap(), &[Input::Data(nan.clone())], &[]).map(first).unwrap().as_slice::<i64>().unwrap(), &[1]);
+        assert_eq!(run(&*make("ArgMin", 13, &[("select_last_index", Attr::Int(1))], 1, 1).unwrap(), &[Input::Data(nan)], &[]).map(first).unwrap().as_slice::<i64>().unwrap(), &[3]);
+        assert!(run(&*make("ArgMax", 13, &[("axis", Attr::Int(1))], 1, 1).unwrap(), &[Input::Data(Tensor::zeros(DType::F32, &[2, 0]))], &[]).map(first).is_err());
+        assert!(run(&*make("ArgMax", 13, &[("axis", Attr::Int(2))], 1, 1).unwrap(), &[Input::Data(Tensor::zeros(DType::F32, &[2, 3]))], &[]).map(first).is_err());
     }
 }

@@ -8,8 +8,6 @@ mod layout;
 mod reduce;
 mod softmax;
 
-#[cfg(test)]
-mod testing;
 
 
 pub(crate) fn register(r: &mut Registry) {

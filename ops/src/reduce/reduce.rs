@@ -279,7 +279,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{make, run};
+    use crate::testing::{Input, first, make, run};
     use super::*;
     use crate::linalg::testing::{assert_close, rand_tensor};
     use kiln_graph::Attr;
@@ -346,11 +346,11 @@ mod tests {
                     if !axes.is_empty() {
                         attrs.push(("axes", Attr::Ints(axes.clone())));
                     }
-                    let got = run(&*make(kind.op_name(), &attrs, 11, 1), &[x.clone()], &[]).unwrap();
+                    let got = run(&*make(kind.op_name(), 11, &attrs, 1, 1).unwrap(), &[Input::Data(x.clone())], &[]).map(first).unwrap();
                     assert_close(&got, &want, &what);
                     let axes_t = Tensor::from_slice(&[axes.len()], &axes).unwrap();
-                    let op = make(kind.op_name(), &[("keepdims", Attr::Int(keep))], 18, 2);
-                    let got = run(&*op, &[x.clone(), axes_t], &[]).unwrap();
+                    let op = make(kind.op_name(), 18, &[("keepdims", Attr::Int(keep))], 2, 1).unwrap();
+                    let got = run(&*op, &[Input::Data(x.clone()), Input::Const(axes_t)], &[]).map(first).unwrap();
                     assert_close(&got, &want, &what);
                 }
             }
@@ -360,11 +360,11 @@ mod tests {
     #[test]
     fn noop_empty_axes_and_empty_sets() {
         let x = rand_tensor(DType::F32, &[3, 2, 2], 1);
-        let op = make("ReduceSum", &[("noop_with_empty_axes", Attr::Int(1))], 13, 2);
-        let got = run(&*op, &[x.clone(), Tensor::from_slice::<i64>(&[0], &[]).unwrap()], &[]).unwrap();
+        let op = make("ReduceSum", 13, &[("noop_with_empty_axes", Attr::Int(1))], 2, 1).unwrap();
+        let got = run(&*op, &[Input::Data(x.clone()), Input::Const(Tensor::from_slice::<i64>(&[0], &[]).unwrap())], &[]).map(first).unwrap();
         assert_eq!(got, x);
-        let op = make("ReduceSum", &[("noop_with_empty_axes", Attr::Int(1))], 13, 1);
-        assert_eq!(run(&*op, &[x.clone()], &[]).unwrap(), x);
+        let op = make("ReduceSum", 13, &[("noop_with_empty_axes", Attr::Int(1))], 1, 1).unwrap();
+        assert_eq!(run(&*op, &[Input::Data(x.clone())], &[]).map(first).unwrap(), x);
         let empty = Tensor::zeros(DType::F32, &[2, 0, 4]);
         let axis1 = Tensor::from_slice(&[1], &[1i64]).unwrap();
         for (kind, want) in [
@@ -377,13 +377,13 @@ mod tests {
             (ReduceKind::L2, 0.0),
             (ReduceKind::SumSquare, 0.0),
         ] {
-            let got = run(&*make(kind.op_name(), &[], 18, 2), &[empty.clone(), axis1.clone()], &[]).unwrap();
+            let got = run(&*make(kind.op_name(), 18, &[], 2, 1).unwrap(), &[Input::Data(empty.clone()), Input::Const(axis1.clone())], &[]).map(first).unwrap();
             assert_eq!(got.dims(), &[2, 1, 4]);
             assert!(got.to_f64_vec().iter().all(|&v| v == want), "{kind:?}: {got:?}");
         }
-        assert!(run(&*make("ReduceMean", &[], 18, 2), &[empty.clone(), axis1.clone()], &[]).unwrap().to_f64_vec()[0].is_nan());
+        assert!(run(&*make("ReduceMean", 18, &[], 2, 1).unwrap(), &[Input::Data(empty.clone()), Input::Const(axis1.clone())], &[]).map(first).unwrap().to_f64_vec()[0].is_nan());
         let axis2 = Tensor::from_slice(&[1], &[2i64]).unwrap();
-        let got = run(&*make("ReduceSum", &[], 13, 2), &[empty, axis2], &[]).unwrap();
+        let got = run(&*make("ReduceSum", 13, &[], 2, 1).unwrap(), &[Input::Data(empty), Input::Const(axis2)], &[]).map(first).unwrap();
         assert_eq!(got.dims(), &[2, 0, 1]);
     }
 
@@ -393,16 +393,16 @@ mod tests {
         for kind in [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min, ReduceKind::Prod, ReduceKind::SumSquare, ReduceKind::L1, ReduceKind::L2] {
             for dtype in [DType::I64, DType::I32, DType::U32] {
                 let xi = if dtype == DType::U32 { rand_tensor(DType::U32, &[4, 3, 5], 9) } else { Tensor::from_f64(dtype, &[4, 3, 5], &x.to_f64_vec()).unwrap() };
-                let got = run(&*make(kind.op_name(), &[("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(0))], 11, 1), &[xi.clone()], &[]).unwrap();
+                let got = run(&*make(kind.op_name(), 11, &[("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(0))], 1, 1).unwrap(), &[Input::Data(xi.clone())], &[]).map(first).unwrap();
                 assert_close(&got, &reference(kind, &xi, &[1], &[4, 5]), &format!("{kind:?} {dtype}"));
             }
         }
         let b = Tensor::from_bools(&[4, 2], &[true, true, true, false, false, true, false, false]).unwrap();
-        let got = run(&*make("ReduceMax", &[], 20, 2), &[b.clone(), Tensor::from_slice(&[1], &[1i64]).unwrap()], &[]).unwrap();
+        let got = run(&*make("ReduceMax", 20, &[], 2, 1).unwrap(), &[Input::Data(b.clone()), Input::Const(Tensor::from_slice(&[1], &[1i64]).unwrap())], &[]).map(first).unwrap();
         assert_eq!(got, Tensor::from_bools(&[4, 1], &[true, true, true, false]).unwrap());
-        let got = run(&*make("ReduceMin", &[], 20, 2), &[b, Tensor::from_slice(&[1], &[1i64]).unwrap()], &[]).unwrap();
+        let got = run(&*make("ReduceMin", 20, &[], 2, 1).unwrap(), &[Input::Data(b), Input::Const(Tensor::from_slice(&[1], &[1i64]).unwrap())], &[]).map(first).unwrap();
         assert_eq!(got, Tensor::from_bools(&[4, 1], &[true, false, false, false]).unwrap());
-        let e = run(&*make("ReduceMax", &[], 20, 2), &[Tensor::zeros(DType::Bool, &[2, 0]), Tensor::from_slice(&[1], &[1i64]).unwrap()], &[]).unwrap();
+        let e = run(&*make("ReduceMax", 20, &[], 2, 1).unwrap(), &[Input::Data(Tensor::zeros(DType::Bool, &[2, 0])), Input::Const(Tensor::from_slice(&[1], &[1i64]).unwrap())], &[]).map(first).unwrap();
         assert_eq!(e, Tensor::from_bools(&[2, 1], &[false, false]).unwrap());
     }
 
@@ -412,7 +412,7 @@ mod tests {
             let x = rand_tensor(DType::F32, &dims, 3);
             let norm = normalize_axes(&axes, dims.len()).unwrap();
             for kind in [ReduceKind::Mean, ReduceKind::LogSumExp, ReduceKind::Max] {
-                let got = run(&*make(kind.op_name(), &[("axes", Attr::Ints(axes.clone()))], 13, 1), &[x.clone()], &[]).unwrap();
+                let got = run(&*make(kind.op_name(), 13, &[("axes", Attr::Ints(axes.clone()))], 1, 1).unwrap(), &[Input::Data(x.clone())], &[]).map(first).unwrap();
                 assert_close(&got, &reference(kind, &x, &norm, &out_dims(&dims, &norm, true)), &format!("{kind:?} {dims:?} {axes:?}"));
             }
         }
@@ -421,14 +421,14 @@ mod tests {
     #[test]
     fn bad_axes_are_errors() {
         let x = rand_tensor(DType::F32, &[3, 4], 1);
-        let err = run(&*make("ReduceMean", &[("axes", Attr::Ints(vec![2]))], 13, 1), &[x.clone()], &[]).unwrap_err().to_string();
+        let err = run(&*make("ReduceMean", 13, &[("axes", Attr::Ints(vec![2]))], 1, 1).unwrap(), &[Input::Data(x.clone())], &[]).map(first).unwrap_err().to_string();
         assert!(err.contains("axis 2"), "{err}");
-        assert!(run(&*make("ReduceMean", &[("axes", Attr::Ints(vec![1, -1]))], 13, 1), &[x.clone()], &[]).is_err());
+        assert!(run(&*make("ReduceMean", 13, &[("axes", Attr::Ints(vec![1, -1]))], 1, 1).unwrap(), &[Input::Data(x.clone())], &[]).map(first).is_err());
         // An axes input that is not constant is an error, not a guess.
-        let op = make("ReduceSum", &[], 13, 2);
+        let op = make("ReduceSum", 13, &[], 2, 1).unwrap();
         let (tx, ta) = (TensorType::new(DType::F32, vec![3, 4]), TensorType::new(DType::I64, vec![1]));
         assert!(op.infer(&[Some(Arg { ty: &tx, value: None }), Some(Arg { ty: &ta, value: None })]).is_err());
         let b = Tensor::from_bools(&[2], &[true, false]).unwrap();
-        assert!(run(&*make("ReduceSum", &[], 13, 1), &[b], &[]).is_err());
+        assert!(run(&*make("ReduceSum", 13, &[], 1, 1).unwrap(), &[Input::Data(b)], &[]).map(first).is_err());
     }
 }

@@ -295,7 +295,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{make, run, tune};
+    use crate::testing::{Input, first, make, run, tune};
     use super::*;
     use crate::linalg::testing::{assert_close, rand_tensor};
     use kiln_graph::Attr;
@@ -322,35 +322,35 @@ mod tests {
     #[test]
     fn opsets_axes_and_variants() {
         let x = rand_tensor(DType::F32, &[3, 4, 5], 11);
-        let tunes = [TuneValues::default(), tune("lanes", 64), tune("lanes", 32)];
+        let tunes = [TuneValues::default(), tune(&[("lanes", 64)]), tune(&[("lanes", 32)])];
         for (name, log) in [("Softmax", false), ("LogSoftmax", true)] {
             // opset 13+: a single axis.
             for (axis, a) in [(0i64, 0), (1, 1), (2, 2), (-1, 2), (-2, 1)] {
-                let got = run(&*make(name, &[("axis", Attr::Int(axis))], 13, 1), &[x.clone()], &tunes).unwrap();
+                let got = run(&*make(name, 13, &[("axis", Attr::Int(axis))], 1, 1).unwrap(), &[Input::Data(x.clone())], &tunes).map(first).unwrap();
                 assert_close(&got, &reference(&x, a, a, log), &format!("{name} axis {axis} v13"));
             }
-            let got = run(&*make(name, &[], 13, 1), &[x.clone()], &tunes).unwrap();
+            let got = run(&*make(name, 13, &[], 1, 1).unwrap(), &[Input::Data(x.clone())], &tunes).map(first).unwrap();
             assert_close(&got, &reference(&x, 2, 2, log), &format!("{name} default v13"));
             // opset < 13: coerced to 2-D at axis (default 1).
             for (axis, a) in [(0i64, 0), (1, 1), (2, 2), (-1, 2)] {
-                let got = run(&*make(name, &[("axis", Attr::Int(axis))], 11, 1), &[x.clone()], &tunes).unwrap();
+                let got = run(&*make(name, 11, &[("axis", Attr::Int(axis))], 1, 1).unwrap(), &[Input::Data(x.clone())], &tunes).map(first).unwrap();
                 assert_close(&got, &reference(&x, a, 2, log), &format!("{name} axis {axis} v11"));
             }
-            let got = run(&*make(name, &[], 11, 1), &[x.clone()], &tunes).unwrap();
+            let got = run(&*make(name, 11, &[], 1, 1).unwrap(), &[Input::Data(x.clone())], &tunes).map(first).unwrap();
             assert_close(&got, &reference(&x, 1, 2, log), &format!("{name} default v11"));
             // Large values stay finite (max subtraction).
             let big = Tensor::from_slice(&[2, 4], &[0f32, 1., 2., 3., 10000., 10001., 10002., 10003.]).unwrap();
-            let got = run(&*make(name, &[], 13, 1), &[big.clone()], &[]).unwrap().to_f64_vec();
+            let got = run(&*make(name, 13, &[], 1, 1).unwrap(), &[Input::Data(big.clone())], &[]).map(first).unwrap().to_f64_vec();
             assert!(got.iter().all(|v| v.is_finite()), "{got:?}");
             assert!((got[0] - got[4]).abs() < 1e-5);
             // f64, and a big parallel case.
             let xd = rand_tensor(DType::F64, &[2, 7, 3], 5);
-            assert_close(&run(&*make(name, &[("axis", Attr::Int(1))], 13, 1), &[xd.clone()], &[]).unwrap(), &reference(&xd, 1, 1, log), name);
+            assert_close(&run(&*make(name, 13, &[("axis", Attr::Int(1))], 1, 1).unwrap(), &[Input::Data(xd.clone())], &[]).map(first).unwrap(), &reference(&xd, 1, 1, log), name);
             let xl = rand_tensor(DType::F32, &[333, 129], 5);
-            assert_close(&run(&*make(name, &[], 13, 1), &[xl.clone()], &tunes).unwrap(), &reference(&xl, 1, 1, log), name);
+            assert_close(&run(&*make(name, 13, &[], 1, 1).unwrap(), &[Input::Data(xl.clone())], &tunes).map(first).unwrap(), &reference(&xl, 1, 1, log), name);
         }
-        assert!(run(&*make("Softmax", &[("axis", Attr::Int(3))], 13, 1), &[x.clone()], &[]).is_err());
-        assert!(run(&*make("Softmax", &[], 13, 1), &[rand_tensor(DType::I64, &[3], 1)], &[]).is_err());
+        assert!(run(&*make("Softmax", 13, &[("axis", Attr::Int(3))], 1, 1).unwrap(), &[Input::Data(x.clone())], &[]).map(first).is_err());
+        assert!(run(&*make("Softmax", 13, &[], 1, 1).unwrap(), &[Input::Data(rand_tensor(DType::I64, &[3], 1))], &[]).map(first).is_err());
     }
 }
 

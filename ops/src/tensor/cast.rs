@@ -212,13 +212,13 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use super::*;
     use kiln_graph::Attr;
 
     fn cast(x: &Tensor, to: DType) -> Tensor {
         let op = make("Cast", 19, &[("to", Attr::Int(to.onnx_code() as i64))], 1, 1).unwrap();
-        run(op.as_ref(), &[Some(x)], &[]).unwrap().remove(0)
+        run(op.as_ref(), &as_inputs(&[Some(x)], &[]), &[]).unwrap().remove(0)
     }
 
     #[test]
@@ -256,7 +256,7 @@ mod tests {
         let op = make("CastLike", 19, &[], 2, 1).unwrap();
         let x = i64s(&[3], &[1, 0, -4]);
         let like = Tensor::from_bools(&[1], &[true]).unwrap();
-        assert_eq!(run(op.as_ref(), &[Some(&x), Some(&like)], &[]).unwrap()[0].bytes(), &[1, 0, 1]);
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&like)], &[]), &[]).unwrap()[0].bytes(), &[1, 0, 1]);
         let e = make("Cast", 19, &[("to", Attr::Int(17))], 1, 1).unwrap_err().to_string();
         assert!(e.contains("17"), "{e}");
     }

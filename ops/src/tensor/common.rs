@@ -1,5 +1,5 @@
 //! Helpers shared by the tensor ops: reading constant integer inputs, a plain-copy
-//! kernel (for views), and test utilities.
+//! kernel (for views), WGSL constant tables.
 use crate::cpu::{self, CpuKernel};
 use crate::op::constant;
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
@@ -105,77 +105,4 @@ pub(crate) fn baked_array(name: &str, ty: &str, values: &[f64]) -> String {
         "const {name} = array<u32, {n}>({body});\nfn {name}_at(k: u32) -> {ty} {{ return bitcast<{ty}>({name}[k]); }}\n",
         n = values.len().max(1)
     )
-}
-
-#[cfg(test)]
-pub(crate) mod testing {
-    //! Builds ops through the registry and runs them: CPU results, with every
-    //! generated WGSL dispatch validated by naga.
-    use crate::{Arg, NodeSpec, Op, Registry, Result, TensorType, TuneValues};
-    use kiln_graph::{Attr, Node, Tensor};
-
-    /// An op of type `op` at `opset` with `n_in` inputs (all present) and `n_out` outputs.
-    pub fn make(op: &str, opset: i64, attrs: &[(&str, Attr)], n_in: usize, n_out: usize) -> Result<Box<dyn Op>> {
-        let node = Node {
-            name: "n".into(),
-            op_type: op.into(),
-            domain: String::new(),
-            attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
-            inputs: (0..n_in).map(Some).collect(),
-            outputs: (n_in..n_in + n_out).collect(),
-        };
-        Registry::builtin().create(&NodeSpec::new(&node, opset))
-    }
-
-    /// Runs `op` on `inputs`; inputs flagged in `consts` are given to inference as
-    /// constants. Validates the WGSL (when the op has a kernel) and returns the CPU outputs.
-    pub fn run(op: &dyn Op, inputs: &[Option<&Tensor>], consts: &[usize]) -> Result<Vec<Tensor>> {
-        let types: Vec<Option<TensorType>> =
-            inputs.iter().map(|t| t.map(|t| TensorType::new(t.dtype(), t.dims()))).collect();
-        let args: Vec<Option<Arg>> = inputs
-            .iter()
-            .zip(&types)
-            .enumerate()
-            .map(|(i, (t, ty))| {
-                ty.as_ref().map(|ty| Arg { ty, value: if consts.contains(&i) { *t } else { None } })
-            })
-            .collect();
-        let out_types = op.infer(&args)?;
-        if let Some(w) = op.wgsl() {
-            let prog = w.generate(&args, &out_types, &TuneValues::default())?;
-            for d in &prog.dispatches {
-                crate::wgsl::testing::validate(&d.source);
-            }
-        }
-        let mut outs: Vec<Tensor> = out_types.iter().map(|t| Tensor::zeros(t.dtype, &t.dims)).collect();
-        op.cpu().expect("op has a CPU kernel").run(inputs, &mut outs)?;
-        for (o, t) in outs.iter().zip(&out_types) {
-            assert_eq!(o.dims(), t.dims.as_slice(), "CPU output dims differ from inferred");
-            assert_eq!(o.dtype(), t.dtype);
-        }
-        Ok(outs)
-    }
-
-    pub fn i64s(dims: &[usize], v: &[i64]) -> Tensor {
-        Tensor::from_slice(dims, v).unwrap()
-    }
-
-    pub fn f32s(dims: &[usize], v: &[f32]) -> Tensor {
-        Tensor::from_slice(dims, v).unwrap()
-    }
-
-    /// 0, 1, 2, ... as f32 of the given dims.
-    pub fn iota_f32(dims: &[usize]) -> Tensor {
-        let n: usize = dims.iter().product();
-        f32s(dims, &(0..n).map(|v| v as f32).collect::<Vec<_>>())
-    }
-
-    pub fn iota_i64(dims: &[usize]) -> Tensor {
-        let n: usize = dims.iter().product();
-        i64s(dims, &(0..n as i64).collect::<Vec<_>>())
-    }
-
-    pub fn ints(v: &[i64]) -> Attr {
-        Attr::Ints(v.to_vec())
-    }
 }

@@ -45,7 +45,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{Attr, Tensor};
 
     #[test]
@@ -53,23 +53,23 @@ mod tests {
         let x = iota_f32(&[3, 2]);
         let cond = Tensor::from_bools(&[3], &[false, true, true]).unwrap();
         let op = make("Compress", 11, &[("axis", Attr::Int(0))], 2, 1).unwrap();
-        assert_eq!(run(op.as_ref(), &[Some(&x), Some(&cond)], &[1]).unwrap()[0], f32s(&[2, 2], &[2., 3., 4., 5.]));
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&cond)], &[1]), &[]).unwrap()[0], f32s(&[2, 2], &[2., 3., 4., 5.]));
         let op = make("Compress", 11, &[("axis", Attr::Int(-1))], 2, 1).unwrap();
         let c2 = Tensor::from_bools(&[2], &[false, true]).unwrap();
-        assert_eq!(run(op.as_ref(), &[Some(&x), Some(&c2)], &[1]).unwrap()[0], f32s(&[3, 1], &[1., 3., 5.]));
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&c2)], &[1]), &[]).unwrap()[0], f32s(&[3, 1], &[1., 3., 5.]));
         // no axis: flattened; a short condition selects from the first elements only
         let flat = make("Compress", 11, &[], 2, 1).unwrap();
         let c5 = Tensor::from_bools(&[5], &[false, true, false, false, true]).unwrap();
-        assert_eq!(run(flat.as_ref(), &[Some(&x), Some(&c5)], &[1]).unwrap()[0], f32s(&[2], &[1., 4.]));
+        assert_eq!(run(flat.as_ref(), &as_inputs(&[Some(&x), Some(&c5)], &[1]), &[]).unwrap()[0], f32s(&[2], &[1., 4.]));
         let xi = iota_i64(&[3, 2]);
-        assert_eq!(run(flat.as_ref(), &[Some(&xi), Some(&c5)], &[1]).unwrap()[0], i64s(&[2], &[1, 4]));
+        assert_eq!(run(flat.as_ref(), &as_inputs(&[Some(&xi), Some(&c5)], &[1]), &[]).unwrap()[0], i64s(&[2], &[1, 4]));
         let none = Tensor::from_bools(&[3], &[false; 3]).unwrap();
-        assert_eq!(run(op.as_ref(), &[Some(&x), Some(&none)], &[1]).unwrap()[0].dims(), &[3, 0]);
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&none)], &[1]), &[]).unwrap()[0].dims(), &[3, 0]);
         let far = Tensor::from_bools(&[4], &[false, false, false, true]).unwrap();
         let op0 = make("Compress", 11, &[("axis", Attr::Int(0))], 2, 1).unwrap();
-        let e = run(op0.as_ref(), &[Some(&x), Some(&far)], &[1]).unwrap_err().to_string();
+        let e = run(op0.as_ref(), &as_inputs(&[Some(&x), Some(&far)], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("position 3, beyond the 3 slices"), "{e}");
-        let e = run(op0.as_ref(), &[Some(&x), Some(&cond)], &[]).unwrap_err().to_string();
+        let e = run(op0.as_ref(), &as_inputs(&[Some(&x), Some(&cond)], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("must be known"), "{e}");
     }
 }

@@ -137,7 +137,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{Attr, Tensor};
 
     #[test]
@@ -146,19 +146,19 @@ mod tests {
         let b = f32s(&[2, 1, 2], &[100., 101., 102., 103.]);
         let e = f32s(&[2, 0, 2], &[]);
         let op = make("Concat", 13, &[("axis", Attr::Int(-2))], 3, 1).unwrap();
-        let out = run(op.as_ref(), &[Some(&a), Some(&e), Some(&b)], &[]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&a), Some(&e), Some(&b)], &[]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[2, 4, 2]);
         assert_eq!(out[0].to_f64_vec(), vec![0., 1., 2., 3., 4., 5., 100., 101., 6., 7., 8., 9., 10., 11., 102., 103.]);
         let op0 = make("Concat", 13, &[("axis", Attr::Int(0))], 2, 1).unwrap();
         let (x, y) = (i64s(&[1], &[3]), i64s(&[2], &[-1, 5]));
-        assert_eq!(run(op0.as_ref(), &[Some(&x), Some(&y)], &[]).unwrap()[0], i64s(&[3], &[3, -1, 5]));
+        assert_eq!(run(op0.as_ref(), &as_inputs(&[Some(&x), Some(&y)], &[]), &[]).unwrap()[0], i64s(&[3], &[3, -1, 5]));
         let (p, q) = (Tensor::from_bools(&[1, 2], &[true, false]).unwrap(), Tensor::from_bools(&[1, 2], &[false, true]).unwrap());
         let op1 = make("Concat", 13, &[("axis", Attr::Int(1))], 2, 1).unwrap();
-        assert_eq!(run(op1.as_ref(), &[Some(&p), Some(&q)], &[]).unwrap()[0].bytes(), &[1, 0, 0, 1]);
+        assert_eq!(run(op1.as_ref(), &as_inputs(&[Some(&p), Some(&q)], &[]), &[]).unwrap()[0].bytes(), &[1, 0, 0, 1]);
         let op2 = make("Concat", 13, &[("axis", Attr::Int(2))], 2, 1).unwrap();
-        let err = run(op2.as_ref(), &[Some(&a), Some(&b)], &[]).unwrap_err().to_string();
+        let err = run(op2.as_ref(), &as_inputs(&[Some(&a), Some(&b)], &[]), &[]).unwrap_err().to_string();
         assert!(err.contains("cannot be concatenated"), "{err}");
         let op5 = make("Concat", 13, &[("axis", Attr::Int(5))], 1, 1).unwrap();
-        assert!(run(op5.as_ref(), &[Some(&a)], &[]).unwrap_err().to_string().contains("out of range"));
+        assert!(run(op5.as_ref(), &as_inputs(&[Some(&a)], &[]), &[]).unwrap_err().to_string().contains("out of range"));
     }
 }

@@ -165,22 +165,22 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{Attr, DType, Tensor};
 
     #[test]
     fn constants() {
         let v = iota_f32(&[2, 3]);
         let c = make("Constant", 13, &[("value", Attr::Tensor(v.clone()))], 0, 1).unwrap();
-        assert_eq!(run(c.as_ref(), &[], &[]).unwrap()[0], v);
+        assert_eq!(run(c.as_ref(), &as_inputs(&[], &[]), &[]).unwrap()[0], v);
         assert_eq!(c.eval_from_types(&[]).unwrap().unwrap()[0], v);
         let c = make("Constant", 13, &[("value_ints", ints(&[3, -1]))], 0, 1).unwrap();
-        assert_eq!(run(c.as_ref(), &[], &[]).unwrap()[0], i64s(&[2], &[3, -1]));
+        assert_eq!(run(c.as_ref(), &as_inputs(&[], &[]), &[]).unwrap()[0], i64s(&[2], &[3, -1]));
         let c = make("Constant", 13, &[("value_float", Attr::Float(2.5))], 0, 1).unwrap();
-        assert_eq!(run(c.as_ref(), &[], &[]).unwrap()[0], Tensor::scalar(2.5f32));
+        assert_eq!(run(c.as_ref(), &as_inputs(&[], &[]), &[]).unwrap()[0], Tensor::scalar(2.5f32));
         let b = Tensor::from_bools(&[2], &[true, false]).unwrap();
         let c = make("Constant", 13, &[("value", Attr::Tensor(b.clone()))], 0, 1).unwrap();
-        assert_eq!(run(c.as_ref(), &[], &[]).unwrap()[0], b);
+        assert_eq!(run(c.as_ref(), &as_inputs(&[], &[]), &[]).unwrap()[0], b);
         assert!(make("Constant", 13, &[], 0, 1).is_err());
         let big = make("Constant", 13, &[("value", Attr::Tensor(iota_f32(&[2000])))], 0, 1).unwrap();
         assert!(big.wgsl().is_none());
@@ -190,15 +190,15 @@ mod tests {
     fn constant_of_shape() {
         let shape = i64s(&[3], &[2, 1, 3]);
         let c = make("ConstantOfShape", 9, &[("value", Attr::Tensor(i64s(&[1], &[7])))], 1, 1).unwrap();
-        let out = run(c.as_ref(), &[Some(&shape)], &[0]).unwrap();
+        let out = run(c.as_ref(), &as_inputs(&[Some(&shape)], &[0]), &[]).unwrap();
         assert_eq!(out[0], i64s(&[2, 1, 3], &[7; 6]));
         let d = make("ConstantOfShape", 9, &[], 1, 1).unwrap();
-        let out = run(d.as_ref(), &[Some(&i64s(&[0], &[]))], &[0]).unwrap();
+        let out = run(d.as_ref(), &as_inputs(&[Some(&i64s(&[0], &[]))], &[0]), &[]).unwrap();
         assert_eq!(out[0], Tensor::scalar(0f32));
         let b = make("ConstantOfShape", 9, &[("value", Attr::Tensor(Tensor::from_bools(&[1], &[true]).unwrap()))], 1, 1).unwrap();
-        let out = run(b.as_ref(), &[Some(&i64s(&[1], &[5]))], &[0]).unwrap();
+        let out = run(b.as_ref(), &as_inputs(&[Some(&i64s(&[1], &[5]))], &[0]), &[]).unwrap();
         assert_eq!(out[0].dtype(), DType::Bool);
         assert_eq!(out[0].bytes(), &[1; 5]);
-        assert!(run(d.as_ref(), &[Some(&i64s(&[1], &[-2]))], &[0]).is_err());
+        assert!(run(d.as_ref(), &as_inputs(&[Some(&i64s(&[1], &[-2]))], &[0]), &[]).is_err());
     }
 }

@@ -216,7 +216,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use super::*;
     use kiln_graph::Attr;
 
@@ -252,14 +252,14 @@ mod tests {
                     let op = make(op_name, 14, &attrs, 2, 1).unwrap();
                     let a = Tensor::scalar(axis);
                     let want = reference(&x.to_f64_vec(), &dims, axis.rem_euclid(3) as usize, op_name == "CumProd", excl == 1, rev == 1);
-                    let got = run(op.as_ref(), &[Some(&x), Some(&a)], &[1]).unwrap()[0].to_f64_vec();
+                    let got = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&a)], &[1]), &[]).unwrap()[0].to_f64_vec();
                     for (g, w) in got.iter().zip(&want) {
                         assert!((g - w).abs() < 1e-5, "{op_name} {excl} {rev} {axis}: {got:?} vs {want:?}");
                     }
                     for dt in [DType::I64, DType::I32, DType::F64, DType::F16] {
                         let xi = Tensor::from_f64(dt, &dims, &(0..30).map(|v| (v % 5) as f64 - 2.0).collect::<Vec<_>>()).unwrap();
                         let want = reference(&xi.to_f64_vec(), &dims, axis.rem_euclid(3) as usize, op_name == "CumProd", excl == 1, rev == 1);
-                        let got = run(op.as_ref(), &[Some(&xi), Some(&Tensor::scalar(axis as i32))], &[1]).unwrap();
+                        let got = run(op.as_ref(), &as_inputs(&[Some(&xi), Some(&Tensor::scalar(axis as i32))], &[1]), &[]).unwrap();
                         assert_eq!(got[0].dtype(), dt);
                         assert_eq!(got[0].to_f64_vec(), want, "{op_name} {dt}");
                     }
@@ -288,9 +288,9 @@ mod tests {
         }
         let bad = make("CumSum", 14, &[], 2, 1).unwrap();
         let x = iota_f32(&[2, 2]);
-        let e = run(bad.as_ref(), &[Some(&x), Some(&Tensor::scalar(2i64))], &[1]).unwrap_err().to_string();
+        let e = run(bad.as_ref(), &as_inputs(&[Some(&x), Some(&Tensor::scalar(2i64))], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("out of range"), "{e}");
-        let e = run(bad.as_ref(), &[Some(&x), Some(&Tensor::scalar(0i64))], &[]).unwrap_err().to_string();
+        let e = run(bad.as_ref(), &as_inputs(&[Some(&x), Some(&Tensor::scalar(0i64))], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("axis must be known"), "{e}");
         assert!(make("CumSum", 14, &[("reverse", Attr::Int(2))], 2, 1).is_err());
     }

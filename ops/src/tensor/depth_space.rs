@@ -119,7 +119,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::Attr;
 
     /// numpy-style reference of the ONNX definitions (reshape + transpose + reshape).
@@ -146,23 +146,23 @@ mod tests {
         let x = iota_f32(&dims);
         for mode in ["DCR", "CRD"] {
             let d2s = make("DepthToSpace", 13, &[("blocksize", Attr::Int(2)), ("mode", Attr::String(mode.into()))], 1, 1).unwrap();
-            let y = run(d2s.as_ref(), &[Some(&x)], &[]).unwrap().remove(0);
+            let y = run(d2s.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap().remove(0);
             assert_eq!(y.dims(), &[2, 2, 6, 10]);
             assert_eq!(y.to_f64_vec(), depth_to_space(&x.to_f64_vec(), dims, 2, mode == "CRD"), "{mode}");
             let s2d = make("SpaceToDepth", 13, &[("blocksize", Attr::Int(2)), ("mode", Attr::String(mode.into()))], 1, 1).unwrap();
-            let back = run(s2d.as_ref(), &[Some(&y)], &[]).unwrap().remove(0);
+            let back = run(s2d.as_ref(), &as_inputs(&[Some(&y)], &[]), &[]).unwrap().remove(0);
             assert_eq!(back, x, "{mode} round trip");
             let xi = iota_i64(&dims);
-            let yi = run(d2s.as_ref(), &[Some(&xi)], &[]).unwrap().remove(0);
-            assert_eq!(run(s2d.as_ref(), &[Some(&yi)], &[]).unwrap()[0], xi);
+            let yi = run(d2s.as_ref(), &as_inputs(&[Some(&xi)], &[]), &[]).unwrap().remove(0);
+            assert_eq!(run(s2d.as_ref(), &as_inputs(&[Some(&yi)], &[]), &[]).unwrap()[0], xi);
         }
         let d2s = make("DepthToSpace", 13, &[("blocksize", Attr::Int(3))], 1, 1).unwrap();
-        let e = run(d2s.as_ref(), &[Some(&x)], &[]).unwrap_err().to_string();
+        let e = run(d2s.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("multiple of blocksize^2"), "{e}");
         let s2d = make("SpaceToDepth", 13, &[("blocksize", Attr::Int(2))], 1, 1).unwrap();
-        let e = run(s2d.as_ref(), &[Some(&x)], &[]).unwrap_err().to_string();
+        let e = run(s2d.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("multiples of blocksize"), "{e}");
-        assert!(run(s2d.as_ref(), &[Some(&iota_f32(&[4, 4]))], &[]).is_err());
+        assert!(run(s2d.as_ref(), &as_inputs(&[Some(&iota_f32(&[4, 4]))], &[]), &[]).is_err());
         assert!(make("DepthToSpace", 13, &[], 1, 1).is_err());
     }
 }

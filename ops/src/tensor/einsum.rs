@@ -332,7 +332,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{Attr, DType, Tensor};
 
     fn ein(eq: &str, n: usize) -> Box<dyn crate::Op> {
@@ -357,7 +357,7 @@ mod tests {
         let (a, b) = (rand(&[2, 3, 4], 1), rand(&[2, 4, 5], 2));
         let (av, bv) = (a.to_f64_vec(), b.to_f64_vec());
         // batched matmul
-        let got = run(ein("bij,bjk->bik", 2).as_ref(), &[Some(&a), Some(&b)], &[]).unwrap().remove(0);
+        let got = run(ein("bij,bjk->bik", 2).as_ref(), &as_inputs(&[Some(&a), Some(&b)], &[]), &[]).unwrap().remove(0);
         let mut want = vec![0.0; 2 * 3 * 5];
         for bb in 0..2 {
             for i in 0..3 {
@@ -369,14 +369,14 @@ mod tests {
         assert_eq!(got.dims(), &[2, 3, 5]);
         close(&got, &want);
         // the same with ellipsis and whitespace
-        close(&run(ein(" ...ij , ...jk -> ...ik", 2).as_ref(), &[Some(&a), Some(&b)], &[]).unwrap()[0], &want);
+        close(&run(ein(" ...ij , ...jk -> ...ik", 2).as_ref(), &as_inputs(&[Some(&a), Some(&b)], &[]), &[]).unwrap()[0], &want);
         // implicit output: "ij,jk" -> "ik"
         let (m, n) = (rand(&[3, 4], 3), rand(&[4, 2], 4));
         let (mv, nv) = (m.to_f64_vec(), n.to_f64_vec());
         let w: Vec<f64> = (0..6).map(|e| (0..4).map(|j| mv[(e / 2) * 4 + j] * nv[j * 2 + e % 2]).sum()).collect();
-        close(&run(ein("ij,jk", 2).as_ref(), &[Some(&m), Some(&n)], &[]).unwrap()[0], &w);
+        close(&run(ein("ij,jk", 2).as_ref(), &as_inputs(&[Some(&m), Some(&n)], &[]), &[]).unwrap()[0], &w);
         // implicit output is alphabetical: "ba" -> "ab" is a transpose
-        let t = run(ein("ba", 1).as_ref(), &[Some(&m)], &[]).unwrap().remove(0);
+        let t = run(ein("ba", 1).as_ref(), &as_inputs(&[Some(&m)], &[]), &[]).unwrap().remove(0);
         assert_eq!(t.dims(), &[4, 3]);
         // attention scores bhid,bhjd->bhij
         let (q, k) = (rand(&[1, 2, 3, 4], 5), rand(&[1, 2, 5, 4], 6));
@@ -389,7 +389,7 @@ mod tests {
                 }
             }
         }
-        close(&run(ein("bhid,bhjd->bhij", 2).as_ref(), &[Some(&q), Some(&k)], &[]).unwrap()[0], &w);
+        close(&run(ein("bhid,bhjd->bhij", 2).as_ref(), &as_inputs(&[Some(&q), Some(&k)], &[]), &[]).unwrap()[0], &w);
     }
 
     #[test]
@@ -397,34 +397,34 @@ mod tests {
         let x = rand(&[3, 5, 5], 7);
         let xv = x.to_f64_vec();
         let diag: Vec<f64> = (0..15).map(|e| xv[(e / 5) * 25 + (e % 5) * 6]).collect();
-        close(&run(ein("...ii ->...i", 1).as_ref(), &[Some(&x)], &[]).unwrap()[0], &diag);
+        close(&run(ein("...ii ->...i", 1).as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0], &diag);
         let trace: Vec<f64> = (0..3).map(|b| (0..5).map(|i| xv[b * 25 + i * 6]).sum()).collect();
-        close(&run(ein("bii->b", 1).as_ref(), &[Some(&x)], &[]).unwrap()[0], &trace);
+        close(&run(ein("bii->b", 1).as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0], &trace);
         let total: f64 = xv.iter().sum();
-        let s = run(ein("ijk->", 1).as_ref(), &[Some(&x)], &[]).unwrap().remove(0);
+        let s = run(ein("ijk->", 1).as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap().remove(0);
         assert_eq!(s.dims(), &[] as &[usize]);
         close(&s, &[total]);
         let sc = Tensor::scalar(2.5f64);
-        assert_eq!(run(ein("->", 1).as_ref(), &[Some(&sc)], &[]).unwrap()[0], sc);
+        assert_eq!(run(ein("->", 1).as_ref(), &as_inputs(&[Some(&sc)], &[]), &[]).unwrap()[0], sc);
         let (u, v) = (Tensor::from_f64(DType::I64, &[4], &[1.0, -2.0, 3.0, 4.0]).unwrap(), Tensor::from_f64(DType::I64, &[4], &[5.0, 6.0, -7.0, 8.0]).unwrap());
-        assert_eq!(run(ein("i,i", 2).as_ref(), &[Some(&u), Some(&v)], &[]).unwrap()[0], Tensor::scalar(4i64));
+        assert_eq!(run(ein("i,i", 2).as_ref(), &as_inputs(&[Some(&u), Some(&v)], &[]), &[]).unwrap()[0], Tensor::scalar(4i64));
         // outer product, three operands, broadcasting ellipsis
         let (p, q, r) = (rand(&[2], 1), rand(&[3], 2), rand(&[2, 1, 3], 3));
         let (pv, qv, rv) = (p.to_f64_vec(), q.to_f64_vec(), r.to_f64_vec());
         let w: Vec<f64> = (0..6).map(|e| pv[e / 3] * qv[e % 3] * rv[(e / 3) * 3 + e % 3]).collect();
-        close(&run(ein("i,j,ikj->ij", 3).as_ref(), &[Some(&p), Some(&q), Some(&r.reshaped(&[2, 1, 3]).unwrap())], &[]).unwrap()[0], &w);
+        close(&run(ein("i,j,ikj->ij", 3).as_ref(), &as_inputs(&[Some(&p), Some(&q), Some(&r.reshaped(&[2, 1, 3]).unwrap())], &[]), &[]).unwrap()[0], &w);
         let (e1, e2) = (rand(&[2, 3], 4), rand(&[1, 3], 5));
         let (e1v, e2v) = (e1.to_f64_vec(), e2.to_f64_vec());
         let w: Vec<f64> = (0..2).map(|b| (0..3).map(|i| e1v[b * 3 + i] * e2v[i]).sum()).collect();
-        close(&run(ein("...i,...i->...", 2).as_ref(), &[Some(&e1), Some(&e2)], &[]).unwrap()[0], &w);
+        close(&run(ein("...i,...i->...", 2).as_ref(), &as_inputs(&[Some(&e1), Some(&e2)], &[]), &[]).unwrap()[0], &w);
     }
 
     #[test]
     fn einsum_errors() {
         let x = rand(&[2, 3], 1);
-        let e = run(ein("ij,jk->ik", 2).as_ref(), &[Some(&x), Some(&rand(&[4, 2], 2))], &[]).unwrap_err().to_string();
+        let e = run(ein("ij,jk->ik", 2).as_ref(), &as_inputs(&[Some(&x), Some(&rand(&[4, 2], 2))], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("label 'j' has size 4 here but 3"), "{e}");
-        let e = run(ein("ijk->i", 1).as_ref(), &[Some(&x)], &[]).unwrap_err().to_string();
+        let e = run(ein("ijk->i", 1).as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("does not match subscripts"), "{e}");
         for bad in ["ij->ii", "ij->k", "i$->i", "......->"] {
             assert!(make("Einsum", 12, &[("equation", Attr::String(bad.into()))], 1, 1).is_err(), "{bad}");

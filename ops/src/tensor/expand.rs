@@ -36,24 +36,24 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
 
     #[test]
     fn expand_broadcasts_both_ways() {
         let op = make("Expand", 13, &[], 2, 1).unwrap();
         let x = iota_i64(&[3, 1]);
-        let out = run(op.as_ref(), &[Some(&x), Some(&i64s(&[3], &[2, 1, 4]))], &[1]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[3], &[2, 1, 4]))], &[1]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[2, 3, 4]);
         let want: Vec<f64> = (0..24).map(|i| ((i / 4) % 3) as f64).collect();
         assert_eq!(out[0].to_f64_vec(), want);
         // shape smaller than the input: the input shape wins
-        let out = run(op.as_ref(), &[Some(&x), Some(&i64s(&[1], &[1]))], &[1]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[1], &[1]))], &[1]), &[]).unwrap();
         assert_eq!(out[0], x);
         let f = iota_f32(&[1, 5]);
-        let out = run(op.as_ref(), &[Some(&f), Some(&i64s(&[2], &[3, 1]))], &[1]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&f), Some(&i64s(&[2], &[3, 1]))], &[1]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[3, 5]);
         assert_eq!(out[0].to_f64_vec()[5..10], f.to_f64_vec()[..]);
-        let e = run(op.as_ref(), &[Some(&f), Some(&i64s(&[1], &[3]))], &[1]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&f), Some(&i64s(&[1], &[3]))], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("[1, 5]") && e.contains("[3]"), "{e}");
     }
 }

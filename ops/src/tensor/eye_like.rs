@@ -86,7 +86,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use super::*;
     use kiln_graph::Attr;
 
@@ -95,18 +95,18 @@ mod tests {
         for (dims, k) in [([3usize, 4], 0i64), ([4, 3], -2), ([2, 5], 3), ([3, 3], 7)] {
             let x = iota_i64(&dims);
             let op = make("EyeLike", 9, &[("k", Attr::Int(k)), ("dtype", Attr::Int(1))], 1, 1).unwrap();
-            let got = run(op.as_ref(), &[Some(&x)], &[]).unwrap().remove(0);
+            let got = run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap().remove(0);
             assert_eq!(got.dtype(), DType::F32);
             let want: Vec<f64> = (0..dims[0] * dims[1]).map(|e| ((e % dims[1]) as i64 - (e / dims[1]) as i64 == k) as u8 as f64).collect();
             assert_eq!(got.to_f64_vec(), want);
             let same = make("EyeLike", 9, &[("k", Attr::Int(k))], 1, 1).unwrap();
-            assert_eq!(run(same.as_ref(), &[Some(&x)], &[]).unwrap()[0].dtype(), DType::I64);
+            assert_eq!(run(same.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].dtype(), DType::I64);
             let (t, a) = (TensorType::new(DType::I64, dims.to_vec()), None);
             let folded = same.eval_from_types(&[Some(Arg { ty: &t, value: a })]).unwrap().unwrap();
             assert_eq!(folded[0].to_f64_vec(), want);
         }
         let op = make("EyeLike", 9, &[], 1, 1).unwrap();
-        assert!(run(op.as_ref(), &[Some(&iota_f32(&[2, 2, 2]))], &[]).is_err());
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&iota_f32(&[2, 2, 2]))], &[]), &[]).is_err());
         assert!(make("EyeLike", 9, &[("dtype", Attr::Int(99))], 1, 1).is_err());
     }
 }

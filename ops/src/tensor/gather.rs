@@ -122,7 +122,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{Attr, Tensor};
 
     #[test]
@@ -132,7 +132,7 @@ mod tests {
         let idx = i64s(&[2, 2], &[0, -1, 2, 1]);
         for axis in [0i64, 1, 2, -1] {
             let op = make("Gather", 13, &[("axis", Attr::Int(axis))], 2, 1).unwrap();
-            let out = run(op.as_ref(), &[Some(&x), Some(&idx)], &[]).unwrap();
+            let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&idx)], &[]), &[]).unwrap();
             let a = axis.rem_euclid(3) as usize;
             let dims = [3usize, 4, 5];
             let mut want_dims = dims[..a].to_vec();
@@ -156,12 +156,12 @@ mod tests {
         // scalar index on i64 data (shape-subgraph style), i32 indices
         let shape = i64s(&[4], &[1, 3, 224, 224]);
         let op = make("Gather", 13, &[], 2, 1).unwrap();
-        let out = run(op.as_ref(), &[Some(&shape), Some(&Tensor::scalar(1i32))], &[0, 1]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&shape), Some(&Tensor::scalar(1i32))], &[0, 1]), &[]).unwrap();
         assert_eq!(out[0], Tensor::scalar(3i64));
-        let e = run(op.as_ref(), &[Some(&shape), Some(&Tensor::scalar(4i64))], &[]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&shape), Some(&Tensor::scalar(4i64))], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("index 4 is out of range"), "{e}");
         let b = Tensor::from_bools(&[3], &[true, false, true]).unwrap();
-        let out = run(op.as_ref(), &[Some(&b), Some(&i64s(&[2], &[1, 2]))], &[]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&b), Some(&i64s(&[2], &[1, 2]))], &[]), &[]).unwrap();
         assert_eq!(out[0].bytes(), &[0, 1]);
     }
 }

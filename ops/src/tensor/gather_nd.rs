@@ -162,7 +162,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::Attr;
 
     #[test]
@@ -170,20 +170,20 @@ mod tests {
         let op = make("GatherND", 13, &[], 2, 1).unwrap();
         let data = iota_f32(&[2, 2]);
         // element tuples, row tuples
-        assert_eq!(run(op.as_ref(), &[Some(&data), Some(&i64s(&[2, 2], &[0, 0, 1, 1]))], &[]).unwrap()[0], f32s(&[2], &[0.0, 3.0]));
-        assert_eq!(run(op.as_ref(), &[Some(&data), Some(&i64s(&[2, 1], &[1, -2]))], &[]).unwrap()[0], f32s(&[2, 2], &[2.0, 3.0, 0.0, 1.0]));
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&data), Some(&i64s(&[2, 2], &[0, 0, 1, 1]))], &[]), &[]).unwrap()[0], f32s(&[2], &[0.0, 3.0]));
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&data), Some(&i64s(&[2, 1], &[1, -2]))], &[]), &[]).unwrap()[0], f32s(&[2, 2], &[2.0, 3.0, 0.0, 1.0]));
         // batch_dims = 1: data [2, 3, 2], indices [2, 2, 1] -> out [2, 2, 2]
         let data = iota_i64(&[2, 3, 2]);
         let bop = make("GatherND", 13, &[("batch_dims", Attr::Int(1))], 2, 1).unwrap();
-        let got = run(bop.as_ref(), &[Some(&data), Some(&i64s(&[2, 2, 1], &[2, 0, -1, 1]))], &[1]).unwrap();
+        let got = run(bop.as_ref(), &as_inputs(&[Some(&data), Some(&i64s(&[2, 2, 1], &[2, 0, -1, 1]))], &[1]), &[]).unwrap();
         assert_eq!(got[0], i64s(&[2, 2, 2], &[4, 5, 0, 1, 10, 11, 8, 9]));
-        let got = run(bop.as_ref(), &[Some(&data), Some(&i64s(&[2, 2], &[2, 1, 0, 0]))], &[]).unwrap();
+        let got = run(bop.as_ref(), &as_inputs(&[Some(&data), Some(&i64s(&[2, 2], &[2, 1, 0, 0]))], &[]), &[]).unwrap();
         assert_eq!(got[0], i64s(&[2], &[5, 6]));
         for consts in [vec![1usize], vec![]] {
-            let e = run(op.as_ref(), &[Some(&iota_f32(&[2, 2])), Some(&i64s(&[1, 2], &[0, 2]))], &consts).unwrap_err().to_string();
+            let e = run(op.as_ref(), &as_inputs(&[Some(&iota_f32(&[2, 2])), Some(&i64s(&[1, 2], &[0, 2]))], &consts), &[]).unwrap_err().to_string();
             assert!(e.contains("index 2 is out of range") && e.contains("size 2"), "{e}");
         }
-        assert!(run(op.as_ref(), &[Some(&iota_f32(&[2, 2])), Some(&i64s(&[1, 3], &[0, 0, 0]))], &[]).is_err());
-        assert!(run(bop.as_ref(), &[Some(&iota_f32(&[2, 2])), Some(&i64s(&[3, 1], &[0, 0, 0]))], &[]).is_err());
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&iota_f32(&[2, 2])), Some(&i64s(&[1, 3], &[0, 0, 0]))], &[]), &[]).is_err());
+        assert!(run(bop.as_ref(), &as_inputs(&[Some(&iota_f32(&[2, 2])), Some(&i64s(&[3, 1], &[0, 0, 0]))], &[]), &[]).is_err());
     }
 }

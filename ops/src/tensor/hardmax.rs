@@ -116,7 +116,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{Attr, Tensor};
 
     fn reference(x: &[f64], outer: usize, n: usize, inner: usize) -> Vec<f64> {
@@ -144,15 +144,15 @@ mod tests {
             let a = axis.rem_euclid(3) as usize;
             let op = make("Hardmax", 13, &[("axis", Attr::Int(axis))], 1, 1).unwrap();
             let (o, n, i) = super::split_at_axis(&dims, a);
-            assert_eq!(run(op.as_ref(), &[Some(&x)], &[]).unwrap()[0].to_f64_vec(), reference(&xv, o, n, i), "axis {axis}");
+            assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].to_f64_vec(), reference(&xv, o, n, i), "axis {axis}");
             let old = make("Hardmax", 11, &[("axis", Attr::Int(axis))], 1, 1).unwrap();
             let (o, n) = (dims[..a].iter().product(), dims[a..].iter().product());
-            assert_eq!(run(old.as_ref(), &[Some(&x)], &[]).unwrap()[0].to_f64_vec(), reference(&xv, o, n, 1), "opset 11 axis {axis}");
+            assert_eq!(run(old.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].to_f64_vec(), reference(&xv, o, n, 1), "opset 11 axis {axis}");
         }
         let ties = make("Hardmax", 13, &[], 1, 1).unwrap();
         let x = Tensor::from_f64(kiln_graph::DType::F64, &[2, 3], &[2.0, 2.0, 1.0, -1.0, 3.0, 3.0]).unwrap();
-        assert_eq!(run(ties.as_ref(), &[Some(&x)], &[]).unwrap()[0].to_f64_vec(), vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0]);
+        assert_eq!(run(ties.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].to_f64_vec(), vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0]);
         let bad = make("Hardmax", 13, &[("axis", Attr::Int(3))], 1, 1).unwrap();
-        assert!(run(bad.as_ref(), &[Some(&iota_f32(&[2, 2]))], &[]).is_err());
+        assert!(run(bad.as_ref(), &as_inputs(&[Some(&iota_f32(&[2, 2]))], &[]), &[]).is_err());
     }
 }

@@ -121,27 +121,27 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{DType, Tensor};
 
     #[test]
     fn identity_and_dropout() {
         let x = iota_f32(&[3, 7]);
         let id = make("Identity", 19, &[], 1, 1).unwrap();
-        assert_eq!(run(id.as_ref(), &[Some(&x)], &[]).unwrap()[0], x);
+        assert_eq!(run(id.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0], x);
         let d = make("Dropout", 13, &[], 1, 2).unwrap();
         assert!(!d.is_view());
-        let out = run(d.as_ref(), &[Some(&x)], &[]).unwrap();
+        let out = run(d.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap();
         assert_eq!(out[0], x);
         assert_eq!(out[1].dtype(), DType::Bool);
         assert!(out[1].bytes().iter().all(|&b| b == 1));
         let d3 = make("Dropout", 13, &[], 3, 1).unwrap();
         let (ratio, train, eval) = (Tensor::scalar(0.3f32), Tensor::from_bools(&[], &[true]).unwrap(), Tensor::from_bools(&[], &[false]).unwrap());
-        assert_eq!(run(d3.as_ref(), &[Some(&x), Some(&ratio), Some(&eval)], &[1, 2]).unwrap()[0], x);
-        let e = run(d3.as_ref(), &[Some(&x), Some(&ratio), Some(&train)], &[1, 2]).unwrap_err().to_string();
+        assert_eq!(run(d3.as_ref(), &as_inputs(&[Some(&x), Some(&ratio), Some(&eval)], &[1, 2]), &[]).unwrap()[0], x);
+        let e = run(d3.as_ref(), &as_inputs(&[Some(&x), Some(&ratio), Some(&train)], &[1, 2]), &[]).unwrap_err().to_string();
         assert!(e.contains("training"), "{e}");
         let old = make("Dropout", 7, &[("ratio", kiln_graph::Attr::Float(0.2))], 1, 1).unwrap();
         assert!(old.is_view());
-        assert_eq!(run(old.as_ref(), &[Some(&x)], &[]).unwrap()[0], x);
+        assert_eq!(run(old.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0], x);
     }
 }

@@ -65,21 +65,21 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::Tensor;
 
     #[test]
     fn non_zero_coordinates() {
         let op = make("NonZero", 13, &[], 1, 1).unwrap();
         let x = Tensor::from_bools(&[2, 2], &[true, false, true, true]).unwrap();
-        let got = run(op.as_ref(), &[Some(&x)], &[0]).unwrap();
+        let got = run(op.as_ref(), &as_inputs(&[Some(&x)], &[0]), &[]).unwrap();
         assert_eq!(got[0], i64s(&[2, 3], &[0, 1, 1, 0, 0, 1]));
         let f = f32s(&[2, 1, 3], &[0.0, 2.0, -1.0, 0.0, 0.0, 0.5]);
-        let got = run(op.as_ref(), &[Some(&f)], &[0]).unwrap();
+        let got = run(op.as_ref(), &as_inputs(&[Some(&f)], &[0]), &[]).unwrap();
         assert_eq!(got[0], i64s(&[3, 3], &[0, 0, 1, 0, 0, 0, 1, 2, 2]));
         let zeros = f32s(&[3], &[0.0; 3]);
-        assert_eq!(run(op.as_ref(), &[Some(&zeros)], &[0]).unwrap()[0].dims(), &[1, 0]);
-        let e = run(op.as_ref(), &[Some(&x)], &[]).unwrap_err().to_string();
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&zeros)], &[0]), &[]).unwrap()[0].dims(), &[1, 0]);
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("must be known"), "{e}");
         assert!(op.wgsl().is_none());
     }

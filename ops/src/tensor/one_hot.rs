@@ -102,7 +102,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{Attr, Tensor};
 
     #[test]
@@ -112,7 +112,7 @@ mod tests {
         let depth = Tensor::scalar(3.0f32);
         for axis in [-1i64, 0, 1, 2, -3] {
             let op = make("OneHot", 11, &[("axis", Attr::Int(axis))], 3, 1).unwrap();
-            let got = run(op.as_ref(), &[Some(&idx), Some(&depth), Some(&values)], &[1]).unwrap();
+            let got = run(op.as_ref(), &as_inputs(&[Some(&idx), Some(&depth), Some(&values)], &[1]), &[]).unwrap();
             let a = axis.rem_euclid(3) as usize;
             let mut dims = vec![2usize, 3];
             dims.insert(a, 3);
@@ -135,13 +135,13 @@ mod tests {
         }
         // float indices, i64 values
         let op = make("OneHot", 11, &[], 3, 1).unwrap();
-        let got = run(op.as_ref(), &[Some(&f32s(&[2], &[1.7, -1.0])), Some(&Tensor::scalar(2i64)), Some(&i64s(&[2], &[0, 9]))], &[1]).unwrap();
+        let got = run(op.as_ref(), &as_inputs(&[Some(&f32s(&[2], &[1.7, -1.0])), Some(&Tensor::scalar(2i64)), Some(&i64s(&[2], &[0, 9]))], &[1]), &[]).unwrap();
         assert_eq!(got[0], i64s(&[2, 2], &[0, 9, 0, 9]));
-        let e = run(op.as_ref(), &[Some(&idx), Some(&Tensor::scalar(0i64)), Some(&values)], &[1]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&idx), Some(&Tensor::scalar(0i64)), Some(&values)], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("depth must be one positive number"), "{e}");
-        let e = run(op.as_ref(), &[Some(&idx), Some(&depth), Some(&f32s(&[3], &[0.0; 3]))], &[1]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&idx), Some(&depth), Some(&f32s(&[3], &[0.0; 3]))], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("2 elements"), "{e}");
         let bad = make("OneHot", 11, &[("axis", Attr::Int(3))], 3, 1).unwrap();
-        assert!(run(bad.as_ref(), &[Some(&idx), Some(&depth), Some(&values)], &[1]).is_err());
+        assert!(run(bad.as_ref(), &as_inputs(&[Some(&idx), Some(&depth), Some(&values)], &[1]), &[]).is_err());
     }
 }

@@ -145,7 +145,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use super::super::index_map::{pad_index, PadMode};
     use kiln_graph::{Attr, Tensor};
 
@@ -175,30 +175,30 @@ mod tests {
                 let op = make("Pad", 19, &[("mode", Attr::String(name.into()))], 3, 1).unwrap();
                 let p = i64s(&[4], &pads);
                 let v = Tensor::scalar(-1.5f32);
-                let out = run(op.as_ref(), &[Some(&x), Some(&p), Some(&v)], &[1]).unwrap();
+                let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&p), Some(&v)], &[1]), &[]).unwrap();
                 let want = reference(&x.to_f64_vec(), dims, pads, mode, -1.5);
                 assert_eq!(out[0].to_f64_vec(), want, "{name} {pads:?}");
                 let vi = Tensor::scalar(7i64);
-                let out = run(op.as_ref(), &[Some(&xi), Some(&p), Some(&vi)], &[1, 2]).unwrap();
+                let out = run(op.as_ref(), &as_inputs(&[Some(&xi), Some(&p), Some(&vi)], &[1, 2]), &[]).unwrap();
                 assert_eq!(out[0].to_f64_vec(), reference(&xi.to_f64_vec(), dims, pads, mode, 7.0), "{name} {pads:?} i64");
             }
         }
         // opset 2 attributes
         let old = make("Pad", 2, &[("pads", ints(&[0, 1, 0, 1])), ("value", Attr::Float(9.0))], 1, 1).unwrap();
-        let out = run(old.as_ref(), &[Some(&x)], &[]).unwrap();
+        let out = run(old.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[3, 7]);
         assert_eq!(out[0].to_f64_vec()[..7], [9., 0., 1., 2., 3., 4., 9.]);
         // opset 18 axes
         let op = make("Pad", 18, &[], 4, 1).unwrap();
-        let out = run(op.as_ref(), &[Some(&x), Some(&i64s(&[2], &[1, 1])), None, Some(&i64s(&[1], &[-1]))], &[1, 3]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[2], &[1, 1])), None, Some(&i64s(&[1], &[-1]))], &[1, 3]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[3, 7]);
         // bool data
         let b = Tensor::from_bools(&[2], &[true, false]).unwrap();
         let e = make("Pad", 13, &[("mode", Attr::String("edge".into()))], 2, 1).unwrap();
-        let out = run(e.as_ref(), &[Some(&b), Some(&i64s(&[2], &[1, 2]))], &[1]).unwrap();
+        let out = run(e.as_ref(), &as_inputs(&[Some(&b), Some(&i64s(&[2], &[1, 2]))], &[1]), &[]).unwrap();
         assert_eq!(out[0].bytes(), &[1, 1, 0, 0, 0]);
         // errors
-        let bad = run(op.as_ref(), &[Some(&x), Some(&i64s(&[3], &[1, 1, 1])), None, None], &[1]).unwrap_err();
+        let bad = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[3], &[1, 1, 1])), None, None], &[1]), &[]).unwrap_err();
         assert!(bad.to_string().contains("2 values per padded axis"), "{bad}");
         assert!(make("Pad", 13, &[("mode", Attr::String("mirror".into()))], 2, 1).is_err());
     }

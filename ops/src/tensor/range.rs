@@ -115,20 +115,20 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::Tensor;
 
     #[test]
     fn range_values() {
         let op = make("Range", 11, &[], 3, 1).unwrap();
         let (s, l, d) = (Tensor::scalar(10i64), Tensor::scalar(1i64), Tensor::scalar(-3i64));
-        assert_eq!(run(op.as_ref(), &[Some(&s), Some(&l), Some(&d)], &[0, 1, 2]).unwrap()[0], i64s(&[3], &[10, 7, 4]));
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&s), Some(&l), Some(&d)], &[0, 1, 2]), &[]).unwrap()[0], i64s(&[3], &[10, 7, 4]));
         let (s, l, d) = (Tensor::scalar(1f32), Tensor::scalar(2f32), Tensor::scalar(0.25f32));
-        assert_eq!(run(op.as_ref(), &[Some(&s), Some(&l), Some(&d)], &[0, 1, 2]).unwrap()[0], f32s(&[4], &[1., 1.25, 1.5, 1.75]));
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&s), Some(&l), Some(&d)], &[0, 1, 2]), &[]).unwrap()[0], f32s(&[4], &[1., 1.25, 1.5, 1.75]));
         let (s, l, d) = (Tensor::scalar(5i32), Tensor::scalar(1i32), Tensor::scalar(2i32));
-        assert_eq!(run(op.as_ref(), &[Some(&s), Some(&l), Some(&d)], &[0, 1, 2]).unwrap()[0].dims(), &[0]);
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&s), Some(&l), Some(&d)], &[0, 1, 2]), &[]).unwrap()[0].dims(), &[0]);
         let z = Tensor::scalar(0i32);
-        assert!(run(op.as_ref(), &[Some(&s), Some(&l), Some(&z)], &[0, 1, 2]).unwrap_err().to_string().contains("delta is 0"));
-        assert!(run(op.as_ref(), &[Some(&s), Some(&l), Some(&d)], &[0, 1]).unwrap_err().to_string().contains("constant"));
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&s), Some(&l), Some(&z)], &[0, 1, 2]), &[]).unwrap_err().to_string().contains("delta is 0"));
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&s), Some(&l), Some(&d)], &[0, 1]), &[]).unwrap_err().to_string().contains("constant"));
     }
 }

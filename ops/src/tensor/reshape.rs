@@ -135,7 +135,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use super::*;
     use kiln_graph::{Attr, DType, Tensor};
 
@@ -159,22 +159,22 @@ mod tests {
         let op = make("Reshape", 14, &[], 2, 1).unwrap();
         assert!(op.is_view());
         let s = i64s(&[3], &[3, -1, 0]);
-        let out = run(op.as_ref(), &[Some(&x), Some(&s)], &[1]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&s)], &[1]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[3, 2, 5]);
         assert_eq!(out[0].bytes(), x.bytes());
         // non-constant shape is a clear error
-        assert!(run(op.as_ref(), &[Some(&x), Some(&s)], &[]).unwrap_err().to_string().contains("constant"));
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&s)], &[]), &[]).unwrap_err().to_string().contains("constant"));
         let old = make("Reshape", 4, &[("shape", ints(&[-1]))], 1, 1).unwrap();
-        assert_eq!(run(old.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[30]);
+        assert_eq!(run(old.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].dims(), &[30]);
 
         let b = Tensor::from_bools(&[2, 3, 1], &[true, false, true, true, false, false]).unwrap();
         for (axis, want) in [(0i64, [1usize, 6]), (1, [2, 3]), (-1, [6, 1]), (3, [6, 1])] {
             let f = make("Flatten", 13, &[("axis", Attr::Int(axis))], 1, 1).unwrap();
-            let out = run(f.as_ref(), &[Some(&b)], &[]).unwrap();
+            let out = run(f.as_ref(), &as_inputs(&[Some(&b)], &[]), &[]).unwrap();
             assert_eq!(out[0].dims(), &want, "axis {axis}");
             assert_eq!(out[0].dtype(), DType::Bool);
         }
         let f = make("Flatten", 13, &[("axis", Attr::Int(4))], 1, 1).unwrap();
-        assert!(run(f.as_ref(), &[Some(&b)], &[]).is_err());
+        assert!(run(f.as_ref(), &as_inputs(&[Some(&b)], &[]), &[]).is_err());
     }
 }

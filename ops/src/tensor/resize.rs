@@ -482,7 +482,7 @@ pub(crate) fn register(r: &mut Registry) {
 #[cfg(test)]
 mod tests {
     //! Expected values come from the ONNX reference implementation (onnx.reference).
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{Attr, Tensor};
 
     fn s(v: &str) -> Attr {
@@ -502,14 +502,14 @@ mod tests {
         let x = iota_f32(&[1, 3, 5]);
         let op = make("Resize", 19, &[("mode", s("linear"))], 3, 1).unwrap();
         let sc = f32s(&[3], &[1.0, 1.5, 0.6]);
-        let out = run(op.as_ref(), &[Some(&x), None, Some(&sc)], &[2]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), None, Some(&sc)], &[2]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[1, 4, 3]);
         let want = [0.3333333, 2.0, 3.6666665, 2.8333333, 4.5, 6.1666665, 6.1666665, 7.833333, 9.5, 9.5, 11.166667, 12.833333];
         assert_close(&out[0], &want);
         let op = make("Resize", 13, &[("mode", s("linear")), ("coordinate_transformation_mode", s("pytorch_half_pixel"))], 4, 1).unwrap();
         let sizes = i64s(&[3], &[1, 1, 4]);
         let empty = f32s(&[0], &[]);
-        let out = run(op.as_ref(), &[Some(&x), Some(&empty), Some(&empty), Some(&sizes)], &[1, 2, 3]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&empty), Some(&empty), Some(&sizes)], &[1, 2, 3]), &[]).unwrap();
         assert_close(&out[0], &[0.125, 1.375, 2.625, 3.875]);
     }
 
@@ -519,7 +519,7 @@ mod tests {
         let attrs = [("coordinate_transformation_mode", s("align_corners")), ("nearest_mode", s("round_prefer_ceil"))];
         let op = make("Resize", 13, &attrs, 4, 1).unwrap();
         let sizes = i64s(&[3], &[1, 5, 7]);
-        let out = run(op.as_ref(), &[Some(&x), None, None, Some(&sizes)], &[3]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), None, None, Some(&sizes)], &[3]), &[]).unwrap();
         let want = [
             0., 1., 1., 2., 3., 3., 4., 5., 6., 6., 7., 8., 8., 9., 5., 6., 6., 7., 8., 8., 9., 10., 11., 11., 12., 13.,
             13., 14., 10., 11., 11., 12., 13., 13., 14.,
@@ -527,11 +527,11 @@ mod tests {
         assert_close(&out[0], &want);
         // the same on i64 data (nearest is dtype-generic)
         let xi = iota_i64(&[1, 3, 5]);
-        assert_close(&run(op.as_ref(), &[Some(&xi), None, None, Some(&sizes)], &[3]).unwrap()[0], &want);
+        assert_close(&run(op.as_ref(), &as_inputs(&[Some(&xi), None, None, Some(&sizes)], &[3]), &[]).unwrap()[0], &want);
         let attrs = [("mode", s("linear")), ("coordinate_transformation_mode", s("tf_crop_and_resize")), ("extrapolation_value", Attr::Float(-1.0))];
         let op = make("Resize", 13, &attrs, 4, 1).unwrap();
         let roi = f32s(&[6], &[0., 0.2, -0.5, 1., 0.9, 1.2]);
-        let out = run(op.as_ref(), &[Some(&x), Some(&roi), None, Some(&i64s(&[3], &[1, 4, 3]))], &[1, 3]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&roi), None, Some(&i64s(&[3], &[1, 4, 3]))], &[1, 3]), &[]).unwrap();
         assert_close(&out[0], &[-1., 3.4, -1., -1., 5.7333336, -1., -1., 8.066667, -1., -1., 10.4, -1.]);
     }
 
@@ -542,22 +542,22 @@ mod tests {
         // Resize-10 and Upsample-9: asymmetric, floor when upsampling
         for (op, opset) in [("Resize", 10), ("Upsample", 9)] {
             let o = make(op, opset, &[], 2, 1).unwrap();
-            let out = run(o.as_ref(), &[Some(&x), Some(&sc)], &[1]).unwrap();
+            let out = run(o.as_ref(), &as_inputs(&[Some(&x), Some(&sc)], &[1]), &[]).unwrap();
             assert_eq!(out[0].dims(), &[1, 1, 4, 6]);
             assert_close(&out[0], &[0., 0., 0., 1., 1., 1., 0., 0., 0., 1., 1., 1., 2., 2., 2., 3., 3., 3., 2., 2., 2., 3., 3., 3.]);
         }
         let up7 = make("Upsample", 7, &[("scales", Attr::Floats(vec![1., 1., 2., 2.])), ("mode", s("linear"))], 1, 1).unwrap();
-        let out = run(up7.as_ref(), &[Some(&x)], &[]).unwrap();
+        let out = run(up7.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap();
         assert_close(&out[0], &[0., 0.5, 1., 1., 1., 1.5, 2., 2., 2., 2.5, 3., 3., 2., 2.5, 3., 3.]);
         // opset 18 axes + not_larger: sizes (3, 5) for a 2x2 -> scale 1.5 -> 3x3
         let op = make("Resize", 18, &[("axes", ints(&[2, 3])), ("keep_aspect_ratio_policy", s("not_larger"))], 4, 1).unwrap();
-        let out = run(op.as_ref(), &[Some(&x), None, None, Some(&i64s(&[2], &[3, 5]))], &[3]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), None, None, Some(&i64s(&[2], &[3, 5]))], &[3]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[1, 1, 3, 3]);
         assert!(make("Resize", 13, &[("mode", s("cubic"))], 3, 1).unwrap_err().to_string().contains("cubic"));
         let op = make("Resize", 13, &[], 3, 1).unwrap();
-        let e = run(op.as_ref(), &[Some(&x), None, Some(&f32s(&[2], &[1., 2.]))], &[2]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), None, Some(&f32s(&[2], &[1., 2.]))], &[2]), &[]).unwrap_err().to_string();
         assert!(e.contains("4 positive scales"), "{e}");
-        let e = run(op.as_ref(), &[Some(&x), None, Some(&sc)], &[]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), None, Some(&sc)], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("constant"), "{e}");
     }
 }

@@ -105,7 +105,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::Attr;
 
     #[test]
@@ -114,7 +114,7 @@ mod tests {
         let x = iota_f32(&[4, 3, 2]);
         let op = make("ReverseSequence", 10, &[], 2, 1).unwrap();
         let lens = i64s(&[3], &[4, 0, 2]);
-        let got = run(op.as_ref(), &[Some(&x), Some(&lens)], &[]).unwrap().remove(0).to_f64_vec();
+        let got = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&lens)], &[]), &[]).unwrap().remove(0).to_f64_vec();
         let xv = x.to_f64_vec();
         for t in 0..4 {
             for b in 0..3 {
@@ -127,10 +127,10 @@ mod tests {
         }
         let op = make("ReverseSequence", 10, &[("batch_axis", Attr::Int(0)), ("time_axis", Attr::Int(1))], 2, 1).unwrap();
         let x = iota_i64(&[2, 3]);
-        let got = run(op.as_ref(), &[Some(&x), Some(&i64s(&[2], &[3, 2]))], &[]).unwrap();
+        let got = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[2], &[3, 2]))], &[]), &[]).unwrap();
         assert_eq!(got[0], i64s(&[2, 3], &[2, 1, 0, 4, 3, 5]));
-        let e = run(op.as_ref(), &[Some(&x), Some(&i64s(&[2], &[4, 0]))], &[]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[2], &[4, 0]))], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("sequence_lens[0] = 4 is outside 0..=3"), "{e}");
-        assert!(run(op.as_ref(), &[Some(&x), Some(&i64s(&[3], &[1, 1, 1]))], &[]).is_err());
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[3], &[1, 1, 1]))], &[]), &[]).is_err());
     }
 }

@@ -250,7 +250,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use super::*;
     use kiln_graph::{Attr, DType};
 
@@ -286,18 +286,18 @@ mod tests {
             for (name, red) in [("none", Reduction::None), ("add", Reduction::Add), ("mul", Reduction::Mul), ("max", Reduction::Max), ("min", Reduction::Min)] {
                 let op = make("ScatterElements", 18, &[("axis", Attr::Int(axis)), ("reduction", Attr::String(name.into()))], 3, 1).unwrap();
                 let want = reference(&data.to_f64_vec(), &d, &idx, &i, &upd.to_f64_vec(), a, red);
-                let got = run(op.as_ref(), &[Some(&data), Some(&it), Some(&upd)], &[1]).unwrap();
+                let got = run(op.as_ref(), &as_inputs(&[Some(&data), Some(&it), Some(&upd)], &[1]), &[]).unwrap();
                 assert_eq!(got[0].to_f64_vec(), want, "axis {axis} {name}");
                 let di = Tensor::from_f64(DType::I32, &d, &data.to_f64_vec()).unwrap();
                 let ui = Tensor::from_f64(DType::I32, &i, &upd.to_f64_vec().iter().map(|v| v.round()).collect::<Vec<_>>()).unwrap();
                 let want = reference(&di.to_f64_vec(), &d, &idx, &i, &ui.to_f64_vec(), a, red);
-                assert_eq!(run(op.as_ref(), &[Some(&di), Some(&it), Some(&ui)], &[]).unwrap()[0].to_f64_vec(), want);
+                assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&di), Some(&it), Some(&ui)], &[]), &[]).unwrap()[0].to_f64_vec(), want);
             }
         }
         // Scatter (opset 9) is ScatterElements without reduction
         let op = make("Scatter", 9, &[("axis", Attr::Int(1))], 3, 1).unwrap();
         let data = f32s(&[1, 5], &[1., 2., 3., 4., 5.]);
-        let got = run(op.as_ref(), &[Some(&data), Some(&i64s(&[1, 2], &[1, 3])), Some(&f32s(&[1, 2], &[1.1, 2.1]))], &[]).unwrap();
+        let got = run(op.as_ref(), &as_inputs(&[Some(&data), Some(&i64s(&[1, 2], &[1, 3])), Some(&f32s(&[1, 2], &[1.1, 2.1]))], &[]), &[]).unwrap();
         assert_eq!(got[0], f32s(&[1, 5], &[1.0, 1.1, 3.0, 2.1, 5.0]));
     }
 
@@ -309,13 +309,13 @@ mod tests {
         for bad in [3i64, -4] {
             let idx = i64s(&[1, 1], &[bad]);
             for consts in [vec![1usize], vec![]] {
-                let e = run(op.as_ref(), &[Some(&data), Some(&idx), Some(&upd)], &consts).unwrap_err().to_string();
+                let e = run(op.as_ref(), &as_inputs(&[Some(&data), Some(&idx), Some(&upd)], &consts), &[]).unwrap_err().to_string();
                 assert!(e.contains(&format!("index {bad} is out of range")) && e.contains("size 3"), "{e}");
             }
         }
-        let e = run(op.as_ref(), &[Some(&data), Some(&i64s(&[1, 2], &[0, 0])), Some(&upd)], &[]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&data), Some(&i64s(&[1, 2], &[0, 0])), Some(&upd)], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("shape of indices"), "{e}");
-        let e = run(op.as_ref(), &[Some(&data), Some(&i64s(&[3, 1], &[0, 0, 0])), Some(&f32s(&[3, 1], &[0.; 3]))], &[]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&data), Some(&i64s(&[3, 1], &[0, 0, 0])), Some(&f32s(&[3, 1], &[0.; 3]))], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("exceed data"), "{e}");
         assert!(make("ScatterElements", 18, &[("reduction", Attr::String("avg".into()))], 3, 1).is_err());
     }

@@ -143,7 +143,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use super::*;
     use kiln_graph::{Attr, DType};
 
@@ -175,7 +175,7 @@ mod tests {
                     }
                 }
                 let op = make("ScatterND", 18, &[("reduction", Attr::String(name.into()))], 3, 1).unwrap();
-                let got = run(op.as_ref(), &[Some(&data), Some(&it), Some(&upd)], &[]).unwrap();
+                let got = run(op.as_ref(), &as_inputs(&[Some(&data), Some(&it), Some(&upd)], &[]), &[]).unwrap();
                 assert_eq!(got[0].to_f64_vec(), want, "{idx_dims:?} {name}");
             }
         }
@@ -188,12 +188,12 @@ mod tests {
         let idx = i64s(&[1, 2], &[1, 3]);
         let upd = f32s(&[1], &[5.0]);
         for consts in [vec![1usize], vec![]] {
-            let e = run(op.as_ref(), &[Some(&data), Some(&idx), Some(&upd)], &consts).unwrap_err().to_string();
+            let e = run(op.as_ref(), &as_inputs(&[Some(&data), Some(&idx), Some(&upd)], &consts), &[]).unwrap_err().to_string();
             assert!(e.contains("index 3 is out of range") && e.contains("size 3"), "{e}");
         }
-        let e = run(op.as_ref(), &[Some(&data), Some(&i64s(&[1, 1], &[0])), Some(&upd)], &[]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&data), Some(&i64s(&[1, 1], &[0])), Some(&upd)], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("updates must have shape [1, 3]"), "{e}");
-        let e = run(op.as_ref(), &[Some(&data), Some(&i64s(&[1, 3], &[0, 0, 0])), Some(&upd)], &[]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&data), Some(&i64s(&[1, 3], &[0, 0, 0])), Some(&upd)], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("do not fit"), "{e}");
     }
 }

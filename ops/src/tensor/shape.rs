@@ -98,25 +98,25 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{Attr, Tensor, DType};
 
     #[test]
     fn shape_and_size() {
         let x = Tensor::zeros(DType::Bool, &[3, 4, 5]);
         let s = make("Shape", 15, &[], 1, 1).unwrap();
-        assert_eq!(run(s.as_ref(), &[Some(&x)], &[]).unwrap()[0], i64s(&[3], &[3, 4, 5]));
+        assert_eq!(run(s.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0], i64s(&[3], &[3, 4, 5]));
         for (start, end, want) in [(1i64, None, vec![4i64, 5]), (-1, None, vec![5]), (0, Some(-1), vec![3, 4]), (-10, Some(10), vec![3, 4, 5]), (2, Some(1), vec![])] {
             let mut attrs = vec![("start", Attr::Int(start))];
             if let Some(e) = end {
                 attrs.push(("end", Attr::Int(e)));
             }
             let s = make("Shape", 15, &attrs, 1, 1).unwrap();
-            let out = run(s.as_ref(), &[Some(&x)], &[]).unwrap();
+            let out = run(s.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap();
             assert_eq!(out[0], i64s(&[want.len()], &want), "start {start} end {end:?}");
         }
         let z = make("Size", 13, &[], 1, 1).unwrap();
-        assert_eq!(run(z.as_ref(), &[Some(&x)], &[]).unwrap()[0], Tensor::scalar(60i64));
+        assert_eq!(run(z.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0], Tensor::scalar(60i64));
         let ty = crate::TensorType::new(DType::F32, vec![2, 0]);
         let folded = z.eval_from_types(&[Some(crate::Arg { ty: &ty, value: None })]).unwrap().unwrap();
         assert_eq!(folded[0], Tensor::scalar(0i64));

@@ -94,7 +94,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use super::slice_range;
 
     /// Python's range(len)[start:end:step] semantics as a list of indices.
@@ -134,7 +134,7 @@ mod tests {
         let x = iota_f32(&[5, 7, 3]);
         let op = make("Slice", 13, &[], 5, 1).unwrap();
         let (st, en, ax, sp) = (i64s(&[2], &[-1, 1]), i64s(&[2], &[i64::MIN, i64::MAX]), i64s(&[2], &[1, 0]), i64s(&[2], &[-2, 3]));
-        let out = run(op.as_ref(), &[Some(&x), Some(&st), Some(&en), Some(&ax), Some(&sp)], &[1, 2, 3, 4]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&st), Some(&en), Some(&ax), Some(&sp)], &[1, 2, 3, 4]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[2, 4, 3]);
         let xv = x.to_f64_vec();
         let mut want = vec![];
@@ -147,22 +147,22 @@ mod tests {
         }
         assert_eq!(out[0].to_f64_vec(), want);
         let xi = iota_i64(&[5, 7, 3]);
-        let outi = run(op.as_ref(), &[Some(&xi), Some(&st), Some(&en), Some(&ax), Some(&sp)], &[1, 2, 3, 4]).unwrap();
+        let outi = run(op.as_ref(), &as_inputs(&[Some(&xi), Some(&st), Some(&en), Some(&ax), Some(&sp)], &[1, 2, 3, 4]), &[]).unwrap();
         assert_eq!(outi[0].to_f64_vec(), want);
         // opset 9 attributes, default axes
         let old = make("Slice", 9, &[("starts", ints(&[1])), ("ends", ints(&[3]))], 1, 1).unwrap();
-        assert_eq!(run(old.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[2, 7, 3]);
+        assert_eq!(run(old.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].dims(), &[2, 7, 3]);
         // three inputs only (default axes and steps)
         let op3 = make("Slice", 13, &[], 3, 1).unwrap();
-        let out = run(op3.as_ref(), &[Some(&x), Some(&i64s(&[1], &[10])), Some(&i64s(&[1], &[20]))], &[1, 2]).unwrap();
+        let out = run(op3.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[1], &[10])), Some(&i64s(&[1], &[20]))], &[1, 2]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[0, 7, 3]);
         let zero = i64s(&[1], &[0]);
-        let e = run(op.as_ref(), &[Some(&x), Some(&zero), Some(&zero), Some(&zero), Some(&zero)], &[1, 2, 3, 4]).unwrap_err();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&zero), Some(&zero), Some(&zero), Some(&zero)], &[1, 2, 3, 4]), &[]).unwrap_err();
         assert!(e.to_string().contains("step"), "{e}");
         let bad_axis = i64s(&[1], &[3]);
-        let e = run(op.as_ref(), &[Some(&x), Some(&zero), Some(&zero), Some(&bad_axis), None], &[1, 2, 3]).unwrap_err();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&zero), Some(&zero), Some(&bad_axis), None], &[1, 2, 3]), &[]).unwrap_err();
         assert!(e.to_string().contains("out of range"), "{e}");
-        let e = run(op.as_ref(), &[Some(&x), Some(&zero), Some(&zero), None, None], &[1]).unwrap_err();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&zero), Some(&zero), None, None], &[1]), &[]).unwrap_err();
         assert!(e.to_string().contains("constant"), "{e}");
     }
 }

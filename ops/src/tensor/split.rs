@@ -124,7 +124,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::Attr;
 
     #[test]
@@ -132,25 +132,25 @@ mod tests {
         let x = iota_i64(&[2, 7]);
         // opset 18 uneven: 7 into 3 -> 3, 3, 1
         let op = make("Split", 18, &[("axis", Attr::Int(1)), ("num_outputs", Attr::Int(3))], 1, 3).unwrap();
-        let out = run(op.as_ref(), &[Some(&x)], &[]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap();
         assert_eq!(out.iter().map(|o| o.dims()[1]).collect::<Vec<_>>(), vec![3, 3, 1]);
         assert_eq!(out[2].to_f64_vec(), vec![6., 13.]);
         assert_eq!(out[1].to_f64_vec(), vec![3., 4., 5., 10., 11., 12.]);
         // opset 13 split input with a zero-size part
         let op = make("Split", 13, &[("axis", Attr::Int(-1))], 2, 3).unwrap();
-        let out = run(op.as_ref(), &[Some(&x), Some(&i64s(&[3], &[2, 0, 5]))], &[1]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[3], &[2, 0, 5]))], &[1]), &[]).unwrap();
         assert_eq!(out[1].dims(), &[2, 0]);
         assert_eq!(out[0].to_f64_vec(), vec![0., 1., 7., 8.]);
         // opset 11 attribute on f32, default axis
         let f = iota_f32(&[3, 2]);
         let op = make("Split", 11, &[("split", ints(&[1, 2]))], 1, 2).unwrap();
-        let out = run(op.as_ref(), &[Some(&f)], &[]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&f)], &[]), &[]).unwrap();
         assert_eq!(out[1].to_f64_vec(), vec![2., 3., 4., 5.]);
         // equal parts
         let op = make("Split", 13, &[], 1, 3).unwrap();
-        assert_eq!(run(op.as_ref(), &[Some(&f)], &[]).unwrap()[2].to_f64_vec(), vec![4., 5.]);
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&f)], &[]), &[]).unwrap()[2].to_f64_vec(), vec![4., 5.]);
         let op = make("Split", 13, &[("axis", Attr::Int(1))], 2, 2).unwrap();
-        let e = run(op.as_ref(), &[Some(&x), Some(&i64s(&[2], &[3, 3]))], &[1]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[2], &[3, 3]))], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("summing to 7"), "{e}");
     }
 }

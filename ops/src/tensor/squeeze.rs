@@ -110,25 +110,25 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
 
     #[test]
     fn squeeze_variants() {
         let x = iota_f32(&[1, 3, 1, 5]);
         let all = make("Squeeze", 13, &[], 1, 1).unwrap();
-        assert_eq!(run(all.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[3, 5]);
+        assert_eq!(run(all.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].dims(), &[3, 5]);
         let ax = i64s(&[1], &[-2]);
         let one = make("Squeeze", 13, &[], 2, 1).unwrap();
-        let out = run(one.as_ref(), &[Some(&x), Some(&ax)], &[1]).unwrap();
+        let out = run(one.as_ref(), &as_inputs(&[Some(&x), Some(&ax)], &[1]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[1, 3, 5]);
         assert_eq!(out[0].bytes(), x.bytes());
         let old = make("Squeeze", 11, &[("axes", ints(&[0]))], 1, 1).unwrap();
-        assert_eq!(run(old.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[3, 1, 5]);
+        assert_eq!(run(old.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].dims(), &[3, 1, 5]);
         let bad = i64s(&[1], &[1]);
-        let e = run(one.as_ref(), &[Some(&x), Some(&bad)], &[1]).unwrap_err().to_string();
+        let e = run(one.as_ref(), &as_inputs(&[Some(&x), Some(&bad)], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("size is 3"), "{e}");
         let oor = i64s(&[1], &[4]);
-        assert!(run(one.as_ref(), &[Some(&x), Some(&oor)], &[1]).unwrap_err().to_string().contains("out of range"));
+        assert!(run(one.as_ref(), &as_inputs(&[Some(&x), Some(&oor)], &[1]), &[]).unwrap_err().to_string().contains("out of range"));
     }
 
     #[test]
@@ -136,14 +136,14 @@ mod tests {
         let x = iota_i64(&[3, 4, 5]);
         let u = make("Unsqueeze", 13, &[], 2, 1).unwrap();
         let ax = i64s(&[3], &[0, 4, -1]);
-        let out = run(u.as_ref(), &[Some(&x), Some(&ax)], &[1]).unwrap();
+        let out = run(u.as_ref(), &as_inputs(&[Some(&x), Some(&ax)], &[1]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[1, 3, 4, 5, 1, 1]);
         let old = make("Unsqueeze", 11, &[("axes", ints(&[1, 3]))], 1, 1).unwrap();
-        assert_eq!(run(old.as_ref(), &[Some(&x)], &[]).unwrap()[0].dims(), &[3, 1, 4, 1, 5]);
+        assert_eq!(run(old.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].dims(), &[3, 1, 4, 1, 5]);
         let s = kiln_graph::Tensor::scalar(7i64);
         let ax0 = i64s(&[1], &[0]);
-        assert_eq!(run(u.as_ref(), &[Some(&s), Some(&ax0)], &[1]).unwrap()[0].dims(), &[1]);
+        assert_eq!(run(u.as_ref(), &as_inputs(&[Some(&s), Some(&ax0)], &[1]), &[]).unwrap()[0].dims(), &[1]);
         let dup = i64s(&[2], &[1, 1]);
-        assert!(run(u.as_ref(), &[Some(&x), Some(&dup)], &[1]).unwrap_err().to_string().contains("repeated"));
+        assert!(run(u.as_ref(), &as_inputs(&[Some(&x), Some(&dup)], &[1]), &[]).unwrap_err().to_string().contains("repeated"));
     }
 }

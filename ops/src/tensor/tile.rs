@@ -39,21 +39,21 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
 
     #[test]
     fn tile_matches_numpy() {
         let op = make("Tile", 13, &[], 2, 1).unwrap();
         let x = iota_i64(&[2, 3]);
-        let out = run(op.as_ref(), &[Some(&x), Some(&i64s(&[2], &[2, 3]))], &[1]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[2], &[2, 3]))], &[1]), &[]).unwrap();
         assert_eq!(out[0].dims(), &[4, 9]);
         // np.tile(np.arange(6).reshape(2,3), (2,3))[3] == [3,4,5]*3
         assert_eq!(out[0].to_f64_vec()[27..36], [3., 4., 5., 3., 4., 5., 3., 4., 5.]);
         let b = kiln_graph::Tensor::from_bools(&[3], &[true, false, false]).unwrap();
-        let out = run(op.as_ref(), &[Some(&b), Some(&i64s(&[1], &[2]))], &[1]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&b), Some(&i64s(&[1], &[2]))], &[1]), &[]).unwrap();
         assert_eq!(out[0].bytes(), &[1, 0, 0, 1, 0, 0]);
-        let zero = run(op.as_ref(), &[Some(&x), Some(&i64s(&[2], &[0, 1]))], &[1]).unwrap();
+        let zero = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[2], &[0, 1]))], &[1]), &[]).unwrap();
         assert_eq!(zero[0].dims(), &[0, 3]);
-        assert!(run(op.as_ref(), &[Some(&x), Some(&i64s(&[1], &[2]))], &[1]).is_err());
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[1], &[2]))], &[1]), &[]).is_err());
     }
 }

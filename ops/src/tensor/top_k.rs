@@ -191,7 +191,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use super::*;
     use kiln_graph::Attr;
 
@@ -206,7 +206,7 @@ mod tests {
                 for largest in [0i64, 1] {
                     let k = dims[a] - 1;
                     let op = make("TopK", 11, &[("axis", Attr::Int(axis)), ("largest", Attr::Int(largest))], 2, 2).unwrap();
-                    let got = run(op.as_ref(), &[Some(&x), Some(&i64s(&[1], &[k as i64]))], &[1]).unwrap();
+                    let got = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[1], &[k as i64]))], &[1]), &[]).unwrap();
                     let (outer, n, inner) = split_at_axis(&dims, a);
                     let (mut wv, mut wi) = (vec![0.0; outer * k * inner], vec![0.0; outer * k * inner]);
                     for o in 0..outer {
@@ -230,7 +230,7 @@ mod tests {
         }
         // opset 1: k attribute
         let op = make("TopK", 1, &[("k", Attr::Int(2))], 1, 2).unwrap();
-        let got = run(op.as_ref(), &[Some(&f32s(&[4], &[1.0, 4.0, 2.0, 4.0]))], &[]).unwrap();
+        let got = run(op.as_ref(), &as_inputs(&[Some(&f32s(&[4], &[1.0, 4.0, 2.0, 4.0]))], &[]), &[]).unwrap();
         assert_eq!(got[0], f32s(&[2], &[4.0, 4.0]));
         assert_eq!(got[1], i64s(&[2], &[1, 3]));
     }
@@ -239,9 +239,9 @@ mod tests {
     fn top_k_errors() {
         let op = make("TopK", 11, &[], 2, 2).unwrap();
         let x = iota_f32(&[2, 3]);
-        let e = run(op.as_ref(), &[Some(&x), Some(&i64s(&[1], &[4]))], &[1]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[1], &[4]))], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("k = 4 must be in 0..=3"), "{e}");
-        let e = run(op.as_ref(), &[Some(&x), Some(&i64s(&[1], &[1]))], &[]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[1], &[1]))], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("k must be known"), "{e}");
         assert!(make("TopK", 9, &[], 1, 2).is_err());
     }

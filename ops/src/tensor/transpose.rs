@@ -40,7 +40,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::Tensor;
 
     /// Naive transpose of row-major `dims` by `perm`.
@@ -67,22 +67,22 @@ mod tests {
             let op = make("Transpose", 13, &[("perm", ints(&perm.map(|p| p as i64)))], 1, 1).unwrap();
             let xf = iota_f32(&dims);
             let want = reference(&xf.to_f64_vec(), &dims, &perm);
-            assert_eq!(run(op.as_ref(), &[Some(&xf)], &[]).unwrap()[0].to_f64_vec(), want);
+            assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&xf)], &[]), &[]).unwrap()[0].to_f64_vec(), want);
             let xi = iota_i64(&dims);
-            assert_eq!(run(op.as_ref(), &[Some(&xi)], &[]).unwrap()[0].to_f64_vec(), want);
+            assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&xi)], &[]), &[]).unwrap()[0].to_f64_vec(), want);
             let bools: Vec<bool> = (0..105).map(|i| i % 3 == 0).collect();
             let xb = Tensor::from_bools(&dims, &bools).unwrap();
             let wb = reference(&xb.to_f64_vec(), &dims, &perm);
-            assert_eq!(run(op.as_ref(), &[Some(&xb)], &[]).unwrap()[0].to_f64_vec(), wb);
+            assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&xb)], &[]), &[]).unwrap()[0].to_f64_vec(), wb);
             let xh = Tensor::from_f64(kiln_graph::DType::F16, &dims, &xf.to_f64_vec()).unwrap();
-            assert_eq!(run(op.as_ref(), &[Some(&xh)], &[]).unwrap()[0].to_f64_vec(), want);
+            assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&xh)], &[]), &[]).unwrap()[0].to_f64_vec(), want);
         }
         let default = make("Transpose", 13, &[], 1, 1).unwrap();
         let x = iota_f32(&[2, 3]);
-        assert_eq!(run(default.as_ref(), &[Some(&x)], &[]).unwrap()[0], f32s(&[3, 2], &[0., 3., 1., 4., 2., 5.]));
+        assert_eq!(run(default.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0], f32s(&[3, 2], &[0., 3., 1., 4., 2., 5.]));
         for bad in [vec![0i64, 0], vec![0], vec![0, 2]] {
             let op = make("Transpose", 13, &[("perm", ints(&bad))], 1, 1).unwrap();
-            let e = run(op.as_ref(), &[Some(&x)], &[]).unwrap_err().to_string();
+            let e = run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap_err().to_string();
             assert!(e.contains("not a permutation"), "{e}");
         }
     }

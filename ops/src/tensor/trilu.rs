@@ -126,7 +126,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::{Attr, DType, Tensor};
 
     fn reference(x: &[f64], dims: &[usize], upper: bool, k: i64) -> Vec<f64> {
@@ -153,10 +153,10 @@ mod tests {
                 for k in [-7i64, -1, 0, 2, 9] {
                     let op = make("Trilu", 14, &[("upper", Attr::Int(upper))], 2, 1).unwrap();
                     let kt = Tensor::scalar(k);
-                    let got = run(op.as_ref(), &[Some(&x), Some(&kt)], &[1]).unwrap();
+                    let got = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&kt)], &[1]), &[]).unwrap();
                     assert_eq!(got[0].to_f64_vec(), reference(&x.to_f64_vec(), &dims, upper == 1, k), "{dims:?} {upper} {k}");
                     let xi = Tensor::from_f64(DType::I64, &dims, &x.to_f64_vec()).unwrap();
-                    let got = run(op.as_ref(), &[Some(&xi), Some(&kt)], &[1]).unwrap();
+                    let got = run(op.as_ref(), &as_inputs(&[Some(&xi), Some(&kt)], &[1]), &[]).unwrap();
                     assert_eq!(got[0].to_f64_vec(), reference(&x.to_f64_vec(), &dims, upper == 1, k));
                 }
             }
@@ -164,17 +164,17 @@ mod tests {
         // k omitted
         let op = make("Trilu", 14, &[], 1, 1).unwrap();
         let x = iota_f32(&[3, 3]);
-        assert_eq!(run(op.as_ref(), &[Some(&x)], &[]).unwrap()[0].to_f64_vec(), reference(&x.to_f64_vec(), &[3, 3], true, 0));
+        assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].to_f64_vec(), reference(&x.to_f64_vec(), &[3, 3], true, 0));
     }
 
     #[test]
     fn trilu_errors() {
         let op = make("Trilu", 14, &[], 2, 1).unwrap();
         let x = iota_f32(&[4]);
-        let e = run(op.as_ref(), &[Some(&x), Some(&Tensor::scalar(0i64))], &[1]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&Tensor::scalar(0i64))], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("rank >= 2"), "{e}");
         let x = iota_f32(&[2, 2]);
-        let e = run(op.as_ref(), &[Some(&x), Some(&Tensor::scalar(0i64))], &[]).unwrap_err().to_string();
+        let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&Tensor::scalar(0i64))], &[]), &[]).unwrap_err().to_string();
         assert!(e.contains("k must be known"), "{e}");
         assert!(make("Trilu", 14, &[("upper", Attr::Int(3))], 1, 1).is_err());
     }

@@ -99,7 +99,7 @@ pub(crate) fn register(r: &mut Registry) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::testing::*;
+    use crate::testing::*;
     use kiln_graph::Tensor;
 
     #[test]
@@ -108,16 +108,16 @@ mod tests {
         let c = Tensor::from_bools(&[2, 1], &[true, false]).unwrap();
         let x = iota_f32(&[3]);
         let y = f32s(&[2, 3], &[10., 11., 12., 13., 14., 15.]);
-        let out = run(op.as_ref(), &[Some(&c), Some(&x), Some(&y)], &[]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&c), Some(&x), Some(&y)], &[]), &[]).unwrap();
         assert_eq!(out[0], f32s(&[2, 3], &[0., 1., 2., 13., 14., 15.]));
         let ci = Tensor::from_bools(&[5], &[true, false, false, true, true]).unwrap();
         let (xi, yi) = (iota_i64(&[5]), Tensor::scalar(-1i64));
-        let out = run(op.as_ref(), &[Some(&ci), Some(&xi), Some(&yi)], &[]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&ci), Some(&xi), Some(&yi)], &[]), &[]).unwrap();
         assert_eq!(out[0], i64s(&[5], &[0, -1, -1, 3, 4]));
         let (xb, yb) = (Tensor::from_bools(&[5], &[true; 5]).unwrap(), Tensor::from_bools(&[1], &[false]).unwrap());
-        let out = run(op.as_ref(), &[Some(&ci), Some(&xb), Some(&yb)], &[]).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&ci), Some(&xb), Some(&yb)], &[]), &[]).unwrap();
         assert_eq!(out[0].bytes(), &[1, 0, 0, 1, 1]);
-        assert!(run(op.as_ref(), &[Some(&x), Some(&x), Some(&y)], &[]).unwrap_err().to_string().contains("bool"));
-        assert!(run(op.as_ref(), &[Some(&c), Some(&x), Some(&yi)], &[]).is_err());
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&x), Some(&y)], &[]), &[]).unwrap_err().to_string().contains("bool"));
+        assert!(run(op.as_ref(), &as_inputs(&[Some(&c), Some(&x), Some(&yi)], &[]), &[]).is_err());
     }
 }
