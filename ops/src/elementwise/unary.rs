@@ -9,7 +9,7 @@
 //! to), except where the ONNX formula itself maps NaN to a number (ThresholdedRelu,
 //! Shrink: `x > alpha` is false).
 use super::unary_table::{lit, unary_ops, BindAs, Param, Real};
-use super::unary_wgsl::{ERF_WGSL, INVERSE_HYPERBOLIC_WGSL, INVERSE_TRIG_WGSL, SOFTPLUS_WGSL};
+use super::unary_wgsl::{wgsl_isnan, ERF_WGSL, INVERSE_HYPERBOLIC_WGSL, INVERSE_TRIG_WGSL, SOFTPLUS_WGSL};
 use crate::{NodeSpec, Result};
 use kiln_graph::DType;
 
@@ -22,10 +22,16 @@ pub(super) const NUMBERS: &[DType] = &[
 /// `sqrt(2 / pi)`, the scale inside Gelu's tanh approximation.
 const GELU_TANH_SCALE: f64 = 0.797_884_560_802_865_4;
 
+/// `expr` of the f32 WGSL expression `x`, or `x` itself when it is NaN. The test reads
+/// the bits: GL drivers rewrite compare-and-select into max/min, which lose the NaN.
+fn keep_nan(x: &str, expr: &str) -> String {
+    format!("select({expr}, {x}, {})", wgsl_isnan(x))
+}
+
 /// WGSL of `max(x, lo)` then `min(., hi)` that keeps a NaN `x` (see [`Real::clip`]).
 fn clip_wgsl(x: &str, lo: &str, hi: &str) -> String {
     let v = format!("select({x}, {lo}, {x} < {lo})");
-    format!("select({v}, {hi}, {v} > {hi})")
+    keep_nan(x, &format!("select({v}, {hi}, {v} > {hi})"))
 }
 
 /// Clip's WGSL for element type `ty` between the WGSL values `lo` and `hi`.
@@ -65,7 +71,7 @@ fn shrink_wgsl(x: &str, ty: &str, bias: f32, lambd: f32) -> String {
 unary_ops! {
     Relu act: true, int: |x| x.max(0),
         f: |x| if x < 0.0 { 0.0 } else { x },
-        wgsl: |x, ty| format!("select({x}, {z}, {x} < {z})", z = lit(ty, 0.0));
+        wgsl: |x, ty| if ty == "f32" { keep_nan(x, &format!("max({x}, 0.0)")) } else { format!("max({x}, {})", lit(ty, 0.0)) };
     LeakyRelu { alpha: f32 = 0.01 } act: true,
         f: |x| if x >= 0.0 { x } else { alpha * x },
         wgsl: |x, ty| format!("select({} * {x}, {x}, {x} >= 0.0)", lit(ty, alpha));
@@ -87,10 +93,11 @@ unary_ops! {
     HardSwish act: true,
         f: |x| x * ((x / 6.0 + 0.5).max(0.0).min(1.0)),
         wgsl: |x, ty| format!("({x} * {})", clip_wgsl(&format!("({x} / 6.0 + 0.5)"), "0.0", "1.0"));
-    // tanh of a clamped argument: WGSL's tanh may return NaN for large |x|.
+    // tanh of a clamped argument: WGSL's tanh may return NaN for large |x| (and GL's
+    // returns -1 for NaN).
     Tanh act: true,
         f: |x| x.tanh_fast(),
-        wgsl: |x, ty| format!("tanh({})", clip_wgsl(x, "-15.0", "15.0"));
+        wgsl: |x, ty| keep_nan(x, &format!("tanh({})", clip_wgsl(x, "-15.0", "15.0")));
     Exp act: false, f: |x| x.exp(), wgsl: |x, ty| format!("exp({x})");
     Log act: false, f: |x| x.ln(), wgsl: |x, ty| format!("log({x})");
     Sqrt act: false, f: |x| x.sqrt(), wgsl: |x, ty| format!("sqrt({x})");
