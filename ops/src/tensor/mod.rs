@@ -37,6 +37,7 @@ mod hardmax;
 mod one_hot;
 mod depth_space;
 mod eye_like;
+mod window_fn;
 mod gather_nd;
 mod reverse_sequence;
 mod non_zero;
@@ -74,6 +75,7 @@ pub(crate) fn register(r: &mut Registry) {
     one_hot::register(r);
     depth_space::register(r);
     eye_like::register(r);
+    window_fn::register(r);
     gather_nd::register(r);
     reverse_sequence::register(r);
     non_zero::register(r);
