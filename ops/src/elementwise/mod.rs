@@ -4,7 +4,7 @@
 //! once (CPU function + WGSL expression), so the fuser can compose them.
 use crate::Registry;
 
-mod activation;
+mod epilogue;
 mod binary;
 mod bitshift;
 mod bitwise;
@@ -18,7 +18,7 @@ mod unary_wgsl;
 mod zip;
 
 pub use binary::BinaryKind;
-pub use activation::{activation_wgsl, apply_activation, fused_activation, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
+pub use epilogue::{activation_wgsl, apply_activation, fused_activation, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR, BIAS_ATTR, RESIDUAL_ATTR};
 pub use unary::UnaryKind;
 pub use unary_op::unary_kind_of;
 pub(crate) use unary_wgsl::{wgsl_isnan, wgsl_max, wgsl_min};

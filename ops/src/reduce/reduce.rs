@@ -7,7 +7,7 @@
 use super::kernels::{reduce_rows, ReduceKind};
 use super::layout::{normalize_axes, ReduceLayout};
 use crate::cpu::{self, CpuKernel};
-use crate::linalg::write_i64;
+use crate::tensor::write_i64;
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, Dispatch, TuneParam, WgslKernel, WgslProgram};
 use crate::{constant, Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};

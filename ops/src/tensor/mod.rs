@@ -12,6 +12,7 @@ use crate::Registry;
 mod common;
 mod index_map;
 mod numeric;
+pub(crate) use numeric::{from_i64, write_i64};
 
 mod cast;
 mod concat;

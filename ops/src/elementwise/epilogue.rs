@@ -1,5 +1,6 @@
-//! Activations fused into a producer's epilogue (Conv, Gemm, MatMul): the node
-//! attributes that carry them, their WGSL and their CPU application.
+//! Epilogues fused into a producer (Conv, Gemm, MatMul) by the graph compiler: the one
+//! home of the node attributes that carry them (bias, residual, activation), and the
+//! activation's WGSL and CPU application.
 use super::unary::UnaryKind;
 use crate::{NodeSpec, Result};
 use kiln_graph::{DType, Tensor};
@@ -7,6 +8,10 @@ use kiln_graph::{DType, Tensor};
 /// The attributes that carry an activation fused into a producer's epilogue.
 pub const ACTIVATION_ATTR: &str = "kiln_activation";
 pub const ACTIVATION_PARAMS_ATTR: &str = "kiln_activation_params";
+/// The attribute that marks a MatMul whose input 2 is a fused bias vector.
+pub const BIAS_ATTR: &str = "kiln_bias";
+/// The attribute that marks a MatMul or Conv whose input 3 is a fused residual.
+pub const RESIDUAL_ATTR: &str = "kiln_residual";
 
 /// The fused epilogue activation of a node (Conv, Gemm, MatMul), if the graph compiler
 /// put one there.
