@@ -8,8 +8,6 @@ mod layout;
 mod reduce;
 mod softmax;
 
-
-
 pub(crate) fn register(r: &mut Registry) {
     reduce::register(r);
     softmax::register(r);
