@@ -1,5 +1,6 @@
 //! The CPU side of an op: the [`CpuKernel`] trait and helpers shared by kernels
-//! (parallel loops, per-thread scratch memory).
+//! (parallel loops, per-thread scratch memory, vectorising f32 math) and the CPU's
+//! feature detection ([`CpuFeatures`]).
 use crate::{Result, TensorType};
 use kiln_graph::Tensor;
 use std::cell::RefCell;
@@ -32,16 +33,15 @@ pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor> 
     inputs.get(i).copied().flatten().ok_or_else(|| crate::OpError::input(i, "required input is missing"))
 }
 
-/// Whether the CPU has AVX2 and FMA (kernels compiled for them run 8 f32 lanes wide).
+#[path = "cpu_features.rs"]
+mod features;
+pub use features::CpuFeatures;
+
+/// Whether the CPU has AVX2 and FMA (kernels compiled for them run 8 f32 lanes wide):
+/// [`CpuFeatures::avx2_fma`] of the cached detection.
+#[inline]
 pub fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    CpuFeatures::get().avx2_fma()
 }
 
 /// Below this many elements of work a loop runs on the calling thread.

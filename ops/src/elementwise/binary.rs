@@ -47,7 +47,10 @@ impl BinaryKind {
 
     /// WGSL functions [`BinaryKind::wgsl_expr`] may call.
     pub fn wgsl_helpers(self) -> &'static str {
-        if self == BinaryKind::Pow { POW_HELPERS } else { "" }
+        match self {
+            BinaryKind::Pow => POW_HELPERS,
+            _ => "",
+        }
     }
 
     pub fn op_name(self) -> &'static str {
@@ -146,6 +149,9 @@ impl BinaryKind {
             BinaryKind::Div => format!("({a} / {b})"),
             BinaryKind::Pow if ty == "f32" => format!("kiln_pow({a}, {b})"),
             BinaryKind::Pow => format!("kiln_ipow({a}, {b})"),
+            // NaN propagates (WGSL's max/min need not).
+            BinaryKind::Max if ty == "f32" => super::wgsl_max(a, b),
+            BinaryKind::Min if ty == "f32" => super::wgsl_min(a, b),
             BinaryKind::Max => format!("max({a}, {b})"),
             BinaryKind::Min => format!("min({a}, {b})"),
             BinaryKind::Equal => format!("u32({a} == {b})"),
@@ -430,9 +436,7 @@ impl WgslKernel for Binary {
         }
         buffers.push(("out", out_ty, false));
         bindings.push(Binding::Output(0));
-        if self.kind == BinaryKind::Pow {
-            helpers += POW_HELPERS;
-        }
+        helpers += self.kind.wgsl_helpers();
         let read = |i: usize| -> Result<String> {
             let a = required(inputs, i)?;
             let raw = format!("in{i}[off{i}(i)]");

@@ -90,7 +90,7 @@ impl CpuKernel for Bitwise {
                 dst.iter_mut().zip(src).for_each(|(o, &x)| *o = (x == 0) as u8);
             } else {
                 let v: Vec<i64> = a.to_i64_vec()?.into_iter().map(|x| kind.apply(x, 0)).collect();
-                *out = zip::from_i64_bits(a.dtype(), a.dims(), &v)?;
+                *out = crate::tensor::from_i64(a.dtype(), a.dims(), &v)?;
             }
             return Ok(());
         }

@@ -4,7 +4,7 @@
 //! once (CPU function + WGSL expression), so the fuser can compose them.
 use crate::Registry;
 
-mod activation;
+mod epilogue;
 mod binary;
 mod bitshift;
 mod bitwise;
@@ -12,15 +12,19 @@ mod classify;
 mod modulo;
 mod prelu;
 mod unary;
+mod unary_op;
+mod unary_table;
 mod unary_wgsl;
 mod zip;
 
 pub use binary::BinaryKind;
-pub use activation::{activation_wgsl, apply_activation, fused_activation, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
-pub use unary::{unary_kind_of, UnaryKind};
+pub use epilogue::{activation_wgsl, apply_activation, fused_activation, ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR, BIAS_ATTR, RESIDUAL_ATTR};
+pub use unary::UnaryKind;
+pub use unary_op::unary_kind_of;
+pub(crate) use unary_wgsl::{wgsl_isnan, wgsl_max, wgsl_min};
 
 pub(crate) fn register(r: &mut Registry) {
-    unary::register(r);
+    unary_op::register(r);
     binary::register(r);
     bitwise::register(r);
     bitshift::register(r);

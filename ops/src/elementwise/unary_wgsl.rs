@@ -1,5 +1,6 @@
-//! WGSL functions that unary expressions call where WGSL has no builtin (erf) or the
-//! drivers' builtins are coarse or undefined outside their domains.
+//! WGSL functions that elementwise expressions call where WGSL has no builtin (erf) or
+//! the drivers' builtins are coarse, undefined outside their domains, or not
+//! NaN-propagating (max/min, also used by pooling and reductions).
 
 /// erf for WGSL, which has none: Abramowitz & Stegun 7.1.26 (absolute error below
 /// 1.5e-7, under f32 rounding of the result for |erf| near 1).
@@ -65,3 +66,20 @@ fn kiln_atanh(x: f32) -> f32 {
     return select(r, -r, x < 0.0);
 }
 ";
+
+/// WGSL test for NaN on the bits of `x` (an f32 expression), so no driver fast-math
+/// folds it away.
+pub(crate) fn wgsl_isnan(x: &str) -> String {
+    format!("((bitcast<u32>({x}) & 0x7fffffffu) > 0x7f800000u)")
+}
+
+/// NaN-propagating max of two f32 WGSL expressions (WGSL's `max` may return either
+/// operand when one is NaN): NaN if either is, as ONNX's Max, MaxPool and ReduceMax.
+pub(crate) fn wgsl_max(a: &str, b: &str) -> String {
+    format!("select(max({a}, {b}), {a} + {b}, {} || {})", wgsl_isnan(a), wgsl_isnan(b))
+}
+
+/// NaN-propagating min of two f32 WGSL expressions (see [`wgsl_max`]).
+pub(crate) fn wgsl_min(a: &str, b: &str) -> String {
+    format!("select(min({a}, {b}), {a} + {b}, {} || {})", wgsl_isnan(a), wgsl_isnan(b))
+}

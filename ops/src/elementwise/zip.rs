@@ -4,6 +4,7 @@
 use crate::broadcast::broadcast_strides;
 use crate::wgsl::{self, Binding, Dispatch};
 use crate::{Arg, Result, TensorType};
+use crate::tensor::from_i64;
 use kiln_graph::{DType, Tensor};
 
 /// Type of a two-input op whose inputs share a dtype from `allowed` and broadcast.
@@ -33,32 +34,6 @@ pub(crate) fn is_unsigned(d: DType) -> bool {
     matches!(d, DType::U8 | DType::U16 | DType::U32 | DType::U64)
 }
 
-/// An integer (or bool) tensor of `dtype` from i64 values, each truncated to the
-/// dtype's width like a C cast (so a u64 round-trips through its i64 bit pattern).
-pub(crate) fn from_i64_bits(dtype: DType, dims: &[usize], values: &[i64]) -> Result<Tensor> {
-    macro_rules! conv {
-        ($t:ty) => {{
-            let v: Vec<$t> = values.iter().map(|&x| x as $t).collect();
-            Tensor::from_bytes(dtype, dims, bytemuck::cast_slice(&v))?
-        }};
-    }
-    Ok(match dtype {
-        DType::I8 => conv!(i8),
-        DType::I16 => conv!(i16),
-        DType::I32 => conv!(i32),
-        DType::I64 => conv!(i64),
-        DType::U8 => conv!(u8),
-        DType::U16 => conv!(u16),
-        DType::U32 => conv!(u32),
-        DType::U64 => conv!(u64),
-        DType::Bool => {
-            let v: Vec<u8> = values.iter().map(|&x| (x != 0) as u8).collect();
-            Tensor::from_bytes(dtype, dims, &v)?
-        }
-        d => Tensor::from_f64(d, dims, &values.iter().map(|&x| x as f64).collect::<Vec<_>>())?,
-    })
-}
-
 /// An integer tensor as an i64 tensor of the same dims (bit patterns kept for u64).
 pub(crate) fn as_i64_tensor(t: &Tensor) -> Result<Tensor> {
     if t.dtype() == DType::I64 {
@@ -74,7 +49,7 @@ pub(crate) fn zip_ints(a: &Tensor, b: &Tensor, out: &mut Tensor, f: impl Fn(i64,
     let dims = out.dims().to_vec();
     let mut tmp = Tensor::zeros(DType::I64, &dims);
     super::binary::map2(&ia, &ib, &mut tmp, f)?;
-    *out = if out.dtype() == DType::I64 { tmp } else { from_i64_bits(out.dtype(), &dims, tmp.as_slice::<i64>()?)? };
+    *out = if out.dtype() == DType::I64 { tmp } else { from_i64(out.dtype(), &dims, tmp.as_slice::<i64>()?)? };
     Ok(())
 }
 
@@ -125,11 +100,11 @@ mod tests {
     #[test]
     fn i64_bits_round_trip_every_integer_dtype() {
         let u = Tensor::from_slice(&[2], &[u64::MAX, 1u64 << 63]).unwrap();
-        let back = from_i64_bits(DType::U64, &[2], &u.to_i64_vec().unwrap()).unwrap();
+        let back = from_i64(DType::U64, &[2], &u.to_i64_vec().unwrap()).unwrap();
         assert_eq!(back, u);
-        let t = from_i64_bits(DType::U8, &[2], &[256 + 7, -1]).unwrap();
+        let t = from_i64(DType::U8, &[2], &[256 + 7, -1]).unwrap();
         assert_eq!(t.as_slice::<u8>().unwrap(), &[7, 255]);
-        let t = from_i64_bits(DType::I8, &[2], &[128, -129]).unwrap();
+        let t = from_i64(DType::I8, &[2], &[128, -129]).unwrap();
         assert_eq!(t.as_slice::<i8>().unwrap(), &[-128, 127]);
         assert_eq!(int_width(DType::U16), 16);
         assert!(is_unsigned(DType::U64) && !is_unsigned(DType::I64));

@@ -345,9 +345,6 @@ impl WgslKernel for FusedElementwise {
         for (k, ins) in self.instrs.iter().enumerate() {
             let r = inputs.len() + k;
             let (expr, h) = match *ins {
-                Instr::Unary(UnaryKind::Clip { min, max }, a) => {
-                    (format!("min(max(r{a}, {}), {})", wgsl::literal("f32", min as f64), wgsl::literal("f32", max as f64)), "")
-                }
                 Instr::Unary(kind, a) => (kind.wgsl_expr(&format!("r{a}"), "f32"), kind.wgsl_helpers()),
                 Instr::Binary(kind, a, b) => (kind.wgsl_expr(&format!("r{a}"), &format!("r{b}"), "f32"), kind.wgsl_helpers()),
             };

@@ -2,7 +2,8 @@
 //! transpose, done through strides, never copies) and an optional C that broadcasts
 //! unidirectionally to `[M, N]` (scalar, `[N]`, `[1, N]`, `[M, 1]`, `[M, N]`).
 use super::matmul::PRODUCT_DTYPES;
-use super::product::{write_i64, BatchedProduct, Layout};
+use super::product::{BatchedProduct, Layout};
+use crate::tensor::write_i64;
 use super::product_wgsl::{self, Epilogue};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};

@@ -19,18 +19,14 @@ pub(crate) const PRODUCT_DTYPES: &[DType] = &[
 pub struct MatMul {
     /// Activation fused by the graph compiler (see `elementwise::fused_activation`).
     pub activation: Option<crate::elementwise::UnaryKind>,
-    /// A bias fused by the graph compiler (attribute [`BIAS_ATTR`]): input 2 is a vector
+    /// A bias fused by the graph compiler (attribute [`crate::elementwise::BIAS_ATTR`]): input 2 is a vector
     /// of the output's last dim, added to every row before the activation.
     pub bias: bool,
-    /// A residual fused by the graph compiler (attribute [`RESIDUAL_ATTR`]): input 3 has
+    /// A residual fused by the graph compiler (attribute [`crate::elementwise::RESIDUAL_ATTR`]): input 3 has
     /// the output's shape and is added (after the bias, before the activation).
     pub residual: bool,
 }
 
-/// The attribute that marks a MatMul whose input 2 is a fused bias vector.
-pub const BIAS_ATTR: &str = "kiln_bias";
-/// The attribute that marks a MatMul whose input 3 is a fused residual.
-pub const RESIDUAL_ATTR: &str = "kiln_residual";
 
 /// The product plan and output dims for operand dims `a` and `b`.
 pub fn plan(a: &[usize], b: &[usize]) -> Result<(BatchedProduct, Vec<usize>)> {

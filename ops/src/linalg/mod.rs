@@ -8,18 +8,18 @@ mod product;
 mod product_wgsl;
 
 pub use gemm::Gemm;
-pub use matmul::{MatMul, BIAS_ATTR, RESIDUAL_ATTR};
-pub(crate) use product::write_i64;
+pub use crate::elementwise::{BIAS_ATTR, RESIDUAL_ATTR};
+pub use matmul::MatMul;
 
 pub(crate) fn register(r: &mut Registry) {
     r.register("", "MatMul", |spec| {
-        let bias = spec.int(matmul::BIAS_ATTR, 0)? != 0;
-        let residual = spec.int(matmul::RESIDUAL_ATTR, 0)? != 0;
+        let bias = spec.int(BIAS_ATTR, 0)? != 0;
+        let residual = spec.int(RESIDUAL_ATTR, 0)? != 0;
         let has = |i: usize| spec.node.inputs.get(i).copied().flatten().is_some();
         if bias != has(2) || residual != has(3) || spec.node.inputs.len() > 4 {
             return Err(spec.bad(
-                matmul::BIAS_ATTR,
-                format!("a MatMul takes a fused bias as input 2 exactly when {} is set, and a residual as input 3 exactly when {} is set", matmul::BIAS_ATTR, matmul::RESIDUAL_ATTR),
+                BIAS_ATTR,
+                format!("a MatMul takes a fused bias as input 2 exactly when {} is set, and a residual as input 3 exactly when {} is set", BIAS_ATTR, RESIDUAL_ATTR),
             ));
         }
         Ok(Box::new(MatMul { activation: crate::elementwise::fused_activation(spec)?, bias, residual }))

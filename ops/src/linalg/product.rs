@@ -3,6 +3,7 @@
 //! through the `gemm` crate for f32/f64 and plain loops (wrapping i64) for integers.
 use crate::broadcast::{broadcast_strides, strides};
 use crate::cpu;
+use crate::tensor::write_i64;
 use crate::{OpError, Result};
 use kiln_graph::{DType, Tensor};
 
@@ -295,29 +296,6 @@ mod gemm_scalar {
 
 fn to_f32(t: &Tensor) -> Result<Tensor> {
     Ok(Tensor::from_f64(DType::F32, t.dims(), &t.to_f64_vec())?)
-}
-
-/// Writes i64 values into an integer tensor of any width (wrapping like a C cast).
-pub fn write_i64(out: &mut Tensor, v: &[i64]) -> Result<()> {
-    macro_rules! put {
-        ($t:ty) => {{
-            for (o, &x) in out.as_mut_slice::<$t>()?.iter_mut().zip(v) {
-                *o = x as $t;
-            }
-        }};
-    }
-    match out.dtype() {
-        DType::I8 => put!(i8),
-        DType::I16 => put!(i16),
-        DType::I32 => put!(i32),
-        DType::I64 => put!(i64),
-        DType::U8 | DType::Bool => put!(u8),
-        DType::U16 => put!(u16),
-        DType::U32 => put!(u32),
-        DType::U64 => put!(u64),
-        d => return Err(OpError::invalid(format!("write_i64 into a {d} tensor"))),
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -414,7 +414,7 @@ fn axpy<const FMA: bool>(acc: &mut [f32], w: f32, a: &[f32]) {
 }
 
 /// `out = b + sum_t w[t] * src[t]` for nine taps (a 3x3 kernel) in one pass, then
-/// clamped to `[lo, hi]` when `CLAMP` (like `UnaryKind::Clip`: a NaN becomes `lo`).
+/// clamped to `[lo, hi]` when `CLAMP` (like `UnaryKind::Clip`: a NaN stays NaN).
 #[inline(always)]
 fn taps9<const FMA: bool, const CLAMP: bool>(out: &mut [f32], b: f32, w: &[f32; 9], src: [&[f32]; 9], (lo, hi): (f32, f32)) {
     let n = out.len();
@@ -427,11 +427,11 @@ fn taps9<const FMA: bool, const CLAMP: bool>(out: &mut [f32], b: f32, w: &[f32; 
         let r2 = madd::<FMA>(w[8], s8[i], madd::<FMA>(w[7], s7[i], w[6] * s6[i]));
         let v = r0 + (r1 + r2);
         out[i] = if CLAMP {
-            let v = if v > lo { v } else { lo };
-            if v < hi {
-                v
-            } else {
+            let v = if v < lo { lo } else { v };
+            if v > hi {
                 hi
+            } else {
+                v
             }
         } else {
             v
@@ -602,18 +602,6 @@ impl DepthwisePlan<'_> {
     }
 }
 
-/// Whether the CPU has AVX2 + FMA (for kernels compiled with those features).
-pub(crate) fn has_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// Depthwise 1-D/2-D convolution. Each channel plane is first copied into zero-padded
 /// "phase" planes (phase (qh, qw) holds the padded positions congruent to (qh, qw)
 /// modulo the strides), so that every tap reads the plane as one contiguous run: the
@@ -626,7 +614,7 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mu
     let multiplier = p.out_per_group();
     let plan = DepthwisePlan::new(g);
     let ksize = g.kernel_size();
-    let fma = has_fma();
+    let fma = cpu::has_avx2();
     let clamp = act.and_then(|k| conv_small_k::as_clamp(Some(k)));
     cpu::par_chunks_mut(y, out_size, 2 * ksize + 2, |first, planes| {
         cpu::with_scratch(plan.scratch_len(), |scratch| {

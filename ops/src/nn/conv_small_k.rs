@@ -50,7 +50,7 @@ impl SmallK<'_> {
     /// `y_rs` apart, not overlapping `x`, and nothing else may access them meanwhile.
     pub(crate) unsafe fn run(&self, x: *const f32, x_rs: usize, cols: usize, y: *mut f32, y_rs: usize) {
         #[cfg(target_arch = "x86_64")]
-        if super::conv_cpu::has_fma() {
+        if crate::cpu::has_avx2() {
             return self.run_avx(x, x_rs, cols, y, y_rs);
         }
         self.run_plain(x, x_rs, cols, y, y_rs)
@@ -162,7 +162,9 @@ impl Block {
         let (k, x_rs) = (self.k, self.x_rs);
         let (lo, hi) = (_mm256_set1_ps(self.lo), _mm256_set1_ps(self.hi));
         let clamp = self.clamp;
-        let act = |v: __m256| if clamp { _mm256_min_ps(_mm256_max_ps(v, lo), hi) } else { v };
+        // max_ps/min_ps return their second operand when either is NaN: a NaN result
+        // stays NaN and a NaN bound is ignored, as `UnaryKind::Clip` does.
+        let act = |v: __m256| if clamp { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) } else { v };
         let mut p = 0;
         while p + 16 <= self.cols {
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
@@ -221,9 +223,9 @@ impl Block {
                     acc = (*self.w.add(r * k + kk)).mul_add(*self.x.add(kk * x_rs + q), acc);
                 }
                 if clamp {
-                    // Same NaN behaviour as max_ps/min_ps above: a NaN becomes `lo`.
-                    let v = if acc > self.lo { acc } else { self.lo };
-                    acc = if v < self.hi { v } else { self.hi };
+                    // Same NaN behaviour as max_ps/min_ps above: a NaN stays NaN.
+                    let v = if acc < self.lo { self.lo } else { acc };
+                    acc = if v > self.hi { self.hi } else { v };
                 }
                 *yq = acc;
             }
@@ -298,7 +300,7 @@ mod tests {
     }
 
     #[test]
-    fn nan_propagates_without_activation_and_clamps_like_clip() {
+    fn nan_propagates_through_every_activation_like_clip() {
         let (rows, k, cols) = (3, 2, 27);
         let w = values(rows * k, 6);
         let mut x = values(k * cols, 7);

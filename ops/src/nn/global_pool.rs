@@ -3,6 +3,7 @@
 //! workgroup of lanes per plane for big planes (see [`super::plane_lanes`]).
 use super::conv::FLOATS;
 use super::plane_lanes::{lane_loop, lanes_dispatch, plane_lanes, tree};
+use crate::elementwise::wgsl_max;
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
@@ -63,7 +64,7 @@ impl CpuKernel for GlobalPool {
                 for (i, o) in out.iter_mut().enumerate() {
                     let plane = &xs[(first + i) * size..][..size];
                     *o = if max {
-                        plane.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+                        max_f32(plane)
                     } else {
                         // Eight partial sums: vectorises and keeps rounding error low.
                         let mut acc = [0f32; 8];
@@ -83,7 +84,7 @@ impl CpuKernel for GlobalPool {
             let out: Vec<f64> = xs
                 .chunks(size.max(1))
                 .map(|p| {
-                    if self.max { p.iter().copied().fold(f64::NEG_INFINITY, f64::max) } else { p.iter().sum::<f64>() / size as f64 }
+                    if self.max { p.iter().copied().fold(f64::NEG_INFINITY, max_nan) } else { p.iter().sum::<f64>() / size as f64 }
                 })
                 .collect();
             *y = Tensor::from_f64(y.dtype(), y.dims(), &out)?;
@@ -101,10 +102,11 @@ impl WgslKernel for GlobalPool {
         let planes = outputs[0].len();
         let buffers = [("x", "f32", true), ("y", "f32", false)];
         let bindings = vec![Binding::Input(0), Binding::Output(0)];
+        // Max: NaN propagates (WGSL's max need not).
         let (init, fold, combine) = if self.max {
-            ("bitcast<f32>(0xff800000u)", "t = max(t, x[base + j]);", "max(red[lid.x], red[lid.x + w])")
+            ("bitcast<f32>(0xff800000u)", format!("t = {};", wgsl_max("t", "x[base + j]")), wgsl_max("red[lid.x]", "red[lid.x + w]"))
         } else {
-            ("0.0", "t = t + x[base + j];", "red[lid.x] + red[lid.x + w]")
+            ("0.0", "t = t + x[base + j];".to_string(), "red[lid.x] + red[lid.x + w]".to_string())
         };
         let finish = |acc: &str| if self.max { acc.to_string() } else { format!("{acc} / {}", wgsl::literal("f32", size.max(1) as f64)) };
         let lanes = plane_lanes(self.name(), size, 1, 1)?;
@@ -119,12 +121,32 @@ impl WgslKernel for GlobalPool {
         }
         let body = format!(
             "let base = i * {size}u;\n    var t = {init};\n    {}    {}    if (lid.x == 0u) {{ y[i] = {}; }}",
-            lane_loop(size, lanes, fold),
-            tree(lanes, combine),
+            lane_loop(size, lanes, &fold),
+            tree(lanes, &combine),
             finish("red[0]")
         );
         Ok(WgslProgram::single(lanes_dispatch(self.name(), planes, lanes, &buffers, bindings, &body)))
     }
+}
+
+/// The larger of `a` and `v`, NaN once either is (NaN propagates, as in ReduceMax).
+#[inline(always)]
+#[allow(clippy::eq_op)]
+fn max_nan<T: PartialOrd>(a: T, v: T) -> T {
+    if v > a || v != v { v } else { a }
+}
+
+/// The maximum of a plane (NaN if any element is), eight lanes at a time.
+fn max_f32(plane: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = plane.chunks_exact(8);
+    let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, max_nan);
+    for c in chunks {
+        for k in 0..8 {
+            acc[k] = max_nan(acc[k], c[k]);
+        }
+    }
+    acc.into_iter().fold(tail, max_nan)
 }
 
 pub(crate) fn register(r: &mut Registry) {

@@ -8,6 +8,7 @@
 //! inside the input.
 use super::window::{Geometry, WindowAttrs};
 use crate::cpu::{self, CpuKernel};
+use crate::elementwise;
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
@@ -119,6 +120,14 @@ macro_rules! pool_float {
 pool_float!(f32);
 pool_float!(f64);
 
+/// The larger of `acc` and `v`, NaN once either is (NaN propagates through max
+/// pooling, as through ONNX's Max and numpy's maximum).
+#[inline(always)]
+#[allow(clippy::eq_op)]
+fn max_nan<T: PartialOrd>(acc: T, v: T) -> T {
+    if v > acc || v != v { v } else { acc }
+}
+
 impl Pool {
     /// Pools every (n, c) plane of `x` into `y`; `indices` receives MaxPool argmaxes.
     fn run_typed<T: PoolFloat>(&self, g: &Geometry, x: &[T], y: &mut [T], indices: Option<&mut [i64]>) {
@@ -156,7 +165,9 @@ impl Pool {
                             let v = xc[row + iw];
                             match kind {
                                 PoolKind::Max { .. } => {
-                                    if v > acc {
+                                    // The first NaN wins (and stays): NaN propagates.
+                                    #[allow(clippy::eq_op)]
+                                    if v > acc || (v != v && acc == acc) {
                                         acc = v;
                                         arg = row + iw;
                                     }
@@ -216,7 +227,7 @@ fn pool_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, d: usize, outer: usize
                 let pos = (start + (k * g.dilation[d]) as i64) as usize;
                 let srow = &src[(o * n_in + pos) * inner..][..inner];
                 for (a, &v) in row.iter_mut().zip(srow) {
-                    *a = if MAX { if v > *a { v } else { *a } } else { *a + v };
+                    *a = if MAX { max_nan(*a, v) } else { *a + v };
                 }
             }
         }
@@ -239,7 +250,7 @@ fn pool_last_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, rows: usize, src:
     let full = |&(_, k0, k1): &(i64, usize, usize)| k0 == 0 && k1 == k;
     let lo = taps.iter().position(full).unwrap_or(n_out);
     let hi = lo + taps[lo..].iter().take_while(|t| full(t)).count();
-    let fold = |acc: T, v: T| if MAX { if v > acc { v } else { acc } } else { acc + v };
+    let fold = |acc: T, v: T| if MAX { max_nan(acc, v) } else { acc + v };
     let init = if MAX { T::NEG_INF } else { T::ZERO };
     for r in 0..rows {
         let srow = &src[r * n_in..][..n_in];
@@ -437,6 +448,10 @@ impl WgslKernel for Pool {
             _ => "0.0".into(),
         };
         let accumulate = match self.kind {
+            // NaN propagates on floats: the first NaN is taken and kept.
+            PoolKind::Max { .. } if ty == "f32" => {
+                format!("if (v > acc || ({} && !{})) {{ acc = v; arg = j; }}", elementwise::wgsl_isnan("v"), elementwise::wgsl_isnan("acc"))
+            }
             PoolKind::Max { .. } => "if (v > acc) { acc = v; arg = j; }".to_string(),
             PoolKind::Average { .. } => "acc += v;".into(),
             PoolKind::Lp { p } => format!("acc += pow(abs(v), {p}.0);"),

@@ -190,9 +190,12 @@ impl ReduceKind {
         crate::wgsl::literal(ty, v)
     }
 
-    /// WGSL expression folding `v` into `acc` (LogSumExp is generated separately).
-    pub fn wgsl_fold(self, acc: &str, v: &str) -> String {
+    /// WGSL expression folding `v` into `acc`, of type `ty` (LogSumExp is generated
+    /// separately). On f32, Max and Min propagate NaN (WGSL's max/min need not).
+    pub fn wgsl_fold(self, acc: &str, v: &str, ty: &str) -> String {
         match self {
+            ReduceKind::Max if ty == "f32" => crate::elementwise::wgsl_max(acc, v),
+            ReduceKind::Min if ty == "f32" => crate::elementwise::wgsl_min(acc, v),
             ReduceKind::Max => format!("max({acc}, {v})"),
             ReduceKind::Min => format!("min({acc}, {v})"),
             ReduceKind::Prod => format!("{acc} * {v}"),

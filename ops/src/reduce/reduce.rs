@@ -7,7 +7,7 @@
 use super::kernels::{reduce_rows, ReduceKind};
 use super::layout::{normalize_axes, ReduceLayout};
 use crate::cpu::{self, CpuKernel};
-use crate::linalg::write_i64;
+use crate::tensor::write_i64;
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, Dispatch, TuneParam, WgslKernel, WgslProgram};
 use crate::{constant, Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
@@ -215,7 +215,7 @@ impl WgslKernel for Reduce {
                 body += "let res = select(m + log(acc), m, abs(m) > 3.0e38);\n";
             } else {
                 let _ = writeln!(body, "var acc = {};", k.wgsl_init(acc_ty));
-                body += &lp(&format!("acc = {};", k.wgsl_fold("acc", "v")));
+                body += &lp(&format!("acc = {};", k.wgsl_fold("acc", "v", acc_ty)));
                 let _ = writeln!(body, "let res = {};", k.wgsl_finish("acc", total, acc_ty));
             }
             let _ = writeln!(body, "out[i] = {};", store("res"));
@@ -235,10 +235,9 @@ impl WgslKernel for Reduce {
             )
         };
         let combine = match k {
-            ReduceKind::Max => "max(red[lid.x], red[lid.x + w])",
-            ReduceKind::Min => "min(red[lid.x], red[lid.x + w])",
-            ReduceKind::Prod => "red[lid.x] * red[lid.x + w]",
-            _ => "red[lid.x] + red[lid.x + w]",
+            ReduceKind::Max | ReduceKind::Min => k.wgsl_fold("red[lid.x]", "red[lid.x + w]", acc_ty),
+            ReduceKind::Prod => "red[lid.x] * red[lid.x + w]".to_string(),
+            _ => "red[lid.x] + red[lid.x + w]".to_string(),
         };
         let mut body = prologue;
         if k == ReduceKind::LogSumExp {
@@ -247,12 +246,12 @@ impl WgslKernel for Reduce {
             body += &tree("max(red[lid.x], red[lid.x + w])");
             body += "let m = red[0];\nworkgroupBarrier();\nt = 0.0;\n";
             body += &lp("t = t + exp(v - m);");
-            body += &tree(combine);
+            body += &tree(&combine);
             body += "let acc = red[0];\nlet res = select(m + log(acc), m, abs(m) > 3.0e38);\n";
         } else {
             let _ = writeln!(body, "var t = {};", k.wgsl_init(acc_ty));
-            body += &lp(&format!("t = {};", k.wgsl_fold("t", "v")));
-            body += &tree(combine);
+            body += &lp(&format!("t = {};", k.wgsl_fold("t", "v", acc_ty)));
+            body += &tree(&combine);
             let _ = writeln!(body, "let res = {};", k.wgsl_finish("red[0]", total, acc_ty));
         }
         let _ = writeln!(body, "if (lid.x == 0u) {{ out[i] = {}; }}", store("res"));

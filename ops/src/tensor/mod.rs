@@ -12,6 +12,7 @@ use crate::Registry;
 mod common;
 mod index_map;
 mod numeric;
+pub(crate) use numeric::{from_i64, write_i64};
 
 mod cast;
 mod concat;
@@ -37,6 +38,7 @@ mod hardmax;
 mod one_hot;
 mod depth_space;
 mod eye_like;
+mod window_fn;
 mod gather_nd;
 mod reverse_sequence;
 mod non_zero;
@@ -74,6 +76,7 @@ pub(crate) fn register(r: &mut Registry) {
     one_hot::register(r);
     depth_space::register(r);
     eye_like::register(r);
+    window_fn::register(r);
     gather_nd::register(r);
     reverse_sequence::register(r);
     non_zero::register(r);

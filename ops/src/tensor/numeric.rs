@@ -30,29 +30,47 @@ impl Num {
     }
 }
 
-/// A tensor of `dtype` from i64 values (exact for every integer dtype; wrapping casts).
+/// A tensor of `dtype` from i64 values: integers wrap to the dtype's width like a C cast
+/// (so a u64 round-trips through its i64 bit pattern), bools are `x != 0`, floats are
+/// converted. The one i64-to-tensor conversion of kiln-ops.
 pub(crate) fn from_i64(dtype: DType, dims: &[usize], v: &[i64]) -> Result<Tensor> {
-    macro_rules! cast {
+    if !(dtype.is_int() || dtype == DType::Bool) {
+        return Ok(Tensor::from_f64(dtype, dims, &v.iter().map(|&x| x as f64).collect::<Vec<_>>())?);
+    }
+    let mut t = Tensor::zeros(dtype, dims);
+    if t.len() != v.len() {
+        return Err(crate::OpError::invalid(format!("{} values for a tensor of dims {dims:?}", v.len())));
+    }
+    write_i64(&mut t, v)?;
+    Ok(t)
+}
+
+/// Writes i64 values into an integer or bool tensor in place (as [`from_i64`] converts).
+pub(crate) fn write_i64(out: &mut Tensor, v: &[i64]) -> Result<()> {
+    macro_rules! put {
         ($t:ty) => {{
-            let c: Vec<$t> = v.iter().map(|&x| x as $t).collect();
-            Tensor::from_bytes(dtype, dims, bytemuck::cast_slice(&c))?
+            for (o, &x) in out.as_mut_slice::<$t>()?.iter_mut().zip(v) {
+                *o = x as $t;
+            }
         }};
     }
-    Ok(match dtype {
-        DType::I8 => cast!(i8),
-        DType::I16 => cast!(i16),
-        DType::I32 => cast!(i32),
-        DType::I64 => cast!(i64),
-        DType::U8 => cast!(u8),
-        DType::U16 => cast!(u16),
-        DType::U32 => cast!(u32),
-        DType::U64 => cast!(u64),
+    match out.dtype() {
+        DType::I8 => put!(i8),
+        DType::I16 => put!(i16),
+        DType::I32 => put!(i32),
+        DType::I64 => put!(i64),
+        DType::U8 => put!(u8),
+        DType::U16 => put!(u16),
+        DType::U32 => put!(u32),
+        DType::U64 => put!(u64),
         DType::Bool => {
-            let c: Vec<u8> = v.iter().map(|&x| (x != 0) as u8).collect();
-            Tensor::from_bytes(dtype, dims, &c)?
+            for (o, &x) in out.as_mut_slice::<u8>()?.iter_mut().zip(v) {
+                *o = (x != 0) as u8;
+            }
         }
-        _ => Tensor::from_f64(dtype, dims, &v.iter().map(|&x| x as f64).collect::<Vec<_>>())?,
-    })
+        d => return Err(crate::OpError::invalid(format!("i64 values written into a {d} tensor"))),
+    }
+    Ok(())
 }
 
 /// Stores `t` (already of the output's dtype and element count) into `out`.

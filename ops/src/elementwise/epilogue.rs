@@ -1,5 +1,6 @@
-//! Activations fused into a producer's epilogue (Conv, Gemm, MatMul): the node
-//! attributes that carry them, their WGSL and their CPU application.
+//! Epilogues fused into a producer (Conv, Gemm, MatMul) by the graph compiler: the one
+//! home of the node attributes that carry them (bias, residual, activation), and the
+//! activation's WGSL and CPU application.
 use super::unary::UnaryKind;
 use crate::{NodeSpec, Result};
 use kiln_graph::{DType, Tensor};
@@ -7,6 +8,10 @@ use kiln_graph::{DType, Tensor};
 /// The attributes that carry an activation fused into a producer's epilogue.
 pub const ACTIVATION_ATTR: &str = "kiln_activation";
 pub const ACTIVATION_PARAMS_ATTR: &str = "kiln_activation_params";
+/// The attribute that marks a MatMul whose input 2 is a fused bias vector.
+pub const BIAS_ATTR: &str = "kiln_bias";
+/// The attribute that marks a MatMul or Conv whose input 3 is a fused residual.
+pub const RESIDUAL_ATTR: &str = "kiln_residual";
 
 /// The fused epilogue activation of a node (Conv, Gemm, MatMul), if the graph compiler
 /// put one there.
@@ -22,13 +27,7 @@ pub fn fused_activation(spec: &NodeSpec) -> Result<Option<UnaryKind>> {
 /// WGSL functions `kiln_act(x: f32) -> f32` and `kiln_act4(v: vec4<f32>)` applying a
 /// fused activation (the identity when there is none).
 pub fn activation_wgsl(act: Option<UnaryKind>) -> String {
-    let body = match act {
-        Some(UnaryKind::Clip { min, max }) => {
-            format!("min(max(x, {}), {})", crate::wgsl::literal("f32", min as f64), crate::wgsl::literal("f32", max as f64))
-        }
-        Some(k) => k.wgsl_expr("x", "f32"),
-        None => "x".to_string(),
-    };
+    let body = act.map_or_else(|| "x".to_string(), |k| k.wgsl_expr("x", "f32"));
     let helpers = act.map(|k| k.wgsl_helpers()).unwrap_or_default();
     format!(
         "{helpers}fn kiln_act(x: f32) -> f32 {{ return {body}; }}\n\
