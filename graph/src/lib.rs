@@ -17,7 +17,7 @@ mod shape;
 pub mod size;
 mod tensor;
 
-pub use arena::Arena;
+pub use arena::WordMemory;
 pub use attr::{Attr, Attributes};
 pub use builder::GraphBuilder;
 pub use dtype::{DType, Element};

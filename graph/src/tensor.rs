@@ -5,7 +5,7 @@
 //! constructors check sizes that come from elsewhere, so `len`, `bytes` and the strides
 //! of an existing tensor never overflow.
 
-use crate::{size, Arena, DType, Element, GraphError, Result};
+use crate::{size, DType, Element, GraphError, Result, WordMemory};
 use std::fmt;
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// Bytes live in 8-byte aligned storage so that they can be viewed as any element
 /// type without copying. Bool tensors hold one byte (0 or 1) per element.
 /// Cloning is cheap (the storage is shared, copy-on-write), except for tensors placed
-/// in a memory plan's [`Arena`], whose clones copy their bytes out.
+/// in a memory plan's arena ([`WordMemory`]), whose clones copy their bytes out.
 pub struct Tensor {
     dtype: DType,
     dims: Vec<usize>,
@@ -28,7 +28,7 @@ enum Storage {
     Heap(Arc<Vec<u64>>),
     /// Words `offset..` of an arena. The `owner` (made by [`Tensor::in_arena`]) may
     /// write them; views (from [`Tensor::reshaped`]) only read, and copy before a write.
-    Arena { arena: Arc<Arena>, offset: usize, owner: bool },
+    Arena { arena: Arc<dyn WordMemory>, offset: usize, owner: bool },
     /// Bytes `offset..` of read-only memory owned elsewhere (a mapped file); writes copy first.
     Shared { bytes: Arc<dyn AsRef<[u8]> + Send + Sync>, offset: usize },
 }
@@ -119,11 +119,11 @@ impl Tensor {
     /// # Safety
     /// Until this tensor and every view made from it are dropped, no other tensor may
     /// be placed on an overlapping range of `arena`.
-    pub unsafe fn in_arena(dtype: DType, dims: &[usize], arena: &Arc<Arena>, offset: usize) -> Result<Tensor> {
+    pub unsafe fn in_arena<A: WordMemory + 'static>(dtype: DType, dims: &[usize], arena: &Arc<A>, offset: usize) -> Result<Tensor> {
         let len_bytes = size::bytes(dtype, dims).ok();
         match len_bytes {
             Some(n) if offset.checked_add(words(n)).is_some_and(|end| end <= arena.words()) => {
-                Ok(Tensor { dtype, dims: dims.to_vec(), data: Storage::Arena { arena: arena.clone(), offset, owner: true }, len_bytes: n })
+                Ok(Tensor { dtype, dims: dims.to_vec(), data: Storage::Arena { arena: arena.clone() as Arc<dyn WordMemory>, offset, owner: true }, len_bytes: n })
             }
             _ => Err(GraphError::BadTensor {
                 name: String::new(),
@@ -152,8 +152,8 @@ impl Tensor {
     }
 
     /// Whether this is the tensor that owns words `offset..` of `arena`.
-    pub fn owns_arena_range(&self, arena: &Arc<Arena>, offset: usize) -> bool {
-        matches!(&self.data, Storage::Arena { arena: a, offset: o, owner: true } if Arc::ptr_eq(a, arena) && *o == offset)
+    pub fn owns_arena_range<A: WordMemory>(&self, arena: &Arc<A>, offset: usize) -> bool {
+        matches!(&self.data, Storage::Arena { arena: a, offset: o, owner: true } if std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(arena)) && *o == offset)
     }
 
     /// Whether the bytes live in an arena (an owner or a view of one).
@@ -364,9 +364,22 @@ mod tests {
         assert_eq!(t.as_slice::<f32>().unwrap()[0], 1.0, "clones are copy-on-write");
     }
 
+    /// Words for the arena tests (the runtime's arena is the real one).
+    struct TestArena(Box<[std::cell::UnsafeCell<u64>]>);
+    // SAFETY: the test places non-overlapping tensors only.
+    unsafe impl Sync for TestArena {}
+    unsafe impl WordMemory for TestArena {
+        fn words(&self) -> usize {
+            self.0.len()
+        }
+        fn word_ptr(&self, offset: usize) -> *mut u64 {
+            std::cell::UnsafeCell::raw_get(self.0.as_ptr()).wrapping_add(offset)
+        }
+    }
+
     #[test]
     fn arena_owners_views_and_clones() {
-        let arena = Arc::new(Arena::new(8));
+        let arena = Arc::new(TestArena((0..8).map(|_| std::cell::UnsafeCell::new(0)).collect()));
         // SAFETY: the two ranges (words 0..2 and 2..4) do not overlap.
         let (mut a, mut b) = unsafe { (Tensor::in_arena(DType::F32, &[4], &arena, 0).unwrap(), Tensor::in_arena(DType::F32, &[2], &arena, 2).unwrap()) };
         a.as_mut_slice::<f32>().unwrap().copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);

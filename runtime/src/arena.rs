@@ -1,6 +1,9 @@
 //! Placing buffers with known lifetimes at offsets of one arena, so that buffers alive
 //! at the same step never overlap: the memory plans of both backends use it (the CPU
-//! in 8-byte words, the GPU in bytes).
+//! in 8-byte words, the GPU in bytes), and the CPU's arena itself: the memory behind
+//! the tensors of a CPU plan.
+use kiln_graph::WordMemory;
+use std::cell::UnsafeCell;
 
 /// The memory plan's figures, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -114,6 +117,37 @@ fn place_in(spans: &[Span], order: &[usize], align: &dyn Fn(usize) -> usize) -> 
         placed.push(i);
     }
     (offsets, total)
+}
+
+/// A zeroed block of 8-byte words, shared by the tensors a memory plan places in it
+/// (see `kiln_graph::WordMemory` for the rules that keep this sound).
+pub(crate) struct Arena {
+    words: Box<[UnsafeCell<u64>]>,
+}
+
+// SAFETY: the words are only reached through tensors placed by a memory plan, which
+// never gives two live tensors overlapping ranges where one of them is written.
+unsafe impl Send for Arena {}
+unsafe impl Sync for Arena {}
+
+// SAFETY: one boxed slice of `words` u64s, never moved or resized while it lives;
+// UnsafeCell<u64> has the layout of u64 and allows writes through `&self`.
+unsafe impl WordMemory for Arena {
+    fn words(&self) -> usize {
+        self.words.len()
+    }
+
+    fn word_ptr(&self, offset: usize) -> *mut u64 {
+        debug_assert!(offset <= self.words.len());
+        UnsafeCell::raw_get(self.words.as_ptr()).wrapping_add(offset)
+    }
+}
+
+impl Arena {
+    /// An arena of `words` zeroed 8-byte words.
+    pub fn new(words: usize) -> Arena {
+        Arena { words: (0..words).map(|_| UnsafeCell::new(0)).collect() }
+    }
 }
 
 #[cfg(test)]

@@ -13,11 +13,11 @@
 //! Recycled ranges hold stale data: ops that do not overwrite every output element
 //! (`Op::overwrites_outputs` false) get zeroed outputs. `KILN_POISON_BUFFERS=1` fills
 //! recycled ranges with NaN instead of stale data, to catch ops that claim otherwise.
-use crate::arena::{place, MemoryPlan, Span};
+use crate::arena::{place, Arena, MemoryPlan, Span};
 use kiln_ops::infer::Specialized;
 use crate::error::poisoned;
 use crate::{Result, RuntimeError};
-use kiln_graph::{Arena, Graph, Tensor, ValueId};
+use kiln_graph::{Graph, Tensor, ValueId};
 use kiln_ops::Op;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

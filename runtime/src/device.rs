@@ -88,20 +88,6 @@ pub fn cpu_info() -> CpuInfo {
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    #[allow(unused_mut)]
-    let mut simd = vec![];
-    #[cfg(target_arch = "x86_64")]
-    {
-        for (f, on) in [
-            ("sse4.2", std::is_x86_feature_detected!("sse4.2")),
-            ("avx2", std::is_x86_feature_detected!("avx2")),
-            ("fma", std::is_x86_feature_detected!("fma")),
-            ("avx512f", std::is_x86_feature_detected!("avx512f")),
-        ] {
-            if on {
-                simd.push(f.to_string());
-            }
-        }
-    }
+    let simd = kiln_ops::cpu::CpuFeatures::get().names().into_iter().map(String::from).collect();
     CpuInfo { name, threads: rayon::current_num_threads(), simd }
 }
