@@ -1,0 +1,367 @@
+//! The stable smoke: every target over its regressions, its seeds and a fixed number of
+//! deterministic mutations, each case in a child process (`kiln-fuzz child`) with a
+//! memory limit (RLIMIT_AS) and a per-case time limit, so that panics, aborts (out of
+//! memory included) and hangs are all caught, named, and written out as reproducers.
+//!
+//! Protocol: the parent writes every case to a file and lists the files in a manifest;
+//! the child runs them from a start index, printing `@@kiln-fuzz B i` before case `i`
+//! and `@@kiln-fuzz E i ok|err|panic MESSAGE` after it. A child that dies or stops
+//! reporting within the time limit is charged to the case it had begun, and a new
+//! child resumes after that case.
+//!
+//! Known failures (`regressions/known.txt`: `TARGET HASH OWNER CAUSE...`, HASH the
+//! [`crate::rng::content_hash`] of a reproducer in `regressions/TARGET/`) are reported
+//! with their owner and do not fail the smoke; a known failure that passes does, so the
+//! list only shrinks when the fix lands.
+
+use crate::corpus::{self, Seed};
+use crate::rng::{content_hash, Rng};
+use crate::Target;
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const TAG: &str = "@@kiln-fuzz";
+
+/// How one case ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Ok,
+    /// A named error: the expected end of malformed input.
+    Err,
+    Panic(String),
+    /// The process died (abort, signal, out of memory) while running the case.
+    Crash(String),
+    /// No answer within the time limit.
+    Hang(Duration),
+}
+
+impl Outcome {
+    pub fn is_failure(&self) -> bool {
+        !matches!(self, Outcome::Ok | Outcome::Err)
+    }
+}
+
+/// Limits and sizes of a smoke run.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The `kiln-fuzz` executable that runs cases.
+    pub exe: PathBuf,
+    /// Scratch directory (case files, the external-data directory).
+    pub work: PathBuf,
+    /// Address-space limit of the child, in bytes.
+    pub memory_limit: u64,
+    /// Time one case may take.
+    pub case_timeout: Duration,
+    /// Extra environment for the child.
+    pub env: Vec<(String, String)>,
+}
+
+/// One case of a run: where its bytes are, and what it is.
+pub struct Case {
+    pub label: String,
+    pub path: PathBuf,
+    pub hash: String,
+}
+
+/// What a target's run found.
+pub struct Report {
+    pub target: Target,
+    pub cases: usize,
+    pub errors: usize,
+    pub failures: Vec<(usize, Outcome)>,
+    pub restarts: usize,
+    pub elapsed: Duration,
+    pub list: Vec<Case>,
+}
+
+/// A line of `regressions/known.txt`.
+#[derive(Clone, Debug)]
+pub struct Known {
+    pub target: String,
+    pub hash: String,
+    pub owner: String,
+    pub cause: String,
+}
+
+pub fn known_failures() -> Vec<Known> {
+    let text = std::fs::read_to_string(corpus::crate_dir().join("regressions/known.txt")).unwrap_or_default();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| {
+            let mut it = l.splitn(4, char::is_whitespace);
+            let (target, hash, owner) = (it.next()?, it.next()?, it.next()?);
+            Some(Known { target: target.into(), hash: hash.into(), owner: owner.into(), cause: it.next().unwrap_or("").trim().into() })
+        })
+        .collect()
+}
+
+/// The cases of a target: regressions, checked-in seeds, zoo seeds, then `mutations`
+/// deterministic mutations of those seeds no larger than `max_base` bytes (a third of
+/// them mutate an earlier mutation again). Duplicate contents run once.
+pub fn build_cases(target: Target, zoo_max_model: u64, mutations: usize, max_base: usize, dir: &Path) -> std::io::Result<Vec<Case>> {
+    std::fs::create_dir_all(dir)?;
+    let mut seeds: Vec<Seed> = corpus::regressions(target);
+    seeds.extend(corpus::checked_in(target));
+    seeds.extend(corpus::model_seeds(&corpus::zoo_dir(), target, zoo_max_model));
+    let mut cases = vec![];
+    let mut seen = HashSet::new();
+    let mut pool: Vec<Vec<u8>> = vec![];
+    for s in &seeds {
+        let bytes = s.bytes()?;
+        let hash = content_hash(&bytes);
+        if !seen.insert(hash.clone()) {
+            continue;
+        }
+        let path = match &s.source {
+            corpus::Source::File(p) => p.clone(),
+            corpus::Source::Bytes(b) => {
+                let p = dir.join(&hash);
+                std::fs::write(&p, b)?;
+                p
+            }
+        };
+        if bytes.len() <= max_base {
+            pool.push(bytes);
+        }
+        cases.push(Case { label: s.label.clone(), path, hash });
+    }
+    if pool.is_empty() {
+        return Ok(cases);
+    }
+    let mut made: Vec<Vec<u8>> = vec![];
+    let base_seed = content_hash(target.name().as_bytes());
+    for i in 0..mutations {
+        let mut rng = Rng::new(u64::from_str_radix(&base_seed, 16).unwrap_or(0) ^ (i as u64).wrapping_mul(0x9e37_79b9));
+        let base = if !made.is_empty() && rng.chance(1, 3) { made[rng.below(made.len())].clone() } else { pool[rng.below(pool.len())].clone() };
+        let bytes = target.mutate(&base, &mut rng, max_base.max(base.len()));
+        let hash = content_hash(&bytes);
+        if seen.insert(hash.clone()) {
+            let path = dir.join(&hash);
+            std::fs::write(&path, &bytes)?;
+            cases.push(Case { label: format!("mutation {i}"), path, hash });
+        }
+        made.push(bytes);
+    }
+    Ok(cases)
+}
+
+/// Runs the cases in child processes; returns what ended badly.
+pub fn run_cases(target: Target, cases: Vec<Case>, config: &Config) -> std::io::Result<Report> {
+    let start_time = Instant::now();
+    std::fs::create_dir_all(&config.work)?;
+    let manifest = config.work.join(format!("{}.manifest", target.name()));
+    let mut text = String::new();
+    for c in &cases {
+        text.push_str(&c.path.display().to_string());
+        text.push('\n');
+    }
+    std::fs::write(&manifest, text)?;
+    let ext = config.work.join("ext");
+    let mut failures = vec![];
+    let mut errors = 0;
+    let mut restarts = 0;
+    let mut next = 0;
+    while next < cases.len() {
+        let mut child = Command::new(&config.exe)
+            .args(["child", target.name(), &manifest.display().to_string(), &next.to_string()])
+            .env("KILN_FUZZ_DIR", &ext)
+            .env("KILN_FUZZ_MEMORY_LIMIT", config.memory_limit.to_string())
+            .envs(config.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with(TAG) && tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut current: Option<usize> = None;
+        let mut hung = false;
+        loop {
+            match rx.recv_timeout(config.case_timeout) {
+                Ok(line) => {
+                    let mut parts = line[TAG.len()..].trim_start().splitn(4, ' ');
+                    let (kind, idx) = (parts.next().unwrap_or(""), parts.next().and_then(|i| i.parse::<usize>().ok()));
+                    let Some(idx) = idx else { continue };
+                    match kind {
+                        "B" => current = Some(idx),
+                        "E" => {
+                            current = None;
+                            next = idx + 1;
+                            match parts.next().unwrap_or("") {
+                                "ok" => {}
+                                "err" => errors += 1,
+                                _ => failures.push((idx, Outcome::Panic(unescape(parts.next().unwrap_or(""))))),
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if current.is_some() {
+                        hung = true;
+                        child.kill().ok();
+                        break;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let status = child.wait()?;
+        reader.join().ok();
+        if let Some(idx) = current {
+            let outcome = if hung { Outcome::Hang(config.case_timeout) } else { Outcome::Crash(describe(&status)) };
+            failures.push((idx, outcome));
+            next = idx + 1;
+            restarts += 1;
+        } else if next < cases.len() {
+            // The child died between cases (or never started one): a harness problem.
+            return Err(std::io::Error::other(format!("the child for {} exited ({}) before case {next}", target.name(), describe(&status))));
+        }
+    }
+    Ok(Report { target, cases: cases.len(), errors, failures, restarts, elapsed: start_time.elapsed(), list: cases })
+}
+
+fn describe(status: &std::process::ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            let name = match sig {
+                6 => "SIGABRT (abort, e.g. out of memory)",
+                9 => "SIGKILL",
+                11 => "SIGSEGV",
+                7 => "SIGBUS",
+                4 => "SIGILL",
+                _ => "a signal",
+            };
+            return format!("killed by signal {sig}, {name}");
+        }
+    }
+    format!("exited with {status}")
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\n", "\n").replace("\\\\", "\\")
+}
+
+/// The child: sets its memory limit, then runs the manifest's cases from `start`.
+pub fn child_main(target: Target, manifest: &Path, start: usize) -> std::io::Result<()> {
+    if let Some(limit) = std::env::var("KILN_FUZZ_MEMORY_LIMIT").ok().and_then(|v| v.parse::<u64>().ok()) {
+        set_memory_limit(limit);
+    }
+    let captured: &'static std::sync::Mutex<Option<String>> = Box::leak(Box::default());
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned()).unwrap_or_default();
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        if let Ok(mut c) = captured.lock() {
+            c.get_or_insert(format!("{msg}{at}"));
+        }
+    }));
+    let selftest = std::env::var_os("KILN_FUZZ_SELFTEST").is_some();
+    let list = std::fs::read_to_string(manifest)?;
+    let out = std::io::stdout();
+    for (i, path) in list.lines().enumerate().skip(start) {
+        let data = std::fs::read(path)?;
+        writeln!(out.lock(), "{TAG} B {i}")?;
+        out.lock().flush()?;
+        if let Ok(mut c) = captured.lock() {
+            *c = None;
+        }
+        let result = std::panic::catch_unwind(|| {
+            if selftest {
+                selftest_case(&data)
+            } else {
+                target.run(&data)
+            }
+        });
+        let line = match result {
+            Ok(Ok(())) => "ok".to_string(),
+            Ok(Err(_)) => "err".to_string(),
+            Err(_) => format!("panic {}", escape(&captured.lock().ok().and_then(|c| c.clone()).unwrap_or_default())),
+        };
+        writeln!(out.lock(), "{TAG} E {i} {line}")?;
+        out.lock().flush()?;
+    }
+    Ok(())
+}
+
+/// Cases that misbehave on purpose, to check that the runner sees every kind of failure.
+fn selftest_case(data: &[u8]) -> Result<(), String> {
+    match data {
+        b"panic" => panic!("self-test panic"),
+        b"abort" => std::process::abort(),
+        b"oom" => {
+            let v: Vec<u8> = Vec::with_capacity(std::hint::black_box(usize::MAX / 4));
+            Err(format!("allocated {}", std::hint::black_box(v).capacity()))
+        }
+        b"hang" => loop {
+            std::thread::sleep(Duration::from_secs(1));
+        },
+        b"err" => Err("a named error".into()),
+        _ => Ok(()),
+    }
+}
+
+fn set_memory_limit(bytes: u64) {
+    #[cfg(unix)]
+    {
+        let lim = libc::rlimit { rlim_cur: bytes as libc::rlim_t, rlim_max: bytes as libc::rlim_t };
+        // SAFETY: setrlimit reads the struct; lowering our own limit is always allowed.
+        unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) };
+    }
+}
+
+/// Sorts a report's failures into known (with the owner) and new, writes each new
+/// failure's reproducer under `failures_dir/TARGET/HASH`, and lists known failures that
+/// now pass. Returns the lines to print and whether the run is a failure.
+pub fn judge(report: &Report, known: &[Known], failures_dir: &Path) -> (Vec<String>, bool) {
+    let mut lines = vec![];
+    let mut bad = false;
+    let by_hash: HashMap<&str, &Known> = known.iter().filter(|k| k.target == report.target.name()).map(|k| (k.hash.as_str(), k)).collect();
+    let failed: HashSet<&str> = report.failures.iter().map(|(i, _)| report.list[*i].hash.as_str()).collect();
+    let ran: HashSet<&str> = report.list.iter().map(|c| c.hash.as_str()).collect();
+    for (i, outcome) in &report.failures {
+        let case = &report.list[*i];
+        match by_hash.get(case.hash.as_str()) {
+            Some(k) => lines.push(format!("  KNOWN FAILURE (owner: {}) {} {}: {:?}; {}", k.owner, report.target.name(), case.hash, outcome, k.cause)),
+            None => {
+                bad = true;
+                let dir = failures_dir.join(report.target.name());
+                let out = dir.join(&case.hash);
+                let saved = std::fs::create_dir_all(&dir).and_then(|_| std::fs::copy(&case.path, &out));
+                let where_ = if saved.is_ok() { out.display().to_string() } else { case.path.display().to_string() };
+                lines.push(format!(
+                    "  NEW FAILURE {} ({}): {:?}\n    reproducer: {where_}\n    rerun: cargo run --release -p kiln-fuzz -- run {} {where_}",
+                    report.target.name(),
+                    case.label,
+                    outcome,
+                    report.target.name()
+                ));
+            }
+        }
+    }
+    for k in by_hash.values() {
+        if !ran.contains(k.hash.as_str()) {
+            bad = true;
+            lines.push(format!("  known failure {} {} has no reproducer in regressions/{}/", k.target, k.hash, k.target));
+        } else if !failed.contains(k.hash.as_str()) {
+            bad = true;
+            lines.push(format!("  FIXED: known failure {} {} (owner {}) now passes: delete its line in regressions/known.txt", k.target, k.hash, k.owner));
+        }
+    }
+    (lines, bad)
+}
