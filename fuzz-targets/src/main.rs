@@ -5,6 +5,9 @@
 //! kiln-fuzz child TARGET MANIFEST START   the smoke's child process (see kiln_fuzz::smoke)
 //! kiln-fuzz seed OUT_DIR [MAX_BYTES]      write libFuzzer corpora OUT_DIR/TARGET/ from the
 //!                                         zoo and the ONNX node tests ($KILN_ONNX_TESTS)
+//! kiln-fuzz pick-seeds NODE_TESTS OUT_DIR  choose the checked-in seeds (seeds/): per op
+//!                                         type, the first node test that runs as a session
+//!                                         case, small files only
 //! kiln-fuzz targets                       list the targets
 //! ```
 
@@ -27,6 +30,7 @@ fn main() -> ExitCode {
             kiln_fuzz::smoke::child_main(t, &manifest, start).map_err(|e| e.to_string())
         }),
         Some("seed") => seed(&args[1..]),
+        Some("pick-seeds") => pick_seeds(&args[1..]),
         Some("targets") => {
             for t in Target::ALL {
                 println!("{}", t.name());
@@ -83,5 +87,49 @@ fn seed(args: &[String]) -> Result<(), String> {
         }
         println!("{}: {n} seeds in {}", t.name(), dir.display());
     }
+    Ok(())
+}
+
+/// Writes small, op-diverse seeds for every target from the ONNX node tests: per op
+/// type, the first test (in name order) whose session case runs, under 16 KiB.
+fn pick_seeds(args: &[String]) -> Result<(), String> {
+    let tests = PathBuf::from(args.first().ok_or("missing NODE_TESTS")?);
+    let out = PathBuf::from(args.get(1).ok_or("missing OUT_DIR")?);
+    for t in Target::ALL {
+        std::fs::create_dir_all(out.join(t.name())).map_err(|e| e.to_string())?;
+    }
+    let mut done = std::collections::HashSet::new();
+    let (mut n, mut size) = (0, 0usize);
+    for dir in corpus::model_dirs(&tests) {
+        let meta: serde_json::Value = std::fs::read(dir.join("meta.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        let Some(op) = meta.get("op").and_then(|o| o.as_str()) else { continue };
+        if done.contains(op) {
+            continue;
+        }
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let data: Vec<PathBuf> = corpus::files_in(&dir.join("test_data_set_0"));
+        let Some(case) = corpus::session_case(&dir.join("model.onnx"), &data) else { continue };
+        if case.len() > 16 << 10 || Target::SessionRun.run(&case).is_err() {
+            continue;
+        }
+        done.insert(op.to_string());
+        let write = |t: Target, ext: &str, bytes: &[u8]| std::fs::write(out.join(t.name()).join(format!("{name}.{ext}")), bytes).map(|_| bytes.len());
+        let model = std::fs::read(dir.join("model.onnx")).map_err(|e| e.to_string())?;
+        size += write(Target::SessionRun, "case", &case).map_err(|e| e.to_string())?;
+        size += write(Target::OnnxImport, "onnx", &model).map_err(|e| e.to_string())?;
+        if n % 3 == 0 {
+            if let Some(k) = corpus::compiled_artifact(&dir.join("model.onnx")).filter(|k| k.len() < 16 << 10) {
+                size += write(Target::ArtifactLoad, "kiln", &k).map_err(|e| e.to_string())?;
+            }
+        }
+        if let Some(t) = data.iter().find(|p| p.to_string_lossy().contains("input_")).and_then(|p| kiln_compiler::onnx::read_tensor_pb(p).ok()) {
+            let npy = kiln_fuzz::npy_reader::write_npy(&t.1);
+            if npy.len() < 2048 && n % 2 == 0 {
+                size += write(Target::NpyRead, "npy", &npy).map_err(|e| e.to_string())?;
+            }
+        }
+        n += 1;
+    }
+    println!("{n} op types, {size} bytes of seeds in {}", out.display());
     Ok(())
 }

@@ -9,10 +9,14 @@
 //! reporting within the time limit is charged to the case it had begun, and a new
 //! child resumes after that case.
 //!
-//! Known failures (`regressions/known.txt`: `TARGET HASH OWNER CAUSE...`, HASH the
-//! [`crate::rng::content_hash`] of a reproducer in `regressions/TARGET/`) are reported
-//! with their owner and do not fail the smoke; a known failure that passes does, so the
-//! list only shrinks when the fix lands.
+//! Known failures (`regressions/known.txt`: `TARGET KEY OWNER CAUSE...`) are reported
+//! with their owner and do not fail the smoke. KEY is either the
+//! [`crate::rng::content_hash`] of one case, or `~TEXT`: every failure whose outcome
+//! (message, and for aborts and panics the innermost frames in Kiln's sources, e.g.
+//! `compiler/src/npy.rs`) contains TEXT, which is how mutated cases that hit a known
+//! root cause are recognised. A known failure that no longer fails (a hash that
+//! passes, a class that matches nothing) fails the smoke, so the list shrinks when a
+//! fix lands and nothing stays silently excused.
 
 use crate::corpus::{self, Seed};
 use crate::rng::{content_hash, Rng};
@@ -35,8 +39,9 @@ pub enum Outcome {
     Panic(String),
     /// The process died (abort, signal, out of memory) while running the case.
     Crash(String),
-    /// No answer within the time limit.
-    Hang(Duration),
+    /// No answer within the time limit; where the child was waiting (its main
+    /// thread's kernel wait channel, e.g. `fifo_open`).
+    Hang(String),
 }
 
 impl Outcome {
@@ -167,13 +172,17 @@ pub fn run_cases(target: Target, cases: Vec<Case>, config: &Config) -> std::io::
     let mut restarts = 0;
     let mut next = 0;
     while next < cases.len() {
+        let stderr_path = config.work.join(format!("{}.stderr", target.name()));
         let mut child = Command::new(&config.exe)
             .args(["child", target.name(), &manifest.display().to_string(), &next.to_string()])
             .env("KILN_FUZZ_DIR", &ext)
             .env("KILN_FUZZ_MEMORY_LIMIT", config.memory_limit.to_string())
+            .env("RUST_BACKTRACE", "1")
+            // Backtraces name the workspace's files relative to the working directory.
+            .current_dir(corpus::crate_dir().join(".."))
             .envs(config.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_path)?)
             .spawn()?;
         let stdout = child.stdout.take().expect("piped");
         let (tx, rx) = mpsc::channel::<String>();
@@ -186,6 +195,7 @@ pub fn run_cases(target: Target, cases: Vec<Case>, config: &Config) -> std::io::
         });
         let mut current: Option<usize> = None;
         let mut hung = false;
+        let mut wait_channel = String::new();
         loop {
             match rx.recv_timeout(config.case_timeout) {
                 Ok(line) => {
@@ -209,6 +219,8 @@ pub fn run_cases(target: Target, cases: Vec<Case>, config: &Config) -> std::io::
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if current.is_some() {
                         hung = true;
+                        let wchan = std::fs::read_to_string(format!("/proc/{}/wchan", child.id())).unwrap_or_default();
+                        wait_channel = format!("no answer in {:?}, waiting in '{wchan}'", config.case_timeout);
                         child.kill().ok();
                         break;
                     }
@@ -219,7 +231,12 @@ pub fn run_cases(target: Target, cases: Vec<Case>, config: &Config) -> std::io::
         let status = child.wait()?;
         reader.join().ok();
         if let Some(idx) = current {
-            let outcome = if hung { Outcome::Hang(config.case_timeout) } else { Outcome::Crash(describe(&status)) };
+            let outcome = if hung {
+                Outcome::Hang(wait_channel)
+            } else {
+                let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                Outcome::Crash(format!("{}{}", describe(&status), crash_detail(&stderr)))
+            };
             failures.push((idx, outcome));
             next = idx + 1;
             restarts += 1;
@@ -250,6 +267,32 @@ fn describe(status: &std::process::ExitStatus) -> String {
     format!("exited with {status}")
 }
 
+/// What a dead child's stderr says: the allocation that failed (or the last message
+/// line), and where, as the innermost frames of Kiln's own code.
+fn crash_detail(stderr: &str) -> String {
+    let message = stderr
+        .lines()
+        .find(|l| l.contains("memory allocation of"))
+        .or_else(|| stderr.lines().rev().find(|l| !l.trim_start().starts_with("at ") && !l.trim().is_empty() && !l.trim_start().chars().next().is_some_and(|c| c.is_ascii_digit()) && !l.starts_with("note:")))
+        .unwrap_or("")
+        .trim();
+    let frames = kiln_frames(stderr);
+    format!(": {message}{}", if frames.is_empty() { String::new() } else { format!(" at {frames}") })
+}
+
+/// The first frames of a printed backtrace that lie in Kiln's sources (not the
+/// harness), innermost first: `graph/src/tensor.rs:56 < compiler/src/npy.rs:84`.
+pub fn kiln_frames(backtrace: &str) -> String {
+    let frames: Vec<&str> = backtrace
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("at ./"))
+        .filter(|f| !f.starts_with("fuzz-targets/") && !f.starts_with("fuzz/"))
+        .map(|f| f.rsplit_once(':').map_or(f, |(a, _)| a))
+        .take(3)
+        .collect();
+    frames.join(" < ")
+}
+
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('\n', "\\n")
 }
@@ -267,8 +310,9 @@ pub fn child_main(target: Target, manifest: &Path, start: usize) -> std::io::Res
     std::panic::set_hook(Box::new(move |info| {
         let msg = info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned()).unwrap_or_default();
         let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        let frames = kiln_frames(&std::backtrace::Backtrace::force_capture().to_string());
         if let Ok(mut c) = captured.lock() {
-            c.get_or_insert(format!("{msg}{at}"));
+            c.get_or_insert(format!("{msg}{at} (in {frames})"));
         }
     }));
     let selftest = std::env::var_os("KILN_FUZZ_SELFTEST").is_some();
@@ -331,12 +375,20 @@ fn set_memory_limit(bytes: u64) {
 pub fn judge(report: &Report, known: &[Known], failures_dir: &Path) -> (Vec<String>, bool) {
     let mut lines = vec![];
     let mut bad = false;
-    let by_hash: HashMap<&str, &Known> = known.iter().filter(|k| k.target == report.target.name()).map(|k| (k.hash.as_str(), k)).collect();
+    let mine: Vec<&Known> = known.iter().filter(|k| k.target == report.target.name()).collect();
+    let by_hash: HashMap<&str, &Known> = mine.iter().filter(|k| !k.hash.starts_with('~')).map(|k| (k.hash.as_str(), *k)).collect();
+    let classes: Vec<&Known> = mine.iter().filter(|k| k.hash.starts_with('~')).copied().collect();
     let failed: HashSet<&str> = report.failures.iter().map(|(i, _)| report.list[*i].hash.as_str()).collect();
     let ran: HashSet<&str> = report.list.iter().map(|c| c.hash.as_str()).collect();
+    let mut class_hits: HashMap<&str, usize> = HashMap::new();
     for (i, outcome) in &report.failures {
         let case = &report.list[*i];
-        match by_hash.get(case.hash.as_str()) {
+        let text = format!("{outcome:?}");
+        let class = classes.iter().find(|k| text.contains(&k.hash[1..]));
+        if let Some(k) = class {
+            *class_hits.entry(k.hash.as_str()).or_default() += 1;
+        }
+        match by_hash.get(case.hash.as_str()).or(class) {
             Some(k) => lines.push(format!("  KNOWN FAILURE (owner: {}) {} {}: {:?}; {}", k.owner, report.target.name(), case.hash, outcome, k.cause)),
             None => {
                 bad = true;
@@ -351,6 +403,15 @@ pub fn judge(report: &Report, known: &[Known], failures_dir: &Path) -> (Vec<Stri
                     outcome,
                     report.target.name()
                 ));
+            }
+        }
+    }
+    for k in &classes {
+        match class_hits.get(k.hash.as_str()) {
+            Some(n) => lines.push(format!("  known failure class {} (owner {}): {n} cases", k.hash, k.owner)),
+            None => {
+                bad = true;
+                lines.push(format!("  FIXED: no case of known failure class {} {} (owner {}) fails any more: delete its line in regressions/known.txt", k.target, k.hash, k.owner));
             }
         }
     }

@@ -16,7 +16,7 @@ fn config(name: &str) -> Config {
         exe: PathBuf::from(env!("CARGO_BIN_EXE_kiln-fuzz")),
         work,
         memory_limit: mb << 20,
-        case_timeout: Duration::from_secs(20),
+        case_timeout: Duration::from_secs(10),
         env: vec![],
     }
 }
@@ -58,7 +58,7 @@ fn smoke_onnx_import() {
 
 #[test]
 fn smoke_artifact_load() {
-    smoke(Target::ArtifactLoad, 1 << 20, 1500, 1 << 20);
+    smoke(Target::ArtifactLoad, 1 << 20, 3000, 1 << 20);
 }
 
 #[test]
@@ -68,7 +68,7 @@ fn smoke_npy_read() {
 
 #[test]
 fn smoke_session_run() {
-    smoke(Target::SessionRun, 1 << 20, 800, 1 << 20);
+    smoke(Target::SessionRun, 1 << 20, 6000, 1 << 20);
 }
 
 /// The runner itself: each kind of failure is seen and charged to its case, and the
