@@ -98,9 +98,15 @@ pub fn known_failures() -> Vec<Known> {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .filter_map(|l| {
-            let mut it = l.splitn(4, char::is_whitespace);
-            let (target, hash, owner) = (it.next()?, it.next()?, it.next()?);
-            Some(Known { target: target.into(), hash: hash.into(), owner: owner.into(), cause: it.next().unwrap_or("").trim().into() })
+            let mut rest = l;
+            let mut field = || {
+                let t = rest.trim_start();
+                let end = t.find(char::is_whitespace).unwrap_or(t.len());
+                rest = &t[end..];
+                (end > 0).then(|| t[..end].to_string())
+            };
+            let (target, hash, owner) = (field()?, field()?, field()?);
+            Some(Known { target, hash, owner, cause: rest.trim().into() })
         })
         .collect()
 }
@@ -110,13 +116,16 @@ pub fn known_failures() -> Vec<Known> {
 /// them mutate an earlier mutation again). Duplicate contents run once.
 pub fn build_cases(target: Target, zoo_max_model: u64, mutations: usize, max_base: usize, dir: &Path) -> std::io::Result<Vec<Case>> {
     std::fs::create_dir_all(dir)?;
+    // Regressions run as they are; only seeds are mutated (a mutated reproducer would
+    // mostly find its own root cause again).
     let mut seeds: Vec<Seed> = corpus::regressions(target);
+    let n_regressions = seeds.len();
     seeds.extend(corpus::checked_in(target));
     seeds.extend(corpus::model_seeds(&corpus::zoo_dir(), target, zoo_max_model));
     let mut cases = vec![];
     let mut seen = HashSet::new();
     let mut pool: Vec<Vec<u8>> = vec![];
-    for s in &seeds {
+    for (k, s) in seeds.iter().enumerate() {
         let bytes = s.bytes()?;
         let hash = content_hash(&bytes);
         if !seen.insert(hash.clone()) {
@@ -130,7 +139,7 @@ pub fn build_cases(target: Target, zoo_max_model: u64, mutations: usize, max_bas
                 p
             }
         };
-        if bytes.len() <= max_base {
+        if bytes.len() <= max_base && k >= n_regressions {
             pool.push(bytes);
         }
         cases.push(Case { label: s.label.clone(), path, hash });
