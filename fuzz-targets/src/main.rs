@@ -8,6 +8,9 @@
 //! kiln-fuzz pick-seeds NODE_TESTS OUT_DIR  choose the checked-in seeds (seeds/): per op
 //!                                         type, the first node test that runs as a session
 //!                                         case, small files only
+//! kiln-fuzz triage TARGET FILE...         run inputs like the smoke does (child process,
+//!                                         memory and time limits) and print each failure
+//!                                         with its known-failure class, if any
 //! kiln-fuzz targets                       list the targets
 //! ```
 
@@ -31,6 +34,7 @@ fn main() -> ExitCode {
         }),
         Some("seed") => seed(&args[1..]),
         Some("pick-seeds") => pick_seeds(&args[1..]),
+        Some("triage") => triage(&args[1..]),
         Some("targets") => {
             for t in Target::ALL {
                 println!("{}", t.name());
@@ -131,5 +135,37 @@ fn pick_seeds(args: &[String]) -> Result<(), String> {
         n += 1;
     }
     println!("{n} op types, {size} bytes of seeds in {}", out.display());
+    Ok(())
+}
+
+/// Runs files through the smoke's runner and sorts the failures by known class.
+fn triage(args: &[String]) -> Result<(), String> {
+    use kiln_fuzz::smoke;
+    let t = target(args.first())?;
+    let cases = args[1..]
+        .iter()
+        .map(|f| {
+            let bytes = std::fs::read(f).map_err(|e| format!("{f}: {e}"))?;
+            Ok(smoke::Case { label: f.clone(), path: PathBuf::from(f).canonicalize().map_err(|e| e.to_string())?, hash: content_hash(&bytes) })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let config = smoke::Config {
+        exe,
+        work: std::env::temp_dir().join(format!("kiln-fuzz-triage-{}", std::process::id())),
+        memory_limit: 3 << 30,
+        case_timeout: std::time::Duration::from_secs(10),
+        env: vec![],
+    };
+    let report = smoke::run_cases(t, cases, &config).map_err(|e| e.to_string())?;
+    let known = smoke::known_failures();
+    println!("{} cases: {} ok or named errors, {} failures", report.cases, report.cases - report.failures.len(), report.failures.len());
+    for (i, outcome) in &report.failures {
+        let text = format!("{outcome:?}");
+        let class = known.iter().find(|k| k.target == t.name() && k.hash.starts_with('~') && text.contains(&k.hash[1..]));
+        let tag = class.map_or("NEW".to_string(), |k| format!("known {} ({})", k.hash, k.owner));
+        println!("{tag}: {}: {text}", report.list[*i].label);
+    }
+    std::fs::remove_dir_all(&config.work).ok();
     Ok(())
 }
