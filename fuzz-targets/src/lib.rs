@@ -152,7 +152,7 @@ fn run_artifact(data: &[u8]) -> Result<(), String> {
 }
 
 /// The directory that external data references are resolved against: a regular data
-/// file (`data.bin`, 4 KiB), a FIFO (`fifo`), a subdirectory (`sub/inner.bin`) and
+/// file (`data.bin`, 4 KiB), a FIFO (`fifo`, unless `KILN_FUZZ_NO_FIFO` is set), a subdirectory (`sub/inner.bin`) and
 /// symbolic links inside (`link_in`) and outside (`link_out`) of it. Made once per
 /// process, under `$KILN_FUZZ_DIR` if set, else the temporary directory.
 pub fn ext_dir() -> &'static Path {
@@ -174,8 +174,11 @@ fn make_ext_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::write(dir.join("sub").join("inner.bin"), &data[..256])?;
     #[cfg(unix)]
     {
+        // KILN_FUZZ_NO_FIFO=1 leaves the FIFO out, for long fuzzing runs while a FIFO
+        // still blocks the importer (each such input would cost a full timeout); the
+        // smoke always has it.
         let fifo = dir.join("fifo");
-        if !fifo.exists() {
+        if !fifo.exists() && std::env::var_os("KILN_FUZZ_NO_FIFO").is_none() {
             let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("no NUL in a temp path");
             // SAFETY: a valid NUL-terminated path; mkfifo only creates a file system node.
             if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
