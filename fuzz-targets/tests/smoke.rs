@@ -53,7 +53,7 @@ fn smoke(target: Target, zoo_max_model: u64, n: usize, max_base: usize) {
 
 #[test]
 fn smoke_onnx_import() {
-    smoke(Target::OnnxImport, u64::MAX, 3000, 1 << 20);
+    smoke(Target::OnnxImport, u64::MAX, 4000, 1 << 20);
 }
 
 #[test]
@@ -68,7 +68,7 @@ fn smoke_npy_read() {
 
 #[test]
 fn smoke_session_run() {
-    smoke(Target::SessionRun, 1 << 20, 6000, 1 << 20);
+    smoke(Target::SessionRun, 1 << 20, 8000, 1 << 20);
 }
 
 /// The runner itself: each kind of failure is seen and charged to its case, and the

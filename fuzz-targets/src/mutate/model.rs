@@ -228,7 +228,7 @@ pub fn mutate_tensor(t: &mut TensorProto, names: &[String], rng: &mut Rng) {
             }
             _ => {
                 // Same element count, different shape (or a wrapping product).
-                let n = t.dims.iter().product::<i64>();
+                let n = t.dims.iter().fold(1i64, |a, &d| a.wrapping_mul(d));
                 t.dims = vec![n, 1];
             }
         },
