@@ -35,6 +35,10 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
 fi
 
 echo "== unit and integration tests"
+# These include the fuzz smoke (crate kiln-fuzz, fuzz-targets/): every fuzz target over its
+# seeds, regressions and deterministic mutations, on stable, in memory-limited child
+# processes; it needs nothing installed beyond the zoo. Real fuzzing (nightly, cargo-fuzz)
+# is fuzz/run.sh; see docs/reliability.md.
 cargo test --release --workspace --exclude kiln
 echo "== end-to-end tests: the zoo and the ONNX conformance suite, on the CPU and the GPU"
 cargo test --release -p kiln -- --nocapture --test-threads 2

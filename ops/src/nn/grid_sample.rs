@@ -118,8 +118,9 @@ impl GridSample {
         let t = x - x0;
         match self.mode {
             Mode::Nearest => vec![(fetch(x as i64), 1.0)],
-            Mode::Linear => vec![(fetch(x0 as i64), 1.0 - t), (fetch(x0 as i64 + 1), t)],
-            Mode::Cubic => cubic_weights(t).iter().enumerate().map(|(k, &w)| (fetch(x0 as i64 - 1 + k as i64), w)).collect(),
+            // Saturating: a coordinate far outside (x0 = 9.2e18) must not overflow.
+            Mode::Linear => vec![(fetch(x0 as i64), 1.0 - t), (fetch((x0 as i64).saturating_add(1)), t)],
+            Mode::Cubic => cubic_weights(t).iter().enumerate().map(|(k, &w)| (fetch((x0 as i64).saturating_add(k as i64 - 1)), w)).collect(),
         }
     }
 }

@@ -221,12 +221,15 @@ impl Resize {
 
     fn nearest_map(&self, plan: &[Axis]) -> IndexMap {
         let dims: Vec<usize> = plan.iter().map(|p| p.n).collect();
+        // An empty output reads nothing: no per-axis tables, whose length is the output
+        // dim (scales such as [1e12, 0] would otherwise allocate terabytes).
+        let empty = plan.iter().any(|p| p.m == 0);
         IndexMap {
             out_dims: plan.iter().map(|p| p.m).collect(),
             maps: plan
                 .iter()
                 .map(|p| {
-                    if p.identity {
+                    if p.identity || empty {
                         DimMap::id()
                     } else {
                         DimMap::Table((0..p.m).map(|o| self.nearest_index(p, o).unwrap_or(-1)).collect()).simplified()
@@ -286,6 +289,9 @@ impl CpuKernel for Resize {
         let plan = tensor_args(inputs, |a| self.axes_plan(a))?;
         let x = cpu::input(inputs, 0)?;
         let out = &mut outputs[0];
+        if plan.iter().any(|p| p.m == 0) {
+            return Ok(()); // an empty output: nothing to compute, no tables to build
+        }
         if self.mode == Mode::Nearest {
             let fill = Tensor::from_f64(x.dtype(), &[], &[self.extrapolation as f64])?;
             return self.nearest_map(&plan).run(x, out, fill.bytes());
