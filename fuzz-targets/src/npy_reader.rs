@@ -6,10 +6,10 @@ use kiln_graph::Tensor;
 
 /// Decodes a `.npy` file held in memory.
 pub fn read_npy(bytes: &[u8]) -> Result<Tensor, String> {
-    kiln_compiler::npy::decode(bytes).map_err(|e| e.to_string())
+    kiln_runtime::npy::decode(bytes).map_err(|e| e.to_string())
 }
 
 /// Encodes a tensor as a `.npy` file (for seeds).
 pub fn write_npy(t: &Tensor) -> Vec<u8> {
-    kiln_compiler::npy::encode(t)
+    kiln_runtime::npy::encode(t)
 }

@@ -34,15 +34,13 @@ pub fn simplify_algebra(g: &mut Graph, cx: &mut PassContext) -> usize {
                 }
                 // out[i] = mid[q[i]] = in[first[q[i]]]
                 let Some(composed) = q.iter().map(|&i| usize::try_from(i).ok().and_then(|i| first.get(i).copied())).collect::<Option<Vec<i64>>>() else { continue };
-                let src = g.nodes[p].inputs[0];
-                g.nodes[n].inputs[0] = src;
+                let Some(src) = g.nodes[p].inputs.first().copied().flatten() else { continue };
+                g.nodes[n].inputs[0] = Some(src);
                 g.nodes[n].attrs.insert("perm".into(), Attr::Ints(composed.clone()));
                 changes += 1;
                 if composed.iter().enumerate().all(|(i, &x)| x == i as i64) {
-                    if let Some(src) = src {
-                        if bypass(g, node.outputs[0], src) {
-                            dead.push(n);
-                        }
+                    if bypass(g, node.outputs[0], src) {
+                        dead.push(n);
                     }
                 }
             }
@@ -51,8 +49,9 @@ pub fn simplify_algebra(g: &mut Graph, cx: &mut PassContext) -> usize {
                 let shape = node.inputs.get(1).copied().flatten().and_then(|v| g.initializers.get(&v));
                 let no_zero = shape.and_then(|t| t.to_i64_vec().ok()).is_some_and(|s| !s.contains(&0));
                 let allowzero = matches!(node.attrs.get("allowzero"), Some(Attr::Int(1)));
+                let Some(src) = g.nodes[p].inputs.first().copied().flatten() else { continue };
                 if no_zero || allowzero {
-                    g.nodes[n].inputs[0] = g.nodes[p].inputs[0];
+                    g.nodes[n].inputs[0] = Some(src);
                     changes += 1;
                 }
             }

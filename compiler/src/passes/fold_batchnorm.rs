@@ -48,7 +48,7 @@ fn affine(g: &Graph, node: &Node) -> Option<Affine> {
     }
     let s: Vec<f64> = (0..m).map(|k| scale[k] / (var[k] + eps).sqrt()).collect();
     let t = (0..m).map(|k| shift[k] - mean[k] * s[k]).collect();
-    Some(Affine { input: node.inputs[0]?, s, t })
+    Some(Affine { input: node.inputs.get(0).copied().flatten()?, s, t })
 }
 
 /// The new weight and bias of a layer with BN folded in, and whether the node becomes

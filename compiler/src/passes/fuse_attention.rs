@@ -97,7 +97,7 @@ fn match_at(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>], use
     if uses[p] != 1 || !is(g, mm2, "MatMul") || g.nodes[mm2].inputs.len() != 2 {
         return None;
     }
-    let v = g.nodes[mm2].inputs[1]?;
+    let v = g.nodes[mm2].inputs.get(1).copied().flatten()?;
     // Scores, optionally plus a mask.
     let (mm1, scale, mut nodes, mask) = match scores(g, prod, uses, x) {
         Some((mm, s, n)) => (mm, s, n, None),
@@ -117,7 +117,7 @@ fn match_at(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>], use
     if g.nodes[mm1].inputs.len() != 2 {
         return None;
     }
-    let (q, kt) = (g.nodes[mm1].inputs[0]?, g.nodes[mm1].inputs[1]?);
+    let (q, kt) = (g.nodes[mm1].inputs.get(0).copied().flatten()?, g.nodes[mm1].inputs.get(1).copied().flatten()?);
     let (qt, ktt, vt) = (ty(q)?, ty(kt)?, ty(v)?);
     let four = |t: &ValueType| t.dtype == DType::F32 && t.shape.rank() == 4 && t.shape.0.iter().all(known);
     if !(four(&qt) && four(&ktt) && four(&vt)) {

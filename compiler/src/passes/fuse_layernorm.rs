@@ -65,20 +65,20 @@ fn match_at(g: &Graph, prod: &[Option<NodeId>], uses: &[usize], div: NodeId) -> 
     }
     let (d, std) = (dn.inputs.first().copied().flatten()?, dn.inputs.get(1).copied().flatten()?);
     let sqrt = only(g, prod, uses, std, "Sqrt")?;
-    let add_eps = only(g, prod, uses, g.nodes[sqrt].inputs[0]?, "Add")?;
+    let add_eps = only(g, prod, uses, g.nodes[sqrt].inputs.get(0).copied().flatten()?, "Add")?;
     let var = g.nodes[add_eps].inputs.iter().flatten().copied().find(|&v| scalar(g, Some(v)).is_none())?;
     let eps = scalar(g, other(g, add_eps, var))?;
     let var_mean = only(g, prod, uses, var, "ReduceMean")?;
     if !last_axis_mean(g, var_mean) {
         return None;
     }
-    let pow = only(g, prod, uses, g.nodes[var_mean].inputs[0]?, "Pow")?;
+    let pow = only(g, prod, uses, g.nodes[var_mean].inputs.get(0).copied().flatten()?, "Pow")?;
     if g.nodes[pow].inputs[0] != Some(d) || scalar(g, g.nodes[pow].inputs.get(1).copied().flatten()) != Some(2.0) {
         return None;
     }
     // d = x - mean: read by Pow and Div only.
     let sub = prod[d].filter(|&p| g.nodes[p].op_type == "Sub" && uses[d] == 2)?;
-    let (x, mean) = (g.nodes[sub].inputs[0]?, g.nodes[sub].inputs[1]?);
+    let (x, mean) = (g.nodes[sub].inputs.get(0).copied().flatten()?, g.nodes[sub].inputs.get(1).copied().flatten()?);
     let mean_node = only(g, prod, uses, mean, "ReduceMean")?;
     if !last_axis_mean(g, mean_node) || g.nodes[mean_node].inputs[0] != Some(x) {
         return None;

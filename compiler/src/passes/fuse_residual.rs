@@ -19,7 +19,7 @@ fn conv_plus(g: &Graph, prod: &[Option<NodeId>], a: NodeId, other_ok: impl Fn(Va
     if add.op_type != "Add" || !add.domain.is_empty() || add.inputs.len() != 2 {
         return None;
     }
-    let (x, y) = (add.inputs[0]?, add.inputs[1]?);
+    let (x, y) = (add.inputs.get(0).copied().flatten()?, add.inputs.get(1).copied().flatten()?);
     let is_conv = |v: ValueId| prod[v].filter(|&p| g.nodes[p].op_type == "Conv" && g.nodes[p].domain.is_empty() && g.nodes[p].outputs.len() == 1);
     [(x, y), (y, x)].into_iter().find_map(|(c, o)| Some((is_conv(c)?, c, o)).filter(|_| other_ok(c, o)))
 }

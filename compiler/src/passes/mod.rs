@@ -186,7 +186,7 @@ pub(crate) fn matmul_plus(g: &Graph, prod: &[Option<NodeId>], a: NodeId, other_o
     if add.op_type != "Add" || !add.domain.is_empty() || add.inputs.len() != 2 {
         return None;
     }
-    let (x, y) = (add.inputs[0]?, add.inputs[1]?);
+    let (x, y) = (add.inputs.get(0).copied().flatten()?, add.inputs.get(1).copied().flatten()?);
     let is_mm = |v: ValueId| prod[v].filter(|&p| g.nodes[p].op_type == "MatMul" && g.nodes[p].domain.is_empty());
     [(x, y), (y, x)].into_iter().find_map(|(m, o)| Some((is_mm(m)?, m, o)).filter(|_| other_ok(m, o)))
 }
