@@ -1,6 +1,6 @@
 //! Loading models and input tensors for the CLI, random inputs, output summaries.
 use crate::args::SessionArgs;
-use crate::rng::Rng;
+use kiln::graph::rng::Rng;
 use anyhow::{anyhow, bail, Context, Result};
 use kiln::graph::{size, DType, Dim, Tensor, ValueType};
 use kiln::compiler::passes::Target;

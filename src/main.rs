@@ -2,7 +2,6 @@
 mod args;
 mod commands;
 mod io;
-mod rng;
 
 use clap::{Parser, Subcommand};
 

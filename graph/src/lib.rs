@@ -14,6 +14,7 @@ mod dtype;
 mod error;
 mod graph;
 mod shape;
+pub mod rng;
 pub mod size;
 mod tensor;
 

@@ -28,7 +28,7 @@ static A: Counting = Counting;
 fn steady_state_runs_do_not_allocate_intermediates() {
     let graph = kiln_samples::tiny_cnn(128, 10, 3).unwrap();
     let session = Session::new(graph, SessionOptions::device(DeviceChoice::Cpu)).unwrap();
-    let x = kiln_samples::Rng::new(1).tensor(&[2, 3, 128, 128], 1.0);
+    let x = kiln_samples::Rng::new(1).tensor(&[2, 3, 128, 128], 1.0).unwrap();
     let before = BYTES.load(Ordering::Relaxed);
     session.run(&[("image", &x)]).unwrap(); // specialises and allocates the buffers
     let first = BYTES.load(Ordering::Relaxed) - before;

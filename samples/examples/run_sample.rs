@@ -4,7 +4,7 @@ use kiln_runtime::{DeviceChoice, Session, SessionOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let graph = kiln_samples::tiny_cnn(96, 10, 7)?;
-    let image = kiln_samples::Rng::new(1).tensor(&[1, 3, 96, 96], 1.0);
+    let image = kiln_samples::Rng::new(1).tensor(&[1, 3, 96, 96], 1.0)?;
     for device in [DeviceChoice::Cpu, DeviceChoice::Gpu] {
         match Session::new(graph.clone(), SessionOptions::device(device.clone())) {
             Ok(s) => {

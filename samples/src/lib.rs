@@ -6,30 +6,11 @@
 //! Depends on kiln-graph only.
 use kiln_graph::{Attr, DType, Graph, GraphBuilder, Result, Tensor, ValueId};
 
-/// Deterministic pseudo-random numbers (a 64-bit LCG), uniform in [-scale, scale).
-pub struct Rng(u64);
+pub use kiln_graph::rng::Rng;
 
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1))
-    }
-
-    pub fn next_f32(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    /// A tensor of uniform values in [-scale, scale).
-    pub fn tensor(&mut self, dims: &[usize], scale: f32) -> Tensor {
-        let n: usize = dims.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| self.next_f32() * scale).collect();
-        Tensor::from_slice(dims, &v).expect("length matches dims")
-    }
-}
-
-fn conv_bn_relu(b: &mut GraphBuilder, rng: &mut Rng, x: ValueId, cin: usize, cout: usize, k: usize, stride: usize, group: usize, name: &str) -> ValueId {
+fn conv_bn_relu(b: &mut GraphBuilder, rng: &mut Rng, x: ValueId, cin: usize, cout: usize, k: usize, stride: usize, group: usize, name: &str) -> Result<ValueId> {
     let fan_in = (cin / group * k * k) as f32;
-    let w = b.constant(&format!("{name}.weight"), rng.tensor(&[cout, cin / group, k, k], (3.0 / fan_in).sqrt()));
+    let w = b.constant(&format!("{name}.weight"), rng.tensor(&[cout, cin / group, k, k], (3.0 / fan_in).sqrt())?);
     let p = (k / 2) as i64;
     let y = b.node(
         "Conv",
@@ -42,11 +23,11 @@ fn conv_bn_relu(b: &mut GraphBuilder, rng: &mut Rng, x: ValueId, cin: usize, cou
         ],
     );
     let scale = b.constant(&format!("{name}.bn.scale"), Tensor::from_vec(&[cout], (0..cout).map(|_| 1.0 + 0.1 * rng.next_f32()).collect()).expect("dims"));
-    let bias = b.constant(&format!("{name}.bn.bias"), rng.tensor(&[cout], 0.1));
-    let mean = b.constant(&format!("{name}.bn.mean"), rng.tensor(&[cout], 0.1));
+    let bias = b.constant(&format!("{name}.bn.bias"), rng.tensor(&[cout], 0.1)?);
+    let mean = b.constant(&format!("{name}.bn.mean"), rng.tensor(&[cout], 0.1)?);
     let var = b.constant(&format!("{name}.bn.var"), Tensor::from_vec(&[cout], (0..cout).map(|_| 1.0 + 0.5 * rng.next_f32().abs()).collect()).expect("dims"));
     let y = b.node("BatchNormalization", &[y, scale, bias, mean, var], &[("epsilon", Attr::Float(1e-5))]);
-    b.node("Relu", &[y], &[])
+    Ok(b.node("Relu", &[y], &[]))
 }
 
 /// A small image classifier in the style of MobileNet: a strided stem, depthwise-
@@ -57,21 +38,21 @@ pub fn tiny_cnn(size: usize, classes: usize, seed: u64) -> Result<Graph> {
     let mut rng = Rng::new(seed);
     let mut b = GraphBuilder::new("tiny_cnn");
     let x = b.input("image", DType::F32, kiln_graph::Shape(vec!["batch".into(), 3usize.into(), size.into(), size.into()]));
-    let stem = conv_bn_relu(&mut b, &mut rng, x, 3, 16, 3, 2, 1, "stem");
+    let stem = conv_bn_relu(&mut b, &mut rng, x, 3, 16, 3, 2, 1, "stem")?;
     let pooled = b.node(
         "MaxPool",
         &[stem],
         &[("kernel_shape", Attr::Ints(vec![3, 3])), ("strides", Attr::Ints(vec![2, 2])), ("pads", Attr::Ints(vec![1, 1, 1, 1]))],
     );
-    let dw = conv_bn_relu(&mut b, &mut rng, pooled, 16, 16, 3, 1, 16, "block1.dw");
-    let pw = conv_bn_relu(&mut b, &mut rng, dw, 16, 16, 1, 1, 1, "block1.pw");
+    let dw = conv_bn_relu(&mut b, &mut rng, pooled, 16, 16, 3, 1, 16, "block1.dw")?;
+    let pw = conv_bn_relu(&mut b, &mut rng, dw, 16, 16, 1, 1, 1, "block1.pw")?;
     let res = b.node("Add", &[pooled, pw], &[]);
-    let dw2 = conv_bn_relu(&mut b, &mut rng, res, 16, 16, 3, 2, 16, "block2.dw");
-    let pw2 = conv_bn_relu(&mut b, &mut rng, dw2, 16, 32, 1, 1, 1, "block2.pw");
+    let dw2 = conv_bn_relu(&mut b, &mut rng, res, 16, 16, 3, 2, 16, "block2.dw")?;
+    let pw2 = conv_bn_relu(&mut b, &mut rng, dw2, 16, 32, 1, 1, 1, "block2.pw")?;
     let gap = b.node("GlobalAveragePool", &[pw2], &[]);
     let flat = b.node("Flatten", &[gap], &[("axis", Attr::Int(1))]);
-    let w = b.constant("fc.weight", rng.tensor(&[classes, 32], (3.0f32 / 32.0).sqrt()));
-    let bias = b.constant("fc.bias", rng.tensor(&[classes], 0.1));
+    let w = b.constant("fc.weight", rng.tensor(&[classes, 32], (3.0f32 / 32.0).sqrt())?);
+    let bias = b.constant("fc.bias", rng.tensor(&[classes], 0.1)?);
     let logits = b.node("Gemm", &[flat, w, bias], &[("transB", Attr::Int(1))]);
     let probs = b.node("Softmax", &[logits], &[("axis", Attr::Int(-1))]);
     b.rename(probs, "probabilities");
@@ -88,8 +69,8 @@ pub fn mlp(inputs: usize, width: usize, hidden: usize, outputs: usize, seed: u64
     let mut fan_in = inputs;
     for l in 0..=hidden {
         let n = if l == hidden { outputs } else { width };
-        let w = b.constant(&format!("l{l}.weight"), rng.tensor(&[fan_in, n], (3.0 / fan_in as f32).sqrt()));
-        let bias = b.constant(&format!("l{l}.bias"), rng.tensor(&[n], 0.05));
+        let w = b.constant(&format!("l{l}.weight"), rng.tensor(&[fan_in, n], (3.0 / fan_in as f32).sqrt())?);
+        let bias = b.constant(&format!("l{l}.bias"), rng.tensor(&[n], 0.05)?);
         let y = b.node("MatMul", &[x, w], &[]);
         x = b.node("Add", &[y, bias], &[]);
         if l < hidden {

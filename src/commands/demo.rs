@@ -22,7 +22,7 @@ pub struct Args {
 
 pub fn main(args: Args) -> Result<()> {
     let graph = kiln_samples::tiny_cnn(args.size, 10, 42)?;
-    let image = kiln_samples::Rng::new(7).tensor(&[args.batch, 3, args.size, args.size], 1.0);
+    let image = kiln::graph::rng::Rng::new(7).tensor(&[args.batch, 3, args.size, args.size], 1.0)?;
     let inputs = vec![("image".to_string(), image)];
     let mut devices = vec![("cpu".to_string(), DeviceChoice::Cpu)];
     for a in list_devices().adapters {
