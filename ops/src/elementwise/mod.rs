@@ -6,6 +6,8 @@ use crate::Registry;
 
 mod epilogue;
 mod binary;
+mod binary_op;
+mod binary_table;
 mod bitshift;
 mod bitwise;
 mod classify;
@@ -25,7 +27,7 @@ pub(crate) use unary_wgsl::{wgsl_isnan, wgsl_max, wgsl_min};
 
 pub(crate) fn register(r: &mut Registry) {
     unary_op::register(r);
-    binary::register(r);
+    binary_op::register(r);
     bitwise::register(r);
     bitshift::register(r);
     classify::register(r);
