@@ -191,6 +191,7 @@ pub(super) fn same_dtype(
 
 /// A `cmp`-class step (bool output), the predicate compiled per element type.
 #[inline]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn compare(
     a: &Tensor,
     b: &Tensor,

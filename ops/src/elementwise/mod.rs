@@ -1,7 +1,8 @@
 //! Elementwise operators: unary math/activations, broadcasting binary ops, and the
 //! binary ops with their own semantics (bitwise, BitShift, Mod, PRelu) and float
-//! classification (IsNaN, IsInf). Unary and plain binary ops are variants described
-//! once (CPU function + WGSL expression), so the fuser can compose them.
+//! classification (IsNaN, IsInf). Unary and plain binary ops are tables, one entry per
+//! op (`unary_ops!` in unary.rs, `binary_ops!` in binary.rs: CPU function + WGSL
+//! expression), so the fuser can compose them.
 use crate::Registry;
 
 mod epilogue;
