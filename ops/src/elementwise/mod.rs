@@ -1,11 +1,14 @@
 //! Elementwise operators: unary math/activations, broadcasting binary ops, and the
 //! binary ops with their own semantics (bitwise, BitShift, Mod, PRelu) and float
-//! classification (IsNaN, IsInf). Unary and plain binary ops are variants described
-//! once (CPU function + WGSL expression), so the fuser can compose them.
+//! classification (IsNaN, IsInf). Unary and plain binary ops are tables, one entry per
+//! op (`unary_ops!` in unary.rs, `binary_ops!` in binary.rs: CPU function + WGSL
+//! expression), so the fuser can compose them.
 use crate::Registry;
 
 mod epilogue;
 mod binary;
+mod binary_op;
+mod binary_table;
 mod bitshift;
 mod bitwise;
 mod classify;
@@ -25,7 +28,7 @@ pub(crate) use unary_wgsl::{wgsl_isnan, wgsl_max, wgsl_min};
 
 pub(crate) fn register(r: &mut Registry) {
     unary_op::register(r);
-    binary::register(r);
+    binary_op::register(r);
     bitwise::register(r);
     bitshift::register(r);
     classify::register(r);
