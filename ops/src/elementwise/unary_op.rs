@@ -23,13 +23,24 @@ impl UnaryKind {
             unsafe { self.apply_slice_avx2(xs) };
             return;
         }
-        self.apply_slice_f32(xs)
+        self.apply_slice_unswitched(xs)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn apply_slice_avx2(&self, xs: &mut [f32]) {
-        self.apply_slice_f32(xs)
+        self.apply_slice_unswitched(xs)
+    }
+
+    /// [`UnaryKind::apply_slice_f32`] with the kinds whose attributes choose between
+    /// formulas (Gelu's `tanh`) given as constants, so that the choice leaves the loop.
+    #[inline(always)]
+    fn apply_slice_unswitched(&self, xs: &mut [f32]) {
+        match *self {
+            UnaryKind::Gelu { tanh: true } => UnaryKind::Gelu { tanh: true }.apply_slice_f32(xs),
+            UnaryKind::Gelu { tanh: false } => UnaryKind::Gelu { tanh: false }.apply_slice_f32(xs),
+            k => k.apply_slice_f32(xs),
+        }
     }
 }
 

@@ -128,6 +128,29 @@ fn max_nan<T: PartialOrd>(acc: T, v: T) -> T {
     if v > acc || v != v { v } else { acc }
 }
 
+/// Max or sum of a pooling window: with `NAN` (the plane holds a NaN) NaN-propagating,
+/// else a plain compare (one instruction per lane).
+#[inline(always)]
+fn fold_tap<T: PoolFloat, const MAX: bool, const NAN: bool>(acc: T, v: T) -> T {
+    match (MAX, NAN) {
+        (true, true) => max_nan(acc, v),
+        (true, false) => {
+            if v > acc {
+                v
+            } else {
+                acc
+            }
+        }
+        _ => acc + v,
+    }
+}
+
+/// Whether a plane holds a NaN (blocks of lanes, so that the scan vectorises).
+#[allow(clippy::eq_op)]
+fn has_nan<T: PoolFloat>(xs: &[T]) -> bool {
+    xs.chunks(64).any(|c| c.iter().fold(false, |a, &v| a | (v != v)))
+}
+
 impl Pool {
     /// Pools every (n, c) plane of `x` into `y`; `indices` receives MaxPool argmaxes.
     fn run_typed<T: PoolFloat>(&self, g: &Geometry, x: &[T], y: &mut [T], indices: Option<&mut [i64]>) {
@@ -214,7 +237,7 @@ impl Pool {
 /// Pooling over one axis of a plane viewed as `outer x n_in x inner` (window along
 /// the middle axis) into `outer x n_out x inner`; rows of `inner` elements are
 /// combined whole, so the H and D passes vectorise.
-fn pool_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, d: usize, outer: usize, inner: usize, src: &[T], dst: &mut [T]) {
+fn pool_axis<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, d: usize, outer: usize, inner: usize, src: &[T], dst: &mut [T]) {
     let (n_in, n_out) = (g.input[d], g.output[d]);
     let init = if MAX { T::NEG_INF } else { T::ZERO };
     for o in 0..outer {
@@ -227,7 +250,7 @@ fn pool_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, d: usize, outer: usize
                 let pos = (start + (k * g.dilation[d]) as i64) as usize;
                 let srow = &src[(o * n_in + pos) * inner..][..inner];
                 for (a, &v) in row.iter_mut().zip(srow) {
-                    *a = if MAX { max_nan(*a, v) } else { *a + v };
+                    *a = fold_tap::<T, MAX, NAN>(*a, v);
                 }
             }
         }
@@ -235,7 +258,7 @@ fn pool_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, d: usize, outer: usize
 }
 
 /// Pooling over the last axis (W): each output gathers its taps from one row.
-fn pool_last_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, rows: usize, src: &[T], dst: &mut [T]) {
+fn pool_last_axis<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, rows: usize, src: &[T], dst: &mut [T]) {
     let (n_in, n_out) = (g.input[2], g.output[2]);
     let taps: Vec<(i64, usize, usize)> = (0..n_out)
         .map(|o| {
@@ -250,7 +273,7 @@ fn pool_last_axis<T: PoolFloat, const MAX: bool>(g: &Geometry, rows: usize, src:
     let full = |&(_, k0, k1): &(i64, usize, usize)| k0 == 0 && k1 == k;
     let lo = taps.iter().position(full).unwrap_or(n_out);
     let hi = lo + taps[lo..].iter().take_while(|t| full(t)).count();
-    let fold = |acc: T, v: T| if MAX { max_nan(acc, v) } else { acc + v };
+    let fold = |acc: T, v: T| fold_tap::<T, MAX, NAN>(acc, v);
     let init = if MAX { T::NEG_INF } else { T::ZERO };
     for r in 0..rows {
         let srow = &src[r * n_in..][..n_in];
@@ -321,9 +344,15 @@ impl Pool {
                     }
                     xc = &lp;
                 }
-                pool_last_axis::<T, MAX>(g, id_n * ih_n, xc, &mut t1);
-                pool_axis::<T, MAX>(g, 1, id_n, ow_n, &t1, &mut t2);
-                pool_axis::<T, MAX>(g, 0, 1, oh_n * ow_n, &t2, out);
+                if MAX && has_nan(xc) {
+                    pool_last_axis::<T, MAX, true>(g, id_n * ih_n, xc, &mut t1);
+                    pool_axis::<T, MAX, true>(g, 1, id_n, ow_n, &t1, &mut t2);
+                    pool_axis::<T, MAX, true>(g, 0, 1, oh_n * ow_n, &t2, out);
+                } else {
+                    pool_last_axis::<T, MAX, false>(g, id_n * ih_n, xc, &mut t1);
+                    pool_axis::<T, MAX, false>(g, 1, id_n, ow_n, &t1, &mut t2);
+                    pool_axis::<T, MAX, false>(g, 0, 1, oh_n * ow_n, &t2, out);
+                }
                 match kind {
                     PoolKind::Max { .. } => {}
                     PoolKind::Average { .. } => {
