@@ -237,12 +237,16 @@ macro_rules! unary_ops {
             pub fn apply_slice_f32(&self, xs: &mut [f32]) {
                 #[inline(always)]
                 fn each(xs: &mut [f32], f: impl Fn(f32) -> f32) {
-                    xs.iter_mut().for_each(|v| *v = f(*v));
+                    // A plain loop, not `for_each`: an outlined `for_each` would not be
+                    // compiled for the AVX2 caller (`apply_slice_f32_fast`).
+                    for v in xs.iter_mut() {
+                        *v = f(*v);
+                    }
                 }
                 match *self {
                     $( UnaryKind::$name { $($($field),*)? } => {
                         $($( let $field = BindAs::<f32>::bind($field); )*)?
-                        each(xs, |$x: f32| -> f32 { $f })
+                        each(xs, #[inline(always)] |$x: f32| -> f32 { $f })
                     } )*
                 }
             }
