@@ -49,7 +49,8 @@ impl Mvn {
         let mut reduced = vec![false; dims.len()];
         for &a in &self.axes {
             let a = norm_axis(a, dims.len())?;
-            if std::mem::replace(&mut reduced[a], true) {
+            let slot = reduced.get_mut(a).ok_or_else(|| OpError::input(0, format!("axis {a} is out of range for the input shape {dims:?}")))?;
+            if std::mem::replace(slot, true) {
                 return Err(OpError::invalid(format!("axis {a} is listed twice in axes {:?}", self.axes)));
             }
         }

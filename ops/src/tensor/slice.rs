@@ -60,6 +60,9 @@ impl PlansIndexMap for Slice {
             )));
         }
         let axes_n = norm_axes(&axes, x.rank())?;
+        if x.rank() == 0 && n > 0 {
+            return Err(OpError::input(0, "Slice needs an input of rank 1 or more"));
+        }
         let mut map = IndexMap {
             out_dims: x.dims().to_vec(),
             maps: vec![DimMap::id(); x.rank()],

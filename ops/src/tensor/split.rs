@@ -21,7 +21,7 @@ impl Split {
     fn plan(&self, inputs: &[Option<Arg>]) -> Result<Vec<IndexMap>> {
         let x = required(inputs, 0)?;
         let axis = norm_axis(self.axis, x.rank())?;
-        let dim = x.dims()[axis];
+        let dim = *x.dims().get(axis).ok_or_else(|| OpError::input(0, "Split needs an input of rank 1 or more"))?;
         let sizes: Vec<usize> = match self.split_attr.clone().map(Some).unwrap_or(opt_const_ints(inputs, 1, "Split's split")?) {
             Some(s) => {
                 if s.len() != self.n_outputs || s.iter().any(|&v| v < 0) || s.iter().sum::<i64>() != dim as i64 {

@@ -19,8 +19,15 @@ impl PlansIndexMap for Tile {
                 format!("repeats {reps:?} must hold one non-negative count per dim of the input shape {:?}", x.dims()),
             ));
         }
+        let out_dims = x
+            .dims()
+            .iter()
+            .zip(&reps)
+            .map(|(&d, &r)| d.checked_mul(r as usize))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| OpError::input(1, format!("repeats {reps:?} of the input shape {:?} overflow the address space", x.dims())))?;
         Ok(IndexMap {
-            out_dims: x.dims().iter().zip(&reps).map(|(&d, &r)| d * r as usize).collect(),
+            out_dims,
             maps: x.dims().iter().map(|&d| DimMap::Modulo { n: d as i64 }).collect(),
             strides: crate::broadcast::strides(x.dims()),
             base: 0,
