@@ -47,7 +47,9 @@ impl Pad {
         for (k, &a) in axes.iter().enumerate() {
             let (before, after) = (pads[k], pads[k + axes.len()]);
             let n = x.dims()[a] as i64;
-            let out = n + before + after;
+            let out = n.checked_add(before).and_then(|v| v.checked_add(after)).ok_or_else(|| {
+                OpError::invalid(format!("pads {before}, {after} on axis {a} of size {n} overflow the address space"))
+            })?;
             if out < 0 {
                 return Err(OpError::invalid(format!(
                     "pads {before}, {after} on axis {a} of size {n} give a negative size"
