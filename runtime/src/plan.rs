@@ -22,16 +22,20 @@ enum SegmentPlan {
 }
 
 struct Segment {
-    /// The graph with this segment's inputs and outputs (the whole graph, with its
-    /// own inputs and outputs, when the segment is the only one).
-    graph: Graph,
+    /// The view of the graph with this segment's inputs and outputs; `None` when the
+    /// segment is the only one (it runs on the session's graph itself).
+    view: Option<Graph>,
     plan: SegmentPlan,
 }
 
 impl Segment {
-    fn run(&self, ops: &[Box<dyn Op>], inputs: &[&Tensor]) -> Result<(Vec<Tensor>, usize, usize)> {
+    fn graph<'a>(&'a self, whole: &'a Graph) -> &'a Graph {
+        self.view.as_ref().unwrap_or(whole)
+    }
+
+    fn run(&self, whole: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor]) -> Result<(Vec<Tensor>, usize, usize)> {
         match &self.plan {
-            SegmentPlan::Cpu(p) => Ok((p.run(&self.graph, ops, inputs, None)?, p.kernel_count(), 0)),
+            SegmentPlan::Cpu(p) => Ok((p.run(self.graph(whole), ops, inputs, None)?, p.kernel_count(), 0)),
             SegmentPlan::Gpu(p) => {
                 let (outs, submits) = p.run(inputs)?;
                 Ok((outs, p.dispatch_count(), submits))
@@ -84,15 +88,17 @@ impl Plan {
         let graph_outputs: HashSet<ValueId> = graph.outputs.iter().copied().collect();
         let mut segments = vec![];
         for (k, (device, steps, programs)) in runs.into_iter().enumerate() {
-            let mut view = graph.clone();
+            let mut view = None;
             if !whole {
                 let mut inputs: Vec<ValueId> = read[k].iter().copied().filter(|v| !produced[k].contains(v) && !spec.constants.contains_key(v)).collect();
                 inputs.sort_unstable();
                 let mut outputs: Vec<ValueId> =
                     produced[k].iter().copied().filter(|v| graph_outputs.contains(v) || read[k + 1..].iter().any(|r| r.contains(v))).collect();
                 outputs.sort_unstable();
-                view.inputs = inputs;
-                view.outputs = outputs;
+                let mut g = graph.clone();
+                g.inputs = inputs;
+                g.outputs = outputs;
+                view = Some(g);
             }
             let sub;
             let seg_spec = if whole {
@@ -101,14 +107,15 @@ impl Plan {
                 sub = Specialized { types: spec.types.clone(), constants: spec.constants.clone(), steps, folded: 0 };
                 &sub
             };
+            let seg_graph = view.as_ref().unwrap_or(graph);
             let plan = match device {
-                Dev::Cpu => SegmentPlan::Cpu(CpuPlan::build(&view, ops, seg_spec, limits.memory)?),
+                Dev::Cpu => SegmentPlan::Cpu(CpuPlan::build(seg_graph, ops, seg_spec, limits.memory)?),
                 Dev::Gpu(g) => {
                     let (ctx, weights) = &gpus[g];
-                    SegmentPlan::Gpu(GpuPlan::build(ctx.clone(), &view, ops, seg_spec, weights, programs)?)
+                    SegmentPlan::Gpu(GpuPlan::build(ctx.clone(), seg_graph, ops, seg_spec, weights, programs)?)
                 }
             };
-            segments.push(Segment { graph: view, plan });
+            segments.push(Segment { view, plan });
         }
         let constants = if whole { HashMap::new() } else { graph.outputs.iter().filter_map(|o| spec.constants.get(o).map(|t| (*o, t.clone()))).collect() };
         Ok(Plan { segments, devices: step_devices, folded: spec.folded, constants })
@@ -117,21 +124,21 @@ impl Plan {
     /// Runs every segment in order; returns the graph outputs, kernels and submits.
     pub fn run(&self, graph: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor]) -> Result<RunResult> {
         if let [only] = self.segments.as_slice() {
-            return only.run(ops, inputs);
+            return only.run(graph, ops, inputs);
         }
         let mut values: HashMap<ValueId, Tensor> = graph.inputs.iter().zip(inputs).map(|(&v, &t)| (v, t.clone())).collect();
         let (mut kernels, mut submits) = (0, 0);
         for seg in &self.segments {
-            let ins: Vec<&Tensor> = seg
-                .graph
+            let seg_graph = seg.graph(graph);
+            let ins: Vec<&Tensor> = seg_graph
                 .inputs
                 .iter()
                 .map(|v| values.get(v).ok_or_else(|| RuntimeError::Gpu(format!("value '{}' is needed before it is computed", graph.values[*v].name))))
                 .collect::<Result<_>>()?;
-            let (outs, k, s) = seg.run(ops, &ins)?;
+            let (outs, k, s) = seg.run(graph, ops, &ins)?;
             kernels += k;
             submits += s;
-            for (&v, t) in seg.graph.outputs.iter().zip(outs) {
+            for (&v, t) in seg_graph.outputs.iter().zip(outs) {
                 values.insert(v, t);
             }
         }
@@ -160,10 +167,10 @@ impl Plan {
         }
     }
 
-    /// The CPU plan when the whole specialisation runs on the CPU.
-    pub fn cpu_only(&self) -> Option<(&Graph, &CpuPlan)> {
+    /// The CPU plan when the whole specialisation runs on the CPU (on the session's graph).
+    pub fn cpu_only(&self) -> Option<&CpuPlan> {
         match self.segments.as_slice() {
-            [Segment { graph, plan: SegmentPlan::Cpu(p) }] => Some((graph, p)),
+            [Segment { view: None, plan: SegmentPlan::Cpu(p) }] => Some(p),
             _ => None,
         }
     }

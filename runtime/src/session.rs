@@ -436,14 +436,14 @@ impl Session {
     pub fn profile(&self, inputs: &[(&str, &Tensor)], runs: usize) -> Result<Vec<NodeProfile>> {
         let (tensors, types) = self.bind(inputs)?;
         let (plan, _) = self.plan(&tensors, types)?;
-        let Some((graph, p)) = plan.cpu_only() else {
+        let Some(p) = plan.cpu_only() else {
             return Err(RuntimeError::Unsupported { node: "profile".into(), what: "per-node profiles are measured on the CPU backend only".into() });
         };
         let mut times: HashMap<usize, f64> = HashMap::new();
         let mut samples = vec![];
         for _ in 0..runs.max(1) {
             samples.clear();
-            p.run(graph, &self.ops, &tensors, Some(&mut samples))?;
+            p.run(&self.graph, &self.ops, &tensors, Some(&mut samples))?;
             for &(n, t) in &samples {
                 *times.entry(n).or_default() += t;
             }
