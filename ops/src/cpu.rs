@@ -1,7 +1,7 @@
 //! The CPU side of an op: the [`CpuKernel`] trait and helpers shared by kernels
 //! (parallel loops, per-thread scratch memory, vectorising f32 math) and the CPU's
 //! feature detection ([`CpuFeatures`]).
-use crate::{Result, TensorType};
+use crate::{Arg, Result, TensorType, TuneParam, TuneValues};
 use kiln_graph::Tensor;
 use std::cell::RefCell;
 
@@ -25,6 +25,21 @@ pub trait CpuKernel: Send + Sync {
     /// Runs with input `i`'s memory taken over by `outputs[0]` (see the trait's doc).
     fn run_in_place(&self, _inputs: &[Option<&Tensor>], i: usize, _outputs: &mut [Tensor]) -> Result<()> {
         Err(crate::OpError::Unsupported(format!("this kernel cannot run in place of input {i}")))
+    }
+
+    /// The choices this kernel offers at these types (algorithm, blocking, thread
+    /// split), each with its default and candidates; the tuner measures them. None by
+    /// default.
+    fn params(&self, _inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        vec![]
+    }
+
+    /// A kernel specialised once per plan for these types, the values of constant
+    /// inputs (`Arg::value`, e.g. weights to pack) and the chosen `tune` values (missing
+    /// ones take their defaults). It is then run with the same inputs as `self` would
+    /// be. `None` (the default): `self` runs as is.
+    fn prepare(&self, _inputs: &[Option<Arg>], _outputs: &[TensorType], _tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
+        Ok(None)
     }
 }
 

@@ -39,6 +39,9 @@ struct CpuStep {
     /// The input whose memory the output takes over, and the temps (that input and its
     /// views) that give it up, when the memory plan chose to run this step in place.
     in_place: Option<(usize, Vec<usize>)>,
+    /// The kernel `CpuKernel::prepare` specialised for this step (packed weights, the
+    /// chosen variant); `None`: the op's own kernel runs.
+    prepared: Option<Box<dyn kiln_ops::CpuKernel>>,
 }
 
 /// The plan of one specialisation (internal; its [`MemoryPlan`] is reported in `RunStats`).
@@ -62,7 +65,8 @@ pub(crate) struct CpuPlan {
 impl CpuPlan {
     /// The plan of `spec`'s steps; refused when its intermediates would need more than
     /// `limit` bytes.
-    pub fn build(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, limit: u64) -> Result<CpuPlan> {
+    /// `tune(node)` gives the chosen values of the node's tunable parameters.
+    pub fn build(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, limit: u64, tune: &dyn Fn(usize) -> kiln_ops::TuneValues) -> Result<CpuPlan> {
         let mut planned: u64 = 0;
         let mut consts = vec![];
         let mut slot_of: HashMap<ValueId, Slot> = HashMap::new();
@@ -101,14 +105,22 @@ impl CpuPlan {
                 outputs.push(temps.len() - 1);
                 slot_of.insert(o, Slot::Temp(temps.len() - 1));
             }
-            let in_place_candidates = match op.cpu() {
+            let prepared = match op.cpu() {
+                Some(k) if !op.is_view() => {
+                    let out_types: Vec<kiln_ops::TensorType> = s.outputs.iter().map(|&o| spec.ty(o).clone()).collect();
+                    k.prepare(&spec.args(&s.inputs), &out_types, &tune(s.node)).map_err(|e| RuntimeError::node(node, e))?
+                }
+                _ => None,
+            };
+            let kernel = prepared.as_deref().or(op.cpu());
+            let in_place_candidates = match kernel {
                 Some(k) if s.outputs.len() == 1 && op.overwrites_outputs() => {
                     let types: Vec<Option<&kiln_ops::TensorType>> = s.inputs.iter().map(|v| v.map(|v| spec.ty(v))).collect();
                     k.in_place_inputs(&types, spec.ty(s.outputs[0]))
                 }
                 _ => vec![],
             };
-            steps.push(CpuStep { node: s.node, inputs, outputs, view: op.is_view(), in_place_candidates, in_place: None });
+            steps.push(CpuStep { node: s.node, inputs, outputs, view: op.is_view(), in_place_candidates, in_place: None, prepared });
         }
         let outputs: Vec<Slot> = graph.outputs.iter().map(|&o| slot(o, &mut slot_of, &mut consts)).collect();
         let (offset_of, arena_words, frees, memory) = plan_memory(&temps, &mut steps, &outputs);
@@ -207,7 +219,11 @@ impl CpuPlan {
                     None => Err(kiln_ops::OpError::input(0, "a view op needs its data input")),
                 }
             } else {
-                match (ops[s.node].cpu(), taken) {
+                let kernel = match &s.prepared {
+                    Some(k) => Some(&**k),
+                    None => ops[s.node].cpu(),
+                };
+                match (kernel, taken) {
                     (Some(k), Some(i)) => k.run_in_place(&ins, i, outs),
                     (Some(k), None) => k.run(&ins, outs),
                     (None, _) => Err(kiln_ops::OpError::Unsupported("no CPU kernel".into())),

@@ -109,7 +109,7 @@ impl Plan {
             };
             let seg_graph = view.as_ref().unwrap_or(graph);
             let plan = match device {
-                Dev::Cpu => SegmentPlan::Cpu(CpuPlan::build(seg_graph, ops, seg_spec, limits.memory)?),
+                Dev::Cpu => SegmentPlan::Cpu(CpuPlan::build(seg_graph, ops, seg_spec, limits.memory, &|_| kiln_ops::TuneValues::default())?),
                 Dev::Gpu(g) => {
                     let (ctx, weights) = &gpus[g];
                     SegmentPlan::Gpu(GpuPlan::build(ctx.clone(), seg_graph, ops, seg_spec, weights, programs)?)
