@@ -33,6 +33,13 @@ pub struct SessionArgs {
     /// a K, M, G or T suffix (powers of 1024); default: three quarters of physical memory.
     #[arg(long, value_parser = parse_bytes)]
     pub memory_limit: Option<u64>,
+    /// CPU worker threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Keep subnormal floats on the CPU (by default the worker threads flush them to
+    /// zero, which is faster on many CPUs).
+    #[arg(long)]
+    pub keep_denormals: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,

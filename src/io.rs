@@ -50,7 +50,15 @@ pub fn open_session(args: &SessionArgs) -> Result<Session> {
     let loaded = t0.elapsed();
     let auto_place = place.iter().any(|p| p == "auto");
     let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
-    let options = SessionOptions { device: device.clone(), registry: None, placement, auto_place, memory_limit: args.memory_limit };
+    let options = SessionOptions {
+        device: device.clone(),
+        placement,
+        auto_place,
+        memory_limit: args.memory_limit,
+        threads: args.threads,
+        denormals_are_zero: !args.keep_denormals,
+        ..Default::default()
+    };
     let session = Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
     let opened = t0.elapsed();
     if let Some(info) = info {

@@ -19,6 +19,7 @@ pub mod npy;
 mod placement;
 mod plan;
 mod session;
+pub mod threads;
 
 pub use arena::MemoryPlan;
 pub use device::{AdapterInfo, CpuInfo, DeviceChoice, DeviceKind, DevicesReport};

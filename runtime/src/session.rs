@@ -5,6 +5,7 @@ use crate::error::poisoned;
 use crate::gpu::{self, GpuContext};
 use crate::placement::{self, Dev, DeviceProfile, Devices};
 use crate::plan::Plan;
+use crate::threads::{self, ThreadConfig};
 use crate::{DeviceChoice, DeviceKind, Result, RuntimeError};
 use kiln_graph::{Dim, Graph, NodeId, Tensor};
 use kiln_ops::infer::{self, specialize, Limits, SpecializeError, Specialized};
@@ -28,11 +29,24 @@ pub struct SessionOptions {
     /// The most bytes a session may use for one specialisation (values folded on the
     /// host, planned intermediates); `None`: three quarters of the machine's RAM.
     pub memory_limit: Option<u64>,
+    /// CPU worker threads of the session's kernels; `None`: one per core.
+    pub threads: Option<usize>,
+    /// Whether the CPU worker threads flush subnormal floats to zero (see
+    /// [`crate::threads`]; on by default).
+    pub denormals_are_zero: bool,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { device: DeviceChoice::Auto, registry: None, placement: vec![], auto_place: false, memory_limit: None }
+        SessionOptions {
+            device: DeviceChoice::Auto,
+            registry: None,
+            placement: vec![],
+            auto_place: false,
+            memory_limit: None,
+            threads: None,
+            denormals_are_zero: true,
+        }
     }
 }
 
@@ -85,6 +99,8 @@ pub struct Session {
     placement: Vec<crate::PlacementRule>,
     /// The device profiles (CPU, main GPU) of cost-model placement, when asked for.
     auto_place: Option<(DeviceProfile, DeviceProfile)>,
+    /// The CPU worker threads every run executes on.
+    pool: Arc<rayon::ThreadPool>,
 }
 
 /// What a specialisation depends on: input types, and the values of inputs bound by value.
@@ -131,7 +147,22 @@ impl Session {
             }
             _ => None,
         };
-        Ok(Session { graph, ops, order, backend, gpus, rule_devs, plans: Mutex::default(), by_value: Mutex::default(), symbolic, limits, placement: options.placement, auto_place })
+        let pool = threads::pool(ThreadConfig::new(options.threads, options.denormals_are_zero)?)?;
+        Ok(Session {
+            graph,
+            ops,
+            order,
+            backend,
+            gpus,
+            rule_devs,
+            plans: Mutex::default(),
+            by_value: Mutex::default(),
+            symbolic,
+            limits,
+            placement: options.placement,
+            auto_place,
+            pool,
+        })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -149,7 +180,7 @@ impl Session {
     /// `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)`.
     pub fn device_name(&self) -> String {
         match &self.backend {
-            Backend::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
+            Backend::Cpu => cpu_name(self.threads()),
             Backend::Gpu => format!("{} ({:?})", self.gpus[0].0.info.name, self.gpus[0].0.info.backend),
         }
     }
@@ -284,6 +315,15 @@ impl Session {
 
     /// Like [`Session::run`], also reporting what the run did.
     pub fn run_with_stats(&self, inputs: &[(&str, &Tensor)]) -> Result<(Vec<Tensor>, RunStats)> {
+        self.pool.install(|| self.run_on_pool(inputs))
+    }
+
+    /// The number of CPU worker threads the session's kernels run on.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    fn run_on_pool(&self, inputs: &[(&str, &Tensor)]) -> Result<(Vec<Tensor>, RunStats)> {
         let (tensors, types) = self.bind(inputs)?;
         let (plan, specialized) = self.plan(&tensors, types)?;
         let (outs, kernels, submits) = plan.run(&self.graph, &self.ops, &tensors)?;
@@ -313,7 +353,7 @@ impl Session {
     /// A device's name as reports show it.
     fn dev_name(&self, d: Dev) -> String {
         match d {
-            Dev::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
+            Dev::Cpu => cpu_name(self.threads()),
             Dev::Gpu(k) => format!("{} ({:?})", self.gpus[k].0.info.name, self.gpus[k].0.info.backend),
         }
     }
@@ -348,7 +388,7 @@ impl Session {
         }
         let refs: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let (tensors, types) = self.bind(&refs)?;
-        self.plan(&tensors, types)?;
+        self.pool.install(|| self.plan(&tensors, types))?;
         Ok(true)
     }
 
@@ -434,6 +474,10 @@ impl Session {
     /// Runs `runs` times timing every step (CPU backend; on a GPU, where a run is one
     /// submit, per-node times need timestamp queries and are not measured yet).
     pub fn profile(&self, inputs: &[(&str, &Tensor)], runs: usize) -> Result<Vec<NodeProfile>> {
+        self.pool.install(|| self.profile_on_pool(inputs, runs))
+    }
+
+    fn profile_on_pool(&self, inputs: &[(&str, &Tensor)], runs: usize) -> Result<Vec<NodeProfile>> {
         let (tensors, types) = self.bind(inputs)?;
         let (plan, _) = self.plan(&tensors, types)?;
         let Some(p) = plan.cpu_only() else {
@@ -455,4 +499,9 @@ impl Session {
         out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         Ok(out)
     }
+}
+
+/// The CPU device's name in reports: `cpu (2 threads)`.
+fn cpu_name(threads: usize) -> String {
+    format!("cpu ({threads} thread{})", if threads == 1 { "" } else { "s" })
 }
