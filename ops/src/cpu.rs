@@ -51,6 +51,10 @@ pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor> 
 #[path = "cpu_features.rs"]
 mod features;
 pub use features::CpuFeatures;
+/// The f32 GEMM micro-kernels and the packed-operand GEMM built on them (kernels of
+/// custom ops may use them too).
+pub use crate::linalg::microkernel::Isa;
+pub use crate::linalg::packed;
 
 /// Whether the CPU has AVX2 and FMA (kernels compiled for them run 8 f32 lanes wide):
 /// [`CpuFeatures::avx2_fma`] of the cached detection.

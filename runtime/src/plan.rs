@@ -109,7 +109,7 @@ impl Plan {
             };
             let seg_graph = view.as_ref().unwrap_or(graph);
             let plan = match device {
-                Dev::Cpu => SegmentPlan::Cpu(CpuPlan::build(seg_graph, ops, seg_spec, limits.memory, &|_| kiln_ops::TuneValues::default())?),
+                Dev::Cpu => SegmentPlan::Cpu(CpuPlan::build(seg_graph, ops, seg_spec, limits.memory, &|_| forced_tune_values())?),
                 Dev::Gpu(g) => {
                     let (ctx, weights) = &gpus[g];
                     SegmentPlan::Gpu(GpuPlan::build(ctx.clone(), seg_graph, ops, seg_spec, weights, programs)?)
@@ -189,4 +189,24 @@ impl Plan {
     pub fn segment_count(&self) -> usize {
         self.segments.len()
     }
+}
+
+/// Tune values forced on every kernel by `KILN_FORCE_TUNE=name=value,...` (a debugging
+/// and measuring aid: one variant for a whole run); empty when unset.
+pub(crate) fn forced_tune_values() -> kiln_ops::TuneValues {
+    static FORCED: std::sync::OnceLock<kiln_ops::TuneValues> = std::sync::OnceLock::new();
+    FORCED
+        .get_or_init(|| {
+            let mut values = kiln_ops::TuneValues::default();
+            for pair in std::env::var("KILN_FORCE_TUNE").unwrap_or_default().split(',').filter(|p| !p.is_empty()) {
+                match pair.split_once('=').map(|(n, v)| (n.trim(), v.trim().parse::<u32>())) {
+                    Some((name, Ok(v))) => {
+                        values.0.insert(name.to_string(), v);
+                    }
+                    _ => log::warn!("KILN_FORCE_TUNE: '{pair}' is not NAME=NUMBER; ignored"),
+                }
+            }
+            values
+        })
+        .clone()
 }

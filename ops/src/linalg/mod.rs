@@ -4,6 +4,8 @@ use crate::Registry;
 
 mod gemm;
 mod matmul;
+pub mod microkernel;
+pub mod packed;
 mod product;
 mod product_wgsl;
 

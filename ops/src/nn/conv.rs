@@ -8,6 +8,7 @@
 //! connection of a ResNet block) is added after the bias, before the activation; on
 //! the CPU the output may take over the residual's memory and accumulate into it.
 use super::conv_cpu::{self, ConvProblem, Epilogue};
+use super::conv_packed::{self, PackedConv};
 use super::window::WindowAttrs;
 use crate::cpu::{self, CpuKernel};
 use crate::elementwise::{self, UnaryKind};
@@ -20,7 +21,7 @@ use std::fmt::Write;
 
 pub(crate) const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Conv {
     window: WindowAttrs,
     group: usize,
@@ -51,6 +52,15 @@ impl Conv {
     /// Computes the output into `y`; with a fused residual, `y` holds it already when
     /// `residual_in_y` (the output took over its memory), else it is copied in first.
     fn compute(&self, inputs: &[Option<&Tensor>], residual_in_y: bool, y: &mut Tensor) -> Result<()> {
+        self.compute_with(inputs, residual_in_y, y, None)
+    }
+
+    /// [`Conv::compute`] through the filters of `packed` (f32 only).
+    pub(crate) fn compute_packed(&self, inputs: &[Option<&Tensor>], residual_in_y: bool, y: &mut Tensor, packed: &PackedConv) -> Result<()> {
+        self.compute_with(inputs, residual_in_y, y, Some(packed))
+    }
+
+    fn compute_with(&self, inputs: &[Option<&Tensor>], residual_in_y: bool, y: &mut Tensor, packed: Option<&PackedConv>) -> Result<()> {
         let (x, w) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let bias = inputs.get(2).copied().flatten();
         let p = self.problem(x.dims(), w.dims())?;
@@ -65,8 +75,16 @@ impl Conv {
         let residual = self.residual;
         if x.dtype() == DType::F32 {
             let b = bias.map(|b| b.as_slice::<f32>()).transpose()?;
-            let epi = Epilogue { bias: b, act: self.activation, residual };
-            conv_cpu::conv_f32(&p, x.as_slice()?, w.as_slice()?, epi, y.as_mut_slice()?);
+            match packed {
+                Some(k) if *k.problem() == p => k.run_f32(x.as_slice()?, b, self.activation, residual, y.as_mut_slice()?),
+                Some(k) => {
+                    return Err(OpError::input(0, format!("the filters were packed for {:?}, not for input {:?}", k.problem(), x.dims())));
+                }
+                None => {
+                    let epi = Epilogue { bias: b, act: self.activation, residual };
+                    conv_cpu::conv_f32(&p, x.as_slice()?, w.as_slice()?, epi, y.as_mut_slice()?);
+                }
+            }
         } else if matches!(x.dtype(), DType::F16 | DType::BF16) {
             // Half precision: exact widening to f32, the fast kernel, one rounding back.
             let f32s = |t: &Tensor| t.to_f64_vec().into_iter().map(|v| v as f32).collect::<Vec<f32>>();
@@ -188,13 +206,49 @@ impl CpuKernel for Conv {
     }
 
     fn run_in_place(&self, inputs: &[Option<&Tensor>], i: usize, outputs: &mut [Tensor]) -> Result<()> {
-        if i != 3 || !self.residual {
-            return Err(OpError::Unsupported(format!("Conv runs in place of a fused residual (input 3) only, not of input {i}")));
-        }
+        self.check_in_place(i)?;
         if outputs.iter().all(|o| o.is_empty()) {
             return Ok(());
         }
         self.compute(inputs, true, &mut outputs[0])
+    }
+
+    /// Algorithm, instruction set and block sizes of an f32 convolution with constant
+    /// filters (see [`super::conv_packed`]).
+    fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        match self.packable(inputs) {
+            Some((p, _)) => conv_packed::params(&p),
+            None => vec![],
+        }
+    }
+
+    /// Packs constant f32 filters once, unless `tune` picks the direct algorithm.
+    fn prepare(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
+        if outputs.iter().any(|o| o.dims.contains(&0)) {
+            return Ok(None);
+        }
+        let Some((p, w)) = self.packable(inputs) else { return Ok(None) };
+        Ok(PackedConv::new(self, p, w.as_slice()?, tune).map(|k| Box::new(k) as Box<dyn CpuKernel>))
+    }
+}
+
+impl Conv {
+    /// The problem and constant filters of an f32 convolution the packed kernel takes.
+    fn packable<'a>(&self, inputs: &[Option<Arg<'a>>]) -> Option<(ConvProblem, &'a Tensor)> {
+        let (x, w) = (inputs.first().copied().flatten()?, inputs.get(1).copied().flatten()?);
+        let value = w.value?;
+        if x.dtype() != DType::F32 || w.dtype() != DType::F32 {
+            return None;
+        }
+        let p = self.problem(x.dims(), w.dims()).ok()?;
+        conv_packed::eligible(&p).then_some((p, value))
+    }
+
+    pub(crate) fn check_in_place(&self, i: usize) -> Result<()> {
+        if i != 3 || !self.residual {
+            return Err(OpError::Unsupported(format!("Conv runs in place of a fused residual (input 3) only, not of input {i}")));
+        }
+        Ok(())
     }
 }
 
@@ -387,6 +441,10 @@ pub(crate) fn register(r: &mut Registry) {
 #[cfg(test)]
 #[path = "conv_residual_tests.rs"]
 mod residual_tests;
+
+#[cfg(test)]
+#[path = "conv_variant_tests.rs"]
+mod variant_tests;
 
 #[cfg(test)]
 mod tests {

@@ -16,7 +16,7 @@ use crate::cpu;
 use crate::elementwise::UnaryKind;
 
 /// The shape of one convolution: NC(D)(H)W input, [M, C/group, k..] weights.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ConvProblem {
     pub batch: usize,
     pub in_channels: usize,
@@ -26,24 +26,24 @@ pub(crate) struct ConvProblem {
 }
 
 impl ConvProblem {
-    fn in_per_group(&self) -> usize {
+    pub(crate) fn in_per_group(&self) -> usize {
         self.in_channels / self.group
     }
-    fn out_per_group(&self) -> usize {
+    pub(crate) fn out_per_group(&self) -> usize {
         self.out_channels / self.group
     }
     /// Length of one im2col column (reduction size of the GEMM).
-    fn reduction(&self) -> usize {
+    pub(crate) fn reduction(&self) -> usize {
         self.in_per_group() * self.geo.kernel_size()
     }
     pub(crate) fn macs(&self) -> u64 {
         (self.batch * self.out_channels * self.geo.output_size()) as u64 * self.reduction() as u64
     }
-    fn is_pointwise(&self) -> bool {
+    pub(crate) fn is_pointwise(&self) -> bool {
         let g = &self.geo;
         g.kernel == [1; 3] && g.stride == [1; 3] && g.pad_begin == [0; 3] && g.pad_end == [0; 3]
     }
-    fn is_depthwise(&self) -> bool {
+    pub(crate) fn is_depthwise(&self) -> bool {
         self.group > 1 && self.group == self.in_channels
     }
 }
@@ -262,62 +262,71 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [
 /// (zero in padding).
 pub(crate) fn im2col(g: &Geometry, x: &[f32], channels: usize, p0: usize, p1: usize, col: &mut [f32]) {
     let cols = p1 - p0;
-    let [_, oh_n, ow_n] = g.output;
-    let [id_n, ih_n, iw_n] = g.input;
-    let plane = id_n * ih_n * iw_n;
-    let (first_row, last_row) = (p0 / ow_n, (p1 - 1) / ow_n);
+    let plane = g.input_size();
     let mut row_index = 0;
     for c in 0..channels {
         let xc = &x[c * plane..][..plane];
         for kd in 0..g.kernel[0] {
             for kh in 0..g.kernel[1] {
                 for kw in 0..g.kernel[2] {
-                    let dst = &mut col[row_index * cols..][..cols];
+                    im2col_row(g, xc, [kd, kh, kw], p0, &mut col[row_index * cols..][..cols]);
                     row_index += 1;
-                    let (w_lo, w_hi) = g.valid_outputs(2, kw);
-                    let w_off = kw as i64 * g.dilation[2] as i64 - g.pad_begin[2];
-                    for r in first_row..=last_row {
-                        let (od, oh) = (r / oh_n, r % oh_n);
-                        let seg_lo = p0.max(r * ow_n) - r * ow_n;
-                        let seg_hi = p1.min((r + 1) * ow_n) - r * ow_n;
-                        let out = &mut dst[r * ow_n + seg_lo - p0..r * ow_n + seg_hi - p0];
-                        let id = (od * g.stride[0]) as i64 - g.pad_begin[0] + (kd * g.dilation[0]) as i64;
-                        let ih = (oh * g.stride[1]) as i64 - g.pad_begin[1] + (kh * g.dilation[1]) as i64;
-                        if id < 0 || id >= id_n as i64 || ih < 0 || ih >= ih_n as i64 {
-                            out.fill(0.0);
-                            continue;
-                        }
-                        let src = &xc[(id as usize * ih_n + ih as usize) * iw_n..][..iw_n];
-                        let lo = w_lo.clamp(seg_lo, seg_hi);
-                        let hi = w_hi.clamp(lo, seg_hi);
-                        out[..lo - seg_lo].fill(0.0);
-                        out[hi - seg_lo..].fill(0.0);
-                        let body = &mut out[lo - seg_lo..hi - seg_lo];
-                        if body.is_empty() {
-                            continue;
-                        }
-                        let start = (lo * g.stride[2]) as i64 + w_off;
-                        let start = start as usize;
-                        if g.stride[2] == 1 {
-                            body.copy_from_slice(&src[start..start + body.len()]);
-                        } else {
-                            let s = g.stride[2];
-                            let span = &src[start..start + (body.len() - 1) * s + 1];
-                            if s == 2 {
-                                // Pairs (even, odd): the even element of each.
-                                let (pairs, last) = span.split_at(span.len() - 1);
-                                let (head, tail) = body.split_at_mut(body.len() - 1);
-                                for (v, pair) in head.iter_mut().zip(pairs.chunks_exact(2)) {
-                                    *v = pair[0];
-                                }
-                                tail[0] = last[0];
-                            } else {
-                                for (v, &x) in body.iter_mut().zip(span.iter().step_by(s)) {
-                                    *v = x;
-                                }
-                            }
-                        }
-                    }
+                }
+            }
+        }
+    }
+}
+
+/// One im2col row: for output pixels `p0 .. p0 + dst.len()`, the value of input plane
+/// `xc` under kernel tap `tap` (zero in padding).
+pub(crate) fn im2col_row(g: &Geometry, xc: &[f32], tap: [usize; 3], p0: usize, dst: &mut [f32]) {
+    let [kd, kh, kw] = tap;
+    let p1 = p0 + dst.len();
+    if p0 == p1 {
+        return;
+    }
+    let [_, oh_n, ow_n] = g.output;
+    let [id_n, ih_n, iw_n] = g.input;
+    let (first_row, last_row) = (p0 / ow_n, (p1 - 1) / ow_n);
+    let (w_lo, w_hi) = g.valid_outputs(2, kw);
+    let w_off = kw as i64 * g.dilation[2] as i64 - g.pad_begin[2];
+    for r in first_row..=last_row {
+        let (od, oh) = (r / oh_n, r % oh_n);
+        let seg_lo = p0.max(r * ow_n) - r * ow_n;
+        let seg_hi = p1.min((r + 1) * ow_n) - r * ow_n;
+        let out = &mut dst[r * ow_n + seg_lo - p0..r * ow_n + seg_hi - p0];
+        let id = (od * g.stride[0]) as i64 - g.pad_begin[0] + (kd * g.dilation[0]) as i64;
+        let ih = (oh * g.stride[1]) as i64 - g.pad_begin[1] + (kh * g.dilation[1]) as i64;
+        if id < 0 || id >= id_n as i64 || ih < 0 || ih >= ih_n as i64 {
+            out.fill(0.0);
+            continue;
+        }
+        let src = &xc[(id as usize * ih_n + ih as usize) * iw_n..][..iw_n];
+        let lo = w_lo.clamp(seg_lo, seg_hi);
+        let hi = w_hi.clamp(lo, seg_hi);
+        out[..lo - seg_lo].fill(0.0);
+        out[hi - seg_lo..].fill(0.0);
+        let body = &mut out[lo - seg_lo..hi - seg_lo];
+        if body.is_empty() {
+            continue;
+        }
+        let start = ((lo * g.stride[2]) as i64 + w_off) as usize;
+        if g.stride[2] == 1 {
+            body.copy_from_slice(&src[start..start + body.len()]);
+        } else {
+            let s = g.stride[2];
+            let span = &src[start..start + (body.len() - 1) * s + 1];
+            if s == 2 {
+                // Pairs (even, odd): the even element of each.
+                let (pairs, last) = span.split_at(span.len() - 1);
+                let (head, tail) = body.split_at_mut(body.len() - 1);
+                for (v, pair) in head.iter_mut().zip(pairs.chunks_exact(2)) {
+                    *v = pair[0];
+                }
+                tail[0] = last[0];
+            } else {
+                for (v, &x) in body.iter_mut().zip(span.iter().step_by(s)) {
+                    *v = x;
                 }
             }
         }

@@ -16,6 +16,8 @@ mod attention_wgsl;
 mod batch_norm;
 mod conv;
 mod conv_cpu;
+mod conv_packed;
+mod conv_winograd;
 mod conv_small_k;
 mod conv_transpose;
 mod global_pool;

@@ -1,0 +1,209 @@
+//! f32 GEMM micro-kernels: one register tile `C[MR x NR] (+)= A[MR x kc] * B[kc x NR]`
+//! from packed panels, one per instruction set, chosen at run time ([`Isa`]).
+//!
+//! Panel layouts (shared by every kernel, with its own MR and NR): an A panel is `kc`
+//! groups of MR values (column `k` of MR consecutive rows), a B panel `kc` groups of NR
+//! values (row `k` of NR consecutive columns). C is row-major with row stride `ldc`.
+//! The kernels broadcast A and hold NR-wide vectors of B and C, so a tile's output
+//! rows are stored as contiguous vectors.
+use crate::cpu::CpuFeatures;
+
+/// An instruction set with a micro-kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// AVX-512F: an 8 x 32 tile (16 zmm accumulators; 8 rows divide the usual channel
+    /// counts).
+    Avx512,
+    /// AVX2 + FMA: a 6 x 16 tile (12 ymm accumulators).
+    Avx2,
+    /// Plain Rust: a 4 x 8 tile, vectorised by the compiler for the baseline ISA.
+    Portable,
+}
+
+impl Isa {
+    /// Every instruction set this CPU can run, best first.
+    pub fn available() -> Vec<Isa> {
+        let f = CpuFeatures::get();
+        let mut out = vec![];
+        if f.avx512f {
+            out.push(Isa::Avx512);
+        }
+        if f.avx2_fma() {
+            out.push(Isa::Avx2);
+        }
+        out.push(Isa::Portable);
+        out
+    }
+
+    /// The best instruction set of this CPU.
+    pub fn best() -> Isa {
+        Isa::available()[0]
+    }
+
+    /// A stable number for tuning records (0 is the best available).
+    pub fn code(self) -> u32 {
+        match self {
+            Isa::Avx512 => 512,
+            Isa::Avx2 => 256,
+            Isa::Portable => 1,
+        }
+    }
+
+    pub fn from_code(code: u32) -> Option<Isa> {
+        Isa::available().into_iter().find(|i| i.code() == code)
+    }
+
+    /// Rows of a register tile.
+    pub fn mr(self) -> usize {
+        match self {
+            Isa::Avx512 => 8,
+            Isa::Avx2 => 6,
+            Isa::Portable => 4,
+        }
+    }
+
+    /// Columns of a register tile.
+    pub fn nr(self) -> usize {
+        match self {
+            Isa::Avx512 => 32,
+            Isa::Avx2 => 16,
+            Isa::Portable => 8,
+        }
+    }
+
+    /// `C[MR x NR] = (accumulate ? C : 0) + A * B` over `kc` steps.
+    ///
+    /// # Safety
+    /// `a` holds `kc * MR` floats, `b` `kc * NR`, `c` a full MR x NR tile with row
+    /// stride `ldc`; the CPU has this instruction set ([`Isa::available`]).
+    #[inline]
+    pub unsafe fn tile(self, kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::tile_avx512(kc, a, b, c, ldc, accumulate),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::tile_avx2(kc, a, b, c, ldc, accumulate),
+            _ => tile_portable(kc, a, b, c, ldc, accumulate),
+        }
+    }
+}
+
+unsafe fn tile_portable(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+    const MR: usize = 4;
+    const NR: usize = 8;
+    let mut acc = [[0f32; NR]; MR];
+    if accumulate {
+        for (i, row) in acc.iter_mut().enumerate() {
+            row.copy_from_slice(std::slice::from_raw_parts(c.add(i * ldc), NR));
+        }
+    }
+    let (a, b) = (std::slice::from_raw_parts(a, kc * MR), std::slice::from_raw_parts(b, kc * NR));
+    for (ak, bk) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
+        for i in 0..MR {
+            for j in 0..NR {
+                // Not mul_add: without FMA in the baseline ISA that is a libm call.
+                acc[i][j] += ak[i] * bk[j];
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        std::slice::from_raw_parts_mut(c.add(i * ldc), NR).copy_from_slice(row);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        const MR: usize = 8;
+        let mut acc0 = [_mm512_setzero_ps(); MR];
+        let mut acc1 = [_mm512_setzero_ps(); MR];
+        if accumulate {
+            for i in 0..MR {
+                acc0[i] = _mm512_loadu_ps(c.add(i * ldc));
+                acc1[i] = _mm512_loadu_ps(c.add(i * ldc + 16));
+            }
+        }
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let b0 = _mm512_loadu_ps(b);
+            let b1 = _mm512_loadu_ps(b.add(16));
+            for i in 0..MR {
+                let ai = _mm512_set1_ps(*a.add(i));
+                acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
+                acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
+            }
+            a = a.add(MR);
+            b = b.add(32);
+        }
+        for i in 0..MR {
+            _mm512_storeu_ps(c.add(i * ldc), acc0[i]);
+            _mm512_storeu_ps(c.add(i * ldc + 16), acc1[i]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tile_avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        const MR: usize = 6;
+        let mut acc0 = [_mm256_setzero_ps(); MR];
+        let mut acc1 = [_mm256_setzero_ps(); MR];
+        if accumulate {
+            for i in 0..MR {
+                acc0[i] = _mm256_loadu_ps(c.add(i * ldc));
+                acc1[i] = _mm256_loadu_ps(c.add(i * ldc + 8));
+            }
+        }
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let b0 = _mm256_loadu_ps(b);
+            let b1 = _mm256_loadu_ps(b.add(8));
+            for i in 0..MR {
+                let ai = _mm256_broadcast_ss(&*a.add(i));
+                acc0[i] = _mm256_fmadd_ps(ai, b0, acc0[i]);
+                acc1[i] = _mm256_fmadd_ps(ai, b1, acc1[i]);
+            }
+            a = a.add(MR);
+            b = b.add(16);
+        }
+        for i in 0..MR {
+            _mm256_storeu_ps(c.add(i * ldc), acc0[i]);
+            _mm256_storeu_ps(c.add(i * ldc + 8), acc1[i]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every available kernel against a plain f64 product, accumulating and not.
+    #[test]
+    fn tiles_match_the_reference() {
+        for isa in Isa::available() {
+            let (mr, nr, kc, ldc) = (isa.mr(), isa.nr(), 37, isa.nr() + 5);
+            let a: Vec<f32> = (0..kc * mr).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+            let b: Vec<f32> = (0..kc * nr).map(|i| ((i * 5) % 11) as f32 * 0.5 - 2.0).collect();
+            for accumulate in [false, true] {
+                let mut c: Vec<f32> = (0..mr * ldc).map(|i| i as f32 * 0.25).collect();
+                let before = c.clone();
+                unsafe { isa.tile(kc, a.as_ptr(), b.as_ptr(), c.as_mut_ptr(), ldc, accumulate) };
+                for i in 0..mr {
+                    for j in 0..ldc {
+                        let got = c[i * ldc + j];
+                        if j >= nr {
+                            assert_eq!(got, before[i * ldc + j], "{isa:?} wrote outside its tile");
+                            continue;
+                        }
+                        let mut want: f64 = if accumulate { before[i * ldc + j] as f64 } else { 0.0 };
+                        for k in 0..kc {
+                            want += a[k * mr + i] as f64 * b[k * nr + j] as f64;
+                        }
+                        assert_eq!(got as f64, want, "{isa:?} ({i}, {j}), accumulate {accumulate}");
+                    }
+                }
+            }
+        }
+    }
+}

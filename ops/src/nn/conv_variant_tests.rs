@@ -1,0 +1,44 @@
+//! Every CPU variant of Conv (the direct kernels, the packed GEMM at each instruction
+//! set and block size, Winograd at each block size), one forced at a time, against the
+//! f64 reference on odd shapes, with bias, a fused residual and an activation.
+use super::tests::reference;
+use crate::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
+use crate::linalg::RESIDUAL_ATTR;
+use crate::testing::{as_inputs, assert_close, ints, make, rand_f32, run_cpu_variants};
+use kiln_graph::{Attr, Tensor};
+
+#[test]
+fn every_variant_matches_the_f64_reference() {
+    // x dims, w dims, group, stride, pads.
+    let cases: Vec<(Vec<usize>, Vec<usize>, usize, usize, [i64; 4])> = vec![
+        (vec![2, 7, 13, 11], vec![13, 7, 3, 3], 1, 1, [1, 1, 1, 1]),  // Winograd: odd output edges, M not a tile multiple
+        (vec![1, 16, 10, 9], vec![20, 16, 3, 3], 1, 1, [0, 2, 1, 0]),  // Winograd, asymmetric pads
+        (vec![1, 33, 9, 35], vec![37, 33, 1, 1], 1, 1, [0; 4]),        // pointwise, packed from the input
+        (vec![2, 12, 15, 14], vec![18, 6, 3, 3], 2, 2, [1, 1, 1, 1]), // grouped, strided im2col
+        (vec![1, 64, 7, 7], vec![70, 64, 3, 3], 1, 1, [1; 4]),         // few pixels, long reduction
+    ];
+    for (xd, wd, group, stride, pads) in cases {
+        let (x, w, b) = (rand_f32(&xd, 51), rand_f32(&wd, 52), rand_f32(&[wd[0]], 53));
+        let out: Vec<usize> = (0..2).map(|d| ((xd[2 + d] as i64 + pads[d] + pads[2 + d] - wd[2 + d] as i64) / stride as i64 + 1) as usize).collect();
+        let yd = vec![xd[0], wd[0], out[0], out[1]];
+        let r = rand_f32(&yd, 54);
+        let conv = reference(&x, &w, Some(&b), group, &[stride, stride], &[1, 1], &pads[..2], &out);
+        let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(c, r)| (c + r).max(0.0)).collect();
+        let attrs = [
+            ("group", Attr::Int(group as i64)),
+            ("strides", ints(&[stride as i64; 2])),
+            ("pads", ints(&pads)),
+            (RESIDUAL_ATTR, Attr::Int(1)),
+            (ACTIVATION_ATTR, Attr::String("Relu".into())),
+            (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![])),
+        ];
+        let op = make("Conv", 19, &attrs, 4, 1).unwrap();
+        let inputs: [Option<&Tensor>; 4] = [Some(&x), Some(&w), Some(&b), Some(&r)];
+        let variants = run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap();
+        // The packed variants are offered for these shapes.
+        assert!(variants.iter().any(|(n, _)| n == "algo=1"), "x{xd:?} w{wd:?}: {:?}", variants.iter().map(|v| &v.0).collect::<Vec<_>>());
+        for (name, outs) in &variants {
+            assert_close(&outs[0], &want, 2e-5, &format!("x{xd:?} w{wd:?} g{group} s{stride} {name}"));
+        }
+    }
+}
