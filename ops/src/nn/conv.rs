@@ -63,7 +63,7 @@ impl Conv {
     fn compute_with(&self, inputs: &[Option<&Tensor>], residual_in_y: bool, y: &mut Tensor, packed: Option<&PackedConv>) -> Result<()> {
         let (x, w) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let bias = inputs.get(2).copied().flatten();
-        let p = self.problem(x.dims(), w.dims())?;
+        let p = self.problem(x.dims(), w.dims())?.for_cpu();
         check_bias(bias, p.out_channels)?;
         if self.residual && !residual_in_y {
             let r = cpu::input(inputs, 3)?;
@@ -240,7 +240,7 @@ impl Conv {
         if x.dtype() != DType::F32 || w.dtype() != DType::F32 {
             return None;
         }
-        let p = self.problem(x.dims(), w.dims()).ok()?;
+        let p = self.problem(x.dims(), w.dims()).ok()?.for_cpu();
         conv_packed::eligible(&p).then_some((p, value))
     }
 

@@ -26,6 +26,25 @@ pub(crate) struct ConvProblem {
 }
 
 impl ConvProblem {
+    /// The same problem with a last spatial dim that is 1 everywhere (input, kernel,
+    /// output, no padding: an `[N, C, L, 1]` "1-D as 2-D" layout) swapped with the one
+    /// before it. The memory layout is the same, and the CPU kernels, which walk output
+    /// rows along the last dim, then see rows of L pixels instead of L rows of one.
+    pub(crate) fn for_cpu(mut self) -> ConvProblem {
+        let g = &mut self.geo;
+        let unit = g.input[2] == 1 && g.kernel[2] == 1 && g.output[2] == 1 && g.pad_begin[2] == 0 && g.pad_end[2] == 0;
+        if unit && g.output[1] > 1 {
+            g.input.swap(1, 2);
+            g.output.swap(1, 2);
+            g.kernel.swap(1, 2);
+            g.stride.swap(1, 2);
+            g.dilation.swap(1, 2);
+            g.pad_begin.swap(1, 2);
+            g.pad_end.swap(1, 2);
+        }
+        self
+    }
+
     pub(crate) fn in_per_group(&self) -> usize {
         self.in_channels / self.group
     }

@@ -33,14 +33,17 @@ pub(crate) fn params(p: &ConvProblem) -> Vec<TuneParam> {
     let threads = rayon::current_num_threads();
     let d = default_blocking(p, isa, threads);
     let mut algos = vec![ALGO_DIRECT, ALGO_PACKED];
-    // The packed GEMM does not yet beat the direct kernels on any shape measured: it
-    // is a candidate for the tuner, not a default.
-    let mut algo = ALGO_DIRECT;
+    // Defaults from measurements on AVX-512 machines (the tuner measures the rest):
+    // the packed GEMM where output rows are long (its im2col works row by row), the
+    // direct kernels elsewhere.
+    let mut algo = if p.geo.output[2] >= 128 { ALGO_PACKED } else { ALGO_DIRECT };
     let mut out = vec![];
     if conv_winograd::applies(p) {
         algos.push(ALGO_WINOGRAD);
-        // Winograd pays where there are enough tiles to reuse each transformed filter.
-        if p.geo.output_size() >= 144 && p.in_channels >= 16 {
+        // Winograd pays where enough channels amortise its transforms and the output
+        // has no half-empty edge tiles.
+        let [_, oh, ow] = p.geo.output;
+        if p.in_channels >= 64 && p.out_channels >= 64 && oh * ow >= 144 && oh % 2 == 0 && ow % 2 == 0 {
             algo = ALGO_WINOGRAD;
         }
         let block = conv_winograd::default_block(p, isa, threads) as u32;

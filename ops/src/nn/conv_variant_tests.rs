@@ -16,6 +16,8 @@ fn every_variant_matches_the_f64_reference() {
         (vec![1, 33, 9, 35], vec![37, 33, 1, 1], 1, 1, [0; 4]),        // pointwise, packed from the input
         (vec![2, 12, 15, 14], vec![18, 6, 3, 3], 2, 2, [1, 1, 1, 1]), // grouped, strided im2col
         (vec![1, 64, 7, 7], vec![70, 64, 3, 3], 1, 1, [1; 4]),         // few pixels, long reduction
+        (vec![1, 24, 40, 1], vec![32, 24, 5, 1], 1, 1, [0; 4]),        // 1-D as [N, C, L, 1] (rows swapped)
+        (vec![2, 8, 31, 1], vec![16, 8, 3, 1], 1, 2, [1, 0, 1, 0]),    // the same, strided and padded
     ];
     for (xd, wd, group, stride, pads) in cases {
         let (x, w, b) = (rand_f32(&xd, 51), rand_f32(&wd, 52), rand_f32(&[wd[0]], 53));
