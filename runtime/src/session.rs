@@ -5,6 +5,7 @@ use crate::error::poisoned;
 use crate::gpu::{self, GpuContext};
 use crate::placement::{self, Dev, DeviceProfile, Devices};
 use crate::plan::Plan;
+use crate::tune::{self, Choices, StepDevice, TuneOptions, TuneProgress, TuneReport, Tuning};
 use crate::{DeviceChoice, DeviceKind, Result, RuntimeError};
 use kiln_graph::{Dim, Graph, NodeId, Tensor};
 use kiln_ops::infer::{self, specialize, Limits, SpecializeError, Specialized};
@@ -28,11 +29,15 @@ pub struct SessionOptions {
     /// The most bytes a session may use for one specialisation (values folded on the
     /// host, planned intermediates); `None`: three quarters of the machine's RAM.
     pub memory_limit: Option<u64>,
+    /// Where tuned kernel choices come from: choices embedded in an artifact, then a
+    /// tuning database; default: none (every kernel with its defaults). The CLI uses the
+    /// user's database ([`Tuning::user_cache`]).
+    pub tuning: Tuning,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { device: DeviceChoice::Auto, registry: None, placement: vec![], auto_place: false, memory_limit: None }
+        SessionOptions { device: DeviceChoice::Auto, registry: None, placement: vec![], auto_place: false, memory_limit: None, tuning: Tuning::off() }
     }
 }
 
@@ -85,6 +90,8 @@ pub struct Session {
     placement: Vec<crate::PlacementRule>,
     /// The device profiles (CPU, main GPU) of cost-model placement, when asked for.
     auto_place: Option<(DeviceProfile, DeviceProfile)>,
+    /// Tuned kernel choices: lookups of the plans, and what `tune` measured.
+    choices: Choices,
 }
 
 /// What a specialisation depends on: input types, and the values of inputs bound by value.
@@ -131,7 +138,8 @@ impl Session {
             }
             _ => None,
         };
-        Ok(Session { graph, ops, order, backend, gpus, rule_devs, plans: Mutex::default(), by_value: Mutex::default(), symbolic, limits, placement: options.placement, auto_place })
+        let choices = Choices::new(options.tuning);
+        Ok(Session { graph, ops, order, backend, gpus, rule_devs, plans: Mutex::default(), by_value: Mutex::default(), symbolic, limits, placement: options.placement, auto_place, choices })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -297,7 +305,7 @@ impl Session {
         let on = Devices { rules: &self.placement, rule_devs: &self.rule_devs, has_main_gpu: matches!(self.backend, Backend::Gpu), auto: self.auto_place };
         let placed = placement::place(&self.graph, &self.ops, spec, &on)?;
         let on_cpu = placed.devices.iter().filter(|d| **d == Dev::Cpu).count();
-        let plan = Plan::build(&self.graph, &self.ops, spec, placed, &self.gpus, self.limits)?;
+        let plan = Plan::build(&self.graph, &self.ops, spec, placed, &self.gpus, self.limits, &self.choices)?;
         if plan.segment_count() > 1 {
             log::info!(
                 "'{}' runs in {} segments: {} steps on the CPU, {} on GPUs",
@@ -454,5 +462,45 @@ impl Session {
             .collect();
         out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         Ok(out)
+    }
+}
+
+impl Session {
+    /// Tunes the kernels of the specialisation for these inputs (see [`crate::tune`]):
+    /// each distinct key whose kernel has choices, on the device its step runs on,
+    /// within `opts.budget`; keys with a stored choice are skipped unless `opts.retune`.
+    /// What it measures is stored in the session's database (when it has one) and used
+    /// by this session's plans from the next run on. `progress` is called before each key
+    /// and at the end.
+    pub fn tune(&self, inputs: &[(&str, &Tensor)], opts: &TuneOptions, progress: &mut dyn FnMut(&TuneProgress)) -> Result<TuneReport> {
+        let (tensors, types) = self.bind(inputs)?;
+        // Builds (or finds) the plan first: inputs that specialise by value are known then.
+        self.plan(&tensors, types.clone())?;
+        let bound = self.by_value.lock().map_err(|_| poisoned())?.clone();
+        let mut values: Vec<Option<&Tensor>> = vec![None; tensors.len()];
+        for &i in &bound {
+            values[i] = Some(tensors[i]);
+        }
+        let spec = specialize(&self.graph, &self.ops, &self.order, &types, &values, self.limits).map_err(|e| e.into_error())?;
+        let on = Devices { rules: &self.placement, rule_devs: &self.rule_devs, has_main_gpu: matches!(self.backend, Backend::Gpu), auto: self.auto_place };
+        let placed = placement::place(&self.graph, &self.ops, &spec, &on)?;
+        let devices: Vec<StepDevice> = placed
+            .devices
+            .iter()
+            .map(|d| match *d {
+                Dev::Cpu => StepDevice::Cpu,
+                Dev::Gpu(k) => StepDevice::Gpu(self.gpus[k].0.clone()),
+            })
+            .collect();
+        let report = tune::tune_steps(&self.graph, &self.ops, &spec, &devices, &self.choices, opts, progress)?;
+        // Plans built before are rebuilt with the new choices on their next run.
+        self.plans.lock().map_err(|_| poisoned())?.clear();
+        Ok(report)
+    }
+
+    /// The tuning keys this session's plans looked up and found no choice for (summaries:
+    /// op and input types), in key order.
+    pub fn untuned(&self) -> Result<Vec<String>> {
+        Ok(self.choices.untuned()?.into_iter().map(|(_, s)| s).collect())
     }
 }
