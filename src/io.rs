@@ -50,7 +50,11 @@ pub fn open_session(args: &SessionArgs) -> Result<Session> {
     let loaded = t0.elapsed();
     let auto_place = place.iter().any(|p| p == "auto");
     let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
-    let options = SessionOptions { device: device.clone(), registry: None, placement, auto_place, memory_limit: args.memory_limit };
+    let tuning = args.tuning.tuning(info.as_ref());
+    if !tuning.embedded.is_empty() {
+        log::info!("{} embeds {} tuned kernel choices", model.display(), tuning.embedded.len());
+    }
+    let options = SessionOptions { device: device.clone(), registry: None, placement, auto_place, memory_limit: args.memory_limit, tuning };
     let session = Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
     let opened = t0.elapsed();
     if let Some(info) = info {

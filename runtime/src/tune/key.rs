@@ -163,9 +163,10 @@ impl TuneKey {
         format!("{} | {} | {} | {} | {}", self.op, self.attrs, self.inputs, self.device, self.kernel)
     }
 
-    /// A short form for reports: op type and input types.
+    /// A short form for reports: op type and input types (without value hashes).
     pub fn summary(&self) -> String {
-        format!("{}({})", self.op.trim_start_matches(':'), self.inputs)
+        let inputs: Vec<&str> = self.inputs.split(',').map(|p| p.split('#').next().unwrap_or(p)).collect();
+        format!("{}({})", self.op.trim_start_matches(':'), inputs.join(","))
     }
 }
 
