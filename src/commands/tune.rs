@@ -18,7 +18,8 @@ pub struct Args {
     /// cpu, gpu, auto, or an adapter name / gpu:N (see `kiln devices`).
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
-    /// Seconds to spend measuring; keys left when it runs out keep their defaults.
+    /// Seconds the command may take (loading and the latency measurements included);
+    /// keys left when it runs out keep their defaults.
     #[arg(long, default_value_t = 60.0)]
     budget: f64,
     /// Size of a symbolic dim, NAME=VALUE (default 1): tuning is per shape.
@@ -157,8 +158,11 @@ pub fn main(args: Args) -> Result<()> {
     let session = open(tuning)?;
     let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?, io::memory_limit(None))?;
     // Latency with every kernel at its defaults, then tuned.
+    let t = Instant::now();
     let before_ms = latency(&open(Tuning::off())?, &inputs)?;
-    let opts = TuneOptions { budget: Duration::from_secs_f64(args.budget), retune: args.retune };
+    // What is left of the budget, keeping the time of one more latency measurement.
+    let left = args.budget - started.elapsed().as_secs_f64() - t.elapsed().as_secs_f64();
+    let opts = TuneOptions { budget: Duration::from_secs_f64(left.max(0.0)), retune: args.retune };
     let report = tune_with_progress(&session, &inputs, &opts)?;
     let after_ms = latency(&session, &inputs)?;
     let total_s = started.elapsed().as_secs_f64();

@@ -132,6 +132,9 @@ pub(crate) enum StepDevice {
 /// One key to tune: the first step with it, where it runs, its parameters.
 struct Job<'s> {
     key: TuneKey,
+    /// The op's cost estimate (flops + bytes): expensive kernels are measured first, so
+    /// that a short budget goes where it pays most.
+    cost: u64,
     step: &'s Step,
     device: StepDevice,
     fingerprint: DeviceFingerprint,
@@ -139,8 +142,9 @@ struct Job<'s> {
 }
 
 /// Tunes the steps of a placed specialisation (`devices[i]` runs `spec.steps[i]`):
-/// every distinct key whose kernel has parameters, within the budget; stores what it
-/// measured in the session's choices and in its database.
+/// every distinct key whose kernel has parameters, most expensive first (by the ops'
+/// cost estimates), within the budget; stores what it measured in the session's
+/// choices and in its database.
 pub(crate) fn tune_steps(
     graph: &Graph,
     ops: &[Box<dyn Op>],
@@ -177,8 +181,10 @@ pub(crate) fn tune_steps(
         if !params.iter().any(|p| p.candidates.iter().any(|&c| c != p.default)) || !seen.insert(key.text()) {
             continue;
         }
-        jobs.push(Job { key, step, device: dev.clone(), fingerprint, params });
+        let c = op.cost(&args, &outs);
+        jobs.push(Job { key, cost: c.flops.saturating_add(c.bytes), step, device: dev.clone(), fingerprint, params });
     }
+    jobs.sort_by_key(|j| std::cmp::Reverse(j.cost));
     let total = jobs.len();
     let mut report = TuneReport::default();
     let mut measured: BTreeMap<String, (DeviceFingerprint, BTreeMap<String, TuneEntry>)> = BTreeMap::new();
