@@ -320,3 +320,22 @@ fn gpu_tuning_runs_on_the_adapter_and_rejects_the_wrong_variant() {
     let sources: Vec<String> = off.kernel_records().unwrap().into_iter().map(|r| r.source).collect();
     assert!(sources.iter().all(|s| s.contains("@workgroup_size(64)")), "{sources:?}");
 }
+
+#[test]
+fn gpu_tuning_without_timestamps_times_by_the_wall_clock() {
+    gpu_env();
+    const SLOT: usize = 5;
+    // Only the tuner reads this variable; other tests of this binary may time by the
+    // wall clock meanwhile, which is harmless.
+    std::env::set_var("KILN_TUNE_WALL_CLOCK", "1");
+    let db_path = tmp("gpu-wall.db");
+    let x = rand_f32(&[16, 1024], 7);
+    let s = session(graph(SLOT, 16), DeviceChoice::Gpu, Tuning::file(&db_path));
+    let report = s.tune(&[("x", &x)], &opts(10), &mut |_| {}).unwrap();
+    std::env::remove_var("KILN_TUNE_WALL_CLOCK");
+    let k = &report.keys[0];
+    assert_eq!(k.status, KeyStatus::Tuned, "{k:?}");
+    assert!(k.default_ms > 0.0 && k.best_ms > 0.0 && k.best_ms <= k.default_ms, "{k:?}");
+    assert_ne!(k.values.get("variant"), Some(&2));
+    run_checked(&s, &x);
+}

@@ -3,7 +3,8 @@
 //!
 //! Timing: with `TIMESTAMP_QUERY` (requested when the adapter has it), the GPU's own
 //! timestamps at the start and end of one compute pass that runs the program `reps`
-//! times; otherwise the wall time of submitting that pass and waiting for it.
+//! times; otherwise (or with `KILN_TUNE_WALL_CLOCK` set) the wall time of submitting
+//! that pass and waiting for it.
 use super::measure::Variant;
 use super::step::step_inputs;
 use crate::gpu::{from_gpu, to_gpu, GpuContext};
@@ -96,7 +97,8 @@ impl<'a> GpuBench<'a> {
             dispatches.push((pipeline, group, d.workgroups));
         }
         self.ctx.take_error().map_err(|e| e.to_string())?;
-        let queries = self.ctx.timestamps.then(|| {
+        let wall_clock = std::env::var_os("KILN_TUNE_WALL_CLOCK").is_some();
+        let queries = (self.ctx.timestamps && !wall_clock).then(|| {
             let set = dev.create_query_set(&wgpu::QuerySetDescriptor { label: Some("tune timestamps"), ty: wgpu::QueryType::Timestamp, count: 2 });
             let resolve = dev.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("tune timestamps"),

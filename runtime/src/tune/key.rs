@@ -197,5 +197,15 @@ mod tests {
         let other_dev = DeviceFingerprint { text: cpu.text.replace("threads", "threads 99"), ..cpu.clone() };
         assert_ne!(k.text(), TuneKey::new(&node, &args, &other_dev, cpu_version("Conv")).text());
         assert!(cpu.file_stem().starts_with("cpu-") && !cpu.file_stem().contains(' '), "{}", cpu.file_stem());
+        // The CPU kernel version carries the hash of kiln-ops' sources.
+        assert_eq!(kiln_ops::SOURCE_HASH.len(), 16);
+        assert!(kiln_ops::SOURCE_HASH.chars().all(|c| c.is_ascii_hexdigit()));
+        assert!(cpu_version("Conv").contains(kiln_ops::SOURCE_HASH));
+        assert_ne!(cpu_version("Conv"), cpu_version("Gemm"));
+        // Summaries leave value hashes out.
+        let small = Tensor::from_slice(&[2], &[1i64, 2]).unwrap();
+        let st = TensorType::new(DType::I64, vec![2]);
+        let k2 = TuneKey::new(&node, &[Some(Arg { ty: &st, value: Some(&small) })], &cpu, cpu_version("Conv"));
+        assert!(k2.text().contains('#') && !k2.summary().contains('#'), "{}", k2.summary());
     }
 }
