@@ -286,6 +286,12 @@ fn tune_measures_stores_reuses_embeds_lists_and_clears() {
     // bench uses the database; a damaged database is ignored with a warning.
     let o = kiln(&["bench", mlp.to_str().unwrap(), "--device", "gpu", "--iters", "3", "--tuning-db", &db_s, "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(b["untuned_keys"], 0, "every key is tuned: {b}");
+    let o = kiln(&["bench", mlp.to_str().unwrap(), "--device", "gpu", "--iters", "3", "--no-tuning", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(b["untuned_keys"].as_u64().unwrap() as usize, keys.len(), "--no-tuning: every key untuned: {b}");
     std::fs::write(&db, b"KILNTUNE 1 0123456789abcdef 2\n{}").unwrap();
     let o = kiln(&["run", mlp.to_str().unwrap(), "--device", "gpu", "--tuning-db", &db_s]);
     assert!(o.status.success(), "{}", stderr(&o));

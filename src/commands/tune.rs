@@ -110,22 +110,29 @@ fn clear(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// Median milliseconds per run: a few warm-up runs, then runs for about half a second
-/// (at least 5, at most 200).
-pub fn latency(session: &Session, inputs: &[(String, kiln::graph::Tensor)]) -> Result<f64> {
+/// Median milliseconds per run of two sessions of one model, measured alternately (a
+/// run of one, then of the other, after a few warm-up runs each) for about a second
+/// (5 to 200 runs each), so that drift and other load on the machine hit both alike.
+pub fn compare_latency(a: &Session, b: &Session, inputs: &[(String, kiln::graph::Tensor)]) -> Result<(f64, f64)> {
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     for _ in 0..3 {
-        session.run(&refs)?;
+        a.run(&refs)?;
+        b.run(&refs)?;
     }
     let start = Instant::now();
-    let mut ms = vec![];
-    while ms.len() < 5 || (ms.len() < 200 && start.elapsed() < Duration::from_millis(500)) {
-        let t = Instant::now();
-        session.run(&refs)?;
-        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    let (mut ta, mut tb) = (vec![], vec![]);
+    while ta.len() < 5 || (ta.len() < 200 && start.elapsed() < Duration::from_secs(1)) {
+        for (s, times) in [(a, &mut ta), (b, &mut tb)] {
+            let t = Instant::now();
+            s.run(&refs)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
     }
-    ms.sort_by(f64::total_cmp);
-    Ok(ms[ms.len() / 2])
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(ta), median(tb)))
 }
 
 /// Tunes `session` on `inputs` with a progress bar on stderr.
@@ -157,14 +164,18 @@ pub fn main(args: Args) -> Result<()> {
     };
     let session = open(tuning)?;
     let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?, io::memory_limit(None))?;
-    // Latency with every kernel at its defaults, then tuned.
+    let untuned = open(Tuning::off())?;
+    // One run of each now: what is left of the budget keeps time for the latency
+    // comparison at the end (warm-up runs and about a second of runs).
+    let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let t = Instant::now();
-    let before_ms = latency(&open(Tuning::off())?, &inputs)?;
-    // What is left of the budget, keeping the time of one more latency measurement.
-    let left = args.budget - started.elapsed().as_secs_f64() - t.elapsed().as_secs_f64();
+    untuned.run(&refs)?;
+    let reserve = 1.5 + 8.0 * t.elapsed().as_secs_f64();
+    let left = args.budget - started.elapsed().as_secs_f64() - reserve;
     let opts = TuneOptions { budget: Duration::from_secs_f64(left.max(0.0)), retune: args.retune };
     let report = tune_with_progress(&session, &inputs, &opts)?;
-    let after_ms = latency(&session, &inputs)?;
+    // Latency with every kernel at its defaults against tuned.
+    let (before_ms, after_ms) = compare_latency(&untuned, &session, &inputs)?;
     let total_s = started.elapsed().as_secs_f64();
     let status = |s: &KeyStatus| match s {
         KeyStatus::Tuned => "tuned".to_string(),
