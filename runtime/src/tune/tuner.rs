@@ -97,7 +97,7 @@ pub(crate) fn descend(bench: &dyn Bench, params: &[TuneParam], what: &str, cfg: 
             let mut variant = match bench.variant(&tv) {
                 Ok(v) => v,
                 Err(e) => {
-                    log::debug!("{what}: variant {label} does not build: {e}");
+                    log::info!("{what}: variant {label} does not build: {e}");
                     out.rejected.push((label, format!("does not build: {e}")));
                     continue;
                 }
@@ -115,7 +115,10 @@ pub(crate) fn descend(bench: &dyn Bench, params: &[TuneParam], what: &str, cfg: 
                     out.best_s = s;
                 }
                 Ok(t) => log::debug!("{what}: {label} {:.4} ms{}", t.seconds() * 1e3, if matches!(t, Timing::Pruned(_)) { " (pruned)" } else { "" }),
-                Err(e) => out.rejected.push((label, format!("failed while timed: {e}"))),
+                Err(e) => {
+                    log::info!("{what}: variant {label} failed while timed: {e}");
+                    out.rejected.push((label, format!("failed while timed: {e}")));
+                }
             }
         }
     }
