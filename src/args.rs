@@ -43,6 +43,38 @@ pub struct SessionArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub tuning: TuningArgs,
+}
+
+/// Which tuned kernel choices a session uses (`kiln tune` writes them).
+#[derive(clap::Args, Clone)]
+pub struct TuningArgs {
+    /// Run every kernel with its default parameters: ignore the tuning database and the
+    /// artifact's embedded choices.
+    #[arg(long, conflicts_with = "tuning_db")]
+    pub no_tuning: bool,
+    /// The tuning database file to use instead of the per-device files under the user's
+    /// cache directory ($XDG_CACHE_HOME/kiln/tuning).
+    #[arg(long, value_name = "FILE")]
+    pub tuning_db: Option<PathBuf>,
+}
+
+impl TuningArgs {
+    /// The session's tuning source; `embedded`: an artifact's choices (used first).
+    pub fn tuning(&self, embedded: Option<&kiln::runtime::artifact::ArtifactInfo>) -> kiln::runtime::Tuning {
+        if self.no_tuning {
+            return kiln::runtime::Tuning::off();
+        }
+        let mut t = match &self.tuning_db {
+            Some(p) => kiln::runtime::Tuning::file(p),
+            None => kiln::runtime::Tuning::user_cache(),
+        };
+        if let Some(info) = embedded {
+            t.embedded = info.tuning.clone();
+        }
+        t
+    }
 }
 
 /// A byte count such as `1048576`, `512M`, `8G` or `1.5T` (binary multiples).

@@ -50,6 +50,10 @@ pub fn open_session(args: &SessionArgs) -> Result<Session> {
     let loaded = t0.elapsed();
     let auto_place = place.iter().any(|p| p == "auto");
     let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
+    let tuning = args.tuning.tuning(info.as_ref());
+    if !tuning.embedded.is_empty() {
+        log::info!("{} embeds {} tuned kernel choices", model.display(), tuning.embedded.len());
+    }
     let options = SessionOptions {
         device: device.clone(),
         placement,
@@ -57,6 +61,7 @@ pub fn open_session(args: &SessionArgs) -> Result<Session> {
         memory_limit: args.memory_limit,
         threads: args.threads,
         denormals_are_zero: !args.keep_denormals,
+        tuning,
         ..Default::default()
     };
     let session = Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;

@@ -1,7 +1,8 @@
-//! The `kiln` command line: demo, devices, run, bench.
+//! The `kiln` command line: demo, devices, run, bench, compile, inspect, ops, tune.
 mod args;
 mod commands;
 mod io;
+mod progress;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +33,9 @@ enum Command {
     Inspect(commands::inspect::Args),
     /// List the operators Kiln implements.
     Ops(commands::ops::Args),
+    /// Measure a model's kernel choices on a device and store the fastest in the tuning
+    /// database (`run` and `bench` use it); --list and --clear manage the database.
+    Tune(commands::tune::Args),
 }
 
 fn main() {
@@ -64,6 +68,7 @@ fn main() {
         Command::Compile(a) => commands::compile::main(a),
         Command::Ops(a) => commands::ops::main(a),
         Command::Bench(a) => commands::bench::main(a),
+        Command::Tune(a) => commands::tune::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

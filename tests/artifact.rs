@@ -8,12 +8,16 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn compile(model: &str, extra: &[&str]) -> PathBuf {
+    compile_for(model, "cpu", extra)
+}
+
+fn compile_for(model: &str, device: &str, extra: &[&str]) -> PathBuf {
     gpu_env();
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out = std::env::temp_dir().join(format!("kiln-artifact-{}-{model}-{k}.kiln", std::process::id()));
     let src = zoo().join(model).join("model.onnx");
-    let mut args = vec!["compile", src.to_str().unwrap(), "-o", out.to_str().unwrap(), "--device", "cpu"];
+    let mut args = vec!["compile", src.to_str().unwrap(), "-o", out.to_str().unwrap(), "--device", device];
     args.extend_from_slice(extra);
     let o = Command::new(env!("CARGO_BIN_EXE_kiln")).args(&args).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -176,4 +180,29 @@ fn gpu_artifacts_carry_a_pipeline_cache() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("pipeline cache's checksum") && !e.contains("panicked"), "{e}");
     std::fs::remove_file(out).ok();
+}
+
+#[test]
+fn a_tuned_artifact_runs_with_its_embedded_choices_on_lavapipe() {
+    let db = std::env::temp_dir().join(format!("kiln-artifact-tune-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&db);
+    let path = compile_for("lenet", "gpu", &["--tune", "--budget", "8", "--tuning-db", db.to_str().unwrap()]);
+    let (graph, info) = artifact::load(&path).unwrap();
+    assert!(!info.tuning.is_empty(), "compile --tune embeds choices");
+    assert!(info.tuning.keys().all(|k| k.contains("wgsl-")), "GPU kernels' keys");
+    // No database: the embedded choices alone.
+    let tuning = kiln::runtime::Tuning { embedded: info.tuning.clone(), ..kiln::runtime::Tuning::off() };
+    let s = Session::new(graph.clone(), SessionOptions { device: kiln::runtime::DeviceChoice::Gpu, tuning, ..Default::default() }).unwrap();
+    let off = Session::new(graph, SessionOptions::device(kiln::runtime::DeviceChoice::Gpu)).unwrap();
+    for set in data_sets(&zoo().join("lenet")) {
+        let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let (tuned, untuned) = (s.run(&inputs).unwrap(), off.run(&inputs).unwrap());
+        for ((got, plain), want) in tuned.iter().zip(&untuned).zip(&set.outputs) {
+            assert!(rel_l2(got, want) < 1e-3 && rel_l2(plain, want) < 1e-3, "rel L2 {} / {}", rel_l2(got, want), rel_l2(plain, want));
+        }
+    }
+    // Every key the tuned session looked up was found (only keys the budget did not
+    // reach may be missing); the plain session found none.
+    assert!(s.untuned().unwrap().len() < off.untuned().unwrap().len(), "{:?}", s.untuned().unwrap());
+    let _ = std::fs::remove_file(&db);
 }

@@ -236,3 +236,76 @@ fn a_fifo_input_is_refused_not_read() {
     assert_clean_error(&o, "FIFO");
     assert!(stderr(&o).contains("x.npy"), "{}", stderr(&o));
 }
+
+#[test]
+fn tune_measures_stores_reuses_embeds_lists_and_clears() {
+    let dir = tmp("tune");
+    let db = dir.join("tuning.json");
+    let (mlp, db_s) = (model("mlp"), db.to_str().unwrap().to_string());
+    let tune = |extra: &[&str]| {
+        let mut args = vec!["tune", mlp.to_str().unwrap(), "--device", "gpu", "--budget", "5", "--json", "--tuning-db", &db_s];
+        args.extend_from_slice(extra);
+        let o = kiln(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let first = tune(&[]);
+    for field in ["device", "keys", "tuned", "before_ms", "after_ms", "db"] {
+        assert!(!first[field].is_null(), "missing '{field}': {first}");
+    }
+    let keys = first["keys"].as_array().unwrap();
+    assert!(!keys.is_empty(), "mlp's GPU kernels have choices: {first}");
+    assert_eq!(first["tuned"].as_u64().unwrap() as usize, keys.len(), "{first}");
+    assert!(first["before_ms"].as_f64().unwrap() > 0.0 && first["after_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(first["db"][0].as_str(), Some(db_s.as_str()));
+    for k in keys {
+        assert!(k["default_ms"].as_f64().unwrap() > 0.0 && k["speedup"].as_f64().is_some() && k["config"].is_object(), "{k}");
+    }
+    // A second run finds every key tuned and measures nothing.
+    let second = tune(&[]);
+    assert!(second["keys"].as_array().unwrap().iter().all(|k| k["status"] == "already tuned"), "{second}");
+    assert!(second["tune_s"].as_f64().unwrap() < 1.0, "{second}");
+    // --list shows the entries.
+    let o = kiln(&["tune", "--list", "--json", "--tuning-db", &db_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed["databases"][0]["entries"].as_array().unwrap().len(), keys.len(), "{listed}");
+    // compile --tune embeds the choices (found in the database); the artifact runs with
+    // and without them.
+    let art = dir.join("mlp.kiln");
+    let o = kiln(&["compile", mlp.to_str().unwrap(), "-o", art.to_str().unwrap(), "--device", "gpu", "--tune", "--budget", "5", "--tuning-db", &db_s, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tuned_keys"].as_u64().unwrap() as usize, keys.len(), "{v}");
+    for extra in [&[][..], &["--no-tuning"][..]] {
+        let mut args = vec!["run", art.to_str().unwrap(), "--device", "gpu", "--json"];
+        args.extend_from_slice(extra);
+        let o = kiln(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    // bench uses the database; a damaged database is ignored with a warning.
+    let o = kiln(&["bench", mlp.to_str().unwrap(), "--device", "gpu", "--iters", "3", "--tuning-db", &db_s, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(b["untuned_keys"], 0, "every key is tuned: {b}");
+    let o = kiln(&["bench", mlp.to_str().unwrap(), "--device", "gpu", "--iters", "3", "--no-tuning", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(b["untuned_keys"].as_u64().unwrap() as usize >= keys.len(), "--no-tuning: every key untuned: {b}");
+    std::fs::write(&db, b"KILNTUNE 1 0123456789abcdef 2\n{}").unwrap();
+    let o = kiln(&["run", mlp.to_str().unwrap(), "--device", "gpu", "--tuning-db", &db_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("ignored"), "a warning names the ignored database: {}", stderr(&o));
+    // --clear deletes it.
+    let o = kiln(&["tune", "--clear", "--tuning-db", &db_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!db.exists());
+    // On the CPU the command works the same (keys: the CPU kernels that declare choices).
+    let o = kiln(&["tune", mlp.to_str().unwrap(), "--device", "cpu", "--budget", "5", "--json", "--tuning-db", &db_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cpu: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(cpu["device"].as_str().unwrap().starts_with("cpu") && cpu["keys"].is_array(), "{cpu}");
+    // A model is required unless listing or clearing.
+    let o = kiln(&["tune"]);
+    assert!(!o.status.success());
+}

@@ -19,9 +19,11 @@
 //! a device whose key differs ignores it ([`crate::Session::use_pipeline_cache`]), but
 //! cache bytes that fail their checksum are an error like any other corruption.
 //!
-//! Compatibility rule: a runtime reads exactly the artifact format it was built with
+//! Compatibility rule: a runtime writes the artifact format it was built with
 //! ([`FORMAT`]); any change to the layout or to the header's meaning bumps it, and an
 //! artifact of another format is refused with a message that says to recompile it.
+//! Exception: format 3 (before tuned choices, `ArtifactInfo::tuning`) is still read, as
+//! an artifact without tuned choices; the layout is otherwise the same.
 use crate::{Result, RuntimeError};
 use kiln_graph::{Attr, DType, Graph, Node, Tensor, ValueInfo, ValueType};
 use serde::{Deserialize, Serialize};
@@ -30,7 +32,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// The artifact format this runtime writes and reads.
-pub const FORMAT: u32 = 3;
+pub const FORMAT: u32 = 4;
+/// Older formats this runtime still reads.
+const READS_ALSO: &[u32] = &[3];
 const MAGIC: &[u8; 8] = b"KILNART\0";
 const ALIGN: usize = 64;
 const PREFIX: usize = 24;
@@ -54,6 +58,12 @@ pub struct ArtifactInfo {
     /// in the JSON header.
     #[serde(skip)]
     pub pipeline_cache: Option<crate::PipelineCacheData>,
+    /// Tuned kernel choices (`kiln compile --tune`), by tuning key text: a session on the
+    /// device they were measured on uses them before any database
+    /// ([`crate::Tuning::embedded`]); on other devices their keys never match.
+    /// Format 4; empty in format 3 artifacts.
+    #[serde(default)]
+    pub tuning: BTreeMap<String, crate::tune::TuneEntry>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -212,8 +222,8 @@ pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
         return Err(bad(path, "not a Kiln artifact (bad magic; compile one with `kiln compile MODEL.onnx -o MODEL.kiln`)"));
     }
     let format = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if format != FORMAT {
-        return Err(bad(path, format!("artifact format {format}, but this Kiln ({}) reads format {FORMAT} only: recompile the model with this version's `kiln compile`", env!("CARGO_PKG_VERSION"))));
+    if format != FORMAT && !READS_ALSO.contains(&format) {
+        return Err(bad(path, format!("artifact format {format}, but this Kiln ({}) reads formats {FORMAT} and {READS_ALSO:?} only: recompile the model with this version's `kiln compile`", env!("CARGO_PKG_VERSION"))));
     }
     let header_len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
     let header_crc = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
@@ -359,6 +369,32 @@ mod tests {
             let e = load(&p).map(|_| ()).unwrap_err().to_string();
             assert!(e.contains(want) && e.contains("cache.kiln"), "{want}: {e}");
         }
+        std::fs::remove_file(&p).ok();
+    }
+
+    #[test]
+    fn tuned_choices_round_trip_and_format_3_still_reads() {
+        let p = tmp("tuned.kiln");
+        let mut info = ArtifactInfo { device: "cpu".into(), ..Default::default() };
+        let values = [("workgroup".to_string(), 128u32)].into_iter().collect();
+        info.tuning.insert("k | a | f32[2] | dev | kern".into(), crate::tune::TuneEntry { values, default_ms: 2.0, best_ms: 1.0, summary: "Op(f32[2])".into() });
+        save(&p, &graph(), &info).unwrap();
+        assert_eq!(load(&p).unwrap().1, info);
+        // A format 3 file: no `tuning` in the header.
+        let good = std::fs::read(&p).unwrap();
+        let mut old = with_header(&good, |h| {
+            h["info"].as_object_mut().unwrap().remove("tuning");
+        });
+        old[8..12].copy_from_slice(&3u32.to_le_bytes());
+        std::fs::write(&p, &old).unwrap();
+        let (_, back) = load(&p).unwrap();
+        assert!(back.tuning.is_empty());
+        assert_eq!(back.device, "cpu");
+        // Format 2 is refused with the advice to recompile.
+        old[8..12].copy_from_slice(&2u32.to_le_bytes());
+        std::fs::write(&p, &old).unwrap();
+        let e = load(&p).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("artifact format 2") && e.contains("recompile"), "{e}");
         std::fs::remove_file(&p).ok();
     }
 

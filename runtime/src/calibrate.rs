@@ -31,7 +31,7 @@ pub fn calibrate(device: &DeviceChoice) -> Result<DeviceProfile> {
         let types = [kiln_ops::TensorType::new(x.dtype(), x.dims())];
         let spec = infer::specialize(&g, &ops, &order, &types, &[None], infer::Limits::default()).map_err(|e| RuntimeError::from(e.into_error()))?;
         let placement = Placement { devices: vec![dev; spec.steps.len()], programs: vec![] };
-        let plan = Plan::build(&g, &ops, &spec, placement, &gpus, infer::Limits::default())?;
+        let plan = Plan::build(&g, &ops, &spec, placement, &gpus, infer::Limits::default(), &crate::tune::Choices::new(crate::tune::Tuning::off()))?;
         plan.run(&g, &ops, &[&x])?;
         let mut best = f64::INFINITY;
         for _ in 0..3 {

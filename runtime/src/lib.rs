@@ -20,6 +20,7 @@ mod placement;
 mod plan;
 mod session;
 pub mod threads;
+pub mod tune;
 
 pub use arena::MemoryPlan;
 pub use device::{AdapterInfo, CpuInfo, DeviceChoice, DeviceKind, DevicesReport};
@@ -29,4 +30,5 @@ pub use gpu::{KernelRecord, PipelineCacheData};
 pub use calibrate::calibrate;
 pub use placement::{DeviceProfile, PlacementRule};
 pub use session::{NodeProfile, NodeReport, RunStats, Session, SessionOptions};
+pub use tune::{TuneOptions, TuneReport, Tuning, TuningDatabase};
 pub use kiln_ops::infer::{Limits, Specialized, Step, SymbolicShapes};

@@ -9,6 +9,7 @@ use crate::arena::MemoryPlan;
 use crate::cpu::CpuPlan;
 use crate::gpu::{self, GpuContext, GpuPlan};
 use crate::placement::{Dev, Placement};
+use crate::tune::{ChoiceSource, Choices, DeviceFingerprint};
 use crate::{Result, RuntimeError};
 use kiln_graph::{Graph, NodeId, Tensor, ValueId};
 use kiln_ops::infer::{Limits, Specialized, Step};
@@ -60,12 +61,22 @@ pub(crate) type RunResult = (Vec<Tensor>, usize, usize);
 
 impl Plan {
     /// Plans `spec` as placed; `gpus[k]` is the context and weight cache of `Dev::Gpu(k)`.
-    pub fn build(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, placement: Placement, gpus: &[(Arc<GpuContext>, gpu::WeightCache)], limits: Limits) -> Result<Plan> {
+    /// Each step's tunable kernel takes its values from `choices` (see `crate::tune`).
+    pub fn build(
+        graph: &Graph,
+        ops: &[Box<dyn Op>],
+        spec: &Specialized,
+        placement: Placement,
+        gpus: &[(Arc<GpuContext>, gpu::WeightCache)],
+        limits: Limits,
+        choices: &Choices,
+    ) -> Result<Plan> {
         let Placement { devices, mut programs } = placement;
         if devices.len() != spec.steps.len() {
             return Err(RuntimeError::Placement(format!("{} devices for {} steps", devices.len(), spec.steps.len())));
         }
         programs.resize_with(spec.steps.len(), || None);
+        let cpu_tune = choose(graph, ops, spec, &devices, &mut programs, gpus, choices)?;
         let step_devices = spec.steps.iter().map(|s| s.node).zip(devices.iter().copied()).collect();
         // Split the steps into runs of one device (a model without steps runs on the CPU).
         let mut runs: Vec<(Dev, Vec<Step>, Vec<Option<kiln_ops::WgslProgram>>)> = vec![];
@@ -109,7 +120,14 @@ impl Plan {
             };
             let seg_graph = view.as_ref().unwrap_or(graph);
             let plan = match device {
-                Dev::Cpu => SegmentPlan::Cpu(CpuPlan::build(seg_graph, ops, seg_spec, limits.memory, &|_| forced_tune_values())?),
+                Dev::Cpu => {
+                    let tune = |n| {
+                        let mut v: kiln_ops::TuneValues = cpu_tune.get(&n).cloned().unwrap_or_default();
+                        v.0.extend(forced_tune_values().0);
+                        v
+                    };
+                    SegmentPlan::Cpu(CpuPlan::build(seg_graph, ops, seg_spec, limits.memory, &tune)?)
+                }
                 Dev::Gpu(g) => {
                     let (ctx, weights) = &gpus[g];
                     SegmentPlan::Gpu(GpuPlan::build(ctx.clone(), seg_graph, ops, seg_spec, weights, programs)?)
@@ -209,4 +227,83 @@ pub(crate) fn forced_tune_values() -> kiln_ops::TuneValues {
             values
         })
         .clone()
+}
+
+/// The tuned values of every step: CPU steps' values by node (for `CpuPlan::build`);
+/// GPU steps' programs regenerated in place with theirs. Logs the keys without a choice.
+fn choose(
+    graph: &Graph,
+    ops: &[Box<dyn Op>],
+    spec: &Specialized,
+    devices: &[Dev],
+    programs: &mut [Option<kiln_ops::WgslProgram>],
+    gpus: &[(Arc<GpuContext>, gpu::WeightCache)],
+    choices: &Choices,
+) -> Result<HashMap<NodeId, kiln_ops::TuneValues>> {
+    let mut cpu = HashMap::new();
+    let (mut tunable, mut untuned) = (0usize, vec![]);
+    let mut gpu_fp: HashMap<usize, DeviceFingerprint> = HashMap::new();
+    for ((s, dev), program) in spec.steps.iter().zip(devices).zip(programs.iter_mut()) {
+        let op = ops[s.node].as_ref();
+        if op.is_view() {
+            continue;
+        }
+        let args = spec.args(&s.inputs);
+        let outs: Vec<kiln_ops::TensorType> = s.outputs.iter().map(|&o| spec.ty(o).clone()).collect();
+        match *dev {
+            Dev::Cpu => {
+                let Some(k) = op.cpu() else { continue };
+                let params = k.params(&args, &outs);
+                if params.is_empty() {
+                    continue;
+                }
+                tunable += 1;
+                let fp = choices.cpu_device();
+                let key = crate::tune::cpu_key(graph, op, spec, s, fp);
+                let (values, src) = choices.lookup(&key, fp, &params)?;
+                if src == ChoiceSource::Default {
+                    untuned.push(key.summary());
+                }
+                cpu.insert(s.node, values);
+            }
+            Dev::Gpu(g) => {
+                let Some(k) = op.wgsl() else { continue };
+                if program.is_none() {
+                    *program = gpu::generate(op, spec, s).ok().flatten();
+                }
+                let Some(default) = program.as_ref() else { continue };
+                let params = k.params(&args, &outs);
+                if params.is_empty() {
+                    continue;
+                }
+                tunable += 1;
+                let fp = gpu_fp.entry(g).or_insert_with(|| DeviceFingerprint::gpu(&gpus[g].0.info));
+                let key = crate::tune::gpu_key(graph, spec, s, fp, default);
+                let (values, src) = choices.lookup(&key, fp, &params)?;
+                if src == ChoiceSource::Default {
+                    untuned.push(key.summary());
+                }
+                if !values.0.is_empty() {
+                    match k.generate(&args, &outs, &values) {
+                        Ok(p) => *program = Some(p),
+                        Err(e) => log::warn!("node '{}': the tuned values {:?} do not generate ({e}); using the defaults", graph.nodes[s.node].name, values.0),
+                    }
+                }
+            }
+        }
+    }
+    if !untuned.is_empty() {
+        untuned.sort();
+        untuned.dedup();
+        let shown: Vec<&str> = untuned.iter().take(8).map(String::as_str).collect();
+        log::info!(
+            "'{}': {} tuning keys (of {} tunable steps) have no tuned choice, defaults used (`kiln tune` measures them): {}{}",
+            graph.name,
+            untuned.len(),
+            tunable,
+            shown.join("; "),
+            if untuned.len() > shown.len() { "; ..." } else { "" }
+        );
+    }
+    Ok(cpu)
 }

@@ -6,6 +6,7 @@ use crate::gpu::{self, GpuContext};
 use crate::placement::{self, Dev, DeviceProfile, Devices};
 use crate::plan::Plan;
 use crate::threads::{self, ThreadConfig};
+use crate::tune::{self, Choices, StepDevice, TuneOptions, TuneProgress, TuneReport, Tuning};
 use crate::{DeviceChoice, DeviceKind, Result, RuntimeError};
 use kiln_graph::{Dim, Graph, NodeId, Tensor};
 use kiln_ops::infer::{self, specialize, Limits, SpecializeError, Specialized};
@@ -34,6 +35,10 @@ pub struct SessionOptions {
     /// Whether the CPU worker threads flush subnormal floats to zero (see
     /// [`crate::threads`]; on by default).
     pub denormals_are_zero: bool,
+    /// Where tuned kernel choices come from: choices embedded in an artifact, then a
+    /// tuning database; default: none (every kernel with its defaults). The CLI uses the
+    /// user's database ([`Tuning::user_cache`]).
+    pub tuning: Tuning,
 }
 
 impl Default for SessionOptions {
@@ -46,6 +51,7 @@ impl Default for SessionOptions {
             memory_limit: None,
             threads: None,
             denormals_are_zero: true,
+            tuning: Tuning::off(),
         }
     }
 }
@@ -101,6 +107,8 @@ pub struct Session {
     auto_place: Option<(DeviceProfile, DeviceProfile)>,
     /// The CPU worker threads every run executes on.
     pool: Arc<rayon::ThreadPool>,
+    /// Tuned kernel choices: lookups of the plans, and what `tune` measured.
+    choices: Choices,
 }
 
 /// What a specialisation depends on: input types, and the values of inputs bound by value.
@@ -148,6 +156,7 @@ impl Session {
             _ => None,
         };
         let pool = threads::pool(ThreadConfig::new(options.threads, options.denormals_are_zero)?)?;
+        let choices = Choices::new(options.tuning);
         Ok(Session {
             graph,
             ops,
@@ -162,6 +171,7 @@ impl Session {
             placement: options.placement,
             auto_place,
             pool,
+            choices,
         })
     }
 
@@ -337,7 +347,7 @@ impl Session {
         let on = Devices { rules: &self.placement, rule_devs: &self.rule_devs, has_main_gpu: matches!(self.backend, Backend::Gpu), auto: self.auto_place };
         let placed = placement::place(&self.graph, &self.ops, spec, &on)?;
         let on_cpu = placed.devices.iter().filter(|d| **d == Dev::Cpu).count();
-        let plan = Plan::build(&self.graph, &self.ops, spec, placed, &self.gpus, self.limits)?;
+        let plan = Plan::build(&self.graph, &self.ops, spec, placed, &self.gpus, self.limits, &self.choices)?;
         if plan.segment_count() > 1 {
             log::info!(
                 "'{}' runs in {} segments: {} steps on the CPU, {} on GPUs",
@@ -504,4 +514,49 @@ impl Session {
 /// The CPU device's name in reports: `cpu (2 threads)`.
 fn cpu_name(threads: usize) -> String {
     format!("cpu ({threads} thread{})", if threads == 1 { "" } else { "s" })
+}
+
+impl Session {
+    /// Tunes the kernels of the specialisation for these inputs (see [`crate::tune`]):
+    /// each distinct key whose kernel has choices, on the device its step runs on,
+    /// within `opts.budget`; keys with a stored choice are skipped unless `opts.retune`.
+    /// What it measures is stored in the session's database (when it has one) and used
+    /// by this session's plans from the next run on. `progress` is called before each key
+    /// and at the end.
+    pub fn tune(&self, inputs: &[(&str, &Tensor)], opts: &TuneOptions, progress: &mut (dyn FnMut(&TuneProgress) + Send)) -> Result<TuneReport> {
+        // On the session's worker threads: CPU variants are measured as they will run.
+        self.pool.install(|| self.tune_on_pool(inputs, opts, progress))
+    }
+
+    fn tune_on_pool(&self, inputs: &[(&str, &Tensor)], opts: &TuneOptions, progress: &mut (dyn FnMut(&TuneProgress) + Send)) -> Result<TuneReport> {
+        let (tensors, types) = self.bind(inputs)?;
+        // Builds (or finds) the plan first: inputs that specialise by value are known then.
+        self.plan(&tensors, types.clone())?;
+        let bound = self.by_value.lock().map_err(|_| poisoned())?.clone();
+        let mut values: Vec<Option<&Tensor>> = vec![None; tensors.len()];
+        for &i in &bound {
+            values[i] = Some(tensors[i]);
+        }
+        let spec = specialize(&self.graph, &self.ops, &self.order, &types, &values, self.limits).map_err(|e| e.into_error())?;
+        let on = Devices { rules: &self.placement, rule_devs: &self.rule_devs, has_main_gpu: matches!(self.backend, Backend::Gpu), auto: self.auto_place };
+        let placed = placement::place(&self.graph, &self.ops, &spec, &on)?;
+        let devices: Vec<StepDevice> = placed
+            .devices
+            .iter()
+            .map(|d| match *d {
+                Dev::Cpu => StepDevice::Cpu,
+                Dev::Gpu(k) => StepDevice::Gpu(self.gpus[k].0.clone()),
+            })
+            .collect();
+        let report = tune::tune_steps(&self.graph, &self.ops, &spec, &devices, &self.choices, opts, progress)?;
+        // Plans built before are rebuilt with the new choices on their next run.
+        self.plans.lock().map_err(|_| poisoned())?.clear();
+        Ok(report)
+    }
+
+    /// The tuning keys this session's plans looked up and found no choice for (summaries:
+    /// op and input types), in key order.
+    pub fn untuned(&self) -> Result<Vec<String>> {
+        Ok(self.choices.untuned()?.into_iter().map(|(_, s)| s).collect())
+    }
 }

@@ -64,12 +64,14 @@ pub fn main(args: Args) -> Result<()> {
     let inputs = io::complete_inputs(&session, io::parse_inputs(&a.inputs)?, &io::parse_dims(&a.dims)?, io::memory_limit(a.memory_limit))?;
     let (times, run, first_ms) = time_runs(&session, &inputs, args.warmup, args.iters)?;
     let s = stats(times);
+    // Tuning keys of this model's kernels without a stored choice (defaults used).
+    let untuned = session.untuned()?;
     if a.json {
         let j = serde_json::json!({
             "model": a.model, "device": session.device_name(), "iters": args.iters,
             "median_ms": s.median, "p90_ms": s.p90, "min_ms": s.min, "mean_ms": s.mean,
             "throughput_per_s": 1e3 / s.median, "load_ms": load_ms, "first_run_ms": first_ms,
-            "kernels_per_run": run.kernels, "submits_per_run": run.submits,
+            "kernels_per_run": run.kernels, "submits_per_run": run.submits, "untuned_keys": untuned.len(),
             "memory": run.memory.map(|m| serde_json::json!({"planned_bytes": m.planned, "lower_bound_bytes": m.lower_bound, "unshared_bytes": m.unshared, "in_place_steps": m.in_place})),
         });
         println!("{j}");
@@ -82,6 +84,9 @@ pub fn main(args: Args) -> Result<()> {
         args.iters, s.median, s.p90, s.min, s.mean, 1e3 / s.median
     );
     println!("  {} kernels per run, {} submits per run", run.kernels, run.submits);
+    if !untuned.is_empty() && !a.tuning.no_tuning {
+        println!("  {} kernel configurations untuned (defaults used; `kiln tune` measures them)", untuned.len());
+    }
     if let Some(m) = run.memory {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         println!(

@@ -23,6 +23,17 @@ pub struct Args {
     /// are folded now.
     #[arg(long = "fix")]
     fix: Vec<String>,
+    /// Tune the model's kernels on the target device (with every symbolic dim fixed by
+    /// --fix, else 1) and embed the choices in the artifact: it then runs tuned wherever
+    /// that device is found. Choices already in the tuning database are reused.
+    #[arg(long)]
+    tune: bool,
+    /// Seconds `--tune` may spend measuring.
+    #[arg(long, default_value_t = 60.0, requires = "tune")]
+    budget: f64,
+    /// The tuning database `--tune` reads and writes (default: the user's cache).
+    #[arg(long, value_name = "FILE", requires = "tune")]
+    tuning_db: Option<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -59,8 +70,26 @@ pub fn main(args: Args) -> Result<()> {
     let passes: Vec<(String, usize)> = kiln::compiler::passes::optimize_for(&mut graph, io::pass_target(&args.device)?).into_iter().map(|r| (r.name.to_string(), r.changes)).collect();
     // Check the result on the target device (the session's symbolic check and device
     // limits) before writing anything.
-    let session = Session::new(graph.clone(), SessionOptions::device(args.device.clone()))
+    let tuning = match (&args.tune, &args.tuning_db) {
+        (false, _) => kiln::runtime::Tuning::off(),
+        (true, Some(p)) => kiln::runtime::Tuning::file(p),
+        (true, None) => kiln::runtime::Tuning::user_cache(),
+    };
+    let session = Session::new(graph.clone(), SessionOptions { device: args.device.clone(), tuning, ..Default::default() })
         .with_context(|| format!("{} does not compile for device '{}'", args.model.display(), args.device))?;
+    // Tuned choices first, so that the kernels compiled below are the tuned ones.
+    let tuned = if args.tune {
+        if !(args.budget.is_finite() && args.budget >= 0.0) {
+            bail!("--budget must be a number of seconds, at least 0");
+        }
+        let inputs = io::complete_inputs(&session, vec![], &fixed, io::memory_limit(None))?;
+        let opts = kiln::runtime::TuneOptions { budget: std::time::Duration::from_secs_f64(args.budget), retune: false };
+        let report = super::tune::tune_with_progress(&session, &inputs, &opts)?;
+        log::info!("tuned {} of {} keys for {}", report.tuned(), report.keys.len(), session.device_name());
+        report.entries()
+    } else {
+        Default::default()
+    };
     // With every input dim fixed, a GPU target runs once now, so that the driver's
     // pipeline cache holds its kernels.
     let fixed_shapes = graph.inputs.iter().all(|&v| graph.values[v].ty.as_ref().is_some_and(|t| t.shape.is_fixed()));
@@ -82,6 +111,7 @@ pub fn main(args: Args) -> Result<()> {
         fixed: fixed_list,
         passes,
         pipeline_cache,
+        tuning: tuned,
     };
     let out = args.output.clone().unwrap_or_else(|| args.model.with_extension("kiln"));
     artifact::save(&out, &graph, &info)?;
@@ -89,16 +119,17 @@ pub fn main(args: Args) -> Result<()> {
     let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     if args.json {
         let cache_bytes = info.pipeline_cache.as_ref().map(|c| c.data.len());
-        println!("{}", serde_json::json!({"model": args.model, "artifact": out, "bytes": bytes, "compile_ms": ms, "nodes": graph.nodes.len(), "device": session.device_name(), "passes": info.passes, "kernels": kernels.len(), "pipeline_cache_bytes": cache_bytes}));
+        println!("{}", serde_json::json!({"model": args.model, "artifact": out, "bytes": bytes, "compile_ms": ms, "nodes": graph.nodes.len(), "device": session.device_name(), "passes": info.passes, "kernels": kernels.len(), "pipeline_cache_bytes": cache_bytes, "tuned_keys": info.tuning.len()}));
     } else {
         println!(
-            "{} -> {} ({} bytes, {} nodes, {} WGSL kernels{}) for {} in {ms:.0} ms",
+            "{} -> {} ({} bytes, {} nodes, {} WGSL kernels{}{}) for {} in {ms:.0} ms",
             args.model.display(),
             out.display(),
             bytes,
             graph.nodes.len(),
             kernels.len(),
             info.pipeline_cache.as_ref().map(|c| format!(", pipeline cache {} bytes", c.data.len())).unwrap_or_default(),
+            if args.tune { format!(", {} tuned choices", info.tuning.len()) } else { String::new() },
             session.device_name()
         );
         for (name, n) in &info.passes {

@@ -5,3 +5,4 @@ pub mod devices;
 pub mod inspect;
 pub mod ops;
 pub mod run;
+pub mod tune;

@@ -4,6 +4,7 @@ mod convert;
 mod half;
 mod plan;
 
+pub(crate) use convert::{from_gpu, to_gpu};
 pub(crate) use plan::{generate, GpuPlan, WeightCache};
 
 use crate::error::poisoned;
@@ -161,6 +162,8 @@ pub(crate) struct GpuContext {
     /// SHADER_F16 is enabled: f16 graph inputs and outputs cross the bus as 2-byte
     /// halves and are converted by GPU kernels (`half.rs`); without it the host converts.
     pub f16: bool,
+    /// TIMESTAMP_QUERY is enabled: the tuner times kernels with the GPU's timestamps.
+    pub timestamps: bool,
     /// The driver's pipeline cache that new pipelines go through (PIPELINE_CACHE
     /// enabled, Vulkan): empty when the device opens, replaced by an artifact's stored
     /// cache when one for this adapter and driver is loaded.
@@ -220,7 +223,11 @@ impl GpuContext {
         let caching = adapter.features().contains(wgpu::Features::PIPELINE_CACHE)
             && cache_key(&info).is_some()
             && std::env::var_os("KILN_NO_PIPELINE_CACHE").is_none();
+        let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
         let mut features = wgpu::Features::empty();
+        if timestamps {
+            features |= wgpu::Features::TIMESTAMP_QUERY;
+        }
         if f16 {
             features |= wgpu::Features::SHADER_F16;
         }
@@ -251,7 +258,7 @@ impl GpuContext {
             if caching { ", pipeline cache enabled" } else { "" }
         );
         let cache = caching.then(|| new_cache(&device, None));
-        Ok(GpuContext { device, queue, info, limits, f16, cache: Mutex::new(cache), pipelines: Mutex::default(), error })
+        Ok(GpuContext { device, queue, info, limits, f16, timestamps, cache: Mutex::new(cache), pipelines: Mutex::default(), error })
     }
 
     /// The key a pipeline cache of this device carries (None without pipeline caching).
