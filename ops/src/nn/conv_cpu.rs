@@ -79,12 +79,12 @@ pub(crate) struct Epilogue<'a> {
 
 /// A raw output pointer that parallel tasks write through at disjoint places.
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
+pub(crate) struct SharedOut(pub(crate) *mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
-    fn ptr(self) -> *mut f32 {
+    pub(crate) fn ptr(self) -> *mut f32 {
         self.0
     }
 }

@@ -6,7 +6,7 @@
 //! Its choices (algorithm, instruction set, block sizes) are [`CpuKernel::params`] of
 //! Conv, for the tuner; the defaults are what this file picks by shape.
 use super::conv::Conv;
-use super::conv_cpu::{im2col_row, ConvProblem};
+use super::conv_cpu::{im2col_row, ConvProblem, SharedOut};
 use super::conv_winograd::{self, WinogradFilters};
 use super::window::Geometry;
 use crate::cpu::{self, CpuKernel};
@@ -209,17 +209,5 @@ impl BRows for Im2colRows<'_> {
         let (c, t) = (k / taps, k % taps);
         let tap = [t / (kh_n * kw_n), (t / kw_n) % kh_n, t % kw_n];
         im2col_row(self.geo, &self.x[c * self.plane..][..self.plane], tap, n0, dst);
-    }
-}
-
-/// A raw output pointer that parallel tasks write through at disjoint places.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    fn ptr(self) -> *mut f32 {
-        self.0
     }
 }

@@ -10,7 +10,7 @@
 //! output's edges. The error against the f64 reference is that of a few more
 //! additions per output than the direct sum (F(2x2, 3x3) keeps the transform
 //! coefficients at 0, +-1 and +-1/2).
-use super::conv_cpu::ConvProblem;
+use super::conv_cpu::{ConvProblem, SharedOut};
 use crate::cpu::{self};
 use crate::elementwise::UnaryKind;
 use crate::linalg::microkernel::Isa;
@@ -246,17 +246,5 @@ impl WinogradFilters {
                 }
             }
         });
-    }
-}
-
-/// A raw output pointer that parallel tasks write through at disjoint places.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    fn ptr(self) -> *mut f32 {
-        self.0
     }
 }
