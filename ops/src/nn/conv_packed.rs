@@ -34,16 +34,18 @@ pub(crate) fn params(p: &ConvProblem) -> Vec<TuneParam> {
     let d = default_blocking(p, isa, threads);
     let mut algos = vec![ALGO_DIRECT, ALGO_PACKED];
     // Defaults from measurements on AVX-512 machines (the tuner measures the rest):
-    // the packed GEMM where output rows are long (its im2col works row by row), the
-    // direct kernels elsewhere.
-    let mut algo = if p.geo.output[2] >= 128 { ALGO_PACKED } else { ALGO_DIRECT };
+    // the packed GEMM where output rows are long (its im2col works row by row) and the
+    // reduction too long for the direct small-reduction kernel, the direct kernels
+    // elsewhere.
+    let long_rows = p.geo.output[2] >= 128 && p.reduction() > super::conv_small_k::MAX_REDUCTION;
+    let mut algo = if long_rows { ALGO_PACKED } else { ALGO_DIRECT };
     let mut out = vec![];
     if conv_winograd::applies(p) {
         algos.push(ALGO_WINOGRAD);
         // Winograd pays where enough channels amortise its transforms and the output
         // has no half-empty edge tiles.
         let [_, oh, ow] = p.geo.output;
-        if p.in_channels >= 64 && p.out_channels >= 64 && oh * ow >= 144 && oh % 2 == 0 && ow % 2 == 0 {
+        if p.in_channels >= 64 && p.out_channels >= 16 && oh * ow >= 144 && oh % 2 == 0 && ow % 2 == 0 {
             algo = ALGO_WINOGRAD;
         }
         let block = conv_winograd::default_block(p, isa, threads) as u32;
