@@ -12,7 +12,9 @@ first data set is batch 1, sequence 128):
 
 They alternate for --rounds rounds (default 3; the order flips every round: Kiln first,
 then onnxruntime first, ...), each round the median of --iters runs after --warmup runs;
-the figure reported is the median over rounds, with ratio = Kiln / onnxruntime.
+the figures reported are the medians over rounds, and the ratio is the median of the
+rounds' ratios Kiln / onnxruntime (this VM's speed drifts by up to 2x for seconds at a
+time; within a round both runtimes mostly see the same machine).
 
 The work of one run comes from Kiln: the sum of the `flops` column of
 `kiln inspect MODEL --json`, symbolic dims bound to the data set's input shapes; from it
@@ -438,7 +440,8 @@ def main():
         for _, _, a in inputs:
             if "x".join(map(str, a.shape)) not in shapes:
                 shapes.append("x".join(map(str, a.shape)))
-        row = {"model": m, "dims": dims, "shapes": ", ".join(shapes), "kiln_cpu_device": k.get("device"), "ort_cpu_ms": ort_ms, "kiln_cpu_ms": kiln_ms, "ratio": kiln_ms / ort_ms,
+        row = {"model": m, "dims": dims, "shapes": ", ".join(shapes), "kiln_cpu_device": k.get("device"), "ort_cpu_ms": ort_ms, "kiln_cpu_ms": kiln_ms,
+               "ratio": statistics.median(kr / orr for kr, orr in zip(kiln_r, ort_r)),
                "ort_rounds_ms": ort_r, "kiln_rounds_ms": kiln_r,
                "kiln_cpu_kernels": k["kernels_per_run"], "kiln_cpu_memory": k.get("memory"),
                "flops": flops,

@@ -63,6 +63,34 @@ pub fn has_avx2() -> bool {
     CpuFeatures::get().avx2_fma()
 }
 
+thread_local! {
+    static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The threads kernels may share work between: the current rayon pool's, or 1 inside
+/// [`serial`].
+#[inline]
+pub fn threads() -> usize {
+    if SERIAL.with(|s| s.get()) {
+        1
+    } else {
+        rayon::current_num_threads()
+    }
+}
+
+/// Runs `f` with every kernel it calls on the calling thread ([`threads`] is 1): for
+/// runs too small to pay for waking other threads.
+pub fn serial<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            SERIAL.with(|s| s.set(self.0));
+        }
+    }
+    let _reset = Reset(SERIAL.with(|s| s.replace(true)));
+    f()
+}
+
 /// Below this many elements of work a loop runs on the calling thread.
 pub const PAR_GRAIN: usize = 1 << 14;
 
@@ -70,7 +98,7 @@ pub const PAR_GRAIN: usize = 1 << 14;
 /// large enough to pay for it.
 pub fn par_ranges(n: usize, work_per_item: usize, f: impl Fn(usize, usize) + Sync + Send) {
     let total = n.saturating_mul(work_per_item.max(1));
-    let threads = rayon::current_num_threads().max(1);
+    let threads = threads().max(1);
     if total < PAR_GRAIN || threads == 1 || n < 2 {
         f(0, n);
         return;
@@ -99,7 +127,7 @@ pub fn par_chunks_mut<T: Send>(
     let per_item = per_item.max(1);
     let n = out.len() / per_item;
     let total = n.saturating_mul(work_per_item.max(1)).saturating_mul(per_item);
-    let threads = rayon::current_num_threads().max(1);
+    let threads = threads().max(1);
     if total < PAR_GRAIN || threads == 1 || n < 2 {
         f(0, out);
         return;

@@ -54,7 +54,15 @@ pub(crate) struct Plan {
     /// Nodes evaluated once on the host when this specialisation was built.
     pub folded: usize,
     constants: HashMap<ValueId, Tensor>,
+    /// Whether the whole run is too small to pay for handing it to the worker threads
+    /// (it then stays on the calling thread, `threads::Workers::run_here`).
+    pub serial: bool,
 }
+
+/// A CPU run of fewer flops (and fewer than four times as many bytes) stays on the
+/// calling thread: handing a run to the workers costs about as much as 4 MFLOP of
+/// kernels on one core saves by sharing them out.
+const SERIAL_RUN_FLOPS: u64 = 1 << 22;
 
 /// What one run did: outputs, kernels launched, queue submits.
 pub(crate) type RunResult = (Vec<Tensor>, usize, usize);
@@ -77,6 +85,13 @@ impl Plan {
         }
         programs.resize_with(spec.steps.len(), || None);
         let cpu_tune = choose(graph, ops, spec, &devices, &mut programs, gpus, choices)?;
+        let (mut flops, mut bytes) = (0u64, 0u64);
+        for s in &spec.steps {
+            let outs: Vec<kiln_ops::TensorType> = s.outputs.iter().map(|&o| spec.ty(o).clone()).collect();
+            let c = ops[s.node].cost(&spec.args(&s.inputs), &outs);
+            (flops, bytes) = (flops.saturating_add(c.flops), bytes.saturating_add(c.bytes));
+        }
+        let serial = devices.iter().all(|d| *d == Dev::Cpu) && flops < SERIAL_RUN_FLOPS && bytes < 4 * SERIAL_RUN_FLOPS;
         let step_devices = spec.steps.iter().map(|s| s.node).zip(devices.iter().copied()).collect();
         // Split the steps into runs of one device (a model without steps runs on the CPU).
         let mut runs: Vec<(Dev, Vec<Step>, Vec<Option<kiln_ops::WgslProgram>>)> = vec![];
@@ -136,7 +151,7 @@ impl Plan {
             segments.push(Segment { view, plan });
         }
         let constants = if whole { HashMap::new() } else { graph.outputs.iter().filter_map(|o| spec.constants.get(o).map(|t| (*o, t.clone()))).collect() };
-        Ok(Plan { segments, devices: step_devices, folded: spec.folded, constants })
+        Ok(Plan { segments, devices: step_devices, folded: spec.folded, constants, serial })
     }
 
     /// Runs every segment in order; returns the graph outputs, kernels and submits.

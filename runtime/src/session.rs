@@ -106,7 +106,7 @@ pub struct Session {
     /// The device profiles (CPU, main GPU) of cost-model placement, when asked for.
     auto_place: Option<(DeviceProfile, DeviceProfile)>,
     /// The CPU worker threads every run executes on.
-    pool: Arc<rayon::ThreadPool>,
+    workers: threads::Workers,
     /// Tuned kernel choices: lookups of the plans, and what `tune` measured.
     choices: Choices,
 }
@@ -155,7 +155,7 @@ impl Session {
             }
             _ => None,
         };
-        let pool = threads::pool(ThreadConfig::new(options.threads, options.denormals_are_zero)?)?;
+        let workers = threads::Workers::new(ThreadConfig::new(options.threads, options.denormals_are_zero)?)?;
         let choices = Choices::new(options.tuning);
         Ok(Session {
             graph,
@@ -170,7 +170,7 @@ impl Session {
             limits,
             placement: options.placement,
             auto_place,
-            pool,
+            workers,
             choices,
         })
     }
@@ -301,7 +301,8 @@ impl Session {
                     continue;
                 }
             };
-            let plan = Arc::new(self.build_plan(&spec)?);
+            // On the workers: kernels are prepared for their thread count.
+            let plan = Arc::new(self.workers.run(|| self.build_plan(&spec))?);
             let shapes: Vec<String> = types.iter().map(|t| t.to_string()).collect();
             log::info!(
                 "specialised '{}' for inputs [{}] on {} in {:.1} ms ({} steps, {} nodes folded)",
@@ -325,19 +326,16 @@ impl Session {
 
     /// Like [`Session::run`], also reporting what the run did.
     pub fn run_with_stats(&self, inputs: &[(&str, &Tensor)]) -> Result<(Vec<Tensor>, RunStats)> {
-        self.pool.install(|| self.run_on_pool(inputs))
+        let (tensors, types) = self.bind(inputs)?;
+        let (plan, specialized) = self.plan(&tensors, types)?;
+        let run = || plan.run(&self.graph, &self.ops, &tensors);
+        let (outs, kernels, submits) = if plan.serial { self.workers.run_here(run)? } else { self.workers.run(run)? };
+        Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized, memory: plan.memory() }))
     }
 
     /// The number of CPU worker threads the session's kernels run on.
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
-    }
-
-    fn run_on_pool(&self, inputs: &[(&str, &Tensor)]) -> Result<(Vec<Tensor>, RunStats)> {
-        let (tensors, types) = self.bind(inputs)?;
-        let (plan, specialized) = self.plan(&tensors, types)?;
-        let (outs, kernels, submits) = plan.run(&self.graph, &self.ops, &tensors)?;
-        Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized, memory: plan.memory() }))
+        self.workers.threads()
     }
 }
 
@@ -398,7 +396,7 @@ impl Session {
         }
         let refs: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let (tensors, types) = self.bind(&refs)?;
-        self.pool.install(|| self.plan(&tensors, types))?;
+        self.plan(&tensors, types)?;
         Ok(true)
     }
 
@@ -484,7 +482,7 @@ impl Session {
     /// Runs `runs` times timing every step (CPU backend; on a GPU, where a run is one
     /// submit, per-node times need timestamp queries and are not measured yet).
     pub fn profile(&self, inputs: &[(&str, &Tensor)], runs: usize) -> Result<Vec<NodeProfile>> {
-        self.pool.install(|| self.profile_on_pool(inputs, runs))
+        self.workers.run(|| self.profile_on_pool(inputs, runs))
     }
 
     fn profile_on_pool(&self, inputs: &[(&str, &Tensor)], runs: usize) -> Result<Vec<NodeProfile>> {
@@ -525,7 +523,7 @@ impl Session {
     /// and at the end.
     pub fn tune(&self, inputs: &[(&str, &Tensor)], opts: &TuneOptions, progress: &mut (dyn FnMut(&TuneProgress) + Send)) -> Result<TuneReport> {
         // On the session's worker threads: CPU variants are measured as they will run.
-        self.pool.install(|| self.tune_on_pool(inputs, opts, progress))
+        self.workers.run(|| self.tune_on_pool(inputs, opts, progress))
     }
 
     fn tune_on_pool(&self, inputs: &[(&str, &Tensor)], opts: &TuneOptions, progress: &mut (dyn FnMut(&TuneProgress) + Send)) -> Result<TuneReport> {

@@ -1,9 +1,12 @@
 //! The CPU worker threads a session's kernels run on.
 //!
-//! Every session runs its CPU work inside a rayon pool of Kiln's own (never the global
-//! pool), so that its thread count is the session's choice (`SessionOptions::threads`,
-//! default: one per core) and the floating-point mode of the threads is set where the
-//! threads start. Pools are shared process-wide by thread count and mode.
+//! A session's CPU work runs on [`Workers`]: a rayon pool of Kiln's own (never the
+//! global pool), so that its thread count is the session's choice
+//! (`SessionOptions::threads`, default: one per core) and the floating-point mode is set
+//! where its threads start; pools are shared process-wide by configuration. A run is
+//! handed to the pool, except a run too small to share out ([`Workers::run_here`]),
+//! which stays on the calling thread with the mode set for its duration: it would pay
+//! more for the hand-over than for its kernels.
 //!
 //! Denormals: unless a session asks otherwise, its worker threads flush subnormal
 //! results to zero and read subnormal inputs as zero (x86 MXCSR FTZ and DAZ; AArch64
@@ -34,6 +37,78 @@ impl ThreadConfig {
         };
         Ok(ThreadConfig { threads, denormals_are_zero })
     }
+}
+
+/// Where a session's CPU work runs (see the module docs).
+#[derive(Clone)]
+pub struct Workers {
+    pool: Arc<rayon::ThreadPool>,
+    denormals_are_zero: bool,
+}
+
+impl Workers {
+    /// The workers for `config`.
+    pub fn new(config: ThreadConfig) -> Result<Workers> {
+        Ok(Workers { pool: pool(config)?, denormals_are_zero: config.denormals_are_zero })
+    }
+
+    /// Runs `f` on the pool (the calling thread waits).
+    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    /// Runs `f` on the calling thread, in the pool's floating-point mode, every kernel
+    /// serial (`kiln_ops::cpu::serial`).
+    pub fn run_here<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _mode = DenormalMode::set(self.denormals_are_zero);
+        kiln_ops::cpu::serial(f)
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+}
+
+/// The calling thread's denormal mode, set for a scope and restored after.
+struct DenormalMode(Option<bool>);
+
+impl DenormalMode {
+    fn set(on: bool) -> DenormalMode {
+        let before = denormals_are_zero();
+        if before == Some(on) {
+            return DenormalMode(None);
+        }
+        set_denormals_are_zero(on);
+        DenormalMode(before)
+    }
+}
+
+impl Drop for DenormalMode {
+    fn drop(&mut self) {
+        if let Some(before) = self.0 {
+            set_denormals_are_zero(before);
+        }
+    }
+}
+
+/// Whether the calling thread flushes subnormals (None where unknown).
+fn denormals_are_zero() -> Option<bool> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[allow(deprecated)]
+        // SAFETY: reads MXCSR.
+        let csr = unsafe { std::arch::x86_64::_mm_getcsr() };
+        Some(csr & (1 << 15) != 0)
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let fpcr: u64;
+        // SAFETY: reads FPCR.
+        unsafe { std::arch::asm!("mrs {}, fpcr", out(reg) fpcr) };
+        Some(fpcr & (1 << 24) != 0)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    None
 }
 
 /// The pool for `config`, created on first use and shared by every session with the
@@ -97,6 +172,28 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(a.install(rayon::current_num_threads), 3);
         assert!(ThreadConfig::new(Some(0), true).is_err());
+    }
+
+    #[test]
+    fn small_runs_stay_on_the_calling_thread_with_its_mode_restored() {
+        let w = Workers::new(ThreadConfig::new(Some(2), true).unwrap()).unwrap();
+        set_denormals_are_zero(false);
+        let caller = std::thread::current().id();
+        // Not inlined: the compiler does not order float arithmetic after MXCSR writes.
+        #[inline(never)]
+        fn halve_tiny() -> f32 {
+            std::hint::black_box(f32::MIN_POSITIVE) * 0.5
+        }
+        let (thread, half) = w.run_here(|| (std::thread::current().id(), halve_tiny()));
+        assert_eq!((thread, half), (caller, 0.0));
+        assert_eq!(halve_tiny(), f32::MIN_POSITIVE * 0.5, "the mode is restored");
+        assert_ne!(w.run(|| std::thread::current().id()), caller);
+    }
+
+    #[test]
+    fn workers_run_on_a_pool_of_the_configured_size() {
+        let other = Workers::new(ThreadConfig::new(Some(3), true).unwrap()).unwrap();
+        assert_eq!((other.threads(), other.run(rayon::current_num_threads)), (3, 3));
     }
 
     #[test]

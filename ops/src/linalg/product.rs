@@ -156,7 +156,7 @@ impl BatchedProduct {
             }
         };
         let count = self.batch_count();
-        let threads = rayon::current_num_threads().max(1);
+        let threads = cpu::threads().max(1);
         let per_batch = m * n * k;
         if count >= 2 && threads > 1 && per_batch < (1 << 21) {
             // Many small products: one per task.
@@ -177,7 +177,7 @@ impl BatchedProduct {
                 });
             }
         } else {
-            let par = if per_batch >= (1 << 15) { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+            let par = if per_batch >= (1 << 15) && threads > 1 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
             for (bi, dst) in out.chunks_mut(m * n).enumerate() {
                 product(bi, 0, dst, par);
                 epilogue(bi * m, dst);
@@ -237,7 +237,7 @@ impl BatchedProduct {
             }
         };
         let per_batch = m * n * k;
-        let threads = rayon::current_num_threads();
+        let threads = cpu::threads();
         if count >= 2 && threads > 1 && per_batch < (1 << 21) {
             // Many small products: one per task, each single-threaded.
             cpu::par_chunks_mut(out, m * n, k, |first, part| {
@@ -246,7 +246,7 @@ impl BatchedProduct {
                 }
             });
         } else {
-            let par = if per_batch >= (1 << 15) { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+            let par = if per_batch >= (1 << 15) && threads > 1 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
             for (bi, dst) in out.chunks_mut(m * n).enumerate() {
                 one(bi, dst, par);
             }

@@ -116,7 +116,7 @@ fn small_k_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mu
     let (cg, mg, kc) = (p.in_per_group(), p.out_per_group(), p.reduction());
     let (in_size, out_size) = (p.geo.input_size(), p.geo.output_size());
     let pointwise = p.is_pointwise();
-    let threads = rayon::current_num_threads().max(1);
+    let threads = cpu::threads().max(1);
     let flops = 2 * p.macs() as usize;
     // Tiles: im2col blocks of at most ~64 KiB; at least one per thread when there is
     // enough work to share, counted over all images and groups.
@@ -166,7 +166,7 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [
     let (cg, mg, kc) = (p.in_per_group(), p.out_per_group(), p.reduction());
     let (in_size, out_size) = (p.geo.input_size(), p.geo.output_size());
     let pointwise = p.is_pointwise();
-    let threads = rayon::current_num_threads().max(1);
+    let threads = cpu::threads().max(1);
     // Tiles keep an im2col block (kc x tile) around half a megabyte.
     let (mut n_tiles, mut tile) = tiles(out_size, (1 << 17) / kc.max(1));
     let mut tasks = p.batch * p.group * n_tiles;

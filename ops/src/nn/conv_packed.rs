@@ -30,7 +30,7 @@ pub(crate) fn eligible(p: &ConvProblem) -> bool {
 /// The tunable parameters of a packed-eligible convolution, defaults by shape.
 pub(crate) fn params(p: &ConvProblem) -> Vec<TuneParam> {
     let isa = Isa::best();
-    let threads = rayon::current_num_threads();
+    let threads = cpu::threads();
     let d = default_blocking(p, isa, threads);
     let mut algos = vec![ALGO_DIRECT, ALGO_PACKED];
     // Defaults from measurements on AVX-512 machines (the tuner measures the rest):
@@ -167,7 +167,7 @@ impl PackedConv {
             }
         };
         let flops = 2 * p.macs() as usize;
-        if tasks == 1 || rayon::current_num_threads() == 1 {
+        if tasks == 1 || cpu::threads() == 1 {
             (0..tasks).for_each(run_task);
         } else {
             cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));

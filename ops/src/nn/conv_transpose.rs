@@ -199,7 +199,7 @@ impl ConvTranspose {
                 for grp in 0..p.group {
                     let xg = &x[(img * p.in_channels + grp * cg) * p_in..][..cg * p_in];
                     let wg = &w[grp * cg * rows..][..cg * rows];
-                    let par = if 2 * rows * p_in * cg > 1 << 20 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+                    let par = if 2 * rows * p_in * cg > 1 << 20 && crate::cpu::threads() > 1 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
                     // SAFETY: col is rows x p_in; wg is cg x rows (read transposed); xg is cg x p_in.
                     unsafe {
                         gemm::gemm(
