@@ -7,6 +7,7 @@
 //! Conv, for the tuner; the defaults are what this file picks by shape.
 use super::conv::Conv;
 use super::conv_cpu::{im2col_row, ConvProblem, SharedOut};
+use super::conv_flipped::{self, FlippedFilters};
 use super::conv_winograd::{self, WinogradFilters};
 use super::window::Geometry;
 use crate::cpu::{self, CpuKernel};
@@ -16,10 +17,12 @@ use crate::linalg::packed::{BRows, Blocking, MatrixRows, PackedA, PackedGemm};
 use crate::{Result, TuneParam, TuneValues};
 use kiln_graph::Tensor;
 
-/// Conv's CPU algorithms (the `algo` parameter).
+/// Conv's CPU algorithms (the `algo` parameter): the direct kernels of `conv_cpu`, the
+/// packed GEMM here, Winograd (`conv_winograd`), the transposed GEMM (`conv_flipped`).
 pub(crate) const ALGO_DIRECT: u32 = 0;
 pub(crate) const ALGO_PACKED: u32 = 1;
 pub(crate) const ALGO_WINOGRAD: u32 = 2;
+pub(crate) const ALGO_FLIPPED: u32 = 3;
 
 /// Whether a problem can take the packed path: f32 with constant weights, not
 /// depthwise (which has its own per-plane kernel).
@@ -40,6 +43,13 @@ pub(crate) fn params(p: &ConvProblem) -> Vec<TuneParam> {
     let long_rows = p.geo.output[2] >= 128 && p.reduction() > super::conv_small_k::MAX_REDUCTION;
     let mut algo = if long_rows { ALGO_PACKED } else { ALGO_DIRECT };
     let mut out = vec![];
+    if conv_flipped::applies(p) {
+        algos.push(ALGO_FLIPPED);
+        // Small planes (7x7) with long reductions: channels along the vector lanes.
+        if p.geo.output_size() <= 64 && p.out_channels >= 64 && p.reduction() > super::conv_small_k::MAX_REDUCTION {
+            algo = ALGO_FLIPPED;
+        }
+    }
     if conv_winograd::applies(p) {
         algos.push(ALGO_WINOGRAD);
         // Winograd pays where enough channels amortise its transforms and the output
@@ -99,6 +109,7 @@ enum Packed {
     /// One packed filter matrix (out channels x reduction) per group.
     Gemm { filters: Vec<PackedA>, blocking: Blocking },
     Winograd(WinogradFilters),
+    Flipped(FlippedFilters),
 }
 
 impl PackedConv {
@@ -115,6 +126,7 @@ impl PackedConv {
                 let filters = (0..p.group).map(|g| PackedA::pack(isa, &w[g * mg * kc..][..mg * kc], mg, kc)).collect();
                 Packed::Gemm { filters, blocking }
             }
+            ALGO_FLIPPED if conv_flipped::applies(&p) => Packed::Flipped(FlippedFilters::new(&p, w, isa, get("kc") as usize, cpu::threads())),
             ALGO_WINOGRAD if conv_winograd::applies(&p) => Packed::Winograd(WinogradFilters::new(&p, w, isa, get("tiles") as usize, get("kc") as usize)),
             _ => return None,
         };
@@ -126,6 +138,7 @@ impl PackedConv {
         match &self.algo {
             Packed::Gemm { filters, blocking } => self.run_gemm(filters, *blocking, x, bias, act, residual, y),
             Packed::Winograd(u) => u.run(&self.problem, x, bias, act, residual, y),
+            Packed::Flipped(f) => f.run(&self.problem, x, bias, act, residual, y),
         }
     }
 

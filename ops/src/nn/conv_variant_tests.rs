@@ -1,6 +1,7 @@
 //! Every CPU variant of Conv (the direct kernels, the packed GEMM at each instruction
-//! set and block size, Winograd at each block size), one forced at a time, against the
-//! f64 reference on odd shapes, with bias, a fused residual and an activation.
+//! set and block size, Winograd at each block size, the transposed GEMM), one forced at
+//! a time, against the f64 reference on odd shapes, with bias, a fused residual and an
+//! activation.
 use super::tests::reference;
 use crate::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
 use crate::linalg::RESIDUAL_ATTR;
