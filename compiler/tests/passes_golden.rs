@@ -76,6 +76,25 @@ fn eliminate_identity() {
     assert_eq!(golden("eliminate_identity", g, passes::eliminate_identity, &[3, 4]), 5);
 }
 
+/// Whole-range slices go; a reversing slice (same shape, step -1) and a partial one stay.
+#[test]
+fn eliminate_identity_slices() {
+    let mut b = GraphBuilder::new("identity_slices");
+    let x = x_input(&mut b, &[4]);
+    let ints = |b: &mut GraphBuilder, name: &str, v: Vec<i64>| b.constant(name, Tensor::from_vec(&[v.len()], v).unwrap());
+    let (starts, ends) = (ints(&mut b, "starts", vec![0, 0]), ints(&mut b, "ends", vec![i64::from(i32::MAX), 1_000_000_000]));
+    let axes = ints(&mut b, "axes", vec![0, 1]);
+    let whole = b.node("Slice", &[x, starts, ends, axes], &[]);
+    let (rs, re, ra, rstep) = (ints(&mut b, "rev_starts", vec![-1]), ints(&mut b, "rev_ends", vec![-1_000_000_000]), ints(&mut b, "rev_axes", vec![1]), ints(&mut b, "rev_steps", vec![-1]));
+    let reversed = b.node("Slice", &[whole, rs, re, ra, rstep], &[]);
+    let (ps, pe) = (ints(&mut b, "part_starts", vec![1]), ints(&mut b, "part_ends", vec![3]));
+    let part_axes = ints(&mut b, "part_axes", vec![1]);
+    let part = b.node("Slice", &[reversed, ps, pe, part_axes], &[]);
+    let y = b.node("Relu", &[part], &[]);
+    let g = finish(b, &[(y, "y")]);
+    assert_eq!(golden("eliminate_identity_slices", g, passes::eliminate_identity, &[3, 4]), 1);
+}
+
 #[test]
 fn fold_constants() {
     let mut b = GraphBuilder::new("fold");

@@ -2,7 +2,9 @@
 //! their readers read the input: Identity, inference-mode Dropout (when its mask is
 //! unused), Cast to the dtype the value already has, Reshape/Expand/Flatten/Squeeze/
 //! Unsqueeze whose output shape equals the input's (symbolic shapes compared as fitted),
-//! and Transpose by the identity permutation.
+//! Slice with positive constant steps whose output shape equals the input's (exporters
+//! emit whole-range slices, e.g. `[0:INT_MAX]` on every axis), and Transpose by the
+//! identity permutation.
 use super::{bypass, use_counts};
 use super::PassContext;
 use kiln_graph::{Attr, Dim, Graph, ValueId, ValueType};
@@ -34,6 +36,14 @@ pub fn eliminate_identity(g: &mut Graph, cx: &mut PassContext) -> usize {
             }
             "Cast" => matches!((node.attrs.get("to"), ty(src)), (Some(Attr::Int(to)), Some(t)) if t.dtype.onnx_code() as i64 == *to),
             "Reshape" | "Expand" | "Flatten" | "Squeeze" | "Unsqueeze" => matches!((ty(src), ty(out)), (Some(a), Some(b)) if same_known_shape(&a, &b)),
+            // Same shape and forward steps: every element is taken, in order.
+            "Slice" => {
+                let forward = match node.inputs.get(4).copied().flatten() {
+                    None => true,
+                    Some(v) => g.initializers.get(&v).is_some_and(|t| t.to_f64_vec().iter().all(|&s| s > 0.0)),
+                };
+                forward && matches!((ty(src), ty(out)), (Some(a), Some(b)) if same_known_shape(&a, &b))
+            }
             "Transpose" => match node.attrs.get("perm") {
                 Some(Attr::Ints(p)) => p.iter().enumerate().all(|(i, &x)| x == i as i64),
                 _ => matches!(ty(src), Some(t) if t.shape.rank() <= 1),
