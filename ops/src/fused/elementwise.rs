@@ -157,6 +157,10 @@ enum Access {
     Scalar,
     /// The input is the trailing dims of the output, repeated (`n` elements).
     Trailing(usize),
+    /// The input is a middle block of the output's dims (1 before and after it, e.g. a
+    /// per-channel `[1, C, 1, 1]` scale of `[N, C, H, W]`): each of its `len` values
+    /// covers `inner` consecutive outputs, cyclically.
+    Spread { len: usize, inner: usize },
     General(Vec<usize>),
 }
 
@@ -173,6 +177,15 @@ fn access(dims: &[usize], out: &[usize]) -> Access {
     if tail.len() <= out.len() && tail == &out[out.len() - tail.len()..] {
         return Access::Trailing(len);
     }
+    if dims.len() <= out.len() {
+        // Aligned to the output's rank (numpy pads leading ones).
+        let pad = out.len() - dims.len();
+        let trail = dims.iter().rev().take_while(|&&d| d == 1).count();
+        let (from, to) = (pad + lead, out.len() - trail);
+        if from < to && dims[lead..dims.len() - trail] == out[from..to] {
+            return Access::Spread { len, inner: out[to..].iter().product() };
+        }
+    }
     Access::General(broadcast_strides(dims, out))
 }
 
@@ -187,6 +200,15 @@ fn load(a: &Access, src: &[f32], out_dims: &[usize], start: usize, dst: &mut [f3
                 let at = (start + k) % n;
                 let run = (n - at).min(dst.len() - k);
                 dst[k..k + run].copy_from_slice(&src[at..at + run]);
+                k += run;
+            }
+        }
+        Access::Spread { len, inner } => {
+            let mut k = 0;
+            while k < dst.len() {
+                let i = start + k;
+                let run = (inner - i % inner).min(dst.len() - k);
+                dst[k..k + run].fill(src[(i / inner) % len]);
                 k += run;
             }
         }
@@ -426,6 +448,31 @@ mod tests {
             let a: Vec<Option<Arg>> = args.iter().map(|t| Some(Arg { ty: t, value: None })).collect();
             let p = op.generate(&a, &op.infer(&a).unwrap(), &TuneValues::default()).unwrap();
             crate::wgsl::testing::validate(&p.dispatches[0].source);
+        }
+    }
+
+    /// Per-channel inputs (`[C, 1, 1]`, `[1, C, 1]`-style middle blocks) against the
+    /// general strided walk, on odd sizes that split blocks mid-run.
+    #[test]
+    fn spread_inputs_match_the_general_broadcast() {
+        let instrs = vec![Instr::Binary(BinaryKind::Mul, 0, 1), Instr::Binary(BinaryKind::Add, 3, 2)];
+        let op = FusedElementwise::parse(&NodeSpec::new(&node(&instrs, 3), 17)).unwrap();
+        for (od, bd, cd) in [
+            (vec![2, 5, 7, 9], vec![1, 5, 1, 1], vec![5, 1, 1]),
+            (vec![3, 700, 3], vec![3, 1, 1], vec![1, 700, 1]),
+            (vec![4, 6], vec![4, 1], vec![1, 6]),
+        ] {
+            assert!(matches!(access(&bd, &od), Access::Spread { .. }), "{bd:?} of {od:?}");
+            let (a, b, c) = (rand(&od, 1), rand(&bd, 2), rand(&cd, 3));
+            let mut out = vec![Tensor::zeros(DType::F32, &od)];
+            op.run(&[Some(&a), Some(&b), Some(&c)], &mut out).unwrap();
+            let st = |d: &[usize]| broadcast_strides(d, &od);
+            let (sb, sc) = (st(&bd), st(&cd));
+            let (av, bv, cv, got) = (a.to_f64_vec(), b.to_f64_vec(), c.to_f64_vec(), out[0].to_f64_vec());
+            for_each_offset_in(&od, &[sb, sc], 0, av.len(), &mut |i, offs| {
+                let want = av[i] * bv[offs[0]] + cv[offs[1]];
+                assert!((got[i] - want).abs() < 1e-6, "{od:?} at {i}: {} vs {want}", got[i]);
+            });
         }
     }
 
