@@ -59,11 +59,8 @@ impl FlippedFilters {
             unsafe { self.run_block(p, &x[img * in_len..][..in_len], n0, n1, bias, act, residual, out.ptr().add(img * out_len)) };
         };
         let flops = 2 * p.macs() as usize;
-        if tasks == 1 || cpu::threads() == 1 {
-            (0..tasks).for_each(run_task);
-        } else {
-            cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
-        }
+        // Serial for one task or one thread (`par_ranges` decides).
+        cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
     }
 
     /// Output channels `n0..n1` of one image (`x`: `[C, ...]`, `y`: `[M, pixels]`).

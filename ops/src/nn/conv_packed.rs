@@ -148,8 +148,8 @@ impl PackedConv {
         let (cg, mg) = (p.in_per_group(), p.out_per_group());
         let (in_size, out_size) = (p.geo.input_size(), p.geo.output_size());
         let pointwise = p.is_pointwise();
-        let gemm: Vec<PackedGemm> = filters.iter().map(|f| PackedGemm::new(f, out_size, blocking)).collect();
-        let (mb, nb) = gemm[0].blocks();
+        // Every group's filters have the same shape: one block grid.
+        let (mb, nb) = PackedGemm::new(&filters[0], out_size, blocking).blocks();
         let per_plane = mb * nb;
         let tasks = p.batch * p.group * per_plane;
         let out = SharedOut(y.as_mut_ptr());
@@ -167,24 +167,22 @@ impl PackedConv {
                     k.apply_slice_f32_fast(vals);
                 }
             };
+            let gemm = PackedGemm::new(&filters[g], out_size, blocking);
             // SAFETY: task (img, g, mi, ni) owns block (mi, ni) of output rows
             // [g*mg, (g+1)*mg) of image img, which lies within y.
             unsafe {
                 let c = out.ptr().add((img * p.out_channels + g * mg) * out_size);
                 if pointwise {
-                    gemm[g].run_block(mi, ni, &MatrixRows { data: xg, ld: in_size }, c, out_size, residual, &epilogue);
+                    gemm.run_block(mi, ni, &MatrixRows { data: xg, ld: in_size }, c, out_size, residual, &epilogue);
                 } else {
                     let rows = Im2colRows { geo: &p.geo, x: xg, plane: in_size };
-                    gemm[g].run_block(mi, ni, &rows, c, out_size, residual, &epilogue);
+                    gemm.run_block(mi, ni, &rows, c, out_size, residual, &epilogue);
                 }
             }
         };
         let flops = 2 * p.macs() as usize;
-        if tasks == 1 || cpu::threads() == 1 {
-            (0..tasks).for_each(run_task);
-        } else {
-            cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
-        }
+        // Serial for one task or one thread (`par_ranges` decides).
+        cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
     }
 }
 

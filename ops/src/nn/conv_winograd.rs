@@ -107,11 +107,8 @@ impl WinogradFilters {
             unsafe { self.run_block(p, x_img, t0, t1, bias, act, residual, out.ptr().add(img * p.out_channels * p.geo.output_size())) };
         };
         let flops = 2 * p.macs() as usize;
-        if tasks == 1 || cpu::threads() == 1 {
-            (0..tasks).for_each(run_task);
-        } else {
-            cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
-        }
+        // Serial for one task or one thread (`par_ranges` decides).
+        cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
     }
 
     /// Tiles `t0..t1` of one image (`x`: `[C, H, W]`, `y`: `[M, OH, OW]`). Both
