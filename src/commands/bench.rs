@@ -15,7 +15,7 @@ pub struct Args {
     /// Warm-up runs (the first also specialises the model).
     #[arg(long, default_value_t = 3)]
     warmup: usize,
-    /// Also time every node (CPU) and print the slowest nodes and op types.
+    /// Also time every node (CPU) and print the slowest nodes and op types (with --json: every node's time).
     #[arg(long)]
     profile: bool,
 }
@@ -66,6 +66,12 @@ pub fn main(args: Args) -> Result<()> {
     let s = stats(times);
     // Tuning keys of this model's kernels without a stored choice (defaults used).
     let untuned = session.untuned()?;
+    let prof = if args.profile {
+        let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        Some(session.profile(&refs, args.iters)?)
+    } else {
+        None
+    };
     if a.json {
         let j = serde_json::json!({
             "model": a.model, "device": session.device_name(), "iters": args.iters,
@@ -73,6 +79,7 @@ pub fn main(args: Args) -> Result<()> {
             "throughput_per_s": 1e3 / s.median, "load_ms": load_ms, "first_run_ms": first_ms,
             "kernels_per_run": run.kernels, "submits_per_run": run.submits, "untuned_keys": untuned.len(),
             "memory": run.memory.map(|m| serde_json::json!({"planned_bytes": m.planned, "lower_bound_bytes": m.lower_bound, "unshared_bytes": m.unshared, "in_place_steps": m.in_place})),
+            "profile": prof.as_ref().map(|p| p.iter().map(|n| serde_json::json!({"node": n.node, "op": n.op, "ms": n.seconds * 1e3})).collect::<Vec<_>>()),
         });
         println!("{j}");
         return Ok(());
@@ -98,9 +105,7 @@ pub fn main(args: Args) -> Result<()> {
             m.in_place
         );
     }
-    if args.profile {
-        let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        let prof = session.profile(&refs, args.iters)?;
+    if let Some(prof) = prof {
         let total: f64 = prof.iter().map(|p| p.seconds).sum();
         let mut by_op: std::collections::BTreeMap<&str, (f64, usize)> = Default::default();
         for p in &prof {

@@ -234,30 +234,63 @@ impl Pool {
     }
 }
 
+/// `dst[i] = fold over taps t of src[t + i]` (`taps`: offsets into `src`), a block of
+/// lanes at a time so that the accumulators stay in registers (one store per output,
+/// not one per tap).
+#[inline(always)]
+fn fold_slices<T: PoolFloat, const MAX: bool, const NAN: bool>(dst: &mut [T], src: &[T], taps: &[usize]) {
+    const LANES: usize = 16;
+    let init = if MAX { T::NEG_INF } else { T::ZERO };
+    let n = dst.len();
+    if n < LANES {
+        for (j, d) in dst.iter_mut().enumerate() {
+            *d = taps.iter().fold(init, |a, &t| fold_tap::<T, MAX, NAN>(a, src[t + j]));
+        }
+        return;
+    }
+    // Blocks at 0, LANES, ..., and a last one ending at n (overlapping the one before:
+    // each output is a pure function of its position, so recomputing it is harmless).
+    let blocks = n.div_ceil(LANES);
+    for b in 0..blocks {
+        let at = (b * LANES).min(n - LANES);
+        let mut acc = [init; LANES];
+        for &tap in taps {
+            let t = &src[tap + at..][..LANES];
+            for l in 0..LANES {
+                acc[l] = fold_tap::<T, MAX, NAN>(acc[l], t[l]);
+            }
+        }
+        dst[at..at + LANES].copy_from_slice(&acc);
+    }
+}
+
 /// Pooling over one axis of a plane viewed as `outer x n_in x inner` (window along
 /// the middle axis) into `outer x n_out x inner`; rows of `inner` elements are
 /// combined whole, so the H and D passes vectorise.
+#[inline(always)]
 fn pool_axis<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, d: usize, outer: usize, inner: usize, src: &[T], dst: &mut [T]) {
     let (n_in, n_out) = (g.input[d], g.output[d]);
-    let init = if MAX { T::NEG_INF } else { T::ZERO };
+    let mut taps: Vec<usize> = Vec::with_capacity(g.kernel[d]);
     for o in 0..outer {
         for out_i in 0..n_out {
             let start = (out_i * g.stride[d]) as i64 - g.pad_begin[d];
             let (k0, k1) = tap_range(g, d, start);
-            let row = &mut dst[(o * n_out + out_i) * inner..][..inner];
-            row.fill(init);
-            for k in k0..k1 {
+            taps.clear();
+            taps.extend((k0..k1).map(|k| {
                 let pos = (start + (k * g.dilation[d]) as i64) as usize;
-                let srow = &src[(o * n_in + pos) * inner..][..inner];
-                for (a, &v) in row.iter_mut().zip(srow) {
-                    *a = fold_tap::<T, MAX, NAN>(*a, v);
-                }
-            }
+                (o * n_in + pos) * inner
+            }));
+            fold_slices::<T, MAX, NAN>(&mut dst[(o * n_out + out_i) * inner..][..inner], src, &taps);
         }
     }
 }
 
-/// Pooling over the last axis (W): each output gathers its taps from one row.
+/// Pooling over the last axis (W). Outputs whose window lies wholly inside the row
+/// (one run `[lo, hi)`) are computed over the whole run at once: the row is first
+/// split into its `stride` phases (`row[p], row[p + stride], ...`), so that tap `t`
+/// of consecutive outputs is a contiguous slice of phase `t % stride` and the folds
+/// vectorise. The borders take the general loop.
+#[inline(always)]
 fn pool_last_axis<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, rows: usize, src: &[T], dst: &mut [T]) {
     let (n_in, n_out) = (g.input[2], g.output[2]);
     let taps: Vec<(i64, usize, usize)> = (0..n_out)
@@ -267,50 +300,52 @@ fn pool_last_axis<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, 
             (start, k0, k1)
         })
         .collect();
-    let (k, dil, stride) = (g.kernel[2], g.dilation[2], g.stride[2]);
-    // Outputs whose window lies wholly inside the row form one run [lo, hi): they take
-    // an unrolled path without per-tap bounds; the borders take the general loop.
+    let (k, dil, stride) = (g.kernel[2], g.dilation[2], g.stride[2].max(1));
     let full = |&(_, k0, k1): &(i64, usize, usize)| k0 == 0 && k1 == k;
     let lo = taps.iter().position(full).unwrap_or(n_out);
     let hi = lo + taps[lo..].iter().take_while(|t| full(t)).count();
-    let fold = |acc: T, v: T| fold_tap::<T, MAX, NAN>(acc, v);
     let init = if MAX { T::NEG_INF } else { T::ZERO };
+    // Phase buffers: phase p of the run's span, each `phase_len` long.
+    let run = hi - lo;
+    let window = (k.max(1) - 1) * dil + 1;
+    let phase_len = run + (window - 1) / stride + 1;
+    let mut phases = vec![init; if run > 0 && stride > 1 { stride * phase_len } else { 0 }];
+    let mut tap_at: Vec<usize> = Vec::with_capacity(k);
     for r in 0..rows {
         let srow = &src[r * n_in..][..n_in];
         let drow = &mut dst[r * n_out..][..n_out];
         for o in (0..lo).chain(hi..n_out) {
             let (start, k0, k1) = taps[o];
-            let mut acc = init;
-            for t in k0..k1 {
-                acc = fold(acc, srow[(start + (t * dil) as i64) as usize]);
-            }
-            drow[o] = acc;
+            drow[o] = (k0..k1).fold(init, |acc, t| fold_tap::<T, MAX, NAN>(acc, srow[(start + (t * dil) as i64) as usize]));
         }
-        if lo < hi {
-            let first = taps[lo].0 as usize;
-            let window = (k - 1) * dil + 1;
-            let span = &srow[first..first + (hi - lo - 1) * stride + window];
-            let out = &mut drow[lo..hi];
-            match (k, dil) {
-                (2, 1) => {
-                    for (o, d) in out.iter_mut().enumerate() {
-                        let w = &span[o * stride..o * stride + 2];
-                        *d = fold(fold(init, w[0]), w[1]);
-                    }
+        if run == 0 {
+            continue;
+        }
+        let first = taps[lo].0 as usize;
+        let span = &srow[first..first + (run - 1) * stride + window];
+        tap_at.clear();
+        if stride == 1 {
+            tap_at.extend((0..k).map(|t| t * dil));
+            fold_slices::<T, MAX, NAN>(&mut drow[lo..hi], span, &tap_at);
+        } else {
+            if stride == 2 {
+                let (even, odd) = phases.split_at_mut(phase_len);
+                for ((pair, e), o) in span.chunks_exact(2).zip(even.iter_mut()).zip(odd.iter_mut()) {
+                    *e = pair[0];
+                    *o = pair[1];
                 }
-                (3, 1) => {
-                    for (o, d) in out.iter_mut().enumerate() {
-                        let w = &span[o * stride..o * stride + 3];
-                        *d = fold(fold(fold(init, w[0]), w[1]), w[2]);
-                    }
+                if span.len() % 2 == 1 {
+                    even[span.len() / 2] = span[span.len() - 1];
                 }
-                _ => {
-                    for (o, d) in out.iter_mut().enumerate() {
-                        let w = &span[o * stride..o * stride + window];
-                        *d = w.iter().step_by(dil).fold(init, |a, &v| fold(a, v));
+            } else {
+                for (i, chunk) in span.chunks(stride).enumerate() {
+                    for (p, &v) in chunk.iter().enumerate() {
+                        phases[p * phase_len + i] = v;
                     }
                 }
             }
+            tap_at.extend((0..k).map(|t| (t * dil % stride) * phase_len + t * dil / stride));
+            fold_slices::<T, MAX, NAN>(&mut drow[lo..hi], &phases, &tap_at);
         }
     }
 }
@@ -326,9 +361,12 @@ impl Pool {
 
     fn separable<T: PoolFloat, const MAX: bool>(&self, g: &Geometry, x: &[T], y: &mut [T]) {
         let (in_size, out_size) = (g.input_size(), g.output_size());
-        let [id_n, ih_n, _] = g.input;
+        let [_, ih_n, iw_n] = g.input;
         let [od_n, oh_n, ow_n] = g.output;
-        let (t1_len, t2_len) = (id_n * ih_n * ow_n, id_n * oh_n * ow_n);
+        // D, then H (whole rows: vectorised), then W on the fewest rows. A 1-tap,
+        // stride-1, unpadded D (every 2-D pool) is skipped.
+        let d_trivial = g.kernel[0] == 1 && g.stride[0] == 1 && g.pad_begin[0] == 0 && g.input[0] == g.output[0];
+        let (t1_len, t2_len) = (if d_trivial { 0 } else { od_n * ih_n * iw_n }, od_n * oh_n * iw_n);
         let kind = self.kind;
         let divisor: Vec<Vec<usize>> =
             (0..3).map(|d| (0..g.output[d]).map(|o| self.divisor_taps(g, d, o)).collect()).collect();
@@ -345,13 +383,9 @@ impl Pool {
                     xc = &lp;
                 }
                 if MAX && has_nan(xc) {
-                    pool_last_axis::<T, MAX, true>(g, id_n * ih_n, xc, &mut t1);
-                    pool_axis::<T, MAX, true>(g, 1, id_n, ow_n, &t1, &mut t2);
-                    pool_axis::<T, MAX, true>(g, 0, 1, oh_n * ow_n, &t2, out);
+                    Self::passes::<T, MAX, true>(g, d_trivial, xc, &mut t1, &mut t2, out);
                 } else {
-                    pool_last_axis::<T, MAX, false>(g, id_n * ih_n, xc, &mut t1);
-                    pool_axis::<T, MAX, false>(g, 1, id_n, ow_n, &t1, &mut t2);
-                    pool_axis::<T, MAX, false>(g, 0, 1, oh_n * ow_n, &t2, out);
+                    Self::passes::<T, MAX, false>(g, d_trivial, xc, &mut t1, &mut t2, out);
                 }
                 match kind {
                     PoolKind::Max { .. } => {}
@@ -369,6 +403,40 @@ impl Pool {
                 }
             }
         });
+    }
+}
+
+impl Pool {
+    /// The D, H and W passes of one plane (see [`Self::plane_passes`]), compiled for
+    /// AVX2 where the CPU has it.
+    fn passes<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, d_trivial: bool, xc: &[T], t1: &mut [T], t2: &mut [T], out: &mut [T]) {
+        #[cfg(target_arch = "x86_64")]
+        if cpu::has_avx2() {
+            // SAFETY: the CPU has AVX2 and FMA.
+            return unsafe { Self::passes_avx2::<T, MAX, NAN>(g, d_trivial, xc, t1, t2, out) };
+        }
+        Self::plane_passes::<T, MAX, NAN>(g, d_trivial, xc, t1, t2, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn passes_avx2<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, d_trivial: bool, xc: &[T], t1: &mut [T], t2: &mut [T], out: &mut [T]) {
+        Self::plane_passes::<T, MAX, NAN>(g, d_trivial, xc, t1, t2, out)
+    }
+
+    /// The D, H and W passes of one plane `xc` into `out` (`t1`, `t2`: scratch).
+    #[inline(always)]
+    fn plane_passes<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, d_trivial: bool, xc: &[T], t1: &mut [T], t2: &mut [T], out: &mut [T]) {
+        let [_, ih_n, iw_n] = g.input;
+        let [od_n, oh_n, _] = g.output;
+        let after_d: &[T] = if d_trivial {
+            xc
+        } else {
+            pool_axis::<T, MAX, NAN>(g, 0, 1, ih_n * iw_n, xc, t1);
+            t1
+        };
+        pool_axis::<T, MAX, NAN>(g, 1, od_n, iw_n, after_d, t2);
+        pool_last_axis::<T, MAX, NAN>(g, od_n * oh_n, t2, out);
     }
 }
 
@@ -590,8 +658,11 @@ mod tests {
 
     #[test]
     fn pools_match_reference() {
-        let x = rand_f32(&[2, 3, 11, 9], 7);
-        for kind in ["MaxPool", "AveragePool", "LpPool"] {
+        // Small planes (scalar paths) and wide ones (blocks of lanes, overlapping tails).
+        for (kind, x) in ["MaxPool", "AveragePool", "LpPool"]
+            .into_iter()
+            .flat_map(|k| [(k, rand_f32(&[2, 3, 11, 9], 7)), (k, rand_f32(&[1, 2, 37, 53], 8))])
+        {
             for (k, s, d, pads, ceil, include) in [
                 ([3, 3], [2, 2], [1, 1], [1i64, 1, 1, 1], false, false),
                 ([3, 2], [2, 3], [1, 1], [0, 1, 2, 0], true, false),
@@ -599,6 +670,7 @@ mod tests {
                 ([3, 3], [3, 2], [2, 1], [2, 2, 2, 2], true, true),
                 ([1, 4], [1, 2], [1, 1], [0, 0, 0, 0], true, false),
                 ([2, 2], [2, 2], [1, 1], [2, 2, 2, 2], false, true),
+                ([2, 3], [2, 3], [1, 2], [0, 1, 1, 0], false, false),
             ] {
                 let attrs = vec![
                     ("kernel_shape", ints(&k.map(|v| v as i64))),
