@@ -50,6 +50,9 @@ pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor> 
 
 #[path = "cpu_features.rs"]
 mod features;
+#[path = "cpu_gang.rs"]
+mod gang_impl;
+pub use gang_impl::gang;
 pub use features::CpuFeatures;
 /// The f32 GEMM micro-kernels and the packed-operand GEMM built on them (kernels of
 /// custom ops may use them too).
@@ -68,10 +71,10 @@ thread_local! {
 }
 
 /// The threads kernels may share work between: the current rayon pool's, or 1 inside
-/// [`serial`].
+/// [`serial`] and inside a chunk of a [`gang`]'s loop.
 #[inline]
 pub fn threads() -> usize {
-    if SERIAL.with(|s| s.get()) {
+    if SERIAL.with(|s| s.get()) || gang_impl::in_chunk() {
         1
     } else {
         rayon::current_num_threads()
@@ -105,13 +108,15 @@ pub fn par_ranges(n: usize, work_per_item: usize, f: impl Fn(usize, usize) + Syn
     }
     let chunks = (threads * 4).min(n).min(total / (PAR_GRAIN / 4)).max(2);
     let size = n.div_ceil(chunks);
+    let chunks = n.div_ceil(size);
+    let body = |c: usize| f(c * size, ((c + 1) * size).min(n));
+    if gang_impl::run(chunks, &body).is_some() {
+        return;
+    }
     rayon::scope(|s| {
         for c in 0..chunks {
-            let (a, b) = (c * size, ((c + 1) * size).min(n));
-            if a < b {
-                let f = &f;
-                s.spawn(move |_| f(a, b));
-            }
+            let body = &body;
+            s.spawn(move |_| body(c));
         }
     });
 }
@@ -134,8 +139,30 @@ pub fn par_chunks_mut<T: Send>(
     }
     let chunks = (threads * 4).min(n).max(2);
     let items = n.div_ceil(chunks);
+    let (step, len) = (items * per_item, out.len());
+    /// The output's address, shared by the chunks (each takes a disjoint part).
+    struct Base<T>(*mut T);
+    // SAFETY: only disjoint sub-slices are formed from it, one per chunk.
+    unsafe impl<T: Send> Sync for Base<T> {}
+    impl<T> Base<T> {
+        fn at(&self, i: usize) -> *mut T {
+            self.0.wrapping_add(i)
+        }
+    }
+    let base = Base(out.as_mut_ptr());
+    let body = |c: usize| {
+        let start = c * step;
+        let end = (start + step).min(len);
+        // SAFETY: chunk `c` owns out[start..end], disjoint from every other chunk's,
+        // and `out` is borrowed mutably for the whole loop.
+        let part = unsafe { std::slice::from_raw_parts_mut(base.at(start), end - start) };
+        f(c * items, part)
+    };
+    if gang_impl::run(len.div_ceil(step), &body).is_some() {
+        return;
+    }
     rayon::scope(|s| {
-        for (c, part) in out.chunks_mut(items * per_item).enumerate() {
+        for (c, part) in out.chunks_mut(step).enumerate() {
             let f = &f;
             s.spawn(move |_| f(c * items, part));
         }

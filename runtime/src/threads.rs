@@ -4,7 +4,8 @@
 //! global pool), so that its thread count is the session's choice
 //! (`SessionOptions::threads`, default: one per core) and the floating-point mode is set
 //! where its threads start; pools are shared process-wide by configuration. A run is
-//! handed to the pool, except a run too small to share out ([`Workers::run_here`]),
+//! handed to the pool, whose other threads then spin as a gang between the run's
+//! parallel loops (`kiln_ops::cpu::gang`: no wake-up per kernel), except a run too small to share out ([`Workers::run_here`]),
 //! which stays on the calling thread with the mode set for its duration: it would pay
 //! more for the hand-over than for its kernels.
 //!
@@ -52,9 +53,10 @@ impl Workers {
         Ok(Workers { pool: pool(config)?, denormals_are_zero: config.denormals_are_zero })
     }
 
-    /// Runs `f` on the pool (the calling thread waits).
+    /// Runs `f` on the pool (the calling thread waits), with the pool's other threads
+    /// held as a gang for `f`'s parallel loops (`kiln_ops::cpu::gang`).
     pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+        self.pool.install(|| kiln_ops::cpu::gang(f))
     }
 
     /// Runs `f` on the calling thread, in the pool's floating-point mode, every kernel

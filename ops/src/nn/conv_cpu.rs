@@ -331,7 +331,7 @@ pub(crate) fn im2col_row(g: &Geometry, xc: &[f32], tap: [usize; 3], p0: usize, d
         }
         let start = ((lo * g.stride[2]) as i64 + w_off) as usize;
         if g.stride[2] == 1 {
-            body.copy_from_slice(&src[start..start + body.len()]);
+            copy_short(body, &src[start..start + body.len()]);
         } else {
             let s = g.stride[2];
             let span = &src[start..start + (body.len() - 1) * s + 1];
@@ -420,6 +420,33 @@ fn depthwise_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [
             }
         }
     });
+}
+
+/// `dst.copy_from_slice(src)` for short rows (a 7-float row of a small plane), inlined
+/// as vector moves: `copy_from_slice` calls `memmove`, whose fixed cost is larger than
+/// such a copy. Blocks of 8, then an overlapping last block.
+#[inline(always)]
+fn copy_short(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len();
+    let src = &src[..n];
+    fn block<const B: usize>(dst: &mut [f32], src: &[f32], at: usize) {
+        let d: &mut [f32; B] = (&mut dst[at..at + B]).try_into().expect("block");
+        *d = src[at..at + B].try_into().expect("block");
+    }
+    match n {
+        0 => {}
+        1..=3 => (0..n).for_each(|i| dst[i] = src[i]),
+        4..=7 => {
+            block::<4>(dst, src, 0);
+            block::<4>(dst, src, n - 4);
+        }
+        _ => {
+            for at in (0..n - 8).step_by(8) {
+                block::<8>(dst, src, at);
+            }
+            block::<8>(dst, src, n - 8);
+        }
+    }
 }
 
 /// `a * b + c`, fused when the caller was compiled with FMA enabled.
@@ -525,7 +552,7 @@ impl DepthwisePlan<'_> {
             // dst[..lo] and dst[hi..] are padding and stay zero.
             if hi > lo {
                 let start = (lo as i64 - pw) as usize;
-                dst[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+                copy_short(&mut dst[lo..hi], &src[start..start + hi - lo]);
             }
             if sw == 2 {
                 let (left, right) = phases.split_at_mut(phase_row(1));
@@ -563,7 +590,7 @@ impl DepthwisePlan<'_> {
                     *o = if v < hi { v } else { hi };
                 }),
                 (None, true) => dst.iter_mut().zip(src).for_each(|(o, &v)| *o += v),
-                (None, false) => dst.copy_from_slice(src),
+                (None, false) => copy_short(dst, src),
             }
         }
     }
