@@ -88,6 +88,49 @@ impl Isa {
     }
 }
 
+impl Isa {
+    /// [`Isa::tile`] with A read in place instead of packed: row `i` of step `k` is
+    /// `x[offs[k] + i]` (a convolution's input under tap `k`, MR consecutive pixels).
+    ///
+    /// # Safety
+    /// As [`Isa::tile`], with `offs` holding `kc` offsets and `x[offs[k] + i]` readable
+    /// for every `k < kc`, `i < MR`.
+    #[inline]
+    pub unsafe fn tile_gather(self, kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::gather_avx512(kc, x, offs, b, c, ldc, accumulate),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::gather_avx2(kc, x, offs, b, c, ldc, accumulate),
+            _ => gather_portable(kc, x, offs, b, c, ldc, accumulate),
+        }
+    }
+}
+
+unsafe fn gather_portable(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+    const MR: usize = 4;
+    const NR: usize = 8;
+    let mut acc = [[0f32; NR]; MR];
+    if accumulate {
+        for (i, row) in acc.iter_mut().enumerate() {
+            row.copy_from_slice(std::slice::from_raw_parts(c.add(i * ldc), NR));
+        }
+    }
+    let b = std::slice::from_raw_parts(b, kc * NR);
+    for (k, bk) in b.chunks_exact(NR).enumerate() {
+        let a = x.add(*offs.add(k));
+        for i in 0..MR {
+            let ai = *a.add(i);
+            for j in 0..NR {
+                acc[i][j] += ai * bk[j];
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        std::slice::from_raw_parts_mut(c.add(i * ldc), NR).copy_from_slice(row);
+    }
+}
+
 unsafe fn tile_portable(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
     const MR: usize = 4;
     const NR: usize = 8;
@@ -144,6 +187,64 @@ mod x86 {
         }
     }
 
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn gather_avx512(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        const MR: usize = 8;
+        let mut acc0 = [_mm512_setzero_ps(); MR];
+        let mut acc1 = [_mm512_setzero_ps(); MR];
+        if accumulate {
+            for i in 0..MR {
+                acc0[i] = _mm512_loadu_ps(c.add(i * ldc));
+                acc1[i] = _mm512_loadu_ps(c.add(i * ldc + 16));
+            }
+        }
+        let mut b = b;
+        for k in 0..kc {
+            let a = x.add(*offs.add(k));
+            let b0 = _mm512_loadu_ps(b);
+            let b1 = _mm512_loadu_ps(b.add(16));
+            for i in 0..MR {
+                let ai = _mm512_set1_ps(*a.add(i));
+                acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
+                acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
+            }
+            b = b.add(32);
+        }
+        for i in 0..MR {
+            _mm512_storeu_ps(c.add(i * ldc), acc0[i]);
+            _mm512_storeu_ps(c.add(i * ldc + 16), acc1[i]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gather_avx2(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        const MR: usize = 6;
+        let mut acc0 = [_mm256_setzero_ps(); MR];
+        let mut acc1 = [_mm256_setzero_ps(); MR];
+        if accumulate {
+            for i in 0..MR {
+                acc0[i] = _mm256_loadu_ps(c.add(i * ldc));
+                acc1[i] = _mm256_loadu_ps(c.add(i * ldc + 8));
+            }
+        }
+        let mut b = b;
+        for k in 0..kc {
+            let a = x.add(*offs.add(k));
+            let b0 = _mm256_loadu_ps(b);
+            let b1 = _mm256_loadu_ps(b.add(8));
+            for i in 0..MR {
+                let ai = _mm256_broadcast_ss(&*a.add(i));
+                acc0[i] = _mm256_fmadd_ps(ai, b0, acc0[i]);
+                acc1[i] = _mm256_fmadd_ps(ai, b1, acc1[i]);
+            }
+            b = b.add(16);
+        }
+        for i in 0..MR {
+            _mm256_storeu_ps(c.add(i * ldc), acc0[i]);
+            _mm256_storeu_ps(c.add(i * ldc + 8), acc1[i]);
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn tile_avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
         const MR: usize = 6;
@@ -177,6 +278,28 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The gathering kernels against the packed ones on the same operands (A read at
+    /// scattered offsets, as a convolution's taps).
+    #[test]
+    fn gathered_tiles_match_packed_tiles() {
+        for isa in Isa::available() {
+            let (mr, nr, kc, ldc) = (isa.mr(), isa.nr(), 29, isa.nr() + 3);
+            let x: Vec<f32> = (0..500).map(|i| ((i * 11) % 17) as f32 * 0.25 - 2.0).collect();
+            let offs: Vec<usize> = (0..kc).map(|k| (k * 37) % 480).collect();
+            let a: Vec<f32> = (0..kc * mr).map(|i| x[offs[i / mr] + i % mr]).collect();
+            let b: Vec<f32> = (0..kc * nr).map(|i| ((i * 5) % 11) as f32 * 0.5 - 2.0).collect();
+            for accumulate in [false, true] {
+                let init: Vec<f32> = (0..mr * ldc).map(|i| i as f32 * 0.5).collect();
+                let (mut want, mut got) = (init.clone(), init);
+                unsafe {
+                    isa.tile(kc, a.as_ptr(), b.as_ptr(), want.as_mut_ptr(), ldc, accumulate);
+                    isa.tile_gather(kc, x.as_ptr(), offs.as_ptr(), b.as_ptr(), got.as_mut_ptr(), ldc, accumulate);
+                }
+                assert_eq!(got, want, "{isa:?}, accumulate {accumulate}");
+            }
+        }
+    }
 
     /// Every available kernel against a plain f64 product, accumulating and not.
     #[test]

@@ -6,7 +6,15 @@
 //! NR-channel panels; each reduction slice of im2col^T is packed into MR-pixel panels per
 //! run. A block of output channels accumulates in a transposed scratch tile, which is
 //! stored into the NCHW output with the epilogue at the end.
+//!
+//! The direct form ([`FlippedFilters::direct`], stride-1 2-D convolutions) packs nothing
+//! per run: the input is copied once into zero-padded planes, and the micro-kernel reads
+//! its MR pixels of each tap in place ([`Isa::tile_gather`]). Pixels are numbered on the
+//! padded width (`q = oh * wp + ow`), so that MR consecutive pixels of a tap are MR
+//! consecutive floats even across rows; the `wp - ow_n` extra columns of each row are
+//! computed and dropped.
 use super::conv_cpu::{im2col_row, ConvProblem, SharedOut};
+use std::cell::RefCell;
 use crate::cpu;
 use crate::elementwise::UnaryKind;
 use crate::linalg::microkernel::Isa;
@@ -14,6 +22,27 @@ use crate::linalg::microkernel::Isa;
 /// Whether the flipped GEMM computes this problem (ungrouped, non-depthwise).
 pub(crate) fn applies(p: &ConvProblem) -> bool {
     p.group == 1
+}
+
+/// Whether the direct form computes this problem: 2-D, stride 1, a kernel wider than
+/// one tap (a 1x1 convolution is a plain GEMM).
+pub(crate) fn direct_applies(p: &ConvProblem) -> bool {
+    let g = &p.geo;
+    applies(p) && g.input[0] == 1 && g.kernel[0] == 1 && g.stride.iter().all(|&s| s == 1) && g.kernel_size() > 1
+}
+
+/// The zero-padded input planes of the direct form and the offset of each tap.
+struct Padded {
+    /// Padded plane: `hp` rows of `wp`.
+    hp: usize,
+    wp: usize,
+    /// Per reduction step `k = (c, kh, kw)`: `c * hp * wp + kh * dh * wp + kw * dw`.
+    offs: Vec<usize>,
+}
+
+thread_local! {
+    /// The padded input of the direct form (one buffer per calling thread, reused).
+    static PADDED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The filters as `W^T` (`K x M`), packed into panels of NR output channels (zero
@@ -27,6 +56,8 @@ pub(crate) struct FlippedFilters {
     kc: usize,
     /// Output channels per task (a multiple of NR).
     nc: usize,
+    /// The direct form's geometry (None: im2col panels).
+    padded: Option<Padded>,
 }
 
 impl FlippedFilters {
@@ -42,7 +73,20 @@ impl FlippedFilters {
         }
         // Channel blocks: about two per thread per image, whole panels.
         let per_task = panels.div_ceil(threads.max(1).div_ceil(p.batch.max(1)).max(1)).max(1);
-        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr }
+        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None }
+    }
+
+    /// The direct form (see the module docs); `p` must satisfy [`direct_applies`].
+    pub(crate) fn direct(p: &ConvProblem, w: &[f32], isa: Isa, kc: usize, threads: usize) -> FlippedFilters {
+        let g = &p.geo;
+        let [_, oh_n, ow_n] = g.output;
+        let [_, kh_n, kw_n] = g.kernel;
+        let (dh, dw) = (g.dilation[1], g.dilation[2]);
+        let (hp, wp) = (oh_n + (kh_n - 1) * dh, ow_n + (kw_n - 1) * dw);
+        let offs = (0..p.in_channels)
+            .flat_map(|c| (0..kh_n).flat_map(move |kh| (0..kw_n).map(move |kw| c * hp * wp + kh * dh * wp + kw * dw)))
+            .collect();
+        FlippedFilters { padded: Some(Padded { hp, wp, offs }), ..FlippedFilters::new(p, w, isa, kc, threads) }
     }
 
     /// `y = act([y +] conv(x) + bias)`.
@@ -51,16 +95,127 @@ impl FlippedFilters {
         let tasks = p.batch * blocks;
         let (in_len, out_len) = (p.in_channels * p.geo.input_size(), p.out_channels * p.geo.output_size());
         let out = SharedOut(y.as_mut_ptr());
-        let run_task = |t: usize| {
-            let (img, b) = (t / blocks, t % blocks);
-            let n0 = b * self.nc;
-            let n1 = (n0 + self.nc).min(self.m);
-            // SAFETY: this task writes output channels n0..n1 of image img only.
-            unsafe { self.run_block(p, &x[img * in_len..][..in_len], n0, n1, bias, act, residual, out.ptr().add(img * out_len)) };
-        };
         let flops = 2 * p.macs() as usize;
-        // Serial for one task or one thread (`par_ranges` decides).
-        cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
+        let Some(pd) = &self.padded else {
+            let run_task = |t: usize| {
+                let (img, b) = (t / blocks, t % blocks);
+                let n0 = b * self.nc;
+                let n1 = (n0 + self.nc).min(self.m);
+                // SAFETY: this task writes output channels n0..n1 of image img only.
+                unsafe { self.run_block(p, &x[img * in_len..][..in_len], n0, n1, bias, act, residual, out.ptr().add(img * out_len)) };
+            };
+            // Serial for one task or one thread (`par_ranges` decides).
+            cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
+            return;
+        };
+        let padded_len = p.in_channels * pd.hp * pd.wp + self.isa.mr();
+        // Tasks: strips of grid pixels of every output channel, each strip's transposed
+        // tile about 64 KiB (it stays in cache until its epilogue).
+        let [_, oh_n, ow_n] = p.geo.output;
+        let grid = (oh_n - 1) * pd.wp + ow_n;
+        let cols = self.m.next_multiple_of(self.isa.nr());
+        let strip = (16384 / cols).next_multiple_of(self.isa.mr()).min(grid.next_multiple_of(self.isa.mr()));
+        let strips = grid.div_ceil(strip);
+        PADDED.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.resize(p.batch * padded_len, 0.0);
+            for img in 0..p.batch {
+                self.pad(p, pd, &x[img * in_len..][..in_len], &mut buf[img * padded_len..][..padded_len]);
+            }
+            let buf = &buf[..];
+            let run_task = |t: usize| {
+                let (img, st) = (t / strips, t % strips);
+                let q0 = st * strip;
+                // SAFETY: this task writes the pixels of grid q0..q0 + strip of image img only.
+                unsafe { self.run_direct(p, pd, &buf[img * padded_len..][..padded_len], q0, (q0 + strip).min(grid), bias, act, residual, out.ptr().add(img * out_len)) };
+            };
+            let tasks = p.batch * strips;
+            cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
+        });
+    }
+
+    /// Copies one image's planes into `dst` (`C` padded planes, then MR floats of
+    /// slack), zero outside the input.
+    fn pad(&self, p: &ConvProblem, pd: &Padded, x: &[f32], dst: &mut [f32]) {
+        let g = &p.geo;
+        let [_, ih_n, iw_n] = g.input;
+        let (top, left) = (g.pad_begin[1], g.pad_begin[2]);
+        let plane = ih_n * iw_n;
+        for (c, pl) in dst.chunks_exact_mut(pd.hp * pd.wp).enumerate().take(p.in_channels) {
+            let xc = &x[c * plane..][..plane];
+            for (r, row) in pl.chunks_exact_mut(pd.wp).enumerate() {
+                let ih = r as i64 - top;
+                if ih < 0 || ih >= ih_n as i64 {
+                    row.fill(0.0);
+                    continue;
+                }
+                let src = &xc[ih as usize * iw_n..][..iw_n];
+                // Columns lo..hi of the padded row come from the input.
+                let lo = (left.max(0) as usize).min(pd.wp);
+                let hi = ((iw_n as i64 + left).max(0) as usize).clamp(lo, pd.wp);
+                row[..lo].fill(0.0);
+                row[hi..].fill(0.0);
+                let start = (lo as i64 - left) as usize;
+                row[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+            }
+        }
+        let tail = p.in_channels * pd.hp * pd.wp;
+        dst[tail..].fill(0.0);
+    }
+
+    /// Grid pixels `q0..q1` (`q = oh * wp + ow`) of every output channel of one image,
+    /// from its padded planes `xp`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_direct(&self, p: &ConvProblem, pd: &Padded, xp: &[f32], q0: usize, q1: usize, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: *mut f32) {
+        let (isa, k, m) = (self.isa, self.k, self.m);
+        let (mr, nr) = (isa.mr(), isa.nr());
+        let [_, oh_n, ow_n] = p.geo.output;
+        let px = oh_n * ow_n;
+        let tiles = (q1 - q0).div_ceil(mr);
+        let cols = m.next_multiple_of(nr);
+        cpu::with_scratch(tiles * mr * cols, |ct| {
+            let mut kb = 0;
+            while kb < k {
+                let kcur = self.kc.min(k - kb);
+                for j in 0..cols / nr {
+                    let bpanel = self.data.as_ptr().add((j * k + kb) * nr);
+                    for i in 0..tiles {
+                        let c_tile = ct.as_mut_ptr().add(i * mr * cols + j * nr);
+                        isa.tile_gather(kcur, xp.as_ptr().add(q0 + i * mr), pd.offs.as_ptr().add(kb), bpanel, c_tile, cols, kb > 0);
+                    }
+                }
+                kb += kcur;
+            }
+            if k == 0 {
+                ct.fill(0.0);
+            }
+            // Y[ch][oh][ow] = C^T[q - q0][ch] + bias (+ residual), then the activation,
+            // one output row segment at a time.
+            let mut q = q0;
+            while q < q1 {
+                let (oh, ow) = (q / pd.wp, q % pd.wp);
+                let seg_end = (oh * pd.wp + pd.wp).min(q1);
+                if ow >= ow_n {
+                    q = seg_end;
+                    continue;
+                }
+                let len = (seg_end - q).min(ow_n - ow);
+                let tile = &ct[(q - q0) * cols..];
+                for ch in 0..m {
+                    let dst = std::slice::from_raw_parts_mut(y.add(ch * px + oh * ow_n + ow), len);
+                    let b = bias.map_or(0.0, |b| b[ch]);
+                    if residual {
+                        dst.iter_mut().enumerate().for_each(|(i, o)| *o += tile[i * cols + ch] + b);
+                    } else {
+                        dst.iter_mut().enumerate().for_each(|(i, o)| *o = tile[i * cols + ch] + b);
+                    }
+                    if let Some(a) = act {
+                        a.apply_slice_f32_fast(dst);
+                    }
+                }
+                q = seg_end;
+            }
+        });
     }
 
     /// Output channels `n0..n1` of one image (`x`: `[C, ...]`, `y`: `[M, pixels]`).

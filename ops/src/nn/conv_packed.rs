@@ -23,6 +23,8 @@ pub(crate) const ALGO_DIRECT: u32 = 0;
 pub(crate) const ALGO_PACKED: u32 = 1;
 pub(crate) const ALGO_WINOGRAD: u32 = 2;
 pub(crate) const ALGO_FLIPPED: u32 = 3;
+/// The flipped GEMM reading the padded input in place (stride-1 2-D convolutions).
+pub(crate) const ALGO_FLIPPED_DIRECT: u32 = 4;
 
 /// Whether a problem can take the packed path: f32 with constant weights, not
 /// depthwise (which has its own per-plane kernel).
@@ -49,6 +51,9 @@ pub(crate) fn params(p: &ConvProblem) -> Vec<TuneParam> {
         if p.geo.output_size() <= 64 && p.out_channels >= 64 && p.reduction() > super::conv_small_k::MAX_REDUCTION {
             algo = ALGO_FLIPPED;
         }
+    }
+    if conv_flipped::direct_applies(p) {
+        algos.push(ALGO_FLIPPED_DIRECT);
     }
     if conv_winograd::applies(p) {
         algos.push(ALGO_WINOGRAD);
@@ -127,6 +132,7 @@ impl PackedConv {
                 Packed::Gemm { filters, blocking }
             }
             ALGO_FLIPPED if conv_flipped::applies(&p) => Packed::Flipped(FlippedFilters::new(&p, w, isa, get("kc") as usize, cpu::threads())),
+            ALGO_FLIPPED_DIRECT if conv_flipped::direct_applies(&p) => Packed::Flipped(FlippedFilters::direct(&p, w, isa, get("kc") as usize, cpu::threads())),
             ALGO_WINOGRAD if conv_winograd::applies(&p) => Packed::Winograd(WinogradFilters::new(&p, w, isa, get("tiles") as usize, get("kc") as usize)),
             _ => return None,
         };

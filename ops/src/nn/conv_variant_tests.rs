@@ -1,5 +1,6 @@
 //! Every CPU variant of Conv (the direct kernels, the packed GEMM at each instruction
-//! set and block size, Winograd at each block size, the transposed GEMM), one forced at
+//! set and block size, Winograd at each block size, the transposed GEMM, packed and
+//! direct), one forced at
 //! a time, against the f64 reference on odd shapes, with bias, a fused residual and an
 //! activation.
 use super::tests::reference;
@@ -40,6 +41,8 @@ fn every_variant_matches_the_f64_reference() {
         let variants = run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap();
         // The packed variants are offered for these shapes.
         assert!(variants.iter().any(|(n, _)| n == "algo=1"), "x{xd:?} w{wd:?}: {:?}", variants.iter().map(|v| &v.0).collect::<Vec<_>>());
+        // The direct flipped form is offered for ungrouped stride-1 kernels of 2+ taps.
+        assert_eq!(variants.iter().any(|(n, _)| n == "algo=4"), group == 1 && stride == 1 && wd[2] * wd[3] > 1, "x{xd:?} w{wd:?}");
         for (name, outs) in &variants {
             assert_close(&outs[0], &want, 2e-5, &format!("x{xd:?} w{wd:?} g{group} s{stride} {name}"));
         }
