@@ -5,8 +5,8 @@
 //! (`SessionOptions::threads`, default: one per core) and the floating-point mode is set
 //! where its threads start; pools are shared process-wide by configuration. A run is
 //! handed to the pool, whose other threads then spin as a gang between the run's
-//! parallel loops (`kiln_ops::cpu::gang`: no wake-up per kernel), except a run too small to share out ([`Workers::run_here`]),
-//! which stays on the calling thread with the mode set for its duration: it would pay
+//! parallel loops (`kiln_ops::cpu::gang`: no wake-up per kernel), except a run too
+//! small to share out ([`Workers::run_here`]), which stays on the calling thread with the mode set for its duration: it would pay
 //! more for the hand-over than for its kernels.
 //!
 //! Denormals: unless a session asks otherwise, its worker threads flush subnormal
