@@ -200,17 +200,11 @@ impl FlippedFilters {
                     continue;
                 }
                 let len = (seg_end - q).min(ow_n - ow);
-                let tile = &ct[(q - q0) * cols..];
-                for ch in 0..m {
-                    let dst = std::slice::from_raw_parts_mut(y.add(ch * px + oh * ow_n + ow), len);
-                    let b = bias.map_or(0.0, |b| b[ch]);
-                    if residual {
-                        dst.iter_mut().enumerate().for_each(|(i, o)| *o += tile[i * cols + ch] + b);
-                    } else {
-                        dst.iter_mut().enumerate().for_each(|(i, o)| *o = tile[i * cols + ch] + b);
-                    }
-                    if let Some(a) = act {
-                        a.apply_slice_f32_fast(dst);
+                let (tile, at) = (&ct[(q - q0) * cols..], y.add(oh * ow_n + ow));
+                store_transposed(tile, cols, len, m, bias, residual, at, px);
+                if let Some(a) = act {
+                    for ch in 0..m {
+                        a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(at.add(ch * px), len));
                     }
                 }
                 q = seg_end;
@@ -276,5 +270,81 @@ impl FlippedFilters {
                 }
             }
         });
+    }
+}
+
+/// `y[ch * ystride + i] = [y[..] +] tile[i * cols + ch] + bias[ch]` for `ch < m`,
+/// `i < len`: a transposed tile stored into NCHW rows, 8x8 blocks transposed in
+/// registers where the CPU has AVX2.
+///
+/// # Safety
+/// `y` addresses `m` rows of `len` floats at stride `ystride` that no other thread
+/// touches meanwhile; `tile` holds `len` rows of `cols >= m` floats.
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_transposed(tile: &[f32], cols: usize, len: usize, m: usize, bias: Option<&[f32]>, residual: bool, y: *mut f32, ystride: usize) {
+    assert!(tile.len() >= (len.max(1) - 1) * cols + m && cols >= m);
+    let (mut ch_done, mut px_done) = (0, 0);
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2() {
+        (ch_done, px_done) = (m - m % 8, len - len % 8);
+        store_blocks_avx2(tile, cols, ch_done, px_done, bias, residual, y, ystride);
+    }
+    // The rest: channels past the 8-blocks (all pixels), pixels past them (all channels).
+    for ch in 0..m {
+        let first = if ch < ch_done { px_done } else { 0 };
+        let b = bias.map_or(0.0, |b| b[ch]);
+        for i in first..len {
+            let o = y.add(ch * ystride + i);
+            let v = tile[i * cols + ch] + b;
+            *o = if residual { *o + v } else { v };
+        }
+    }
+}
+
+/// The 8x8 blocks of [`store_transposed`]: channels `0..m8`, pixels `0..len8`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_blocks_avx2(tile: &[f32], cols: usize, m8: usize, len8: usize, bias: Option<&[f32]>, residual: bool, y: *mut f32, ystride: usize) {
+    use std::arch::x86_64::*;
+    let t = tile.as_ptr();
+    for ch in (0..m8).step_by(8) {
+        for i in (0..len8).step_by(8) {
+            let r: [__m256; 8] = std::array::from_fn(|k| _mm256_loadu_ps(t.add((i + k) * cols + ch)));
+            let a0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let a1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let a2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let a3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let a4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let a5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let a6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let a7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let s0 = _mm256_shuffle_ps::<0x44>(a0, a2);
+            let s1 = _mm256_shuffle_ps::<0xEE>(a0, a2);
+            let s2 = _mm256_shuffle_ps::<0x44>(a1, a3);
+            let s3 = _mm256_shuffle_ps::<0xEE>(a1, a3);
+            let s4 = _mm256_shuffle_ps::<0x44>(a4, a6);
+            let s5 = _mm256_shuffle_ps::<0xEE>(a4, a6);
+            let s6 = _mm256_shuffle_ps::<0x44>(a5, a7);
+            let s7 = _mm256_shuffle_ps::<0xEE>(a5, a7);
+            let c = [
+                _mm256_permute2f128_ps::<0x20>(s0, s4),
+                _mm256_permute2f128_ps::<0x20>(s1, s5),
+                _mm256_permute2f128_ps::<0x20>(s2, s6),
+                _mm256_permute2f128_ps::<0x20>(s3, s7),
+                _mm256_permute2f128_ps::<0x31>(s0, s4),
+                _mm256_permute2f128_ps::<0x31>(s1, s5),
+                _mm256_permute2f128_ps::<0x31>(s2, s6),
+                _mm256_permute2f128_ps::<0x31>(s3, s7),
+            ];
+            for (j, &col) in c.iter().enumerate() {
+                let o = y.add((ch + j) * ystride + i);
+                let mut v = _mm256_add_ps(col, _mm256_set1_ps(bias.map_or(0.0, |b| b[ch + j])));
+                if residual {
+                    v = _mm256_add_ps(v, _mm256_loadu_ps(o));
+                }
+                _mm256_storeu_ps(o, v);
+            }
+        }
     }
 }
