@@ -7,12 +7,15 @@
 //! run. A block of output channels accumulates in a transposed scratch tile, which is
 //! stored into the NCHW output with the epilogue at the end.
 //!
-//! The direct form ([`FlippedFilters::direct`], stride-1 2-D convolutions) packs nothing
-//! per run: the input is copied once into zero-padded planes, and the micro-kernel reads
-//! its MR pixels of each tap in place ([`Isa::tile_gather`]). Pixels are numbered on the
-//! padded width (`q = oh * wp + ow`), so that MR consecutive pixels of a tap are MR
-//! consecutive floats even across rows; the `wp - ow_n` extra columns of each row are
-//! computed and dropped.
+//! The direct form ([`FlippedFilters::direct`], 2-D convolutions) packs nothing per
+//! run: the input is copied once into zero-padded "phase" planes (phase `(a, b)` holds
+//! the padded positions congruent to `(a, b)` modulo the strides; one phase at stride
+//! 1), and the micro-kernel reads its MR pixels of each tap in place
+//! ([`Isa::tile_gather`]): tap `(kh, kw)` of output `(oh, ow)` is element
+//! `(oh + kh*dh / sh, ow + kw*dw / sw)` of phase `(kh*dh % sh, kw*dw % sw)`. Pixels are
+//! numbered on the phase width (`q = oh * wph + ow`), so that MR consecutive pixels of a
+//! tap are MR consecutive floats even across rows; the `wph - ow_n` extra columns of
+//! each row are computed and dropped.
 use super::conv_cpu::{im2col_row, ConvProblem, SharedOut};
 use std::cell::RefCell;
 use crate::cpu;
@@ -24,20 +27,35 @@ pub(crate) fn applies(p: &ConvProblem) -> bool {
     p.group == 1
 }
 
-/// Whether the direct form computes this problem: 2-D, stride 1, a kernel wider than
-/// one tap (a 1x1 convolution is a plain GEMM).
+/// Whether the direct form computes this problem: 2-D, a kernel wider than one tap or
+/// strided (a 1x1 stride-1 convolution is a plain GEMM).
 pub(crate) fn direct_applies(p: &ConvProblem) -> bool {
     let g = &p.geo;
-    applies(p) && g.input[0] == 1 && g.kernel[0] == 1 && g.stride.iter().all(|&s| s == 1) && g.kernel_size() > 1
+    applies(p) && g.input[0] == 1 && g.kernel[0] == 1 && g.stride[0] == 1 && (g.kernel_size() > 1 || g.stride[1] * g.stride[2] > 1)
 }
 
-/// The zero-padded input planes of the direct form and the offset of each tap.
+/// The zero-padded phase planes of the direct form and the offset of each tap.
 struct Padded {
-    /// Padded plane: `hp` rows of `wp`.
-    hp: usize,
-    wp: usize,
-    /// Per reduction step `k = (c, kh, kw)`: `c * hp * wp + kh * dh * wp + kw * dw`.
+    /// Strides (rows, columns): `sh * sw` phases per channel.
+    sh: usize,
+    sw: usize,
+    /// A phase plane: `hph` rows of `wph`.
+    hph: usize,
+    wph: usize,
+    /// Per reduction step `k = (c, kh, kw)`: where its phase data starts (see the
+    /// module docs).
     offs: Vec<usize>,
+    /// Which row and column phases some tap reads (a strided 1x1 reads only phase
+    /// (0, 0)): the others are never written.
+    rows_read: Vec<bool>,
+    cols_read: Vec<bool>,
+}
+
+impl Padded {
+    /// Floats per channel (all its phases).
+    fn channel_len(&self) -> usize {
+        self.sh * self.sw * self.hph * self.wph
+    }
 }
 
 thread_local! {
@@ -81,12 +99,25 @@ impl FlippedFilters {
         let g = &p.geo;
         let [_, oh_n, ow_n] = g.output;
         let [_, kh_n, kw_n] = g.kernel;
-        let (dh, dw) = (g.dilation[1], g.dilation[2]);
-        let (hp, wp) = (oh_n + (kh_n - 1) * dh, ow_n + (kw_n - 1) * dw);
+        let (dh, dw, sh, sw) = (g.dilation[1], g.dilation[2], g.stride[1], g.stride[2]);
+        // Padded extent read, then per phase.
+        let (hp, wp) = ((oh_n - 1) * sh + (kh_n - 1) * dh + 1, (ow_n - 1) * sw + (kw_n - 1) * dw + 1);
+        let (hph, wph) = (hp.div_ceil(sh), wp.div_ceil(sw));
+        let plane = hph * wph;
         let offs = (0..p.in_channels)
-            .flat_map(|c| (0..kh_n).flat_map(move |kh| (0..kw_n).map(move |kw| c * hp * wp + kh * dh * wp + kw * dw)))
+            .flat_map(|c| {
+                (0..kh_n).flat_map(move |kh| {
+                    (0..kw_n).map(move |kw| {
+                        let (rh, rw) = (kh * dh, kw * dw);
+                        c * sh * sw * plane + ((rh % sh) * sw + rw % sw) * plane + (rh / sh) * wph + rw / sw
+                    })
+                })
+            })
             .collect();
-        FlippedFilters { padded: Some(Padded { hp, wp, offs }), ..FlippedFilters::new(p, w, isa, kc, threads) }
+        let rows_read = (0..sh).map(|a| (0..kh_n).any(|kh| kh * dh % sh == a)).collect();
+        let cols_read = (0..sw).map(|b| (0..kw_n).any(|kw| kw * dw % sw == b)).collect();
+        let padded = Padded { sh, sw, hph, wph, offs, rows_read, cols_read };
+        FlippedFilters { padded: Some(padded), ..FlippedFilters::new(p, w, isa, kc, threads) }
     }
 
     /// `y = act([y +] conv(x) + bias)`.
@@ -108,11 +139,12 @@ impl FlippedFilters {
             cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
             return;
         };
-        let padded_len = p.in_channels * pd.hp * pd.wp + self.isa.mr();
+        // Slack past the last plane: the extra columns of the last tiles read on.
+        let padded_len = p.in_channels * pd.channel_len() + pd.wph + self.isa.mr();
         // Tasks: strips of grid pixels of every output channel, each strip's transposed
         // tile about 64 KiB (it stays in cache until its epilogue).
         let [_, oh_n, ow_n] = p.geo.output;
-        let grid = (oh_n - 1) * pd.wp + ow_n;
+        let grid = (oh_n - 1) * pd.wph + ow_n;
         let cols = self.m.next_multiple_of(self.isa.nr());
         let strip = (16384 / cols).next_multiple_of(self.isa.mr()).min(grid.next_multiple_of(self.isa.mr()));
         let strips = grid.div_ceil(strip);
@@ -134,36 +166,51 @@ impl FlippedFilters {
         });
     }
 
-    /// Copies one image's planes into `dst` (`C` padded planes, then MR floats of
-    /// slack), zero outside the input.
+    /// Copies one image's planes into `dst` as zero-padded phase planes (see the module
+    /// docs), then zero slack.
     fn pad(&self, p: &ConvProblem, pd: &Padded, x: &[f32], dst: &mut [f32]) {
         let g = &p.geo;
         let [_, ih_n, iw_n] = g.input;
         let (top, left) = (g.pad_begin[1], g.pad_begin[2]);
-        let plane = ih_n * iw_n;
-        for (c, pl) in dst.chunks_exact_mut(pd.hp * pd.wp).enumerate().take(p.in_channels) {
-            let xc = &x[c * plane..][..plane];
-            for (r, row) in pl.chunks_exact_mut(pd.wp).enumerate() {
+        let (sh, sw, hph, wph) = (pd.sh, pd.sw, pd.hph, pd.wph);
+        let plane = hph * wph;
+        let in_plane = ih_n * iw_n;
+        // Padded columns lo..hi come from the input (the rest, of every row, is zero).
+        let lo = left.max(0) as usize;
+        let hi = ((iw_n as i64 + left).max(0) as usize).min(sw * wph).max(lo.min(sw * wph));
+        let lo = lo.min(hi);
+        dst.fill(0.0);
+        for c in 0..p.in_channels {
+            let xc = &x[c * in_plane..][..in_plane];
+            let base = c * pd.channel_len();
+            for r in 0..sh * hph {
                 let ih = r as i64 - top;
-                if ih < 0 || ih >= ih_n as i64 {
-                    row.fill(0.0);
+                if ih < 0 || ih >= ih_n as i64 || hi == lo || !pd.rows_read[r % sh] {
                     continue;
                 }
-                let src = &xc[ih as usize * iw_n..][..iw_n];
-                // Columns lo..hi of the padded row come from the input.
-                let lo = (left.max(0) as usize).min(pd.wp);
-                let hi = ((iw_n as i64 + left).max(0) as usize).clamp(lo, pd.wp);
-                row[..lo].fill(0.0);
-                row[hi..].fill(0.0);
-                let start = (lo as i64 - left) as usize;
-                row[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+                let src = &xc[ih as usize * iw_n + (lo as i64 - left) as usize..][..hi - lo];
+                let row = |qw: usize| base + ((r % sh) * sw + qw) * plane + (r / sh) * wph;
+                if sw == 1 {
+                    let at = row(0);
+                    dst[at + lo..at + hi].copy_from_slice(src);
+                } else {
+                    // Column lo + i is element j of phase qw (counters, not divisions).
+                    let (mut qw, mut j) = (lo % sw, lo / sw);
+                    for &v in src {
+                        if pd.cols_read[qw] {
+                            dst[row(qw) + j] = v;
+                        }
+                        qw += 1;
+                        if qw == sw {
+                            (qw, j) = (0, j + 1);
+                        }
+                    }
+                }
             }
         }
-        let tail = p.in_channels * pd.hp * pd.wp;
-        dst[tail..].fill(0.0);
     }
 
-    /// Grid pixels `q0..q1` (`q = oh * wp + ow`) of every output channel of one image,
+    /// Grid pixels `q0..q1` (`q = oh * wph + ow`) of every output channel of one image,
     /// from its padded planes `xp`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn run_direct(&self, p: &ConvProblem, pd: &Padded, xp: &[f32], q0: usize, q1: usize, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: *mut f32) {
@@ -193,8 +240,8 @@ impl FlippedFilters {
             // one output row segment at a time.
             let mut q = q0;
             while q < q1 {
-                let (oh, ow) = (q / pd.wp, q % pd.wp);
-                let seg_end = (oh * pd.wp + pd.wp).min(q1);
+                let (oh, ow) = (q / pd.wph, q % pd.wph);
+                let seg_end = (oh * pd.wph + pd.wph).min(q1);
                 if ow >= ow_n {
                     q = seg_end;
                     continue;

@@ -56,7 +56,9 @@ pub(crate) fn params(p: &ConvProblem) -> Vec<TuneParam> {
         algos.push(ALGO_FLIPPED_DIRECT);
         // Where the im2col + gemm-crate kernels would run: it reads the input in place
         // (squeezenet's 16->64 3x3 at 55x55: 0.60 against 0.72 ms on one thread).
-        if algo == ALGO_DIRECT && p.reduction() > super::conv_small_k::MAX_REDUCTION && p.geo.output_size() >= 256 {
+        // Strided ones measured no better (their phase copy costs what im2col does).
+        let unit_stride = p.geo.stride.iter().all(|&s| s == 1);
+        if algo == ALGO_DIRECT && unit_stride && p.reduction() > super::conv_small_k::MAX_REDUCTION && p.geo.output_size() >= 256 {
             algo = ALGO_FLIPPED_DIRECT;
         }
     }

@@ -20,6 +20,9 @@ fn every_variant_matches_the_f64_reference() {
         (vec![1, 64, 7, 7], vec![70, 64, 3, 3], 1, 1, [1; 4]),         // few pixels, long reduction
         (vec![1, 24, 40, 1], vec![32, 24, 5, 1], 1, 1, [0; 4]),        // 1-D as [N, C, L, 1] (rows swapped)
         (vec![2, 8, 31, 1], vec![16, 8, 3, 1], 1, 2, [1, 0, 1, 0]),    // the same, strided and padded
+        (vec![1, 3, 23, 21], vec![16, 3, 7, 7], 1, 2, [3, 3, 3, 3]),   // a ResNet stem: 7x7, stride 2
+        (vec![1, 20, 15, 14], vec![24, 20, 1, 1], 1, 2, [0; 4]),       // a strided 1x1 (downsample)
+        (vec![2, 9, 17, 16], vec![19, 9, 3, 3], 1, 3, [1, 0, 2, 1]),   // stride 3, asymmetric pads
     ];
     for (xd, wd, group, stride, pads) in cases {
         let (x, w, b) = (rand_f32(&xd, 51), rand_f32(&wd, 52), rand_f32(&[wd[0]], 53));
@@ -41,8 +44,8 @@ fn every_variant_matches_the_f64_reference() {
         let variants = run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap();
         // The packed variants are offered for these shapes.
         assert!(variants.iter().any(|(n, _)| n == "algo=1"), "x{xd:?} w{wd:?}: {:?}", variants.iter().map(|v| &v.0).collect::<Vec<_>>());
-        // The direct flipped form is offered for ungrouped stride-1 kernels of 2+ taps.
-        assert_eq!(variants.iter().any(|(n, _)| n == "algo=4"), group == 1 && stride == 1 && wd[2] * wd[3] > 1, "x{xd:?} w{wd:?}");
+        // The direct flipped form is offered for ungrouped kernels of 2+ taps or strides.
+        assert_eq!(variants.iter().any(|(n, _)| n == "algo=4"), group == 1 && (stride > 1 || wd[2] * wd[3] > 1), "x{xd:?} w{wd:?}");
         for (name, outs) in &variants {
             assert_close(&outs[0], &want, 2e-5, &format!("x{xd:?} w{wd:?} g{group} s{stride} {name}"));
         }
