@@ -154,6 +154,43 @@ unsafe fn tile_portable(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ld
     }
 }
 
+/// The transpose of an 8x8 block of f32 held as eight AVX rows (row `i` of the
+/// result holds lane `i` of every input row).
+///
+/// # Safety
+/// The CPU has AVX; inline it into a function compiled with AVX enabled.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn transpose8x8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    let a0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let a1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let a2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let a3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let a4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let a5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let a6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let a7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let s0 = _mm256_shuffle_ps::<0x44>(a0, a2);
+    let s1 = _mm256_shuffle_ps::<0xEE>(a0, a2);
+    let s2 = _mm256_shuffle_ps::<0x44>(a1, a3);
+    let s3 = _mm256_shuffle_ps::<0xEE>(a1, a3);
+    let s4 = _mm256_shuffle_ps::<0x44>(a4, a6);
+    let s5 = _mm256_shuffle_ps::<0xEE>(a4, a6);
+    let s6 = _mm256_shuffle_ps::<0x44>(a5, a7);
+    let s7 = _mm256_shuffle_ps::<0xEE>(a5, a7);
+    [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ]
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;

@@ -10,6 +10,7 @@
 //! output takes over), is accumulated into, before the activation.
 //! f64 tensors take a direct f64 loop ([`conv_f64`]; the caller adds the residual and
 //! applies the activation).
+use super::conv_depthwise8;
 use super::conv_small_k;
 use super::window::Geometry;
 use crate::cpu;
@@ -671,18 +672,48 @@ fn depthwise_2d_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mu
     let ksize = g.kernel_size();
     let fma = cpu::has_avx2();
     let clamp = act.and_then(|k| conv_small_k::as_clamp(Some(k)));
+    let one_plane = |plane: usize, out: &mut [f32], scratch: &mut [f32]| {
+        let (img, m) = (plane / p.out_channels, plane % p.out_channels);
+        let xc = &x[(img * p.in_channels + m / multiplier) * in_size..][..in_size];
+        let wm = &w[m * ksize..][..ksize];
+        plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), clamp, residual, scratch, out);
+        if let (None, Some(k)) = (clamp, act) {
+            k.apply_slice_f32_fast(out);
+        }
+    };
+    #[cfg(target_arch = "x86_64")]
+    if conv_depthwise8::applies(p) {
+        // Blocks of eight channels (see conv_depthwise8.rs), the odd channels per plane.
+        let blocks = p.in_channels / 8;
+        let out = SharedOut(y.as_mut_ptr());
+        cpu::par_ranges(p.batch * blocks, 8 * out_size * (2 * ksize + 2), |a, b| {
+            cpu::with_scratch(conv_depthwise8::scratch_len(p), |scratch| {
+                for t in a..b {
+                    let (img, c0) = (t / blocks, t % blocks * 8);
+                    // SAFETY: applies() held; this task alone writes planes c0..c0 + 8 of img.
+                    unsafe {
+                        let yi = out.ptr().add(img * p.out_channels * out_size);
+                        conv_depthwise8::block8(p, x[img * p.in_channels * in_size..].as_ptr(), w, c0, bias, clamp, residual, yi, scratch);
+                        if let (None, Some(k)) = (clamp, act) {
+                            k.apply_slice_f32_fast(std::slice::from_raw_parts_mut(yi.add(c0 * out_size), 8 * out_size));
+                        }
+                    }
+                }
+            })
+        });
+        cpu::with_scratch(plan.scratch_len(), |scratch| {
+            scratch.fill(0.0);
+            for (plane, plane_out) in y.chunks_mut(out_size).enumerate().filter(|(pl, _)| pl % p.out_channels >= blocks * 8) {
+                one_plane(plane, plane_out, scratch);
+            }
+        });
+        return;
+    }
     cpu::par_chunks_mut(y, out_size, 2 * ksize + 2, |first, planes| {
         cpu::with_scratch(plan.scratch_len(), |scratch| {
             scratch.fill(0.0);
             for (i, out) in planes.chunks_mut(out_size).enumerate() {
-                let plane = first + i;
-                let (img, m) = (plane / p.out_channels, plane % p.out_channels);
-                let xc = &x[(img * p.in_channels + m / multiplier) * in_size..][..in_size];
-                let wm = &w[m * ksize..][..ksize];
-                plan.plane_dispatch(fma, xc, wm, bias.map_or(0.0, |b| b[m]), clamp, residual, scratch, out);
-                if let (None, Some(k)) = (clamp, act) {
-                    k.apply_slice_f32_fast(out);
-                }
+                one_plane(first + i, out, scratch);
             }
         })
     });

@@ -358,32 +358,7 @@ unsafe fn store_blocks_avx2(tile: &[f32], cols: usize, m8: usize, len8: usize, b
     for ch in (0..m8).step_by(8) {
         for i in (0..len8).step_by(8) {
             let r: [__m256; 8] = std::array::from_fn(|k| _mm256_loadu_ps(t.add((i + k) * cols + ch)));
-            let a0 = _mm256_unpacklo_ps(r[0], r[1]);
-            let a1 = _mm256_unpackhi_ps(r[0], r[1]);
-            let a2 = _mm256_unpacklo_ps(r[2], r[3]);
-            let a3 = _mm256_unpackhi_ps(r[2], r[3]);
-            let a4 = _mm256_unpacklo_ps(r[4], r[5]);
-            let a5 = _mm256_unpackhi_ps(r[4], r[5]);
-            let a6 = _mm256_unpacklo_ps(r[6], r[7]);
-            let a7 = _mm256_unpackhi_ps(r[6], r[7]);
-            let s0 = _mm256_shuffle_ps::<0x44>(a0, a2);
-            let s1 = _mm256_shuffle_ps::<0xEE>(a0, a2);
-            let s2 = _mm256_shuffle_ps::<0x44>(a1, a3);
-            let s3 = _mm256_shuffle_ps::<0xEE>(a1, a3);
-            let s4 = _mm256_shuffle_ps::<0x44>(a4, a6);
-            let s5 = _mm256_shuffle_ps::<0xEE>(a4, a6);
-            let s6 = _mm256_shuffle_ps::<0x44>(a5, a7);
-            let s7 = _mm256_shuffle_ps::<0xEE>(a5, a7);
-            let c = [
-                _mm256_permute2f128_ps::<0x20>(s0, s4),
-                _mm256_permute2f128_ps::<0x20>(s1, s5),
-                _mm256_permute2f128_ps::<0x20>(s2, s6),
-                _mm256_permute2f128_ps::<0x20>(s3, s7),
-                _mm256_permute2f128_ps::<0x31>(s0, s4),
-                _mm256_permute2f128_ps::<0x31>(s1, s5),
-                _mm256_permute2f128_ps::<0x31>(s2, s6),
-                _mm256_permute2f128_ps::<0x31>(s3, s7),
-            ];
+            let c = crate::linalg::microkernel::transpose8x8(r);
             for (j, &col) in c.iter().enumerate() {
                 let o = y.add((ch + j) * ystride + i);
                 let mut v = _mm256_add_ps(col, _mm256_set1_ps(bias.map_or(0.0, |b| b[ch + j])));

@@ -51,3 +51,40 @@ fn every_variant_matches_the_f64_reference() {
         }
     }
 }
+
+/// Depthwise convolutions through the blocks of eight channels (with odd channels left
+/// to the per-plane kernel), strided, dilated and padded unevenly, with bias, a fused
+/// residual and a Clip, against the f64 reference.
+#[test]
+fn depthwise_blocks_match_the_f64_reference() {
+    // x dims, kernel, stride, dilation, pads.
+    let cases: Vec<(Vec<usize>, usize, usize, usize, [i64; 4])> = vec![
+        (vec![2, 19, 13, 11], 3, 1, 1, [1, 1, 1, 1]), // two blocks and three odd channels
+        (vec![1, 16, 14, 15], 3, 2, 1, [0, 1, 1, 0]), // strided, uneven pads
+        (vec![1, 8, 12, 9], 5, 1, 2, [4, 4, 4, 4]),   // dilated 5x5
+        (vec![1, 24, 7, 7], 3, 2, 1, [1, 1, 1, 1]),   // MobileNet's smallest planes
+    ];
+    for (xd, k, stride, dil, pads) in cases {
+        let c = xd[1];
+        let (x, w, b) = (rand_f32(&xd, 61), rand_f32(&[c, 1, k, k], 62), rand_f32(&[c], 63));
+        let span = (k - 1) * dil + 1;
+        let out: Vec<usize> = (0..2).map(|d| (xd[2 + d] + pads[d] as usize + pads[2 + d] as usize - span) / stride + 1).collect();
+        let yd = vec![xd[0], c, out[0], out[1]];
+        let r = rand_f32(&yd, 64);
+        let conv = reference(&x, &w, Some(&b), c, &[stride, stride], &[dil, dil], &pads[..2], &out);
+        let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(v, r)| (v + r).clamp(-0.5, 0.75)).collect();
+        let attrs = [
+            ("group", Attr::Int(c as i64)),
+            ("strides", ints(&[stride as i64; 2])),
+            ("dilations", ints(&[dil as i64; 2])),
+            ("pads", ints(&pads)),
+            (RESIDUAL_ATTR, Attr::Int(1)),
+            (ACTIVATION_ATTR, Attr::String("Clip".into())),
+            (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![-0.5, 0.75])),
+        ];
+        let op = make("Conv", 19, &attrs, 4, 1).unwrap();
+        let inputs: [Option<&Tensor>; 4] = [Some(&x), Some(&w), Some(&b), Some(&r)];
+        let y = crate::testing::run(op.as_ref(), &as_inputs(&inputs, &[1, 2]), &[]).unwrap().remove(0);
+        assert_close(&y, &want, 2e-5, &format!("x{xd:?} k{k} s{stride} d{dil} p{pads:?}"));
+    }
+}

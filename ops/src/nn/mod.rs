@@ -16,6 +16,7 @@ mod attention_wgsl;
 mod batch_norm;
 mod conv;
 mod conv_cpu;
+mod conv_depthwise8;
 mod conv_flipped;
 mod conv_packed;
 mod conv_winograd;
