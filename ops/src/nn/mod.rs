@@ -35,6 +35,7 @@ mod plane_lanes;
 mod rms_norm;
 mod rotary_embedding;
 mod pool;
+mod pool_blocked8;
 mod window;
 
 pub(crate) fn register(r: &mut Registry) {

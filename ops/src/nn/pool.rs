@@ -6,6 +6,8 @@
 //! positions never win a max; with `count_include_pad` the average divides by the taps
 //! inside the padded extent `[-pad_begin, input + pad_end)`, otherwise by the taps
 //! inside the input.
+use super::conv_cpu::SharedOut;
+use super::pool_blocked8;
 use super::window::{Geometry, WindowAttrs};
 use crate::cpu::{self, CpuKernel};
 use crate::elementwise;
@@ -351,6 +353,33 @@ fn pool_last_axis<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, 
 }
 
 impl Pool {
+    /// MaxPool eight planes at a time (see `pool_blocked8.rs`), the odd planes by the
+    /// separable passes; all by the separable passes when a block met a NaN.
+    fn run_blocked8(&self, g: &Geometry, x: &[f32], y: &mut [f32]) {
+        let (in_size, out_size) = (g.input_size(), g.output_size());
+        let blocks = x.len() / in_size / 8;
+        let out = SharedOut(y.as_mut_ptr());
+        let nan = std::sync::atomic::AtomicBool::new(false);
+        #[cfg(target_arch = "x86_64")]
+        cpu::par_ranges(blocks, 8 * out_size * g.kernel_size(), |a, b| {
+            cpu::with_scratch(pool_blocked8::scratch_len(g), |scratch| {
+                for blk in a..b {
+                    // SAFETY: applies() held, and this task alone writes planes
+                    // 8 * blk .. 8 * blk + 8.
+                    let clean = unsafe { pool_blocked8::max_block8(g, x[blk * 8 * in_size..].as_ptr(), out.ptr().add(blk * 8 * out_size), scratch) };
+                    if !clean {
+                        nan.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        });
+        if nan.into_inner() {
+            return self.run_separable(g, x, y);
+        }
+        let done = blocks * 8;
+        self.run_separable(g, &x[done * in_size..], &mut y[done * out_size..]);
+    }
+
     /// Separable pooling (no Indices output): W, then H, then D passes per plane.
     fn run_separable<T: PoolFloat>(&self, g: &Geometry, x: &[T], y: &mut [T]) {
         match self.kind {
@@ -509,10 +538,13 @@ impl CpuKernel for Pool {
             _ => None,
         };
         if x.dtype() == DType::F32 {
+            let (xs, ys) = (x.as_slice::<f32>()?, y.as_mut_slice::<f32>()?);
             if idx.is_some() {
-                self.run_typed(&g, x.as_slice::<f32>()?, y.as_mut_slice()?, idx.as_deref_mut());
+                self.run_typed(&g, xs, ys, idx.as_deref_mut());
+            } else if matches!(self.kind, PoolKind::Max { .. }) && pool_blocked8::applies(&g, xs.len() / g.input_size().max(1)) {
+                self.run_blocked8(&g, xs, ys);
             } else {
-                self.run_separable(&g, x.as_slice::<f32>()?, y.as_mut_slice()?);
+                self.run_separable(&g, xs, ys);
             }
         } else {
             let mut out = vec![0.0; y.len()];
@@ -658,10 +690,11 @@ mod tests {
 
     #[test]
     fn pools_match_reference() {
-        // Small planes (scalar paths) and wide ones (blocks of lanes, overlapping tails).
+        // Small planes (scalar paths), wide ones (blocks of lanes, overlapping tails),
+        // and 18 planes (MaxPool: two blocks of eight planes and two odd ones).
         for (kind, x) in ["MaxPool", "AveragePool", "LpPool"]
             .into_iter()
-            .flat_map(|k| [(k, rand_f32(&[2, 3, 11, 9], 7)), (k, rand_f32(&[1, 2, 37, 53], 8))])
+            .flat_map(|k| [(k, rand_f32(&[2, 3, 11, 9], 7)), (k, rand_f32(&[1, 2, 37, 53], 8)), (k, rand_f32(&[2, 9, 17, 19], 9))])
         {
             for (k, s, d, pads, ceil, include) in [
                 ([3, 3], [2, 2], [1, 1], [1i64, 1, 1, 1], false, false),
@@ -687,6 +720,21 @@ mod tests {
                 assert_close(&y, &want, 1e-5, &format!("{kind} k{k:?} s{s:?} d{d:?} p{pads:?} ceil{ceil}"));
             }
         }
+    }
+
+    /// A NaN in one plane of many propagates to its windows (the blocked path defers to
+    /// the NaN-aware passes).
+    #[test]
+    fn maxpool_propagates_nan_across_blocks() {
+        // Rows of 10: the NaN sits in a block of eight columns (the vector check).
+        let mut v = rand_f32(&[1, 16, 6, 10], 3).to_f64_vec();
+        v[5 * 60 + 11] = f64::NAN; // plane 5, row 1, column 1
+        let x = Tensor::from_f64(kiln_graph::DType::F32, &[1, 16, 6, 10], &v).unwrap();
+        let attrs = vec![("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2]))];
+        let op = make("MaxPool", 19, &attrs, 1, 1).unwrap();
+        let y = run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap().remove(0).to_f64_vec();
+        assert!(y[5 * 15].is_nan(), "the window over the NaN");
+        assert_eq!(y.iter().filter(|v| v.is_nan()).count(), 1);
     }
 
     #[test]
