@@ -7,6 +7,7 @@
 //! blocks transposed in registers), so that every tap of every output pixel is one
 //! 8-lane load and one FMA whatever the stride, and the result is transposed back into
 //! the eight output planes with the epilogue (bias, residual, Relu/Clip bounds).
+use super::blocked8;
 use super::conv_cpu::ConvProblem;
 
 /// Taps per kernel this path holds in registers' worth of weight vectors.
@@ -30,15 +31,10 @@ pub(crate) fn applies(p: &ConvProblem) -> bool {
 
 /// Scratch floats per task: the padded input block and the output block.
 pub(crate) fn scratch_len(p: &ConvProblem) -> usize {
-    let (hp, wp) = padded(p);
+    let (hp, wp) = blocked8::padded(&p.geo);
     8 * (hp * wp + p.geo.output_size())
 }
 
-fn padded(p: &ConvProblem) -> (usize, usize) {
-    let g = &p.geo;
-    let [_, oh, ow] = g.output;
-    ((oh - 1) * g.stride[1] + (g.kernel[1] - 1) * g.dilation[1] + 1, (ow - 1) * g.stride[2] + (g.kernel[2] - 1) * g.dilation[2] + 1)
-}
 
 /// Channels `c0..c0 + 8` of one image: `x` and `y` point at the image's first plane.
 /// `clamp`: Relu/Clip bounds applied after the residual.
@@ -57,36 +53,11 @@ pub(crate) unsafe fn block8(p: &ConvProblem, x: *const f32, w: &[f32], c0: usize
     let [_, oh_n, ow_n] = g.output;
     let [_, kh_n, kw_n] = g.kernel;
     let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
-    let (top, left) = (g.pad_begin[1], g.pad_begin[2]);
-    let (hp, wp) = padded(p);
+    let (hp, wp) = blocked8::padded(g);
     let (in_plane, out_plane) = (ih_n * iw_n, oh_n * ow_n);
     let (xs, os) = scratch.split_at_mut(8 * hp * wp);
-    // The padded block, pixel-major: borders zero.
-    xs.fill(0.0);
-    let (c_lo, c_hi) = ((left.max(0) as usize).min(wp), ((iw_n as i64 + left).max(0) as usize).min(wp));
-    for r in 0..hp {
-        let ih = r as i64 - top;
-        if ih < 0 || ih >= ih_n as i64 || c_hi <= c_lo {
-            continue;
-        }
-        let src = x.add(c0 * in_plane + ih as usize * iw_n);
-        let dst = xs.as_mut_ptr().add(r * wp * 8);
-        let first_iw = (c_lo as i64 - left) as usize;
-        let n = c_hi - c_lo;
-        let mut i = 0;
-        while i + 8 <= n {
-            let rows: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(src.add(j * in_plane + first_iw + i)));
-            for (k, v) in transpose8x8(rows).into_iter().enumerate() {
-                _mm256_storeu_ps(dst.add((c_lo + i + k) * 8), v);
-            }
-            i += 8;
-        }
-        for i in i..n {
-            for j in 0..8 {
-                *dst.add((c_lo + i) * 8 + j) = *src.add(j * in_plane + first_iw + i);
-            }
-        }
-    }
+    // The padded block, pixel-major, borders zero (a NaN simply propagates here).
+    blocked8::load(g, x.add(c0 * in_plane), xs, 0.0);
     // Weights per tap, one lane per channel, and the bias.
     let taps = kh_n * kw_n;
     let mut wv = [_mm256_setzero_ps(); MAX_TAPS];

@@ -14,6 +14,7 @@ mod attention_cpu;
 mod attention_tests;
 mod attention_wgsl;
 mod batch_norm;
+mod blocked8;
 mod conv;
 mod conv_cpu;
 mod conv_depthwise8;

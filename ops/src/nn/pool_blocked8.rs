@@ -7,6 +7,7 @@
 //! paid for by two transposes. The copy in also looks for NaNs: a block that held one
 //! reports it, and the caller redoes the input with the per-plane passes, which
 //! propagate it (`vmaxps` alone would not).
+use super::blocked8;
 use super::window::Geometry;
 
 /// Whether this path pools `planes` planes of this geometry: 2-D, at least one block
@@ -17,14 +18,10 @@ pub(crate) fn applies(g: &Geometry, planes: usize) -> bool {
 
 /// Scratch floats per task: the padded input block and the output block.
 pub(crate) fn scratch_len(g: &Geometry) -> usize {
-    let (hp, wp) = padded(g);
+    let (hp, wp) = blocked8::padded(g);
     8 * (hp * wp + g.output[1] * g.output[2])
 }
 
-fn padded(g: &Geometry) -> (usize, usize) {
-    let [_, oh, ow] = g.output;
-    ((oh - 1) * g.stride[1] + (g.kernel[1] - 1) * g.dilation[1] + 1, (ow - 1) * g.stride[2] + (g.kernel[2] - 1) * g.dilation[2] + 1)
-}
 
 /// Max-pools the eight planes at `x` into the eight at `y`; false (outputs unusable)
 /// when the planes hold a NaN.
@@ -37,50 +34,13 @@ fn padded(g: &Geometry) -> (usize, usize) {
 pub(crate) unsafe fn max_block8(g: &Geometry, x: *const f32, y: *mut f32, scratch: &mut [f32]) -> bool {
     use crate::linalg::microkernel::transpose8x8;
     use std::arch::x86_64::*;
-    let [_, ih_n, iw_n] = g.input;
     let [_, oh_n, ow_n] = g.output;
     let [_, kh_n, kw_n] = g.kernel;
     let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
-    let (top, left) = (g.pad_begin[1], g.pad_begin[2]);
-    let (hp, wp) = padded(g);
-    let (in_plane, out_plane) = (ih_n * iw_n, oh_n * ow_n);
+    let (hp, wp) = blocked8::padded(g);
+    let out_plane = oh_n * ow_n;
     let (xs, os) = scratch.split_at_mut(8 * hp * wp);
-    let (c_lo, c_hi) = ((left.max(0) as usize).min(wp), ((iw_n as i64 + left).max(0) as usize).min(wp));
-    let mut nan = _mm256_setzero_ps();
-    let mut scalar_nan = false;
-    for r in 0..hp {
-        let ih = r as i64 - top;
-        let padded_row = &mut xs[r * wp * 8..(r + 1) * wp * 8];
-        if ih < 0 || ih >= ih_n as i64 || c_hi <= c_lo {
-            padded_row.fill(f32::NEG_INFINITY);
-            continue;
-        }
-        // Padding columns (the rest of the row is written below).
-        padded_row[..c_lo * 8].fill(f32::NEG_INFINITY);
-        padded_row[c_hi * 8..].fill(f32::NEG_INFINITY);
-        let src = x.add(ih as usize * iw_n + (c_lo as i64 - left) as usize);
-        let dst = xs.as_mut_ptr().add((r * wp + c_lo) * 8);
-        let n = c_hi - c_lo;
-        let mut i = 0;
-        while i + 8 <= n {
-            let rows: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(src.add(j * in_plane + i)));
-            for r in rows {
-                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(r, r));
-            }
-            for (k, v) in transpose8x8(rows).into_iter().enumerate() {
-                _mm256_storeu_ps(dst.add((i + k) * 8), v);
-            }
-            i += 8;
-        }
-        for i in i..n {
-            for j in 0..8 {
-                let v = *src.add(j * in_plane + i);
-                scalar_nan |= v.is_nan();
-                *dst.add(i * 8 + j) = v;
-            }
-        }
-    }
-    if scalar_nan || _mm256_movemask_ps(nan) != 0 {
+    if blocked8::load(g, x, xs, f32::NEG_INFINITY) {
         return false;
     }
     let taps = kh_n * kw_n;
