@@ -107,7 +107,9 @@ impl Isa {
     }
 }
 
-unsafe fn gather_portable(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+/// The portable 4x8 tile: `a_row(k)` points at step k's MR values of A.
+#[inline(always)]
+unsafe fn portable_body(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
     const MR: usize = 4;
     const NR: usize = 8;
     let mut acc = [[0f32; NR]; MR];
@@ -118,10 +120,11 @@ unsafe fn gather_portable(kc: usize, x: *const f32, offs: *const usize, b: *cons
     }
     let b = std::slice::from_raw_parts(b, kc * NR);
     for (k, bk) in b.chunks_exact(NR).enumerate() {
-        let a = x.add(*offs.add(k));
+        let a = a_row(k);
         for i in 0..MR {
             let ai = *a.add(i);
             for j in 0..NR {
+                // Not mul_add: without FMA in the baseline ISA that is a libm call.
                 acc[i][j] += ai * bk[j];
             }
         }
@@ -131,27 +134,12 @@ unsafe fn gather_portable(kc: usize, x: *const f32, offs: *const usize, b: *cons
     }
 }
 
+unsafe fn gather_portable(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+    portable_body(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
+}
+
 unsafe fn tile_portable(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
-    const MR: usize = 4;
-    const NR: usize = 8;
-    let mut acc = [[0f32; NR]; MR];
-    if accumulate {
-        for (i, row) in acc.iter_mut().enumerate() {
-            row.copy_from_slice(std::slice::from_raw_parts(c.add(i * ldc), NR));
-        }
-    }
-    let (a, b) = (std::slice::from_raw_parts(a, kc * MR), std::slice::from_raw_parts(b, kc * NR));
-    for (ak, bk) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
-        for i in 0..MR {
-            for j in 0..NR {
-                // Not mul_add: without FMA in the baseline ISA that is a libm call.
-                acc[i][j] += ak[i] * bk[j];
-            }
-        }
-    }
-    for (i, row) in acc.iter().enumerate() {
-        std::slice::from_raw_parts_mut(c.add(i * ldc), NR).copy_from_slice(row);
-    }
+    portable_body(kc, |k| a.add(k * 4), b, c, ldc, accumulate)
 }
 
 /// The transpose of an 8x8 block of f32 held as eight AVX rows (row `i` of the
@@ -195,8 +183,9 @@ pub(crate) unsafe fn transpose8x8(r: [std::arch::x86_64::__m256; 8]) -> [std::ar
 mod x86 {
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+    /// The AVX-512 8x32 tile: `a_row(k)` points at step k's MR values of A.
+    #[inline(always)]
+    unsafe fn avx512_body(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
         const MR: usize = 8;
         let mut acc0 = [_mm512_setzero_ps(); MR];
         let mut acc1 = [_mm512_setzero_ps(); MR];
@@ -206,8 +195,9 @@ mod x86 {
                 acc1[i] = _mm512_loadu_ps(c.add(i * ldc + 16));
             }
         }
-        let (mut a, mut b) = (a, b);
-        for _ in 0..kc {
+        let mut b = b;
+        for k in 0..kc {
+            let a = a_row(k);
             let b0 = _mm512_loadu_ps(b);
             let b1 = _mm512_loadu_ps(b.add(16));
             for i in 0..MR {
@@ -215,100 +205,62 @@ mod x86 {
                 acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
                 acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
             }
-            a = a.add(MR);
             b = b.add(32);
         }
         for i in 0..MR {
             _mm512_storeu_ps(c.add(i * ldc), acc0[i]);
             _mm512_storeu_ps(c.add(i * ldc + 16), acc1[i]);
         }
+    }
+
+    /// The AVX2 + FMA 6x16 tile: `a_row(k)` points at step k's MR values of A.
+    #[inline(always)]
+    unsafe fn avx2_body(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        const MR: usize = 6;
+        let mut acc0 = [_mm256_setzero_ps(); MR];
+        let mut acc1 = [_mm256_setzero_ps(); MR];
+        if accumulate {
+            for i in 0..MR {
+                acc0[i] = _mm256_loadu_ps(c.add(i * ldc));
+                acc1[i] = _mm256_loadu_ps(c.add(i * ldc + 8));
+            }
+        }
+        let mut b = b;
+        for k in 0..kc {
+            let a = a_row(k);
+            let b0 = _mm256_loadu_ps(b);
+            let b1 = _mm256_loadu_ps(b.add(8));
+            for i in 0..MR {
+                let ai = _mm256_broadcast_ss(&*a.add(i));
+                acc0[i] = _mm256_fmadd_ps(ai, b0, acc0[i]);
+                acc1[i] = _mm256_fmadd_ps(ai, b1, acc1[i]);
+            }
+            b = b.add(16);
+        }
+        for i in 0..MR {
+            _mm256_storeu_ps(c.add(i * ldc), acc0[i]);
+            _mm256_storeu_ps(c.add(i * ldc + 8), acc1[i]);
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        avx512_body(kc, |k| a.add(k * 8), b, c, ldc, accumulate)
     }
 
     #[target_feature(enable = "avx512f")]
     pub unsafe fn gather_avx512(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
-        const MR: usize = 8;
-        let mut acc0 = [_mm512_setzero_ps(); MR];
-        let mut acc1 = [_mm512_setzero_ps(); MR];
-        if accumulate {
-            for i in 0..MR {
-                acc0[i] = _mm512_loadu_ps(c.add(i * ldc));
-                acc1[i] = _mm512_loadu_ps(c.add(i * ldc + 16));
-            }
-        }
-        let mut b = b;
-        for k in 0..kc {
-            let a = x.add(*offs.add(k));
-            let b0 = _mm512_loadu_ps(b);
-            let b1 = _mm512_loadu_ps(b.add(16));
-            for i in 0..MR {
-                let ai = _mm512_set1_ps(*a.add(i));
-                acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
-                acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
-            }
-            b = b.add(32);
-        }
-        for i in 0..MR {
-            _mm512_storeu_ps(c.add(i * ldc), acc0[i]);
-            _mm512_storeu_ps(c.add(i * ldc + 16), acc1[i]);
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gather_avx2(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
-        const MR: usize = 6;
-        let mut acc0 = [_mm256_setzero_ps(); MR];
-        let mut acc1 = [_mm256_setzero_ps(); MR];
-        if accumulate {
-            for i in 0..MR {
-                acc0[i] = _mm256_loadu_ps(c.add(i * ldc));
-                acc1[i] = _mm256_loadu_ps(c.add(i * ldc + 8));
-            }
-        }
-        let mut b = b;
-        for k in 0..kc {
-            let a = x.add(*offs.add(k));
-            let b0 = _mm256_loadu_ps(b);
-            let b1 = _mm256_loadu_ps(b.add(8));
-            for i in 0..MR {
-                let ai = _mm256_broadcast_ss(&*a.add(i));
-                acc0[i] = _mm256_fmadd_ps(ai, b0, acc0[i]);
-                acc1[i] = _mm256_fmadd_ps(ai, b1, acc1[i]);
-            }
-            b = b.add(16);
-        }
-        for i in 0..MR {
-            _mm256_storeu_ps(c.add(i * ldc), acc0[i]);
-            _mm256_storeu_ps(c.add(i * ldc + 8), acc1[i]);
-        }
+        avx512_body(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn tile_avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
-        const MR: usize = 6;
-        let mut acc0 = [_mm256_setzero_ps(); MR];
-        let mut acc1 = [_mm256_setzero_ps(); MR];
-        if accumulate {
-            for i in 0..MR {
-                acc0[i] = _mm256_loadu_ps(c.add(i * ldc));
-                acc1[i] = _mm256_loadu_ps(c.add(i * ldc + 8));
-            }
-        }
-        let (mut a, mut b) = (a, b);
-        for _ in 0..kc {
-            let b0 = _mm256_loadu_ps(b);
-            let b1 = _mm256_loadu_ps(b.add(8));
-            for i in 0..MR {
-                let ai = _mm256_broadcast_ss(&*a.add(i));
-                acc0[i] = _mm256_fmadd_ps(ai, b0, acc0[i]);
-                acc1[i] = _mm256_fmadd_ps(ai, b1, acc1[i]);
-            }
-            a = a.add(MR);
-            b = b.add(16);
-        }
-        for i in 0..MR {
-            _mm256_storeu_ps(c.add(i * ldc), acc0[i]);
-            _mm256_storeu_ps(c.add(i * ldc + 8), acc1[i]);
-        }
+        avx2_body(kc, |k| a.add(k * 6), b, c, ldc, accumulate)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gather_avx2(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        avx2_body(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
     }
 }
 
