@@ -20,6 +20,7 @@ const MAX_TAPS: usize = 64;
 pub(crate) fn applies(p: &ConvProblem) -> bool {
     let g = &p.geo;
     p.is_depthwise()
+        && g.output_size() > 0
         && p.out_channels == p.in_channels
         && g.input[0] == 1
         && g.kernel[0] == 1

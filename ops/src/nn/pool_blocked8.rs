@@ -13,7 +13,7 @@ use super::window::Geometry;
 /// Whether this path pools `planes` planes of this geometry: 2-D, at least one block
 /// of eight, a block's scratch within 512 KiB (it stays in L2), an AVX2 CPU.
 pub(crate) fn applies(g: &Geometry, planes: usize) -> bool {
-    g.input[0] == 1 && g.kernel[0] == 1 && g.stride[0] == 1 && g.output[0] == 1 && planes >= 8 && scratch_len(g) <= 128 * 1024 && crate::cpu::has_avx2()
+    g.output_size() > 0 && g.input[0] == 1 && g.kernel[0] == 1 && g.stride[0] == 1 && g.output[0] == 1 && planes >= 8 && scratch_len(g) <= 128 * 1024 && crate::cpu::has_avx2()
 }
 
 /// Scratch floats per task: the padded input block and the output block.
