@@ -10,8 +10,7 @@
 use super::blocked8;
 use super::conv_cpu::ConvProblem;
 
-/// Taps per kernel this path holds in registers' worth of weight vectors.
-const MAX_TAPS: usize = 64;
+use blocked8::MAX_TAPS;
 
 /// Whether this path computes the problem (2-D depthwise, multiplier 1, an AVX2 CPU,
 /// a block's scratch within 512 KiB so that it stays in L2: ppocr_det's 240x320 planes
@@ -47,57 +46,37 @@ pub(crate) fn scratch_len(p: &ConvProblem) -> usize {
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn block8(p: &ConvProblem, x: *const f32, w: &[f32], c0: usize, bias: Option<&[f32]>, clamp: Option<(f32, f32)>, residual: bool, y: *mut f32, scratch: &mut [f32]) {
-    use crate::linalg::microkernel::transpose8x8;
     use std::arch::x86_64::*;
     let g = &p.geo;
     let [_, ih_n, iw_n] = g.input;
     let [_, oh_n, ow_n] = g.output;
-    let [_, kh_n, kw_n] = g.kernel;
-    let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
     let (hp, wp) = blocked8::padded(g);
     let (in_plane, out_plane) = (ih_n * iw_n, oh_n * ow_n);
     let (xs, os) = scratch.split_at_mut(8 * hp * wp);
     // The padded block, pixel-major, borders zero (a NaN simply propagates here).
     blocked8::load(g, x.add(c0 * in_plane), xs, 0.0);
     // Weights per tap, one lane per channel, and the bias.
-    let taps = kh_n * kw_n;
+    let taps = g.kernel_size();
     let mut wv = [_mm256_setzero_ps(); MAX_TAPS];
     for (t, v) in wv.iter_mut().enumerate().take(taps) {
         let lanes: [f32; 8] = std::array::from_fn(|j| w[(c0 + j) * taps + t]);
         *v = _mm256_loadu_ps(lanes.as_ptr());
     }
     let b = bias.map_or(_mm256_setzero_ps(), |b| _mm256_loadu_ps(b.as_ptr().add(c0)));
-    let offs: [usize; MAX_TAPS] = std::array::from_fn(|t| if t < taps { ((t / kw_n) * dh * wp + (t % kw_n) * dw) * 8 } else { 0 });
-    // Four pixels at a time: four independent accumulators hide the FMA latency.
-    const PX: usize = 4;
-    for oh in 0..oh_n {
-        let row = xs.as_ptr().add(oh * sh * wp * 8);
-        let dst = os.as_mut_ptr().add(oh * ow_n * 8);
-        let mut ow = 0;
-        while ow + PX <= ow_n {
-            let at: [*const f32; PX] = std::array::from_fn(|i| row.add((ow + i) * sw * 8));
-            let mut acc = [b; PX];
-            for t in 0..taps {
-                for i in 0..PX {
-                    acc[i] = _mm256_fmadd_ps(wv[t], _mm256_loadu_ps(at[i].add(offs[t])), acc[i]);
-                }
-            }
-            for (i, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(dst.add((ow + i) * 8), *a);
-            }
-            ow += PX;
+    blocked8::slide(g, xs, os, b, |acc, t, v| _mm256_fmadd_ps(wv[t], v, acc));
+    // Back to the eight output planes, with the residual and the bounds.
+    let (lo_v, hi_v) = clamp.map_or((_mm256_setzero_ps(), _mm256_setzero_ps()), |(lo, hi)| (_mm256_set1_ps(lo), _mm256_set1_ps(hi)));
+    let finish = |mut v: __m256, o: *const f32| {
+        if residual {
+            v = _mm256_add_ps(v, _mm256_loadu_ps(o));
         }
-        for ow in ow..ow_n {
-            let at = row.add(ow * sw * 8);
-            let mut acc = b;
-            for t in 0..taps {
-                acc = _mm256_fmadd_ps(wv[t], _mm256_loadu_ps(at.add(offs[t])), acc);
-            }
-            _mm256_storeu_ps(dst.add(ow * 8), acc);
+        if clamp.is_some() {
+            // max(v, lo) then min(., hi): a NaN takes `lo`, as the scalar form.
+            v = _mm256_min_ps(_mm256_max_ps(v, lo_v), hi_v);
         }
-    }
-    // Back to the eight output planes: 8x8 blocks, then the odd pixels.
-    let finish = |v: f32, prev: f32| {
+        v
+    };
+    let finish1 = |v: f32, prev: f32| {
         let v = if residual { v + prev } else { v };
         match clamp {
             // As `UnaryKind::Clip` (a NaN becomes `lo`), as single max/min ops.
@@ -112,27 +91,5 @@ pub(crate) unsafe fn block8(p: &ConvProblem, x: *const f32, w: &[f32], c0: usize
             None => v,
         }
     };
-    let (lo_v, hi_v) = clamp.map_or((_mm256_setzero_ps(), _mm256_setzero_ps()), |(lo, hi)| (_mm256_set1_ps(lo), _mm256_set1_ps(hi)));
-    let mut pix = 0;
-    while pix + 8 <= out_plane {
-        let rows: [__m256; 8] = std::array::from_fn(|k| _mm256_loadu_ps(os.as_ptr().add((pix + k) * 8)));
-        for (j, mut v) in transpose8x8(rows).into_iter().enumerate() {
-            let o = y.add((c0 + j) * out_plane + pix);
-            if residual {
-                v = _mm256_add_ps(v, _mm256_loadu_ps(o));
-            }
-            if clamp.is_some() {
-                // max(v, lo) then min(., hi): a NaN takes `lo`, as the scalar form.
-                v = _mm256_min_ps(_mm256_max_ps(v, lo_v), hi_v);
-            }
-            _mm256_storeu_ps(o, v);
-        }
-        pix += 8;
-    }
-    for pix in pix..out_plane {
-        for j in 0..8 {
-            let o = y.add((c0 + j) * out_plane + pix);
-            *o = finish(os[pix * 8 + j], *o);
-        }
-    }
+    blocked8::store(os, y.add(c0 * out_plane), out_plane, finish, finish1);
 }

@@ -304,17 +304,10 @@ impl FlippedFilters {
                 ct.fill(0.0);
             }
             // Y[ch][pixel] = C^T[pixel][ch] + bias (+ residual), then the activation.
-            for ch in n0..n1 {
-                let dst = std::slice::from_raw_parts_mut(y.add(ch * px), px);
-                let b = bias.map_or(0.0, |b| b[ch]);
-                let col = ch - j0 * nr;
-                for (pix, o) in dst.iter_mut().enumerate() {
-                    let v = ct[pix * cols + col] + b;
-                    *o = if residual { *o + v } else { v };
-                }
-                if let Some(a) = act {
-                    a.apply_slice_f32_fast(dst);
-                }
+            let y0 = y.add(n0 * px);
+            store_transposed(&ct[n0 - j0 * nr..], cols, px, n1 - n0, bias.map(|b| &b[n0..]), residual, y0, px);
+            if let Some(a) = act {
+                a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(y0, (n1 - n0) * px));
             }
         });
     }

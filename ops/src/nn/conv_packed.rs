@@ -23,7 +23,8 @@ pub(crate) const ALGO_DIRECT: u32 = 0;
 pub(crate) const ALGO_PACKED: u32 = 1;
 pub(crate) const ALGO_WINOGRAD: u32 = 2;
 pub(crate) const ALGO_FLIPPED: u32 = 3;
-/// The flipped GEMM reading the padded input in place (stride-1 2-D convolutions).
+/// The flipped GEMM reading the padded input in place (2-D convolutions; the default
+/// for some stride-1 ones, a tuner candidate for strided ones).
 pub(crate) const ALGO_FLIPPED_DIRECT: u32 = 4;
 
 /// Whether a problem can take the packed path: f32 with constant weights, not
