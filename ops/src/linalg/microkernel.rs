@@ -102,14 +102,31 @@ impl Isa {
             Isa::Avx512 => x86::gather_avx512(kc, x, offs, b, c, ldc, accumulate),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => x86::gather_avx2(kc, x, offs, b, c, ldc, accumulate),
-            _ => gather_portable(kc, x, offs, b, c, ldc, accumulate),
+            _ => gather_portable::<1>(kc, x, offs, b, c, ldc, accumulate),
+        }
+    }
+
+    /// [`Isa::tile_gather`] over pixels eight floats apart: row `i` of step `k` is
+    /// `x[offs[k] + 8 * i]` (a channel-blocked input, `[.., pixel, 8 channels]`).
+    ///
+    /// # Safety
+    /// As [`Isa::tile_gather`], with `x[offs[k] + 8 * i]` readable.
+    #[inline]
+    pub unsafe fn tile_gather8(self, kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::gather8_avx512(kc, x, offs, b, c, ldc, accumulate),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::gather8_avx2(kc, x, offs, b, c, ldc, accumulate),
+            _ => gather_portable::<8>(kc, x, offs, b, c, ldc, accumulate),
         }
     }
 }
 
-/// The portable 4x8 tile: `a_row(k)` points at step k's MR values of A.
+/// The portable 4x8 tile: `a_row(k)` points at step k's MR values of A, `S` floats
+/// apart.
 #[inline(always)]
-unsafe fn portable_body(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+unsafe fn portable_body<const S: usize>(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
     const MR: usize = 4;
     const NR: usize = 8;
     let mut acc = [[0f32; NR]; MR];
@@ -122,7 +139,7 @@ unsafe fn portable_body(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *cons
     for (k, bk) in b.chunks_exact(NR).enumerate() {
         let a = a_row(k);
         for i in 0..MR {
-            let ai = *a.add(i);
+            let ai = *a.add(i * S);
             for j in 0..NR {
                 // Not mul_add: without FMA in the baseline ISA that is a libm call.
                 acc[i][j] += ai * bk[j];
@@ -134,12 +151,12 @@ unsafe fn portable_body(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *cons
     }
 }
 
-unsafe fn gather_portable(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
-    portable_body(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
+unsafe fn gather_portable<const S: usize>(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+    portable_body::<S>(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
 }
 
 unsafe fn tile_portable(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
-    portable_body(kc, |k| a.add(k * 4), b, c, ldc, accumulate)
+    portable_body::<1>(kc, |k| a.add(k * 4), b, c, ldc, accumulate)
 }
 
 /// The transpose of an 8x8 block of f32 held as eight AVX rows (row `i` of the
@@ -183,9 +200,10 @@ pub(crate) unsafe fn transpose8x8(r: [std::arch::x86_64::__m256; 8]) -> [std::ar
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// The AVX-512 8x32 tile: `a_row(k)` points at step k's MR values of A.
+    /// The AVX-512 8x32 tile: `a_row(k)` points at step k's MR values of A, `S`
+    /// floats apart.
     #[inline(always)]
-    unsafe fn avx512_body(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+    unsafe fn avx512_body<const S: usize>(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
         const MR: usize = 8;
         let mut acc0 = [_mm512_setzero_ps(); MR];
         let mut acc1 = [_mm512_setzero_ps(); MR];
@@ -201,7 +219,7 @@ mod x86 {
             let b0 = _mm512_loadu_ps(b);
             let b1 = _mm512_loadu_ps(b.add(16));
             for i in 0..MR {
-                let ai = _mm512_set1_ps(*a.add(i));
+                let ai = _mm512_set1_ps(*a.add(i * S));
                 acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
                 acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
             }
@@ -213,9 +231,10 @@ mod x86 {
         }
     }
 
-    /// The AVX2 + FMA 6x16 tile: `a_row(k)` points at step k's MR values of A.
+    /// The AVX2 + FMA 6x16 tile: `a_row(k)` points at step k's MR values of A, `S`
+    /// floats apart.
     #[inline(always)]
-    unsafe fn avx2_body(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+    unsafe fn avx2_body<const S: usize>(kc: usize, a_row: impl Fn(usize) -> *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
         const MR: usize = 6;
         let mut acc0 = [_mm256_setzero_ps(); MR];
         let mut acc1 = [_mm256_setzero_ps(); MR];
@@ -231,7 +250,7 @@ mod x86 {
             let b0 = _mm256_loadu_ps(b);
             let b1 = _mm256_loadu_ps(b.add(8));
             for i in 0..MR {
-                let ai = _mm256_broadcast_ss(&*a.add(i));
+                let ai = _mm256_broadcast_ss(&*a.add(i * S));
                 acc0[i] = _mm256_fmadd_ps(ai, b0, acc0[i]);
                 acc1[i] = _mm256_fmadd_ps(ai, b1, acc1[i]);
             }
@@ -245,22 +264,32 @@ mod x86 {
 
     #[target_feature(enable = "avx512f")]
     pub unsafe fn tile_avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
-        avx512_body(kc, |k| a.add(k * 8), b, c, ldc, accumulate)
+        avx512_body::<1>(kc, |k| a.add(k * 8), b, c, ldc, accumulate)
     }
 
     #[target_feature(enable = "avx512f")]
     pub unsafe fn gather_avx512(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
-        avx512_body(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
+        avx512_body::<1>(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn gather8_avx512(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        avx512_body::<8>(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn tile_avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
-        avx2_body(kc, |k| a.add(k * 6), b, c, ldc, accumulate)
+        avx2_body::<1>(kc, |k| a.add(k * 6), b, c, ldc, accumulate)
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn gather_avx2(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
-        avx2_body(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
+        avx2_body::<1>(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gather8_avx2(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        avx2_body::<8>(kc, |k| x.add(*offs.add(k)), b, c, ldc, accumulate)
     }
 }
 
@@ -280,12 +309,19 @@ mod tests {
             let b: Vec<f32> = (0..kc * nr).map(|i| ((i * 5) % 11) as f32 * 0.5 - 2.0).collect();
             for accumulate in [false, true] {
                 let init: Vec<f32> = (0..mr * ldc).map(|i| i as f32 * 0.5).collect();
+                let before = init.clone();
                 let (mut want, mut got) = (init.clone(), init);
                 unsafe {
                     isa.tile(kc, a.as_ptr(), b.as_ptr(), want.as_mut_ptr(), ldc, accumulate);
                     isa.tile_gather(kc, x.as_ptr(), offs.as_ptr(), b.as_ptr(), got.as_mut_ptr(), ldc, accumulate);
                 }
                 assert_eq!(got, want, "{isa:?}, accumulate {accumulate}");
+                // The same rows eight floats apart.
+                let x8: Vec<f32> = (0..500 * 8).map(|i| if i % 8 == 3 { x[i / 8] } else { f32::NAN }).collect();
+                let offs8: Vec<usize> = offs.iter().map(|o| o * 8 + 3).collect();
+                let mut got8 = before.clone();
+                unsafe { isa.tile_gather8(kc, x8.as_ptr(), offs8.as_ptr(), b.as_ptr(), got8.as_mut_ptr(), ldc, accumulate) };
+                assert_eq!(got8, want, "{isa:?} (stride 8), accumulate {accumulate}");
             }
         }
     }

@@ -147,3 +147,24 @@ pub(crate) unsafe fn store(
         }
     }
 }
+
+/// Copies one channel block of a blocked tensor (`xb`: `[row][col][8]` of `g.input`)
+/// into the padded block `xs` of [`padded`], `fill` outside the input.
+pub(crate) fn load_blocked(g: &Geometry, xb: &[f32], xs: &mut [f32], fill: f32) {
+    let [_, ih_n, iw_n] = g.input;
+    let (top, left) = (g.pad_begin[1], g.pad_begin[2]);
+    let (hp, wp) = padded(g);
+    let (c_lo, c_hi) = ((left.max(0) as usize).min(wp), ((iw_n as i64 + left).max(0) as usize).min(wp));
+    for r in 0..hp {
+        let ih = r as i64 - top;
+        let row = &mut xs[r * wp * 8..(r + 1) * wp * 8];
+        if ih < 0 || ih >= ih_n as i64 || c_hi <= c_lo {
+            row.fill(fill);
+            continue;
+        }
+        row[..c_lo * 8].fill(fill);
+        row[c_hi * 8..].fill(fill);
+        let from = (ih as usize * iw_n + (c_lo as i64 - left) as usize) * 8;
+        row[c_lo * 8..c_hi * 8].copy_from_slice(&xb[from..from + (c_hi - c_lo) * 8]);
+    }
+}

@@ -24,16 +24,16 @@ pub(crate) const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType:
 #[derive(Clone, Debug)]
 pub struct Conv {
     window: WindowAttrs,
-    group: usize,
+    pub(super) group: usize,
     /// Activation fused by the graph compiler (see `elementwise::fused_activation`).
-    activation: Option<UnaryKind>,
+    pub(super) activation: Option<UnaryKind>,
     /// A residual fused by the graph compiler (attribute [`RESIDUAL_ATTR`]): input 3 has
     /// the output's shape and is added after the bias, before the activation.
-    residual: bool,
+    pub(super) residual: bool,
 }
 
 impl Conv {
-    fn parse(spec: &NodeSpec) -> Result<Conv> {
+    pub(super) fn parse(spec: &NodeSpec) -> Result<Conv> {
         let group = spec.int("group", 1)?;
         if group < 1 {
             return Err(spec.bad("group", format!("must be >= 1, found {group}")));
@@ -111,7 +111,7 @@ impl Conv {
     }
 
     /// Checks input/weight shapes and resolves the geometry.
-    fn problem(&self, x: &[usize], w: &[usize]) -> Result<ConvProblem> {
+    pub(super) fn problem(&self, x: &[usize], w: &[usize]) -> Result<ConvProblem> {
         if x.len() < 3 || x.len() > 5 {
             return Err(OpError::input(0, format!("expected N x C x D1 [x D2 [x D3]] (rank 3 to 5), found shape {x:?}")));
         }
@@ -447,7 +447,7 @@ mod residual_tests;
 mod variant_tests;
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use crate::testing::{assert_close, as_inputs, ints, make, rand_f32, rand_values, run, tune};
     use crate::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
     use crate::{Arg, TensorType};
@@ -455,7 +455,7 @@ mod tests {
 
     /// Naive f64 convolution over 1..3 spatial dims with explicit pads.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn reference(
+    pub(crate) fn reference(
         x: &Tensor,
         w: &Tensor,
         b: Option<&Tensor>,

@@ -34,27 +34,42 @@ pub(crate) fn direct_applies(p: &ConvProblem) -> bool {
     applies(p) && g.input[0] == 1 && g.kernel[0] == 1 && g.stride[0] == 1 && (g.kernel_size() > 1 || g.stride[1] * g.stride[2] > 1)
 }
 
+/// How the direct form's tensors are laid out: plain NCHW planes, or channel-blocked
+/// (`[N, C/8, H, W, 8]`, eight channels per pixel; see `conv_nchwc.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct Layout {
+    pub in_blocked: bool,
+    pub out_blocked: bool,
+}
+
 /// The zero-padded phase planes of the direct form and the offset of each tap.
 struct Padded {
-    /// Strides (rows, columns): `sh * sw` phases per channel.
+    /// Strides (rows, columns): `sh * sw` phases per channel unit.
     sh: usize,
     sw: usize,
-    /// A phase plane: `hph` rows of `wph`.
+    /// A phase plane: `hph` rows of `wph` pixels.
     hph: usize,
     wph: usize,
+    /// Floats per pixel of the input: 1 (NCHW planes) or 8 (channel blocks); a
+    /// "unit" is one plane or one block of eight.
+    e: usize,
     /// Per reduction step `k = (c, kh, kw)`: where its phase data starts (see the
     /// module docs).
     offs: Vec<usize>,
+    /// The largest of `offs` per reduction slice (`kc` steps): bounds of the reads.
+    max_offs: Vec<usize>,
     /// Which row and column phases some tap reads (a strided 1x1 reads only phase
     /// (0, 0)): the others are never written.
     rows_read: Vec<bool>,
     cols_read: Vec<bool>,
+    /// Whether the padded form is the input itself (no pads, stride 1): read in place.
+    in_place: bool,
 }
 
 impl Padded {
-    /// Floats per channel (all its phases).
-    fn channel_len(&self) -> usize {
-        self.sh * self.sw * self.hph * self.wph
+    /// Floats per channel unit (all its phases).
+    fn unit_len(&self) -> usize {
+        self.sh * self.sw * self.hph * self.wph * self.e
     }
 }
 
@@ -76,6 +91,7 @@ pub(crate) struct FlippedFilters {
     nc: usize,
     /// The direct form's geometry (None: im2col panels).
     padded: Option<Padded>,
+    layout: Layout,
 }
 
 impl FlippedFilters {
@@ -91,33 +107,45 @@ impl FlippedFilters {
         }
         // Channel blocks: about two per thread per image, whole panels.
         let per_task = panels.div_ceil(threads.max(1).div_ceil(p.batch.max(1)).max(1)).max(1);
-        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None }
+        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None, layout: Layout::default() }
     }
 
     /// The direct form (see the module docs); `p` must satisfy [`direct_applies`].
     pub(crate) fn direct(p: &ConvProblem, w: &[f32], isa: Isa, kc: usize, threads: usize) -> FlippedFilters {
+        Self::direct_in(p, w, isa, kc, threads, Layout::default())
+    }
+
+    /// The direct form over tensors in `layout` (blocked ones need channel counts that
+    /// are multiples of 8).
+    pub(crate) fn direct_in(p: &ConvProblem, w: &[f32], isa: Isa, kc: usize, threads: usize, layout: Layout) -> FlippedFilters {
         let g = &p.geo;
+        let [_, ih_n, iw_n] = g.input;
         let [_, oh_n, ow_n] = g.output;
         let [_, kh_n, kw_n] = g.kernel;
         let (dh, dw, sh, sw) = (g.dilation[1], g.dilation[2], g.stride[1], g.stride[2]);
         // Padded extent read, then per phase.
         let (hp, wp) = ((oh_n - 1) * sh + (kh_n - 1) * dh + 1, (ow_n - 1) * sw + (kw_n - 1) * dw + 1);
+        let in_place = sh == 1 && sw == 1 && g.pad_begin[1..].iter().all(|&v| v == 0) && (hp, wp) == (ih_n, iw_n);
         let (hph, wph) = (hp.div_ceil(sh), wp.div_ceil(sw));
         let plane = hph * wph;
-        let offs = (0..p.in_channels)
+        let e = if layout.in_blocked { 8 } else { 1 };
+        let unit_len = sh * sw * plane * e;
+        let offs: Vec<usize> = (0..p.in_channels)
             .flat_map(|c| {
                 (0..kh_n).flat_map(move |kh| {
                     (0..kw_n).map(move |kw| {
                         let (rh, rw) = (kh * dh, kw * dw);
-                        c * sh * sw * plane + ((rh % sh) * sw + rw % sw) * plane + (rh / sh) * wph + rw / sw
+                        (c / e) * unit_len + c % e + (((rh % sh) * sw + rw % sw) * plane + (rh / sh) * wph + rw / sw) * e
                     })
                 })
             })
             .collect();
+        let kc = kc.clamp(1, offs.len().max(1));
+        let max_offs = offs.chunks(kc).map(|c| c.iter().copied().max().unwrap_or(0)).collect();
         let rows_read = (0..sh).map(|a| (0..kh_n).any(|kh| kh * dh % sh == a)).collect();
         let cols_read = (0..sw).map(|b| (0..kw_n).any(|kw| kw * dw % sw == b)).collect();
-        let padded = Padded { sh, sw, hph, wph, offs, rows_read, cols_read };
-        FlippedFilters { padded: Some(padded), ..FlippedFilters::new(p, w, isa, kc, threads) }
+        let padded = Padded { sh, sw, hph, wph, e, offs, max_offs, rows_read, cols_read, in_place };
+        FlippedFilters { padded: Some(padded), layout, ..FlippedFilters::new(p, w, isa, kc, threads) }
     }
 
     /// `y = act([y +] conv(x) + bias)`.
@@ -139,66 +167,81 @@ impl FlippedFilters {
             cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
             return;
         };
-        // Slack past the last plane: the extra columns of the last tiles read on.
-        let padded_len = p.in_channels * pd.channel_len() + pd.wph + self.isa.mr();
-        // Tasks: strips of grid pixels of every output channel, each strip's transposed
-        // tile about 64 KiB (it stays in cache until its epilogue).
+        let (isa, mr, nr) = (self.isa, self.isa.mr(), self.isa.nr());
+        // Slack past the last unit: the extra columns of the last tiles read on.
+        let padded_len = (p.in_channels / pd.e) * pd.unit_len() + (pd.wph + mr) * pd.e;
+        // Tasks: strips of grid pixels of a group of output channel panels, each
+        // strip's transposed tile about 64 KiB (it stays in cache until its epilogue);
+        // the panels are split where strips alone leave a thread idle.
         let [_, oh_n, ow_n] = p.geo.output;
         let grid = (oh_n - 1) * pd.wph + ow_n;
-        let cols = self.m.next_multiple_of(self.isa.nr());
-        let strip = (16384 / cols).next_multiple_of(self.isa.mr()).min(grid.next_multiple_of(self.isa.mr()));
+        let panels = self.m.div_ceil(nr);
+        let strip_for = |cols: usize| (16384 / cols).next_multiple_of(mr).min(grid.next_multiple_of(mr));
+        let want = 2 * cpu::threads();
+        let strips0 = grid.div_ceil(strip_for(panels * nr));
+        let per_group = if p.batch * strips0 >= want || cpu::threads() == 1 { panels } else { panels.div_ceil(want.div_ceil(p.batch * strips0)).max(1) };
+        let groups = panels.div_ceil(per_group);
+        let strip = strip_for(per_group * nr);
         let strips = grid.div_ceil(strip);
+        let tasks = p.batch * strips * groups;
+        let go = |buf: &[f32], stride: usize| {
+            let run_task = |t: usize| {
+                let (img, st, gr) = (t / (strips * groups), (t / groups) % strips, t % groups);
+                let q0 = st * strip;
+                let (j0, j1) = (gr * per_group, ((gr + 1) * per_group).min(panels));
+                // SAFETY: this task writes the pixels of grid q0..q0 + strip of output
+                // channel panels j0..j1 of image img only.
+                unsafe { self.run_direct(p, pd, &buf[img * stride..][..stride], q0, (q0 + strip).min(grid), j0, j1, bias, act, residual, out.ptr().add(img * out_len)) };
+            };
+            cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
+        };
+        if pd.in_place {
+            return go(x, in_len);
+        }
         PADDED.with(|buf| {
             let mut buf = buf.borrow_mut();
             buf.resize(p.batch * padded_len, 0.0);
             for img in 0..p.batch {
                 self.pad(p, pd, &x[img * in_len..][..in_len], &mut buf[img * padded_len..][..padded_len]);
             }
-            let buf = &buf[..];
-            let run_task = |t: usize| {
-                let (img, st) = (t / strips, t % strips);
-                let q0 = st * strip;
-                // SAFETY: this task writes the pixels of grid q0..q0 + strip of image img only.
-                unsafe { self.run_direct(p, pd, &buf[img * padded_len..][..padded_len], q0, (q0 + strip).min(grid), bias, act, residual, out.ptr().add(img * out_len)) };
-            };
-            let tasks = p.batch * strips;
-            cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
+            go(&buf[..], padded_len);
         });
+        let _ = isa;
     }
 
-    /// Copies one image's planes into `dst` as zero-padded phase planes (see the module
-    /// docs), then zero slack.
+    /// Copies one image's channel units into `dst` as zero-padded phase planes (see the
+    /// module docs), then zero slack.
     fn pad(&self, p: &ConvProblem, pd: &Padded, x: &[f32], dst: &mut [f32]) {
         let g = &p.geo;
         let [_, ih_n, iw_n] = g.input;
         let (top, left) = (g.pad_begin[1], g.pad_begin[2]);
-        let (sh, sw, hph, wph) = (pd.sh, pd.sw, pd.hph, pd.wph);
+        let (sh, sw, hph, wph, e) = (pd.sh, pd.sw, pd.hph, pd.wph, pd.e);
         let plane = hph * wph;
-        let in_plane = ih_n * iw_n;
+        let in_unit = ih_n * iw_n * e;
         // Padded columns lo..hi come from the input (the rest, of every row, is zero).
         let lo = left.max(0) as usize;
         let hi = ((iw_n as i64 + left).max(0) as usize).min(sw * wph).max(lo.min(sw * wph));
         let lo = lo.min(hi);
         dst.fill(0.0);
-        for c in 0..p.in_channels {
-            let xc = &x[c * in_plane..][..in_plane];
-            let base = c * pd.channel_len();
+        for u in 0..p.in_channels / e {
+            let xc = &x[u * in_unit..][..in_unit];
+            let base = u * pd.unit_len();
             for r in 0..sh * hph {
                 let ih = r as i64 - top;
                 if ih < 0 || ih >= ih_n as i64 || hi == lo || !pd.rows_read[r % sh] {
                     continue;
                 }
-                let src = &xc[ih as usize * iw_n + (lo as i64 - left) as usize..][..hi - lo];
-                let row = |qw: usize| base + ((r % sh) * sw + qw) * plane + (r / sh) * wph;
+                let src = &xc[(ih as usize * iw_n + (lo as i64 - left) as usize) * e..][..(hi - lo) * e];
+                let row = |qw: usize| base + (((r % sh) * sw + qw) * plane + (r / sh) * wph) * e;
                 if sw == 1 {
                     let at = row(0);
-                    dst[at + lo..at + hi].copy_from_slice(src);
+                    dst[at + lo * e..at + hi * e].copy_from_slice(src);
                 } else {
                     // Column lo + i is element j of phase qw (counters, not divisions).
                     let (mut qw, mut j) = (lo % sw, lo / sw);
-                    for &v in src {
+                    for px in src.chunks_exact(e) {
                         if pd.cols_read[qw] {
-                            dst[row(qw) + j] = v;
+                            dst[row(qw) + j * e..][..e].copy_from_slice(px);
                         }
                         qw += 1;
                         if qw == sw {
@@ -210,25 +253,46 @@ impl FlippedFilters {
         }
     }
 
-    /// Grid pixels `q0..q1` (`q = oh * wph + ow`) of every output channel of one image,
-    /// from its padded planes `xp`.
+    /// Grid pixels `q0..q1` (`q = oh * wph + ow`) of output channel panels `j0..j1` of
+    /// one image, from its padded planes `xp`.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn run_direct(&self, p: &ConvProblem, pd: &Padded, xp: &[f32], q0: usize, q1: usize, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: *mut f32) {
-        let (isa, k, m) = (self.isa, self.k, self.m);
+    unsafe fn run_direct(&self, p: &ConvProblem, pd: &Padded, xp: &[f32], q0: usize, q1: usize, j0: usize, j1: usize, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: *mut f32) {
+        let (isa, k, m, e) = (self.isa, self.k, self.m, pd.e);
         let (mr, nr) = (isa.mr(), isa.nr());
         let [_, oh_n, ow_n] = p.geo.output;
         let px = oh_n * ow_n;
         let tiles = (q1 - q0).div_ceil(mr);
-        let cols = m.next_multiple_of(nr);
-        cpu::with_scratch(tiles * mr * cols, |ct| {
+        let cols = (j1 - j0) * nr;
+        let (n0, n1) = (j0 * nr, (j1 * nr).min(m));
+        cpu::with_scratch(tiles * mr * cols + self.kc * mr, |scratch| {
+            let (ct, apack) = scratch.split_at_mut(tiles * mr * cols);
             let mut kb = 0;
             while kb < k {
                 let kcur = self.kc.min(k - kb);
-                for j in 0..cols / nr {
-                    let bpanel = self.data.as_ptr().add((j * k + kb) * nr);
-                    for i in 0..tiles {
-                        let c_tile = ct.as_mut_ptr().add(i * mr * cols + j * nr);
-                        isa.tile_gather(kcur, xp.as_ptr().add(q0 + i * mr), pd.offs.as_ptr().add(kb), bpanel, c_tile, cols, kb > 0);
+                let offs = &pd.offs[kb..kb + kcur];
+                // Tiles whose reads stay inside `xp` (all of them unless read in place).
+                let safe = xp.len().saturating_sub(pd.max_offs[kb / self.kc] + (mr - 1) * e + 1);
+                for i in 0..tiles {
+                    let q = q0 + i * mr;
+                    let packed = q * e > safe;
+                    if packed {
+                        // The input's last pixels: pack the tile's A, zeros past the end.
+                        for (kk, &o) in offs.iter().enumerate() {
+                            for r in 0..mr {
+                                apack[kk * mr + r] = xp.get(o + (q + r) * e).copied().unwrap_or(0.0);
+                            }
+                        }
+                    }
+                    for j in j0..j1 {
+                        let bpanel = self.data.as_ptr().add((j * k + kb) * nr);
+                        let c_tile = ct.as_mut_ptr().add(i * mr * cols + (j - j0) * nr);
+                        if packed {
+                            isa.tile(kcur, apack.as_ptr(), bpanel, c_tile, cols, kb > 0);
+                        } else if e == 8 {
+                            isa.tile_gather8(kcur, xp.as_ptr().add(q * 8), offs.as_ptr(), bpanel, c_tile, cols, kb > 0);
+                        } else {
+                            isa.tile_gather(kcur, xp.as_ptr().add(q), offs.as_ptr(), bpanel, c_tile, cols, kb > 0);
+                        }
                     }
                 }
                 kb += kcur;
@@ -236,8 +300,7 @@ impl FlippedFilters {
             if k == 0 {
                 ct.fill(0.0);
             }
-            // Y[ch][oh][ow] = C^T[q - q0][ch] + bias (+ residual), then the activation,
-            // one output row segment at a time.
+            // The epilogue, one output row segment at a time.
             let mut q = q0;
             while q < q1 {
                 let (oh, ow) = (q / pd.wph, q % pd.wph);
@@ -247,11 +310,31 @@ impl FlippedFilters {
                     continue;
                 }
                 let len = (seg_end - q).min(ow_n - ow);
-                let (tile, at) = (&ct[(q - q0) * cols..], y.add(oh * ow_n + ow));
-                store_transposed(tile, cols, len, m, bias, residual, at, px);
-                if let Some(a) = act {
-                    for ch in 0..m {
-                        a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(at.add(ch * px), len));
+                let tile = &ct[(q - q0) * cols..];
+                let pix = oh * ow_n + ow;
+                if self.layout.out_blocked {
+                    // Block b of pixel i: tile[i * cols + 8b - n0 ..][..8], + bias, + residual.
+                    for b in n0 / 8..n1 / 8 {
+                        let at = std::slice::from_raw_parts_mut(y.add((b * px + pix) * 8), len * 8);
+                        let bias8: [f32; 8] = std::array::from_fn(|l| bias.map_or(0.0, |bs| bs[b * 8 + l]));
+                        for (i, o) in at.chunks_exact_mut(8).enumerate() {
+                            let src = &tile[i * cols + b * 8 - n0..][..8];
+                            for l in 0..8 {
+                                let v = src[l] + bias8[l];
+                                o[l] = if residual { o[l] + v } else { v };
+                            }
+                        }
+                        if let Some(a) = act {
+                            a.apply_slice_f32_fast(at);
+                        }
+                    }
+                } else {
+                    let at = y.add(n0 * px + pix);
+                    store_transposed(tile, cols, len, n1 - n0, bias.map(|b| &b[n0..]), residual, at, px);
+                    if let Some(a) = act {
+                        for ch in 0..n1 - n0 {
+                            a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(at.add(ch * px), len));
+                        }
                     }
                 }
                 q = seg_end;

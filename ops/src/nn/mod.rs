@@ -8,6 +8,8 @@
 //! in [`window`].
 use crate::Registry;
 
+pub use conv_nchwc::INPUT_BLOCKED_ATTR;
+
 mod attention;
 mod attention_cpu;
 #[cfg(test)]
@@ -19,6 +21,7 @@ mod conv;
 mod conv_cpu;
 mod conv_depthwise8;
 mod conv_flipped;
+mod conv_nchwc;
 mod conv_packed;
 mod conv_winograd;
 mod conv_small_k;
@@ -32,6 +35,7 @@ mod lp_norm;
 mod lrn;
 mod losses;
 mod mvn;
+mod nchwc_reorder;
 mod plane_lanes;
 mod rms_norm;
 mod rotary_embedding;
@@ -41,6 +45,8 @@ mod window;
 
 pub(crate) fn register(r: &mut Registry) {
     conv::register(r);
+    conv_nchwc::register(r);
+    nchwc_reorder::register(r);
     conv_transpose::register(r);
     pool::register(r);
     global_pool::register(r);

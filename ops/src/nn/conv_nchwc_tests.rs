@@ -1,0 +1,99 @@
+//! `kiln.ConvNchwc` and the boundary reorders against the f64 reference: ungrouped
+//! convolutions over blocked and NCHW inputs (padded, strided, read in place, a ResNet
+//! stem), depthwise ones (strided, dilated), every CPU variant forced one at a time,
+//! with bias, a fused residual and a Clip.
+use super::super::conv::tests::reference;
+use crate::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
+use crate::linalg::RESIDUAL_ATTR;
+use crate::testing::{as_inputs, assert_close, ints, rand_f32, run, run_cpu_variants, Case, Input};
+use kiln_graph::{Attr, Tensor};
+
+/// An op of domain `kiln` with `n_in` inputs.
+fn op(name: &str, attrs: &[(&str, Attr)], n_in: usize) -> Box<dyn crate::Op> {
+    let mut case = Case::new(name).domain("kiln").attrs(attrs);
+    case.inputs = (0..n_in).map(|_| Input::Data(Tensor::scalar(0f32))).collect();
+    case.op().unwrap()
+}
+
+/// `[N, C, H, W]` values in blocked order (`[N, C/8, H, W, 8]`).
+fn blocked(v: &[f64], d: &[usize]) -> Vec<f64> {
+    let (n, c, px) = (d[0], d[1], d[2] * d[3]);
+    let mut out = vec![0.0; v.len()];
+    for i in 0..n {
+        for ch in 0..c {
+            for p in 0..px {
+                out[((i * (c / 8) + ch / 8) * px + p) * 8 + ch % 8] = v[(i * c + ch) * px + p];
+            }
+        }
+    }
+    out
+}
+
+fn blocked_tensor(t: &Tensor) -> Tensor {
+    let d = t.dims();
+    let v: Vec<f32> = blocked(&t.to_f64_vec(), d).into_iter().map(|x| x as f32).collect();
+    Tensor::from_vec(&[d[0], d[1] / 8, d[2], d[3], 8], v).unwrap()
+}
+
+#[test]
+fn every_variant_matches_the_f64_reference() {
+    // x dims, w dims, group, stride, dilation, pads, whether X is blocked.
+    let cases: Vec<(Vec<usize>, Vec<usize>, usize, usize, usize, [i64; 4], bool)> = vec![
+        (vec![1, 16, 13, 11], vec![24, 16, 3, 3], 1, 1, 1, [1; 4], true),      // 3x3, padded copy
+        (vec![2, 8, 9, 10], vec![16, 8, 1, 1], 1, 1, 1, [0; 4], true),         // 1x1 read in place, two images
+        (vec![1, 16, 15, 14], vec![32, 16, 3, 3], 1, 2, 1, [1, 0, 1, 1], true), // strided phases, uneven pads
+        (vec![1, 64, 7, 7], vec![72, 64, 3, 3], 1, 1, 1, [1; 4], true),        // few pixels, long reduction
+        (vec![1, 3, 23, 21], vec![16, 3, 7, 7], 1, 2, 1, [3; 4], false),       // a ResNet stem from NCHW
+        (vec![1, 5, 9, 9], vec![8, 5, 3, 3], 1, 1, 1, [0; 4], false),          // NCHW read in place
+        (vec![1, 24, 7, 7], vec![24, 1, 3, 3], 24, 2, 1, [1; 4], true),        // depthwise, strided
+        (vec![2, 16, 12, 9], vec![16, 1, 5, 5], 16, 1, 2, [4, 3, 4, 2], true), // depthwise, dilated
+    ];
+    for (xd, wd, group, stride, dil, pads, in_blocked) in cases {
+        let (x, w, b) = (rand_f32(&xd, 71), rand_f32(&wd, 72), rand_f32(&[wd[0]], 73));
+        let span = |d: usize| (wd[2 + d] - 1) * dil + 1;
+        let out: Vec<usize> = (0..2).map(|d| (xd[2 + d] + pads[d] as usize + pads[2 + d] as usize - span(d)) / stride + 1).collect();
+        let yd = vec![xd[0], wd[0], out[0], out[1]];
+        let r = rand_f32(&yd, 74);
+        let conv = reference(&x, &w, Some(&b), group, &[stride, stride], &[dil, dil], &pads[..2], &out);
+        let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(v, r)| (v + r).clamp(-0.5, 0.75)).collect();
+        let want = blocked(&want, &yd);
+        let attrs = [
+            ("group", Attr::Int(group as i64)),
+            ("strides", ints(&[stride as i64; 2])),
+            ("dilations", ints(&[dil as i64; 2])),
+            ("pads", ints(&pads)),
+            (RESIDUAL_ATTR, Attr::Int(1)),
+            (ACTIVATION_ATTR, Attr::String("Clip".into())),
+            (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![-0.5, 0.75])),
+            (super::INPUT_BLOCKED_ATTR, Attr::Int(in_blocked as i64)),
+        ];
+        let xin = if in_blocked { blocked_tensor(&x) } else { x.clone() };
+        let rb = blocked_tensor(&r);
+        let op = op("ConvNchwc", &attrs, 4);
+        let inputs: [Option<&Tensor>; 4] = [Some(&xin), Some(&w), Some(&b), Some(&rb)];
+        let variants = run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap();
+        assert!(variants.len() >= 3, "x{xd:?}: {:?}", variants.iter().map(|v| &v.0).collect::<Vec<_>>());
+        for (name, outs) in &variants {
+            assert_close(&outs[0], &want, 2e-5, &format!("x{xd:?} w{wd:?} g{group} s{stride} d{dil} {name}"));
+        }
+        // Unprepared (weights not constant): packed per run.
+        let y = run(op.as_ref(), &as_inputs(&inputs, &[]), &[]).unwrap().remove(0);
+        assert_close(&y, &want, 2e-5, &format!("x{xd:?} w{wd:?} unprepared"));
+    }
+}
+
+#[test]
+fn reorders_round_trip_and_refuse_bad_shapes() {
+    for dims in [vec![2, 16, 5, 7], vec![1, 8, 1, 1], vec![1, 24, 3, 19]] {
+        let x = rand_f32(&dims, 75);
+        let to = op("ToNchwc", &[], 1);
+        let b = run(to.as_ref(), &[Input::Data(x.clone())], &[]).unwrap().remove(0);
+        assert_close(&b, &blocked(&x.to_f64_vec(), &dims), 0.0, &format!("{dims:?} to"));
+        let from = op("FromNchwc", &[], 1);
+        let back = run(from.as_ref(), &[Input::Data(b)], &[]).unwrap().remove(0);
+        assert_eq!(back, x, "{dims:?} round trip");
+    }
+    let to = op("ToNchwc", &[], 1);
+    let err = run(to.as_ref(), &[Input::Data(rand_f32(&[1, 12, 3, 3], 1))], &[]).unwrap_err().to_string();
+    assert!(err.contains("multiple of 8"), "{err}");
+}
