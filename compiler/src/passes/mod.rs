@@ -15,6 +15,7 @@ mod fuse_elementwise;
 mod fuse_gelu;
 mod fuse_layernorm;
 mod fuse_residual;
+mod layout_nchwc;
 
 pub use algebraic::simplify_algebra;
 pub use context::PassContext;
@@ -30,6 +31,7 @@ pub use fuse_elementwise::fuse_elementwise;
 pub use fuse_gelu::fuse_gelu;
 pub use fuse_layernorm::fuse_layernorm;
 pub use fuse_residual::{fuse_conv_residual, fuse_residual};
+pub use layout_nchwc::layout_nchwc;
 
 use kiln_graph::{Graph, NodeId, ValueId};
 
@@ -65,8 +67,11 @@ pub const PASSES: &[Pass] = &[
 ///   128), slower on lavapipe (bert_tiny 145-174 against 122 ms, gpt2_tiny ~270 against
 ///   ~245 ms: the Attention softmax and weighted-sum WGSL are not register-blocked like
 ///   the unfused MatMuls).
+/// - `layout-nchwc`: CPU convolutions in the channel-blocked layout (CPU kernels only);
+///   anchored at the end (`""`): it runs after every default pass.
 pub const OPTIONAL_PASSES: &[(Pass, &str)] = &[
     (Pass { name: "fuse-attention", run: fuse_attention }, "fuse-bias"),
+    (Pass { name: "layout-nchwc", run: layout_nchwc }, ""),
 ];
 
 /// Names (comma-separated) of default passes [`optimize`] skips, to measure or bisect
@@ -87,7 +92,7 @@ pub enum Target {
 
 /// Optional passes that run by default for one target (measured faster there; see
 /// [`OPTIONAL_PASSES`]).
-pub const TARGET_PASSES: &[(&str, Target)] = &[("fuse-attention", Target::Cpu)];
+pub const TARGET_PASSES: &[(&str, Target)] = &[("fuse-attention", Target::Cpu), ("layout-nchwc", Target::Cpu)];
 
 /// The passes [`optimize_for`] runs for `target` given the skip and enable lists
 /// (comma-separated names).
@@ -101,6 +106,7 @@ pub fn selected_passes(skip: &str, enable: &str, target: Target) -> Vec<&'static
             out.push(p);
         }
     }
+    out.extend(OPTIONAL_PASSES.iter().filter(|(o, before)| before.is_empty() && wanted(o.name)).map(|(o, _)| o));
     out
 }
 

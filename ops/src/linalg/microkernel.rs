@@ -123,6 +123,78 @@ impl Isa {
     }
 }
 
+/// Where [`Isa::tile_gather_blocked`] stores a tile, and its epilogue: row `i`, lanes
+/// `8q..8q + 8` go to `c + q * block_stride + 8 * i` (a channel-blocked output: pixel
+/// `i` of channel block `q`), for `q < blocks`; each value is `acc + bias[lane]`, plus
+/// what `c` held when `residual`, then clamped to `clamp` (`max` then `min`: a NaN
+/// stays NaN).
+#[derive(Clone, Copy, Debug)]
+pub struct BlockedStore {
+    pub block_stride: usize,
+    pub blocks: usize,
+    /// NR values.
+    pub bias: *const f32,
+    pub residual: bool,
+    pub clamp: Option<(f32, f32)>,
+}
+
+impl BlockedStore {
+    #[inline(always)]
+    pub fn finish(&self, v: f32, prev: f32) -> f32 {
+        let v = if self.residual { v + prev } else { v };
+        match self.clamp {
+            Some((lo, hi)) => {
+                let v = if v.is_nan() || v >= lo { v } else { lo };
+                if v.is_nan() || v <= hi {
+                    v
+                } else {
+                    hi
+                }
+            }
+            None => v,
+        }
+    }
+}
+
+impl Isa {
+    /// [`Isa::tile_gather`] (`e` = 1) or [`Isa::tile_gather8`] (`e` = 8) over the whole
+    /// reduction, stored through `out` (see [`BlockedStore`]).
+    ///
+    /// # Safety
+    /// As [`Isa::tile_gather`] with rows `e` floats apart; `out.bias` holds NR floats and
+    /// every addressed output vector is writable and touched by no other thread.
+    #[inline]
+    pub unsafe fn tile_gather_blocked(self, e: usize, kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
+        match (self, e) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, 8) => x86::blocked_avx512::<8>(kc, x, offs, b, c, out),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, _) => x86::blocked_avx512::<1>(kc, x, offs, b, c, out),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, 8) => x86::blocked_avx2::<8>(kc, x, offs, b, c, out),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, _) => x86::blocked_avx2::<1>(kc, x, offs, b, c, out),
+            (_, 8) => blocked_portable::<8>(kc, x, offs, b, c, out),
+            _ => blocked_portable::<1>(kc, x, offs, b, c, out),
+        }
+    }
+}
+
+unsafe fn blocked_portable<const S: usize>(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
+    const MR: usize = 4;
+    let mut tile = [0f32; MR * 8];
+    portable_body::<S>(kc, |k| x.add(*offs.add(k)), b, tile.as_mut_ptr(), 8, false);
+    if out.blocks == 0 {
+        return;
+    }
+    for i in 0..MR {
+        for l in 0..8 {
+            let o = c.add(8 * i + l);
+            *o = out.finish(tile[i * 8 + l] + *out.bias.add(l), *o);
+        }
+    }
+}
+
 /// The portable 4x8 tile: `a_row(k)` points at step k's MR values of A, `S` floats
 /// apart.
 #[inline(always)]
@@ -259,6 +331,85 @@ mod x86 {
         for i in 0..MR {
             _mm256_storeu_ps(c.add(i * ldc), acc0[i]);
             _mm256_storeu_ps(c.add(i * ldc + 8), acc1[i]);
+        }
+    }
+
+    /// 256-bit lane group `q` (0..4) of the 8x32 tile's row accumulators.
+    #[inline(always)]
+    unsafe fn half(v: __m512, high: bool) -> __m256 {
+        if high {
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+        } else {
+            _mm512_castps512_ps256(v)
+        }
+    }
+
+    /// The blocked epilogue of one 8-lane vector (see `BlockedStore`).
+    #[inline(always)]
+    unsafe fn finish8(v: __m256, o: *mut f32, out: &super::BlockedStore, lo: __m256, hi: __m256) {
+        let mut v = v;
+        if out.residual {
+            v = _mm256_add_ps(v, _mm256_loadu_ps(o));
+        }
+        if out.clamp.is_some() {
+            // max/min return their second operand when either is NaN: NaN stays NaN.
+            v = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
+        }
+        _mm256_storeu_ps(o, v);
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn blocked_avx512<const S: usize>(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
+        const MR: usize = 8;
+        let b0 = _mm512_loadu_ps(out.bias);
+        let b1 = _mm512_loadu_ps(out.bias.add(16));
+        let mut acc0 = [b0; MR];
+        let mut acc1 = [b1; MR];
+        let mut b = b;
+        for k in 0..kc {
+            let a = x.add(*offs.add(k));
+            let v0 = _mm512_loadu_ps(b);
+            let v1 = _mm512_loadu_ps(b.add(16));
+            for i in 0..MR {
+                let ai = _mm512_set1_ps(*a.add(i * S));
+                acc0[i] = _mm512_fmadd_ps(ai, v0, acc0[i]);
+                acc1[i] = _mm512_fmadd_ps(ai, v1, acc1[i]);
+            }
+            b = b.add(32);
+        }
+        let (lo, hi) = out.clamp.map_or((_mm256_setzero_ps(), _mm256_setzero_ps()), |(l, h)| (_mm256_set1_ps(l), _mm256_set1_ps(h)));
+        for i in 0..MR {
+            let parts = [half(acc0[i], false), half(acc0[i], true), half(acc1[i], false), half(acc1[i], true)];
+            for (q, v) in parts.into_iter().enumerate().take(out.blocks) {
+                finish8(v, c.add(q * out.block_stride + 8 * i), out, lo, hi);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn blocked_avx2<const S: usize>(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
+        const MR: usize = 6;
+        let b0 = _mm256_loadu_ps(out.bias);
+        let b1 = _mm256_loadu_ps(out.bias.add(8));
+        let mut acc0 = [b0; MR];
+        let mut acc1 = [b1; MR];
+        let mut b = b;
+        for k in 0..kc {
+            let a = x.add(*offs.add(k));
+            let v0 = _mm256_loadu_ps(b);
+            let v1 = _mm256_loadu_ps(b.add(8));
+            for i in 0..MR {
+                let ai = _mm256_broadcast_ss(&*a.add(i * S));
+                acc0[i] = _mm256_fmadd_ps(ai, v0, acc0[i]);
+                acc1[i] = _mm256_fmadd_ps(ai, v1, acc1[i]);
+            }
+            b = b.add(16);
+        }
+        let (lo, hi) = out.clamp.map_or((_mm256_setzero_ps(), _mm256_setzero_ps()), |(l, h)| (_mm256_set1_ps(l), _mm256_set1_ps(h)));
+        for i in 0..MR {
+            for (q, v) in [acc0[i], acc1[i]].into_iter().enumerate().take(out.blocks) {
+                finish8(v, c.add(q * out.block_stride + 8 * i), out, lo, hi);
+            }
         }
     }
 

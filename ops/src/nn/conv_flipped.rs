@@ -20,7 +20,7 @@ use super::conv_cpu::{im2col_row, ConvProblem, SharedOut};
 use std::cell::RefCell;
 use crate::cpu;
 use crate::elementwise::UnaryKind;
-use crate::linalg::microkernel::Isa;
+use crate::linalg::microkernel::{BlockedStore, Isa};
 
 /// Whether the flipped GEMM computes this problem (ungrouped, non-depthwise).
 pub(crate) fn applies(p: &ConvProblem) -> bool {
@@ -167,9 +167,12 @@ impl FlippedFilters {
             cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
             return;
         };
-        let (isa, mr, nr) = (self.isa, self.isa.mr(), self.isa.nr());
+        let (mr, nr) = (self.isa.mr(), self.isa.nr());
         // Slack past the last unit: the extra columns of the last tiles read on.
         let padded_len = (p.in_channels / pd.e) * pd.unit_len() + (pd.wph + mr) * pd.e;
+        if self.layout.out_blocked {
+            return self.with_padded(p, pd, x, padded_len, |buf, stride| self.run_blocked(p, pd, buf, stride, bias, act, residual, y));
+        }
         // Tasks: strips of grid pixels of a group of output channel panels, each
         // strip's transposed tile about 64 KiB (it stays in cache until its epilogue);
         // the panels are split where strips alone leave a thread idle.
@@ -195,58 +198,186 @@ impl FlippedFilters {
             };
             cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
         };
+        self.with_padded(p, pd, x, padded_len, go);
+    }
+
+    /// Calls `f(images, floats per image)` with the padded input: `x` itself where it is
+    /// read in place, else the thread's padded buffer.
+    fn with_padded(&self, p: &ConvProblem, pd: &Padded, x: &[f32], padded_len: usize, f: impl FnOnce(&[f32], usize)) {
+        let in_len = p.in_channels * p.geo.input_size();
         if pd.in_place {
-            return go(x, in_len);
+            return f(x, in_len);
         }
         PADDED.with(|buf| {
             let mut buf = buf.borrow_mut();
             buf.resize(p.batch * padded_len, 0.0);
+            let images = SharedOut(buf.as_mut_ptr());
+            // Images and channel units in parallel (a stem's three planes too).
+            let units = p.in_channels / pd.e;
+            cpu::par_ranges(p.batch * units, pd.unit_len(), |a, b| {
+                for t in a..b {
+                    let (img, u) = (t / units, t % units);
+                    // SAFETY: unit u of image img is written by this iteration only.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(images.ptr().add(img * padded_len + u * pd.unit_len()), pd.unit_len()) };
+                    self.pad_unit(p, pd, &x[img * in_len + u * p.geo.input_size() * pd.e..][..p.geo.input_size() * pd.e], dst);
+                }
+            });
             for img in 0..p.batch {
-                self.pad(p, pd, &x[img * in_len..][..in_len], &mut buf[img * padded_len..][..padded_len]);
+                buf[img * padded_len + units * pd.unit_len()..(img + 1) * padded_len].fill(0.0);
             }
-            go(&buf[..], padded_len);
+            f(&buf[..], padded_len);
         });
-        let _ = isa;
     }
 
-    /// Copies one image's channel units into `dst` as zero-padded phase planes (see the
-    /// module docs), then zero slack.
-    fn pad(&self, p: &ConvProblem, pd: &Padded, x: &[f32], dst: &mut [f32]) {
+    /// The blocked output: tasks of tiles of a group of output panels; each tile runs
+    /// the whole reduction and stores its blocks with the epilogue in registers.
+    #[allow(clippy::too_many_arguments)]
+    fn run_blocked(&self, p: &ConvProblem, pd: &Padded, xp: &[f32], stride: usize, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: &mut [f32]) {
+        let (mr, nr) = (self.isa.mr(), self.isa.nr());
+        let [_, oh_n, ow_n] = p.geo.output;
+        let grid = (oh_n - 1) * pd.wph + ow_n;
+        let tiles = grid.div_ceil(mr);
+        let panels = self.m.div_ceil(nr);
+        let threads = cpu::threads().max(1);
+        let strips = tiles.min(4 * threads);
+        let groups = if p.batch * strips >= 4 * threads { 1 } else { panels.min((4 * threads).div_ceil(p.batch * strips)) };
+        let per_group = panels.div_ceil(groups);
+        let groups = panels.div_ceil(per_group);
+        let per_strip = tiles.div_ceil(strips);
+        let strips = tiles.div_ceil(per_strip);
+        // Bias per panel, zero-padded to NR lanes.
+        let mut bias_nr = vec![0f32; panels * nr];
+        if let Some(b) = bias {
+            bias_nr[..self.m].copy_from_slice(&b[..self.m]);
+        }
+        let clamp = super::conv_small_k::as_clamp(act);
+        let generic_act = if clamp.is_some() { None } else { act };
+        let out_len = p.out_channels * p.geo.output_size();
+        let out = SharedOut(y.as_mut_ptr());
+        let tasks = p.batch * strips * groups;
+        let flops = 2 * p.macs() as usize;
+        cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| {
+            for t in a..b {
+                let (img, st, gr) = (t / (strips * groups), (t / groups) % strips, t % groups);
+                let (i0, i1) = (st * per_strip, ((st + 1) * per_strip).min(tiles));
+                let (j0, j1) = (gr * per_group, ((gr + 1) * per_group).min(panels));
+                // SAFETY: this task writes tiles i0..i1 of panels j0..j1 of image img only.
+                unsafe {
+                    let tile = BlockedTiles { p, pd, xp: &xp[img * stride..][..stride], bias: &bias_nr, clamp, act: generic_act, residual, y: out.ptr().add(img * out_len) };
+                    self.blocked_tiles(&tile, i0, i1, j0, j1);
+                }
+            }
+        });
+    }
+
+    /// Tiles `i0..i1` (MR grid pixels each) of output panels `j0..j1` of one image.
+    unsafe fn blocked_tiles(&self, t: &BlockedTiles, i0: usize, i1: usize, j0: usize, j1: usize) {
+        let (isa, k, e) = (self.isa, self.k, t.pd.e);
+        let (mr, nr) = (isa.mr(), isa.nr());
+        let [_, oh_n, ow_n] = t.p.geo.output;
+        let (px, wph) = (oh_n * ow_n, t.pd.wph);
+        let grid = (oh_n - 1) * wph + ow_n;
+        let max_off = t.pd.offs.iter().copied().max().unwrap_or(0);
+        // Tiles at or past this grid pixel read past `xp`: their A is packed.
+        let safe = t.xp.len().saturating_sub(max_off + (mr - 1) * e + 1) / e;
+        let mut local = [0f32; 8 * 32];
+        let mut apack: Vec<f32> = vec![];
+        for j in j0..j1 {
+            let bpanel = self.data.as_ptr().add(j * k * nr);
+            let blocks = ((self.m - j * nr) / 8).min(nr / 8);
+            let ybase = t.y.add(j * (nr / 8) * px * 8);
+            let store = BlockedStore { block_stride: px * 8, blocks, bias: t.bias.as_ptr().add(j * nr), residual: t.residual, clamp: t.clamp };
+            for i in i0..i1 {
+                let q = i * mr;
+                let rows = mr.min(grid - q);
+                let (oh, ow) = (q / wph, q % wph);
+                let contiguous = rows == mr && (wph == ow_n || ow + mr <= ow_n) && q <= safe;
+                if contiguous {
+                    let at = ybase.add((oh * ow_n + ow) * 8);
+                    isa.tile_gather_blocked(e, k, t.xp.as_ptr().add(q * e), t.pd.offs.as_ptr(), bpanel, at, &store);
+                    if let Some(a) = t.act {
+                        for blk in 0..blocks {
+                            a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(at.add(blk * px * 8), mr * 8));
+                        }
+                    }
+                    continue;
+                }
+                // A tile across a row end, short, or at the end of the input: computed
+                // into `local` (row-major, NR lanes), then stored pixel by pixel.
+                if q > safe {
+                    apack.resize(k * mr, 0.0);
+                    for (kk, &o) in t.pd.offs.iter().enumerate() {
+                        for r in 0..mr {
+                            apack[kk * mr + r] = t.xp.get(o + (q + r) * e).copied().unwrap_or(0.0);
+                        }
+                    }
+                    isa.tile(k, apack.as_ptr(), bpanel, local.as_mut_ptr(), nr, false);
+                } else if e == 8 {
+                    isa.tile_gather8(k, t.xp.as_ptr().add(q * 8), t.pd.offs.as_ptr(), bpanel, local.as_mut_ptr(), nr, false);
+                } else {
+                    isa.tile_gather(k, t.xp.as_ptr().add(q), t.pd.offs.as_ptr(), bpanel, local.as_mut_ptr(), nr, false);
+                }
+                let st = store;
+                for r in 0..rows {
+                    let (oh, ow) = ((q + r) / wph, (q + r) % wph);
+                    if ow >= ow_n {
+                        continue;
+                    }
+                    for blk in 0..blocks {
+                        let o = ybase.add(blk * px * 8 + (oh * ow_n + ow) * 8);
+                        for l in 0..8 {
+                            let v = local[r * nr + blk * 8 + l] + *st.bias.add(blk * 8 + l);
+                            *o.add(l) = st.finish(v, *o.add(l));
+                        }
+                        if let Some(a) = t.act {
+                            a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(o, 8));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copies one channel unit of an image (`x`: its plane or block) into `dst` (its
+    /// `unit_len` floats) as zero-padded phase planes (see the module docs).
+    fn pad_unit(&self, p: &ConvProblem, pd: &Padded, xc: &[f32], dst: &mut [f32]) {
         let g = &p.geo;
         let [_, ih_n, iw_n] = g.input;
         let (top, left) = (g.pad_begin[1], g.pad_begin[2]);
         let (sh, sw, hph, wph, e) = (pd.sh, pd.sw, pd.hph, pd.wph, pd.e);
         let plane = hph * wph;
-        let in_unit = ih_n * iw_n * e;
         // Padded columns lo..hi come from the input (the rest, of every row, is zero).
         let lo = left.max(0) as usize;
         let hi = ((iw_n as i64 + left).max(0) as usize).min(sw * wph).max(lo.min(sw * wph));
         let lo = lo.min(hi);
         dst.fill(0.0);
-        for u in 0..p.in_channels / e {
-            let xc = &x[u * in_unit..][..in_unit];
-            let base = u * pd.unit_len();
-            for r in 0..sh * hph {
-                let ih = r as i64 - top;
-                if ih < 0 || ih >= ih_n as i64 || hi == lo || !pd.rows_read[r % sh] {
-                    continue;
-                }
-                let src = &xc[(ih as usize * iw_n + (lo as i64 - left) as usize) * e..][..(hi - lo) * e];
-                let row = |qw: usize| base + (((r % sh) * sw + qw) * plane + (r / sh) * wph) * e;
-                if sw == 1 {
-                    let at = row(0);
-                    dst[at + lo * e..at + hi * e].copy_from_slice(src);
-                } else {
-                    // Column lo + i is element j of phase qw (counters, not divisions).
-                    let (mut qw, mut j) = (lo % sw, lo / sw);
-                    for px in src.chunks_exact(e) {
-                        if pd.cols_read[qw] {
-                            dst[row(qw) + j * e..][..e].copy_from_slice(px);
+        for r in 0..sh * hph {
+            let ih = r as i64 - top;
+            if ih < 0 || ih >= ih_n as i64 || hi == lo || !pd.rows_read[r % sh] {
+                continue;
+            }
+            let src = &xc[(ih as usize * iw_n + (lo as i64 - left) as usize) * e..][..(hi - lo) * e];
+            let row = |qw: usize| (((r % sh) * sw + qw) * plane + (r / sh) * wph) * e;
+            if sw == 1 {
+                let at = row(0);
+                dst[at + lo * e..at + hi * e].copy_from_slice(src);
+            } else {
+                // Column lo + i is element j of phase qw (counters, not divisions).
+                let (mut qw, mut j) = (lo % sw, lo / sw);
+                for px in src.chunks_exact(e) {
+                    if pd.cols_read[qw] {
+                        // Fixed-length copies (a slice copy of length e is a call).
+                        let at = row(qw) + j * e;
+                        if e == 8 {
+                            let v: [f32; 8] = px.try_into().expect("eight floats");
+                            dst[at..at + 8].copy_from_slice(&v);
+                        } else {
+                            dst[at] = px[0];
                         }
-                        qw += 1;
-                        if qw == sw {
-                            (qw, j) = (0, j + 1);
-                        }
+                    }
+                    qw += 1;
+                    if qw == sw {
+                        (qw, j) = (0, j + 1);
                     }
                 }
             }
@@ -312,29 +443,11 @@ impl FlippedFilters {
                 let len = (seg_end - q).min(ow_n - ow);
                 let tile = &ct[(q - q0) * cols..];
                 let pix = oh * ow_n + ow;
-                if self.layout.out_blocked {
-                    // Block b of pixel i: tile[i * cols + 8b - n0 ..][..8], + bias, + residual.
-                    for b in n0 / 8..n1 / 8 {
-                        let at = std::slice::from_raw_parts_mut(y.add((b * px + pix) * 8), len * 8);
-                        let bias8: [f32; 8] = std::array::from_fn(|l| bias.map_or(0.0, |bs| bs[b * 8 + l]));
-                        for (i, o) in at.chunks_exact_mut(8).enumerate() {
-                            let src = &tile[i * cols + b * 8 - n0..][..8];
-                            for l in 0..8 {
-                                let v = src[l] + bias8[l];
-                                o[l] = if residual { o[l] + v } else { v };
-                            }
-                        }
-                        if let Some(a) = act {
-                            a.apply_slice_f32_fast(at);
-                        }
-                    }
-                } else {
-                    let at = y.add(n0 * px + pix);
-                    store_transposed(tile, cols, len, n1 - n0, bias.map(|b| &b[n0..]), residual, at, px);
-                    if let Some(a) = act {
-                        for ch in 0..n1 - n0 {
-                            a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(at.add(ch * px), len));
-                        }
+                let at = y.add(n0 * px + pix);
+                store_transposed(tile, cols, len, n1 - n0, bias.map(|b| &b[n0..]), residual, at, px);
+                if let Some(a) = act {
+                    for ch in 0..n1 - n0 {
+                        a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(at.add(ch * px), len));
                     }
                 }
                 q = seg_end;
@@ -394,6 +507,22 @@ impl FlippedFilters {
             }
         });
     }
+}
+
+/// What every task of [`FlippedFilters::run_blocked`] shares.
+struct BlockedTiles<'a> {
+    p: &'a ConvProblem,
+    pd: &'a Padded,
+    /// One image's padded input.
+    xp: &'a [f32],
+    /// NR biases per panel.
+    bias: &'a [f32],
+    clamp: Option<(f32, f32)>,
+    /// An activation that is not a clamp, applied after the store.
+    act: Option<UnaryKind>,
+    residual: bool,
+    /// The image's blocked output.
+    y: *mut f32,
 }
 
 /// `y[ch * ystride + i] = [y[..] +] tile[i * cols + ch] + bias[ch]` for `ch < m`,

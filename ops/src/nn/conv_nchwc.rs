@@ -172,15 +172,12 @@ impl CpuKernel for ConvNchwc {
         self.compute(inputs, true, &mut outputs[0], None)
     }
 
-    /// The instruction set (both kernels) and the reduction slice (ungrouped ones).
+    /// The instruction set.
     fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
         let Some(p) = self.constant_problem(inputs) else { return vec![] };
         if p.group == 1 {
             let isa = Isa::best();
-            vec![
-                TuneParam { name: "isa", default: isa.code(), candidates: Isa::available().into_iter().map(Isa::code).collect() },
-                TuneParam { name: "kc", default: default_kc(&p, isa) as u32, candidates: vec![64, 128, 256, 512] },
-            ]
+            vec![TuneParam { name: "isa", default: isa.code(), candidates: Isa::available().into_iter().map(Isa::code).collect() }]
         } else {
             let isas: Vec<u32> = Isa::available().into_iter().filter(|&i| i != Isa::Avx512).map(Isa::code).collect();
             vec![TuneParam { name: "isa", default: isas[0], candidates: isas }]
@@ -208,11 +205,6 @@ impl ConvNchwc {
     }
 }
 
-/// A reduction slice whose B panel (`kc x NR` floats) fills about half of L1.
-fn default_kc(p: &ConvProblem, isa: Isa) -> usize {
-    (8192 / isa.nr()).min(p.reduction().max(1))
-}
-
 /// The prepared filters of one problem.
 struct Kernel {
     problem: ConvProblem,
@@ -231,8 +223,8 @@ impl Kernel {
         let best = Isa::best();
         let form = if p.group == 1 {
             let isa = Isa::from_code(get("isa", best.code())).unwrap_or(best);
-            let kc = get("kc", default_kc(p, isa) as u32) as usize;
-            Form::Dense(FlippedFilters::direct_in(p, w, isa, kc, cpu::threads(), Layout { in_blocked: input_blocked, out_blocked: true }))
+            // Each tile runs the whole reduction (no slices).
+            Form::Dense(FlippedFilters::direct_in(p, w, isa, p.reduction(), cpu::threads(), Layout { in_blocked: input_blocked, out_blocked: true }))
         } else {
             let taps = p.geo.kernel_size();
             let mut packed = vec![0f32; p.out_channels * taps];

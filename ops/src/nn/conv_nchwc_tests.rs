@@ -97,3 +97,32 @@ fn reorders_round_trip_and_refuse_bad_shapes() {
     let err = run(to.as_ref(), &[Input::Data(rand_f32(&[1, 12, 3, 3], 1))], &[]).unwrap_err().to_string();
     assert!(err.contains("multiple of 8"), "{err}");
 }
+
+/// Blocked MaxPool (strided, padded, ceil_mode, dilated; a NaN in one block) and
+/// GlobalAveragePool against the plain ops on the same values.
+#[test]
+fn blocked_pools_match_the_plain_ones() {
+    let cases: Vec<(Vec<(&str, Attr)>, Vec<usize>)> = vec![
+        (vec![("kernel_shape", ints(&[3, 3])), ("strides", ints(&[2, 2])), ("ceil_mode", Attr::Int(1))], vec![1, 16, 13, 13]),
+        (vec![("kernel_shape", ints(&[3, 2])), ("pads", ints(&[1, 0, 1, 1])), ("dilations", ints(&[1, 2]))], vec![2, 8, 9, 11]),
+    ];
+    for (attrs, dims) in cases {
+        for nan in [false, true] {
+            let mut v = rand_f32(&dims, 76).to_f64_vec();
+            if nan {
+                v[8 * dims[2] * dims[3] + 5] = f64::NAN;
+            }
+            let x = Tensor::from_vec(&dims, v.iter().map(|&f| f as f32).collect()).unwrap();
+            let plain = crate::testing::make("MaxPool", 19, &attrs, 1, 1).unwrap();
+            let want = run(plain.as_ref(), &[Input::Data(x.clone())], &[]).unwrap().remove(0);
+            let got = run(op("MaxPoolNchwc", &attrs, 1).as_ref(), &[Input::Data(blocked_tensor(&x))], &[]).unwrap().remove(0);
+            let wd = want.dims().to_vec();
+            assert_close(&got, &blocked(&want.to_f64_vec(), &wd), 0.0, &format!("{dims:?} nan {nan}"));
+        }
+        let x = rand_f32(&dims, 77);
+        let plain = crate::testing::make("GlobalAveragePool", 19, &[], 1, 1).unwrap();
+        let want = run(plain.as_ref(), &[Input::Data(x.clone())], &[]).unwrap().remove(0);
+        let got = run(op("GlobalAveragePoolNchwc", &[], 1).as_ref(), &[Input::Data(blocked_tensor(&x))], &[]).unwrap().remove(0);
+        assert_close(&got, &blocked(&want.to_f64_vec(), want.dims()), 1e-6, &format!("{dims:?} global"));
+    }
+}

@@ -41,12 +41,14 @@ mod rms_norm;
 mod rotary_embedding;
 mod pool;
 mod pool_blocked8;
+mod pool_nchwc;
 mod window;
 
 pub(crate) fn register(r: &mut Registry) {
     conv::register(r);
     conv_nchwc::register(r);
     nchwc_reorder::register(r);
+    pool_nchwc::register(r);
     conv_transpose::register(r);
     pool::register(r);
     global_pool::register(r);
