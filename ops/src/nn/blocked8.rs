@@ -64,8 +64,9 @@ pub(crate) unsafe fn load(g: &Geometry, x: *const f32, xs: &mut [f32], fill: f32
 pub(crate) const MAX_TAPS: usize = 64;
 
 /// Slides the 2-D window of `g` over the block `xs` (see [`load`]) into `os`
-/// (`[oh][ow][8]`): each output is `init` folded with `step(acc, tap, value)` over the
-/// window's taps, four pixels at a time so that the four folds overlap.
+/// (`[oh][ow][8]`): each output is `finish` of `init` folded with `step(acc, tap,
+/// value)` over the window's taps, four pixels at a time so that the four folds
+/// overlap.
 ///
 /// # Safety
 /// The CPU has AVX (and whatever `step` uses); inline into a function compiled for it.
@@ -79,6 +80,7 @@ pub(crate) unsafe fn slide(
     os: &mut [f32],
     init: std::arch::x86_64::__m256,
     step: impl Fn(std::arch::x86_64::__m256, usize, std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
+    finish: impl Fn(std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
 ) {
     use std::arch::x86_64::*;
     let [_, oh_n, ow_n] = g.output;
@@ -101,14 +103,14 @@ pub(crate) unsafe fn slide(
                 }
             }
             for (i, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(dst.add((ow + i) * 8), *a);
+                _mm256_storeu_ps(dst.add((ow + i) * 8), finish(*a));
             }
             ow += PX;
         }
         for ow in ow..ow_n {
             let at = row.add(ow * sw * 8);
             let acc = offs[..taps].iter().enumerate().fold(init, |a, (t, &o)| step(a, t, _mm256_loadu_ps(at.add(o))));
-            _mm256_storeu_ps(dst.add(ow * 8), acc);
+            _mm256_storeu_ps(dst.add(ow * 8), finish(acc));
         }
     }
 }

@@ -239,7 +239,9 @@ impl FlippedFilters {
         let tiles = grid.div_ceil(mr);
         let panels = self.m.div_ceil(nr);
         let threads = cpu::threads().max(1);
-        let strips = tiles.min(4 * threads);
+        // About 4 tasks per thread; a strip keeps 6+ tiles where it can, so that each B
+        // panel it loads serves several tiles (7x7 planes split channels instead).
+        let strips = (tiles / 6).clamp(1, 4 * threads);
         let groups = if p.batch * strips >= 4 * threads { 1 } else { panels.min((4 * threads).div_ceil(p.batch * strips)) };
         let per_group = panels.div_ceil(groups);
         let groups = panels.div_ceil(per_group);

@@ -257,6 +257,7 @@ fn depthwise(p: &ConvProblem, x: &[f32], w: &[f32], avx2: bool, bias: Option<&[f
     let (ipx, opx, taps) = (g.input_size(), g.output_size(), g.kernel_size());
     let blocks = p.out_channels / BLOCK;
     let out = SharedOut(y.as_mut_ptr());
+    let clamp = super::conv_small_k::as_clamp(act);
     cpu::par_ranges(p.batch * blocks, 2 * opx * taps * BLOCK, |a, b| {
         cpu::with_scratch(BLOCK * (hp * wp + opx), |s| {
             let (xs, os) = s.split_at_mut(BLOCK * hp * wp);
@@ -267,25 +268,31 @@ fn depthwise(p: &ConvProblem, x: &[f32], w: &[f32], avx2: bool, bias: Option<&[f
                 let yb = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(u * opx * BLOCK), opx * BLOCK) };
                 let wb = &w[cb * taps * BLOCK..][..taps * BLOCK];
                 let bb: [f32; BLOCK] = std::array::from_fn(|l| bias.map_or(0.0, |b| b[cb * BLOCK + l]));
-                let dst: &mut [f32] = if residual { &mut os[..] } else { &mut yb[..] };
-                slide(g, xs, wb, &bb, avx2, dst);
                 if residual {
+                    slide(g, xs, wb, &bb, avx2, None, os);
                     yb.iter_mut().zip(os.iter()).for_each(|(o, v)| *o += v);
-                }
-                if let Some(a) = act {
-                    a.apply_slice_f32_fast(yb);
+                    if let Some(a) = act {
+                        a.apply_slice_f32_fast(yb);
+                    }
+                } else {
+                    // A Relu/Clip is applied in registers, other activations after.
+                    slide(g, xs, wb, &bb, avx2, clamp, yb);
+                    if let (Some(a), None) = (act, clamp) {
+                        a.apply_slice_f32_fast(yb);
+                    }
                 }
             }
         });
     });
 }
 
-/// One block's depthwise window: `os[pixel][l] = bias[l] + sum over taps of w * x`.
-fn slide(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &[f32; BLOCK], avx2: bool, os: &mut [f32]) {
+/// One block's depthwise window: `os[pixel][l] = bias[l] + sum over taps of w * x`,
+/// clamped to `clamp` (`max` then `min`: a NaN stays NaN).
+fn slide(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &[f32; BLOCK], avx2: bool, clamp: Option<(f32, f32)>, os: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if avx2 {
         // SAFETY: `avx2` is only set where the CPU has AVX2 + FMA and taps <= MAX_TAPS.
-        unsafe { slide_avx2(g, xs, w, bias, os) };
+        unsafe { slide_avx2(g, xs, w, bias, clamp, os) };
         return;
     }
     let _ = avx2;
@@ -302,6 +309,11 @@ fn slide(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &[f32; BLOCK]
                     acc[l] += wt[l] * xv[l];
                 }
             }
+            if let Some((lo, hi)) = clamp {
+                for v in &mut acc {
+                    *v = if v.is_nan() { *v } else { v.max(lo).min(hi) };
+                }
+            }
             os[(oh * ow_n + ow) * BLOCK..][..BLOCK].copy_from_slice(&acc);
         }
     }
@@ -309,14 +321,18 @@ fn slide(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &[f32; BLOCK]
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn slide_avx2(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &[f32; BLOCK], os: &mut [f32]) {
+unsafe fn slide_avx2(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &[f32; BLOCK], clamp: Option<(f32, f32)>, os: &mut [f32]) {
     use std::arch::x86_64::*;
     let taps = g.kernel_size();
     let mut wv = [_mm256_setzero_ps(); MAX_TAPS];
     for (t, v) in wv.iter_mut().enumerate().take(taps) {
         *v = _mm256_loadu_ps(w.as_ptr().add(t * BLOCK));
     }
-    blocked8::slide(g, xs, os, _mm256_loadu_ps(bias.as_ptr()), |acc, t, v| _mm256_fmadd_ps(wv[t], v, acc));
+    let (lo, hi) = clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+    let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+    // max/min return their second operand when either is NaN: NaN stays NaN.
+    let finish = |v| if clamp.is_some() { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) } else { v };
+    blocked8::slide(g, xs, os, _mm256_loadu_ps(bias.as_ptr()), |acc, t, v| _mm256_fmadd_ps(wv[t], v, acc), finish);
 }
 
 /// The kernel a plan runs: the op with its prepared filters.

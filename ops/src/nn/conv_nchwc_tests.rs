@@ -53,32 +53,35 @@ fn every_variant_matches_the_f64_reference() {
         let span = |d: usize| (wd[2 + d] - 1) * dil + 1;
         let out: Vec<usize> = (0..2).map(|d| (xd[2 + d] + pads[d] as usize + pads[2 + d] as usize - span(d)) / stride + 1).collect();
         let yd = vec![xd[0], wd[0], out[0], out[1]];
-        let r = rand_f32(&yd, 74);
         let conv = reference(&x, &w, Some(&b), group, &[stride, stride], &[dil, dil], &pads[..2], &out);
-        let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(v, r)| (v + r).clamp(-0.5, 0.75)).collect();
-        let want = blocked(&want, &yd);
-        let attrs = [
-            ("group", Attr::Int(group as i64)),
-            ("strides", ints(&[stride as i64; 2])),
-            ("dilations", ints(&[dil as i64; 2])),
-            ("pads", ints(&pads)),
-            (RESIDUAL_ATTR, Attr::Int(1)),
-            (ACTIVATION_ATTR, Attr::String("Clip".into())),
-            (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![-0.5, 0.75])),
-            (super::INPUT_BLOCKED_ATTR, Attr::Int(in_blocked as i64)),
-        ];
-        let xin = if in_blocked { blocked_tensor(&x) } else { x.clone() };
-        let rb = blocked_tensor(&r);
-        let op = op("ConvNchwc", &attrs, 4);
-        let inputs: [Option<&Tensor>; 4] = [Some(&xin), Some(&w), Some(&b), Some(&rb)];
-        let variants = run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap();
-        assert!(variants.len() >= 3, "x{xd:?}: {:?}", variants.iter().map(|v| &v.0).collect::<Vec<_>>());
-        for (name, outs) in &variants {
-            assert_close(&outs[0], &want, 2e-5, &format!("x{xd:?} w{wd:?} g{group} s{stride} d{dil} {name}"));
+        // With a fused residual, and without one (the clamp then runs in registers).
+        for residual in [true, false] {
+            let r = if residual { rand_f32(&yd, 74) } else { Tensor::from_vec(&yd, vec![0f32; yd.iter().product()]).unwrap() };
+            let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(v, r)| (v + r).clamp(-0.5, 0.75)).collect();
+            let want = blocked(&want, &yd);
+            let attrs = [
+                ("group", Attr::Int(group as i64)),
+                ("strides", ints(&[stride as i64; 2])),
+                ("dilations", ints(&[dil as i64; 2])),
+                ("pads", ints(&pads)),
+                (RESIDUAL_ATTR, Attr::Int(residual as i64)),
+                (ACTIVATION_ATTR, Attr::String("Clip".into())),
+                (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![-0.5, 0.75])),
+                (super::INPUT_BLOCKED_ATTR, Attr::Int(in_blocked as i64)),
+            ];
+            let xin = if in_blocked { blocked_tensor(&x) } else { x.clone() };
+            let rb = blocked_tensor(&r);
+            let op = op("ConvNchwc", &attrs, if residual { 4 } else { 3 });
+            let inputs: Vec<Option<&Tensor>> = if residual { vec![Some(&xin), Some(&w), Some(&b), Some(&rb)] } else { vec![Some(&xin), Some(&w), Some(&b)] };
+            let variants = run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap();
+            assert!(variants.len() >= 3, "x{xd:?}: {:?}", variants.iter().map(|v| &v.0).collect::<Vec<_>>());
+            for (name, outs) in &variants {
+                assert_close(&outs[0], &want, 2e-5, &format!("x{xd:?} w{wd:?} g{group} s{stride} d{dil} {name}, residual {residual}"));
+            }
+            // Unprepared (weights not constant): packed per run.
+            let y = run(op.as_ref(), &as_inputs(&inputs, &[]), &[]).unwrap().remove(0);
+            assert_close(&y, &want, 2e-5, &format!("x{xd:?} w{wd:?} unprepared, residual {residual}"));
         }
-        // Unprepared (weights not constant): packed per run.
-        let y = run(op.as_ref(), &as_inputs(&inputs, &[]), &[]).unwrap().remove(0);
-        assert_close(&y, &want, 2e-5, &format!("x{xd:?} w{wd:?} unprepared"));
     }
 }
 

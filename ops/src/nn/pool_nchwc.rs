@@ -91,7 +91,8 @@ impl CpuKernel for MaxPoolNchwc {
                     // SAFETY: unit u's output block is written by this iteration only.
                     let yb = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(u * opx * BLOCK), opx * BLOCK) };
                     blocked8::load_blocked(&g, xb, xs, f32::NEG_INFINITY);
-                    let nan = xb.iter().any(|v| v.is_nan());
+                    // A fold without early exit: it vectorises.
+                    let nan = xb.iter().fold(false, |a, v| a | v.is_nan());
                     #[cfg(target_arch = "x86_64")]
                     if vector && !nan {
                         // SAFETY: AVX2 checked; taps <= MAX_TAPS.
@@ -111,7 +112,7 @@ impl CpuKernel for MaxPoolNchwc {
 #[target_feature(enable = "avx2")]
 unsafe fn max_avx2(g: &Geometry, xs: &[f32], yb: &mut [f32]) {
     use std::arch::x86_64::*;
-    blocked8::slide(g, xs, yb, _mm256_set1_ps(f32::NEG_INFINITY), |acc, _, v| _mm256_max_ps(acc, v));
+    blocked8::slide(g, xs, yb, _mm256_set1_ps(f32::NEG_INFINITY), |acc, _, v| _mm256_max_ps(acc, v), |v| v);
 }
 
 /// The NaN-propagating fold over each window of the padded block `xs`.
