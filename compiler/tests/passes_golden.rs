@@ -470,3 +470,36 @@ fn fuse_attention_on_split_heads() {
     let g = finish(b, &[(out, "y")]);
     assert_eq!(golden("fuse_attention_heads", g, passes::fuse_attention, &[3, 6, 16]), 1);
 }
+
+#[test]
+fn layout_nchwc() {
+    // A stem over 3 channels (read as NCHW), a blocked MaxPool, a fire module (1x1
+    // squeeze, 1x1 and depthwise 3x3 expands, channel Concat), a residual that comes
+    // from a plain op (ToNchwc), a plain reader of a blocked value and a blocked
+    // GlobalAveragePool (FromNchwc each), and a Conv of 12 channels that stays plain.
+    let mut b = GraphBuilder::new("blocked");
+    let x = x_input(&mut b, &[3, 12, 12]);
+    let pads = || ("pads", Attr::Ints(vec![1; 4]));
+    let relu = || [(ACTIVATION_ATTR, Attr::String("Relu".into())), (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![]))];
+    let (w0, b0) = (b.constant("w0", t(&[16, 3, 3, 3], 1)), b.constant("b0", t(&[16], 2)));
+    let stem = b.node("Conv", &[x, w0, b0], &[pads(), relu()[0].clone(), relu()[1].clone()]);
+    let pool = b.node("MaxPool", &[stem], &[("kernel_shape", Attr::Ints(vec![2, 2])), ("strides", Attr::Ints(vec![2, 2]))]);
+    let ws = b.constant("ws", t(&[8, 16, 1, 1], 3));
+    let sq = b.node("Conv", &[pool, ws], &[]);
+    let sq = b.node("Relu", &[sq], &[]);
+    let we = b.constant("we", t(&[8, 8, 1, 1], 4));
+    let e1 = b.node("Conv", &[sq, we], &[]);
+    let wd = b.constant("wd", t(&[8, 1, 3, 3], 5));
+    let e3 = b.node("Conv", &[sq, wd], &[pads(), ("group", Attr::Int(8))]);
+    let cat = b.node("Concat", &[e1, e3], &[("axis", Attr::Int(1))]);
+    let neg = b.node("Neg", &[cat], &[]);
+    let wr = b.constant("wr", t(&[16, 16, 3, 3], 6));
+    let c = b.node("Conv", &[cat, wr], &[pads()]);
+    let res = b.node("Add", &[c, neg], &[]);
+    let w12 = b.constant("w12", t(&[12, 16, 1, 1], 7));
+    let plain = b.node("Conv", &[res, w12], &[]);
+    let gap = b.node("GlobalAveragePool", &[res], &[]);
+    let g = finish(b, &[(gap, "gap"), (plain, "plain")]);
+    let all = |g: &mut Graph, cx: &mut PassContext| passes::fuse_conv_residual(g, cx) + passes::fuse_activation(g, cx) + passes::layout_nchwc(g, cx);
+    golden("layout_nchwc", g, all, &[2, 3, 12, 12]);
+}
