@@ -68,7 +68,9 @@ pub const PASSES: &[Pass] = &[
 ///   ~245 ms: the Attention softmax and weighted-sum WGSL are not register-blocked like
 ///   the unfused MatMuls).
 /// - `layout-nchwc`: CPU convolutions in the channel-blocked layout (CPU kernels only);
-///   anchored at the end (`""`): it runs after every default pass.
+///   anchored at the end (`""`): it runs after every default pass. On the CPU, 5
+///   alternating pairs of `kiln bench`: squeezenet1_1 0.94x, resnet18 0.91x,
+///   mobilenet_v2 1.00x of the time without it.
 pub const OPTIONAL_PASSES: &[(Pass, &str)] = &[
     (Pass { name: "fuse-attention", run: fuse_attention }, "fuse-bias"),
     (Pass { name: "layout-nchwc", run: layout_nchwc }, ""),
