@@ -280,8 +280,9 @@ impl FlippedFilters {
         let (px, wph) = (oh_n * ow_n, t.pd.wph);
         let grid = (oh_n - 1) * wph + ow_n;
         let max_off = t.pd.offs.iter().copied().max().unwrap_or(0);
-        // Tiles at or past this grid pixel read past `xp`: their A is packed.
-        let safe = t.xp.len().saturating_sub(max_off + (mr - 1) * e + 1) / e;
+        // Tiles starting at grid pixels up to `safe` read inside `xp`; the others (all
+        // of them when `xp` is shorter than one tile's reach) have their A packed.
+        let safe = t.xp.len().checked_sub(max_off + (mr - 1) * e + 1).map(|s| s / e);
         let mut local = [0f32; 8 * 32];
         let mut apack: Vec<f32> = vec![];
         for j in j0..j1 {
@@ -293,7 +294,8 @@ impl FlippedFilters {
                 let q = i * mr;
                 let rows = mr.min(grid - q);
                 let (oh, ow) = (q / wph, q % wph);
-                let contiguous = rows == mr && (wph == ow_n || ow + mr <= ow_n) && q <= safe;
+                let in_bounds = safe.is_some_and(|s| q <= s);
+                let contiguous = rows == mr && (wph == ow_n || ow + mr <= ow_n) && in_bounds;
                 if contiguous {
                     let at = ybase.add((oh * ow_n + ow) * 8);
                     isa.tile_gather_blocked(e, k, t.xp.as_ptr().add(q * e), t.pd.offs.as_ptr(), bpanel, at, &store);
@@ -306,7 +308,7 @@ impl FlippedFilters {
                 }
                 // A tile across a row end, short, or at the end of the input: computed
                 // into `local` (row-major, NR lanes), then stored pixel by pixel.
-                if q > safe {
+                if !in_bounds {
                     apack.resize(k * mr, 0.0);
                     for (kk, &o) in t.pd.offs.iter().enumerate() {
                         for r in 0..mr {
@@ -404,10 +406,11 @@ impl FlippedFilters {
                 let kcur = self.kc.min(k - kb);
                 let offs = &pd.offs[kb..kb + kcur];
                 // Tiles whose reads stay inside `xp` (all of them unless read in place).
-                let safe = xp.len().saturating_sub(pd.max_offs[kb / self.kc] + (mr - 1) * e + 1);
+                // (None: `xp` is shorter than one tile's reach, every tile is packed.)
+                let safe = xp.len().checked_sub(pd.max_offs[kb / self.kc] + (mr - 1) * e + 1);
                 for i in 0..tiles {
                     let q = q0 + i * mr;
-                    let packed = q * e > safe;
+                    let packed = safe.is_none_or(|s| q * e > s);
                     if packed {
                         // The input's last pixels: pack the tile's A, zeros past the end.
                         for (kk, &o) in offs.iter().enumerate() {
