@@ -56,7 +56,7 @@ pub use gang_impl::gang;
 pub use features::CpuFeatures;
 /// The f32 GEMM micro-kernels and the packed-operand GEMM built on them (kernels of
 /// custom ops may use them too).
-pub use crate::linalg::microkernel::Isa;
+pub use crate::linalg::microkernel::{BlockedStore, Isa};
 pub use crate::linalg::packed;
 
 /// Whether the CPU has AVX2 and FMA (kernels compiled for them run 8 f32 lanes wide):

@@ -123,14 +123,16 @@ impl Isa {
     }
 }
 
-/// Where [`Isa::tile_gather_blocked`] stores a tile, and its epilogue: row `i`, lanes
-/// `8q..8q + 8` go to `c + q * block_stride + 8 * i` (a channel-blocked output: pixel
-/// `i` of channel block `q`), for `q < blocks`; each value is `acc + bias[lane]`, plus
-/// what `c` held when `residual`, then clamped to `clamp` (`max` then `min`: a NaN
-/// stays NaN).
+/// Where [`Isa::tile_rows_blocked`] stores a tile, and its epilogue: row `i`, lanes
+/// `8q..8q + 8` go to `c + q * block_stride + rows[i]` (a channel-blocked output: the
+/// pixel of row `i` in channel block `q`), for `q < blocks`, unless `rows[i]` is
+/// [`BlockedStore::SKIP`]; each value is `acc + bias[lane]`, plus what `c` held when
+/// `residual`, then clamped to `clamp` (`max` then `min`: a NaN stays NaN).
 #[derive(Clone, Copy, Debug)]
 pub struct BlockedStore {
     pub block_stride: usize,
+    /// Per tile row, the offset of its pixel's first lane (MR entries are read).
+    pub rows: [usize; 8],
     pub blocks: usize,
     /// NR values.
     pub bias: *const f32,
@@ -139,6 +141,12 @@ pub struct BlockedStore {
 }
 
 impl BlockedStore {
+    /// A row [`Isa::tile_rows_blocked`] computes but does not store.
+    pub const SKIP: usize = usize::MAX;
+
+    /// Rows stored at consecutive pixels: row `i` at `8 * i`.
+    pub const CONSECUTIVE: [usize; 8] = [0, 8, 16, 24, 32, 40, 48, 56];
+
     #[inline(always)]
     pub fn finish(&self, v: f32, prev: f32) -> f32 {
         let v = if self.residual { v + prev } else { v };
@@ -157,40 +165,48 @@ impl BlockedStore {
 }
 
 impl Isa {
-    /// [`Isa::tile_gather`] (`e` = 1) or [`Isa::tile_gather8`] (`e` = 8) over the whole
-    /// reduction, stored through `out` (see [`BlockedStore`]).
+    /// A tile over the whole reduction whose rows read their own pixels: row `i` of
+    /// step `k` is `x[i][offs[k]]` (so a tile may span output rows and skip the
+    /// padding columns between them), stored through `out` (see [`BlockedStore`]).
     ///
     /// # Safety
-    /// As [`Isa::tile_gather`] with rows `e` floats apart; `out.bias` holds NR floats and
-    /// every addressed output vector is writable and touched by no other thread.
+    /// As [`Isa::tile_gather`], with `x[i][offs[k]]` readable for `i < MR`, `k < kc`;
+    /// `out.bias` holds NR floats and every addressed output vector is writable and
+    /// touched by no other thread.
     #[inline]
-    pub unsafe fn tile_gather_blocked(self, e: usize, kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
-        match (self, e) {
+    pub unsafe fn tile_rows_blocked(self, kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
+        match self {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, 8) => x86::blocked_avx512::<8>(kc, x, offs, b, c, out),
+            Isa::Avx512 => x86::blocked_avx512(kc, x, offs, b, c, out),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, _) => x86::blocked_avx512::<1>(kc, x, offs, b, c, out),
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, 8) => x86::blocked_avx2::<8>(kc, x, offs, b, c, out),
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, _) => x86::blocked_avx2::<1>(kc, x, offs, b, c, out),
-            (_, 8) => blocked_portable::<8>(kc, x, offs, b, c, out),
-            _ => blocked_portable::<1>(kc, x, offs, b, c, out),
+            Isa::Avx2 => x86::blocked_avx2(kc, x, offs, b, c, out),
+            _ => blocked_portable(kc, x, offs, b, c, out),
         }
     }
 }
 
-unsafe fn blocked_portable<const S: usize>(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
+unsafe fn blocked_portable(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
     const MR: usize = 4;
-    let mut tile = [0f32; MR * 8];
-    portable_body::<S>(kc, |k| x.add(*offs.add(k)), b, tile.as_mut_ptr(), 8, false);
-    if out.blocks == 0 {
-        return;
+    const NR: usize = 8;
+    let mut acc = [[0f32; NR]; MR];
+    let b = std::slice::from_raw_parts(b, kc * NR);
+    for (k, bk) in b.chunks_exact(NR).enumerate() {
+        let o = *offs.add(k);
+        for (i, row) in acc.iter_mut().enumerate() {
+            let ai = *x[i].add(o);
+            for (v, &w) in row.iter_mut().zip(bk) {
+                // Not mul_add: without FMA in the baseline ISA that is a libm call.
+                *v += ai * w;
+            }
+        }
     }
-    for i in 0..MR {
-        for l in 0..8 {
-            let o = c.add(8 * i + l);
-            *o = out.finish(tile[i * 8 + l] + *out.bias.add(l), *o);
+    for (i, row) in acc.iter().enumerate() {
+        if out.rows[i] == BlockedStore::SKIP || out.blocks == 0 {
+            continue;
+        }
+        for (l, &v) in row.iter().enumerate() {
+            let o = c.add(out.rows[i] + l);
+            *o = out.finish(v + *out.bias.add(l), *o);
         }
     }
 }
@@ -334,16 +350,6 @@ mod x86 {
         }
     }
 
-    /// 256-bit lane group `q` (0..4) of the 8x32 tile's row accumulators.
-    #[inline(always)]
-    unsafe fn half(v: __m512, high: bool) -> __m256 {
-        if high {
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
-        } else {
-            _mm512_castps512_ps256(v)
-        }
-    }
-
     /// The blocked epilogue of one 8-lane vector (see `BlockedStore`).
     #[inline(always)]
     unsafe fn finish8(v: __m256, o: *mut f32, out: &super::BlockedStore, lo: __m256, hi: __m256) {
@@ -359,58 +365,75 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn blocked_avx512<const S: usize>(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
+    pub unsafe fn blocked_avx512(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
         const MR: usize = 8;
+        let x = *x;
         let b0 = _mm512_loadu_ps(out.bias);
         let b1 = _mm512_loadu_ps(out.bias.add(16));
         let mut acc0 = [b0; MR];
         let mut acc1 = [b1; MR];
         let mut b = b;
         for k in 0..kc {
-            let a = x.add(*offs.add(k));
+            let o = *offs.add(k);
             let v0 = _mm512_loadu_ps(b);
             let v1 = _mm512_loadu_ps(b.add(16));
             for i in 0..MR {
-                let ai = _mm512_set1_ps(*a.add(i * S));
+                let ai = _mm512_set1_ps(*x[i].add(o));
                 acc0[i] = _mm512_fmadd_ps(ai, v0, acc0[i]);
                 acc1[i] = _mm512_fmadd_ps(ai, v1, acc1[i]);
             }
             b = b.add(32);
         }
-        let (lo, hi) = out.clamp.map_or((_mm256_setzero_ps(), _mm256_setzero_ps()), |(l, h)| (_mm256_set1_ps(l), _mm256_set1_ps(h)));
+        // The accumulators go through memory: an epilogue indexing them directly makes
+        // LLVM keep one of them on the stack inside the loop above.
+        let mut tile = [0f32; MR * 32];
         for i in 0..MR {
-            let parts = [half(acc0[i], false), half(acc0[i], true), half(acc1[i], false), half(acc1[i], true)];
-            for (q, v) in parts.into_iter().enumerate().take(out.blocks) {
-                finish8(v, c.add(q * out.block_stride + 8 * i), out, lo, hi);
+            _mm512_storeu_ps(tile.as_mut_ptr().add(i * 32), acc0[i]);
+            _mm512_storeu_ps(tile.as_mut_ptr().add(i * 32 + 16), acc1[i]);
+        }
+        store_rows(&tile, 32, MR, c, out);
+    }
+
+    /// The blocked epilogue of a tile held row-major in `tile` (`nr` lanes a row).
+    #[inline(always)]
+    unsafe fn store_rows(tile: &[f32], nr: usize, mr: usize, c: *mut f32, out: &super::BlockedStore) {
+        let (lo, hi) = out.clamp.map_or((_mm256_setzero_ps(), _mm256_setzero_ps()), |(l, h)| (_mm256_set1_ps(l), _mm256_set1_ps(h)));
+        for i in 0..mr {
+            if out.rows[i] == super::BlockedStore::SKIP {
+                continue;
+            }
+            for q in 0..out.blocks {
+                finish8(_mm256_loadu_ps(tile.as_ptr().add(i * nr + 8 * q)), c.add(q * out.block_stride + out.rows[i]), out, lo, hi);
             }
         }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn blocked_avx2<const S: usize>(kc: usize, x: *const f32, offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
+    pub unsafe fn blocked_avx2(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
         const MR: usize = 6;
+        let x = *x;
         let b0 = _mm256_loadu_ps(out.bias);
         let b1 = _mm256_loadu_ps(out.bias.add(8));
         let mut acc0 = [b0; MR];
         let mut acc1 = [b1; MR];
         let mut b = b;
         for k in 0..kc {
-            let a = x.add(*offs.add(k));
+            let o = *offs.add(k);
             let v0 = _mm256_loadu_ps(b);
             let v1 = _mm256_loadu_ps(b.add(8));
             for i in 0..MR {
-                let ai = _mm256_broadcast_ss(&*a.add(i * S));
+                let ai = _mm256_broadcast_ss(&*x[i].add(o));
                 acc0[i] = _mm256_fmadd_ps(ai, v0, acc0[i]);
                 acc1[i] = _mm256_fmadd_ps(ai, v1, acc1[i]);
             }
             b = b.add(16);
         }
-        let (lo, hi) = out.clamp.map_or((_mm256_setzero_ps(), _mm256_setzero_ps()), |(l, h)| (_mm256_set1_ps(l), _mm256_set1_ps(h)));
+        let mut tile = [0f32; MR * 16];
         for i in 0..MR {
-            for (q, v) in [acc0[i], acc1[i]].into_iter().enumerate().take(out.blocks) {
-                finish8(v, c.add(q * out.block_stride + 8 * i), out, lo, hi);
-            }
+            _mm256_storeu_ps(tile.as_mut_ptr().add(i * 16), acc0[i]);
+            _mm256_storeu_ps(tile.as_mut_ptr().add(i * 16 + 8), acc1[i]);
         }
+        store_rows(&tile, 16, MR, c, out);
     }
 
     #[target_feature(enable = "avx512f")]

@@ -229,24 +229,18 @@ impl FlippedFilters {
         });
     }
 
-    /// The blocked output: tasks of tiles of a group of output panels; each tile runs
-    /// the whole reduction and stores its blocks with the epilogue in registers.
+    /// The blocked output: each (tile, output panel) pair is one unit of equal cost (the
+    /// tile runs the whole reduction and stores its blocks with the epilogue in
+    /// registers). Units are ordered image, strip of tiles, panel, tile, and threads
+    /// take equal runs of them, so no thread waits on a larger share.
     #[allow(clippy::too_many_arguments)]
     fn run_blocked(&self, p: &ConvProblem, pd: &Padded, xp: &[f32], stride: usize, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: &mut [f32]) {
         let (mr, nr) = (self.isa.mr(), self.isa.nr());
-        let [_, oh_n, ow_n] = p.geo.output;
-        let grid = (oh_n - 1) * pd.wph + ow_n;
-        let tiles = grid.div_ceil(mr);
+        let tiles = p.geo.output_size().div_ceil(mr);
         let panels = self.m.div_ceil(nr);
-        let threads = cpu::threads().max(1);
-        // About 4 tasks per thread; a strip keeps 6+ tiles where it can, so that each B
-        // panel it loads serves several tiles (7x7 planes split channels instead).
-        let strips = (tiles / 6).clamp(1, 4 * threads);
-        let groups = if p.batch * strips >= 4 * threads { 1 } else { panels.min((4 * threads).div_ceil(p.batch * strips)) };
-        let per_group = panels.div_ceil(groups);
-        let groups = panels.div_ceil(per_group);
-        let per_strip = tiles.div_ceil(strips);
-        let strips = tiles.div_ceil(per_strip);
+        // A strip's input (about its pixels times the input channels) stays near 128 KiB,
+        // so that it is read from L2 by every panel.
+        let per_strip = (32768 / (p.in_channels * mr).max(1)).clamp(1, tiles);
         // Bias per panel, zero-padded to NR lanes.
         let mut bias_nr = vec![0f32; panels * nr];
         if let Some(b) = bias {
@@ -256,85 +250,60 @@ impl FlippedFilters {
         let generic_act = if clamp.is_some() { None } else { act };
         let out_len = p.out_channels * p.geo.output_size();
         let out = SharedOut(y.as_mut_ptr());
-        let tasks = p.batch * strips * groups;
-        let flops = 2 * p.macs() as usize;
-        cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| {
-            for t in a..b {
-                let (img, st, gr) = (t / (strips * groups), (t / groups) % strips, t % groups);
-                let (i0, i1) = (st * per_strip, ((st + 1) * per_strip).min(tiles));
-                let (j0, j1) = (gr * per_group, ((gr + 1) * per_group).min(panels));
-                // SAFETY: this task writes tiles i0..i1 of panels j0..j1 of image img only.
+        let per_image = tiles * panels;
+        cpu::par_ranges(p.batch * per_image, 2 * self.k * mr * nr, |u0, u1| {
+            let mut u = u0;
+            while u < u1 {
+                // The run of units in one strip and one panel that starts at u.
+                let (img, r) = (u / per_image, u % per_image);
+                let st = r / (per_strip * panels);
+                let len = per_strip.min(tiles - st * per_strip);
+                let r = r - st * per_strip * panels;
+                let (j, i0) = (r / len, st * per_strip + r % len);
+                let i1 = (st * per_strip + len).min(i0 + (u1 - u));
+                // SAFETY: units are disjoint between calls: this writes tiles i0..i1 of
+                // panel j of image img only.
                 unsafe {
                     let tile = BlockedTiles { p, pd, xp: &xp[img * stride..][..stride], bias: &bias_nr, clamp, act: generic_act, residual, y: out.ptr().add(img * out_len) };
-                    self.blocked_tiles(&tile, i0, i1, j0, j1);
+                    self.blocked_tiles(&tile, i0, i1, j, j + 1);
                 }
+                u += i1 - i0;
             }
         });
     }
 
-    /// Tiles `i0..i1` (MR grid pixels each) of output panels `j0..j1` of one image.
+    /// Tiles `i0..i1` (MR output pixels each, in raster order) of output panels
+    /// `j0..j1` of one image.
     unsafe fn blocked_tiles(&self, t: &BlockedTiles, i0: usize, i1: usize, j0: usize, j1: usize) {
         let (isa, k, e) = (self.isa, self.k, t.pd.e);
         let (mr, nr) = (isa.mr(), isa.nr());
         let [_, oh_n, ow_n] = t.p.geo.output;
         let (px, wph) = (oh_n * ow_n, t.pd.wph);
-        let grid = (oh_n - 1) * wph + ow_n;
-        let max_off = t.pd.offs.iter().copied().max().unwrap_or(0);
-        // Tiles starting at grid pixels up to `safe` read inside `xp`; the others (all
-        // of them when `xp` is shorter than one tile's reach) have their A packed.
-        let safe = t.xp.len().checked_sub(max_off + (mr - 1) * e + 1).map(|s| s / e);
-        let mut local = [0f32; 8 * 32];
-        let mut apack: Vec<f32> = vec![];
+        // Each tile's rows: where they read (pixel `oh * wph + ow` of the padded planes)
+        // and store; rows past the last pixel repeat it and are not stored.
+        let tile_of = |i: usize| {
+            let (mut xs, mut rows) = ([t.xp.as_ptr(); 8], [BlockedStore::SKIP; 8]);
+            for r in 0..mr {
+                let p = (i * mr + r).min(px - 1);
+                xs[r] = t.xp.as_ptr().add((p / ow_n * wph + p % ow_n) * e);
+                if i * mr + r < px {
+                    rows[r] = p * 8;
+                }
+            }
+            (xs, rows)
+        };
+        let tiles: Vec<_> = (i0..i1).map(tile_of).collect();
         for j in j0..j1 {
             let bpanel = self.data.as_ptr().add(j * k * nr);
             let blocks = ((self.m - j * nr) / 8).min(nr / 8);
             let ybase = t.y.add(j * (nr / 8) * px * 8);
-            let store = BlockedStore { block_stride: px * 8, blocks, bias: t.bias.as_ptr().add(j * nr), residual: t.residual, clamp: t.clamp };
-            for i in i0..i1 {
-                let q = i * mr;
-                let rows = mr.min(grid - q);
-                let (oh, ow) = (q / wph, q % wph);
-                let in_bounds = safe.is_some_and(|s| q <= s);
-                let contiguous = rows == mr && (wph == ow_n || ow + mr <= ow_n) && in_bounds;
-                if contiguous {
-                    let at = ybase.add((oh * ow_n + ow) * 8);
-                    isa.tile_gather_blocked(e, k, t.xp.as_ptr().add(q * e), t.pd.offs.as_ptr(), bpanel, at, &store);
-                    if let Some(a) = t.act {
+            for (xs, rows) in &tiles {
+                let store = BlockedStore { block_stride: px * 8, rows: *rows, blocks, bias: t.bias.as_ptr().add(j * nr), residual: t.residual, clamp: t.clamp };
+                isa.tile_rows_blocked(k, xs, t.pd.offs.as_ptr(), bpanel, ybase, &store);
+                if let Some(a) = t.act {
+                    for &r in rows.iter().take(mr).filter(|&&r| r != BlockedStore::SKIP) {
                         for blk in 0..blocks {
-                            a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(at.add(blk * px * 8), mr * 8));
-                        }
-                    }
-                    continue;
-                }
-                // A tile across a row end, short, or at the end of the input: computed
-                // into `local` (row-major, NR lanes), then stored pixel by pixel.
-                if !in_bounds {
-                    apack.resize(k * mr, 0.0);
-                    for (kk, &o) in t.pd.offs.iter().enumerate() {
-                        for r in 0..mr {
-                            apack[kk * mr + r] = t.xp.get(o + (q + r) * e).copied().unwrap_or(0.0);
-                        }
-                    }
-                    isa.tile(k, apack.as_ptr(), bpanel, local.as_mut_ptr(), nr, false);
-                } else if e == 8 {
-                    isa.tile_gather8(k, t.xp.as_ptr().add(q * 8), t.pd.offs.as_ptr(), bpanel, local.as_mut_ptr(), nr, false);
-                } else {
-                    isa.tile_gather(k, t.xp.as_ptr().add(q), t.pd.offs.as_ptr(), bpanel, local.as_mut_ptr(), nr, false);
-                }
-                let st = store;
-                for r in 0..rows {
-                    let (oh, ow) = ((q + r) / wph, (q + r) % wph);
-                    if ow >= ow_n {
-                        continue;
-                    }
-                    for blk in 0..blocks {
-                        let o = ybase.add(blk * px * 8 + (oh * ow_n + ow) * 8);
-                        for l in 0..8 {
-                            let v = local[r * nr + blk * 8 + l] + *st.bias.add(blk * 8 + l);
-                            *o.add(l) = st.finish(v, *o.add(l));
-                        }
-                        if let Some(a) = t.act {
-                            a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(o, 8));
+                            a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(ybase.add(blk * px * 8 + r), 8));
                         }
                     }
                 }
