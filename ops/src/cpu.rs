@@ -66,6 +66,18 @@ pub fn has_avx2() -> bool {
     CpuFeatures::get().avx2_fma()
 }
 
+/// A raw output pointer that parallel tasks write through at disjoint places.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedOut(pub(crate) *mut f32);
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    pub(crate) fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
 thread_local! {
     static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }

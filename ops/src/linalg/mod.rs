@@ -3,6 +3,7 @@
 use crate::Registry;
 
 mod gemm;
+mod gemv;
 mod matmul;
 pub mod microkernel;
 pub mod packed;

@@ -2,6 +2,7 @@
 //! strided operands (no copies for transposes or broadcast batches) and its execution,
 //! through the `gemm` crate for f32/f64 and plain loops (wrapping i64) for integers.
 use crate::broadcast::{broadcast_strides, strides};
+use super::gemv;
 use crate::cpu;
 use crate::tensor::write_i64;
 use crate::{OpError, Result};
@@ -176,6 +177,11 @@ impl BatchedProduct {
                     epilogue(bi * m + i0, part);
                 });
             }
+        } else if count == 1 && m == 1 && self.a.cs == 1 && gemv::applies(self.b.rs, self.b.cs) {
+            // A matrix-vector product (batch-1 classifiers): bound by reading B once.
+            let (oa, ob) = self.offsets(0);
+            gemv::gemv(&a[oa..oa + k], &b[ob..], self.b.rs, self.b.cs, alpha, out);
+            epilogue(0, out);
         } else {
             let par = if per_batch >= (1 << 15) && threads > 1 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
             for (bi, dst) in out.chunks_mut(m * n).enumerate() {

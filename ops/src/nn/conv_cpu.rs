@@ -78,17 +78,7 @@ pub(crate) struct Epilogue<'a> {
     pub residual: bool,
 }
 
-/// A raw output pointer that parallel tasks write through at disjoint places.
-#[derive(Clone, Copy)]
-pub(crate) struct SharedOut(pub(crate) *mut f32);
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    pub(crate) fn ptr(self) -> *mut f32 {
-        self.0
-    }
-}
+pub(crate) use crate::cpu::SharedOut;
 
 /// f32 convolution: `y` (N, M, out..) = `act`([`y` +] conv(`x`, `w`) + `bias`) (see
 /// [`Epilogue`]). The fused activation is applied to each block of outputs as soon as

@@ -47,6 +47,10 @@ struct Padded {
     /// Strides (rows, columns): `sh * sw` phases per channel unit.
     sh: usize,
     sw: usize,
+    /// How far a blocked tile's reads move per output row and column: the strides
+    /// where the input is not split into phases (then `sh == sw == 1`), else 1.
+    step_h: usize,
+    step_w: usize,
     /// A phase plane: `hph` rows of `wph` pixels.
     hph: usize,
     wph: usize,
@@ -123,10 +127,20 @@ impl FlippedFilters {
         let [_, oh_n, ow_n] = g.output;
         let [_, kh_n, kw_n] = g.kernel;
         let (dh, dw, sh, sw) = (g.dilation[1], g.dilation[2], g.stride[1], g.stride[2]);
-        // Padded extent read, then per phase.
+        // Padded extent read.
         let (hp, wp) = ((oh_n - 1) * sh + (kh_n - 1) * dh + 1, (ow_n - 1) * sw + (kw_n - 1) * dw + 1);
-        let in_place = sh == 1 && sw == 1 && g.pad_begin[1..].iter().all(|&v| v == 0) && (hp, wp) == (ih_n, iw_n);
-        let (hph, wph) = (hp.div_ceil(sh), wp.div_ceil(sw));
+        let no_pads = g.pad_begin[1..].iter().all(|&v| v == 0);
+        // The blocked path's tiles find each row's pixel themselves, so its input is
+        // one plain padded plane per unit (read in place when nothing is padded);
+        // the NCHW path reads MR consecutive grid pixels: strided inputs are split into
+        // phase planes.
+        let (step_h, step_w) = if layout.out_blocked { (sh, sw) } else { (1, 1) };
+        let (sh, sw) = if layout.out_blocked { (1, 1) } else { (sh, sw) };
+        let (in_place, hph, wph) = if layout.out_blocked && no_pads && hp <= ih_n && wp <= iw_n {
+            (true, ih_n, iw_n)
+        } else {
+            (sh == 1 && sw == 1 && no_pads && (hp, wp) == (ih_n, iw_n), hp.div_ceil(sh), wp.div_ceil(sw))
+        };
         let plane = hph * wph;
         let e = if layout.in_blocked { 8 } else { 1 };
         let unit_len = sh * sw * plane * e;
@@ -144,7 +158,7 @@ impl FlippedFilters {
         let max_offs = offs.chunks(kc).map(|c| c.iter().copied().max().unwrap_or(0)).collect();
         let rows_read = (0..sh).map(|a| (0..kh_n).any(|kh| kh * dh % sh == a)).collect();
         let cols_read = (0..sw).map(|b| (0..kw_n).any(|kw| kw * dw % sw == b)).collect();
-        let padded = Padded { sh, sw, hph, wph, e, offs, max_offs, rows_read, cols_read, in_place };
+        let padded = Padded { sh, sw, step_h, step_w, hph, wph, e, offs, max_offs, rows_read, cols_read, in_place };
         FlippedFilters { padded: Some(padded), layout, ..FlippedFilters::new(p, w, isa, kc, threads) }
     }
 
@@ -279,16 +293,22 @@ impl FlippedFilters {
         let (mr, nr) = (isa.mr(), isa.nr());
         let [_, oh_n, ow_n] = t.p.geo.output;
         let (px, wph) = (oh_n * ow_n, t.pd.wph);
-        // Each tile's rows: where they read (pixel `oh * wph + ow` of the padded planes)
-        // and store; rows past the last pixel repeat it and are not stored.
+        // Each tile's rows: where they read (the first tap of output (oh, ow) in the
+        // padded plane) and store; rows past the last pixel repeat it and are not stored.
         let tile_of = |i: usize| {
             let (mut xs, mut rows) = ([t.xp.as_ptr(); 8], [BlockedStore::SKIP; 8]);
-            for r in 0..mr {
-                let p = (i * mr + r).min(px - 1);
-                xs[r] = t.xp.as_ptr().add((p / ow_n * wph + p % ow_n) * e);
-                if i * mr + r < px {
-                    rows[r] = p * 8;
+            let p0 = i * mr;
+            let (mut oh, mut ow) = (p0 / ow_n, p0 % ow_n);
+            for r in 0..mr.min(px - p0) {
+                xs[r] = t.xp.as_ptr().add((oh * t.pd.step_h * wph + ow * t.pd.step_w) * e);
+                rows[r] = (p0 + r) * 8;
+                ow += 1;
+                if ow == ow_n {
+                    (oh, ow) = (oh + 1, 0);
                 }
+            }
+            for r in mr.min(px - p0)..mr {
+                xs[r] = xs[r - 1];
             }
             (xs, rows)
         };

@@ -48,6 +48,8 @@ fn every_variant_matches_the_f64_reference() {
         (vec![1, 8, 2, 2], vec![8, 8, 1, 1], 1, 1, 1, [0; 4], false),          // in place, shorter than one tile's reach
         (vec![1, 8, 1, 3], vec![16, 8, 1, 1], 1, 1, 1, [0; 4], true),          // the same, blocked
         (vec![1, 16, 11, 12], vec![8, 16, 3, 3], 1, 1, 2, [2; 4], true),       // dilated
+        (vec![1, 3, 24, 25], vec![16, 3, 3, 3], 1, 2, 1, [0; 4], false),       // strided NCHW stem read in place
+        (vec![2, 16, 9, 8], vec![24, 16, 1, 1], 1, 2, 1, [0; 4], true),        // strided 1x1 read in place
         (vec![1, 24, 7, 7], vec![24, 1, 3, 3], 24, 2, 1, [1; 4], true),        // depthwise, strided
         (vec![2, 16, 12, 9], vec![16, 1, 5, 5], 16, 1, 2, [4, 3, 4, 2], true), // depthwise, dilated
         (vec![1, 8, 40, 200], vec![8, 1, 3, 3], 8, 2, 1, [1; 4], true),       // depthwise in bands of rows
