@@ -343,6 +343,21 @@ impl FlippedFilters {
         let lo = left.max(0) as usize;
         let hi = ((iw_n as i64 + left).max(0) as usize).min(sw * wph).max(lo.min(sw * wph));
         let lo = lo.min(hi);
+        if sh == 1 && sw == 1 {
+            // One plane: each row is zeros, the input's row, zeros (nothing is written
+            // twice).
+            for (r, row) in dst.chunks_exact_mut(wph * e).enumerate() {
+                let ih = r as i64 - top;
+                if ih < 0 || ih >= ih_n as i64 || hi == lo {
+                    row.fill(0.0);
+                    continue;
+                }
+                row[..lo * e].fill(0.0);
+                row[lo * e..hi * e].copy_from_slice(&xc[(ih as usize * iw_n + (lo as i64 - left) as usize) * e..][..(hi - lo) * e]);
+                row[hi * e..].fill(0.0);
+            }
+            return;
+        }
         dst.fill(0.0);
         for r in 0..sh * hph {
             let ih = r as i64 - top;
