@@ -19,7 +19,7 @@ fn main() {
             for _ in 0..5 {
                 let t = Instant::now();
                 for _ in 0..reps {
-                    unsafe { isa.tile_rows_blocked(kc, &xs, offs.as_ptr(), b.as_ptr(), c.as_mut_ptr(), &out) };
+                    unsafe { isa.tile_rows_blocked(kc, nr, &xs, offs.as_ptr(), b.as_ptr(), c.as_mut_ptr(), &out) };
                 }
                 best = best.min(t.elapsed().as_secs_f64());
             }

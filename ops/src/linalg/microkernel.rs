@@ -168,20 +168,33 @@ impl Isa {
     /// A tile over the whole reduction whose rows read their own pixels: row `i` of
     /// step `k` is `x[i][offs[k]]` (so a tile may span output rows and skip the
     /// padding columns between them), stored through `out` (see [`BlockedStore`]).
+    /// `b` holds `kc` groups of `width` values: NR, or a narrower panel
+    /// ([`Isa::narrow_nr`]) whose tile computes only its own lanes.
     ///
     /// # Safety
     /// As [`Isa::tile_gather`], with `x[i][offs[k]]` readable for `i < MR`, `k < kc`;
-    /// `out.bias` holds NR floats and every addressed output vector is writable and
-    /// touched by no other thread.
+    /// `out.bias` holds `width` floats and every addressed output vector is writable
+    /// and touched by no other thread.
     #[inline]
-    pub unsafe fn tile_rows_blocked(self, kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
-        match self {
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn tile_rows_blocked(self, kc: usize, width: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
+        match (self, width == self.nr()) {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::blocked_avx512(kc, x, offs, b, c, out),
+            (Isa::Avx512, true) => x86::blocked_avx512::<2>(kc, x, offs, b, c, out),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86::blocked_avx2(kc, x, offs, b, c, out),
+            (Isa::Avx512, false) => x86::blocked_avx512::<1>(kc, x, offs, b, c, out),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, true) => x86::blocked_avx2::<2>(kc, x, offs, b, c, out),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, false) => x86::blocked_avx2::<1>(kc, x, offs, b, c, out),
             _ => blocked_portable(kc, x, offs, b, c, out),
         }
+    }
+
+    /// The width of the narrow tile [`Isa::tile_rows_blocked`] has for a last panel of
+    /// at most half of NR channels.
+    pub fn narrow_nr(self) -> usize {
+        (self.nr() / 2).max(8)
     }
 }
 
@@ -364,34 +377,34 @@ mod x86 {
         _mm256_storeu_ps(o, v);
     }
 
+    /// The AVX-512 blocked tile: 8 rows of `V` vectors (32 or 16 channels).
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn blocked_avx512(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
+    pub unsafe fn blocked_avx512<const V: usize>(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
         const MR: usize = 8;
         let x = *x;
-        let b0 = _mm512_loadu_ps(out.bias);
-        let b1 = _mm512_loadu_ps(out.bias.add(16));
-        let mut acc0 = [b0; MR];
-        let mut acc1 = [b1; MR];
+        let bias: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(out.bias.add(16 * v)));
+        let mut acc = [bias; MR];
         let mut b = b;
         for k in 0..kc {
             let o = *offs.add(k);
-            let v0 = _mm512_loadu_ps(b);
-            let v1 = _mm512_loadu_ps(b.add(16));
+            let w: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(b.add(16 * v)));
             for i in 0..MR {
                 let ai = _mm512_set1_ps(*x[i].add(o));
-                acc0[i] = _mm512_fmadd_ps(ai, v0, acc0[i]);
-                acc1[i] = _mm512_fmadd_ps(ai, v1, acc1[i]);
+                for v in 0..V {
+                    acc[i][v] = _mm512_fmadd_ps(ai, w[v], acc[i][v]);
+                }
             }
-            b = b.add(32);
+            b = b.add(16 * V);
         }
         // The accumulators go through memory: an epilogue indexing them directly makes
         // LLVM keep one of them on the stack inside the loop above.
         let mut tile = [0f32; MR * 32];
         for i in 0..MR {
-            _mm512_storeu_ps(tile.as_mut_ptr().add(i * 32), acc0[i]);
-            _mm512_storeu_ps(tile.as_mut_ptr().add(i * 32 + 16), acc1[i]);
+            for v in 0..V {
+                _mm512_storeu_ps(tile.as_mut_ptr().add(i * 16 * V + 16 * v), acc[i][v]);
+            }
         }
-        store_rows(&tile, 32, MR, c, out);
+        store_rows(&tile, 16 * V, MR, c, out);
     }
 
     /// The blocked epilogue of a tile held row-major in `tile` (`nr` lanes a row).
@@ -408,32 +421,32 @@ mod x86 {
         }
     }
 
+    /// The AVX2 blocked tile: 6 rows of `V` vectors (16 or 8 channels).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn blocked_avx2(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
+    pub unsafe fn blocked_avx2<const V: usize>(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
         const MR: usize = 6;
         let x = *x;
-        let b0 = _mm256_loadu_ps(out.bias);
-        let b1 = _mm256_loadu_ps(out.bias.add(8));
-        let mut acc0 = [b0; MR];
-        let mut acc1 = [b1; MR];
+        let bias: [__m256; V] = std::array::from_fn(|v| _mm256_loadu_ps(out.bias.add(8 * v)));
+        let mut acc = [bias; MR];
         let mut b = b;
         for k in 0..kc {
             let o = *offs.add(k);
-            let v0 = _mm256_loadu_ps(b);
-            let v1 = _mm256_loadu_ps(b.add(8));
+            let w: [__m256; V] = std::array::from_fn(|v| _mm256_loadu_ps(b.add(8 * v)));
             for i in 0..MR {
                 let ai = _mm256_broadcast_ss(&*x[i].add(o));
-                acc0[i] = _mm256_fmadd_ps(ai, v0, acc0[i]);
-                acc1[i] = _mm256_fmadd_ps(ai, v1, acc1[i]);
+                for v in 0..V {
+                    acc[i][v] = _mm256_fmadd_ps(ai, w[v], acc[i][v]);
+                }
             }
-            b = b.add(16);
+            b = b.add(8 * V);
         }
         let mut tile = [0f32; MR * 16];
         for i in 0..MR {
-            _mm256_storeu_ps(tile.as_mut_ptr().add(i * 16), acc0[i]);
-            _mm256_storeu_ps(tile.as_mut_ptr().add(i * 16 + 8), acc1[i]);
+            for v in 0..V {
+                _mm256_storeu_ps(tile.as_mut_ptr().add(i * 8 * V + 8 * v), acc[i][v]);
+            }
         }
-        store_rows(&tile, 16, MR, c, out);
+        store_rows(&tile, 8 * V, MR, c, out);
     }
 
     #[target_feature(enable = "avx512f")]

@@ -96,6 +96,9 @@ pub(crate) struct FlippedFilters {
     /// The direct form's geometry (None: im2col panels).
     padded: Option<Padded>,
     layout: Layout,
+    /// The last panel's width: NR, or [`Isa::narrow_nr`] on the blocked path when its
+    /// channels fit (it is then packed that wide).
+    last_nr: usize,
 }
 
 impl FlippedFilters {
@@ -111,7 +114,7 @@ impl FlippedFilters {
         }
         // Channel blocks: about two per thread per image, whole panels.
         let per_task = panels.div_ceil(threads.max(1).div_ceil(p.batch.max(1)).max(1)).max(1);
-        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None, layout: Layout::default() }
+        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None, layout: Layout::default(), last_nr: nr }
     }
 
     /// The direct form (see the module docs); `p` must satisfy [`direct_applies`].
@@ -159,7 +162,18 @@ impl FlippedFilters {
         let rows_read = (0..sh).map(|a| (0..kh_n).any(|kh| kh * dh % sh == a)).collect();
         let cols_read = (0..sw).map(|b| (0..kw_n).any(|kw| kw * dw % sw == b)).collect();
         let padded = Padded { sh, sw, step_h, step_w, hph, wph, e, offs, max_offs, rows_read, cols_read, in_place };
-        FlippedFilters { padded: Some(padded), layout, ..FlippedFilters::new(p, w, isa, kc, threads) }
+        let mut f = FlippedFilters { padded: Some(padded), layout, ..FlippedFilters::new(p, w, isa, kc, threads) };
+        let (nr, narrow) = (isa.nr(), isa.narrow_nr());
+        let rest = f.m - (f.m.div_ceil(nr) - 1) * nr;
+        if layout.out_blocked && narrow < nr && rest <= narrow {
+            // The last panel's lanes past `narrow` would be zeros: pack it narrow.
+            let at = (f.m.div_ceil(nr) - 1) * f.k * nr;
+            let last: Vec<f32> = f.data[at..].chunks_exact(nr).flat_map(|row| row[..narrow].to_vec()).collect();
+            f.data.truncate(at);
+            f.data.extend(last);
+            f.last_nr = narrow;
+        }
+        f
     }
 
     /// `y = act([y +] conv(x) + bias)`.
@@ -313,13 +327,15 @@ impl FlippedFilters {
             (xs, rows)
         };
         let tiles: Vec<_> = (i0..i1).map(tile_of).collect();
+        let panels = self.m.div_ceil(nr);
         for j in j0..j1 {
             let bpanel = self.data.as_ptr().add(j * k * nr);
-            let blocks = ((self.m - j * nr) / 8).min(nr / 8);
+            let width = if j + 1 == panels { self.last_nr } else { nr };
+            let blocks = ((self.m - j * nr) / 8).min(width / 8);
             let ybase = t.y.add(j * (nr / 8) * px * 8);
             for (xs, rows) in &tiles {
                 let store = BlockedStore { block_stride: px * 8, rows: *rows, blocks, bias: t.bias.as_ptr().add(j * nr), residual: t.residual, clamp: t.clamp };
-                isa.tile_rows_blocked(k, xs, t.pd.offs.as_ptr(), bpanel, ybase, &store);
+                isa.tile_rows_blocked(k, width, xs, t.pd.offs.as_ptr(), bpanel, ybase, &store);
                 if let Some(a) = t.act {
                     for &r in rows.iter().take(mr).filter(|&&r| r != BlockedStore::SKIP) {
                         for blk in 0..blocks {
