@@ -63,20 +63,21 @@ pub(crate) unsafe fn load(g: &Geometry, x: *const f32, xs: &mut [f32], fill: f32
 /// The most taps a window of these kernels may have (offsets kept on the stack).
 pub(crate) const MAX_TAPS: usize = 64;
 
-/// Slides the 2-D window of `g` over the block `xs` (see [`load`]) into `os`
-/// (`[oh][ow][8]`): each output is `finish` of `init` folded with `step(acc, tap,
-/// value)` over the window's taps, four pixels at a time so that the four folds
-/// overlap.
+/// Slides the 2-D window of `g` over the block `xs` (see [`load`]; rows `wp` pixels
+/// long) into `os` (`[oh][ow][8]`): each output is `finish` of `init` folded with
+/// `step(acc, tap, value)` over the window's taps, four pixels at a time so that the
+/// four folds overlap.
 ///
 /// # Safety
 /// The CPU has AVX (and whatever `step` uses); inline into a function compiled for it.
-/// `g.kernel_size() <= MAX_TAPS`; `xs` and `os` are the blocks of [`padded`] and the
-/// output plane.
+/// `g.kernel_size() <= MAX_TAPS`; `xs` holds the block of [`padded`] with rows `wp`
+/// (at least its width) pixels apart, `os` the output plane.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) unsafe fn slide(
     g: &Geometry,
     xs: &[f32],
+    wp: usize,
     os: &mut [f32],
     init: std::arch::x86_64::__m256,
     step: impl Fn(std::arch::x86_64::__m256, usize, std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
@@ -86,7 +87,6 @@ pub(crate) unsafe fn slide(
     let [_, oh_n, ow_n] = g.output;
     let [_, _, kw_n] = g.kernel;
     let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
-    let wp = padded(g).1;
     let taps = g.kernel_size();
     let offs: [usize; MAX_TAPS] = std::array::from_fn(|t| if t < taps { ((t / kw_n) * dh * wp + (t % kw_n) * dw) * 8 } else { 0 });
     const PX: usize = 4;

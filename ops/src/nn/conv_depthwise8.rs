@@ -63,7 +63,7 @@ pub(crate) unsafe fn block8(p: &ConvProblem, x: *const f32, w: &[f32], c0: usize
         *v = _mm256_loadu_ps(lanes.as_ptr());
     }
     let b = bias.map_or(_mm256_setzero_ps(), |b| _mm256_loadu_ps(b.as_ptr().add(c0)));
-    blocked8::slide(g, xs, os, b, |acc, t, v| _mm256_fmadd_ps(wv[t], v, acc), |v| v);
+    blocked8::slide(g, xs, blocked8::padded(g).1, os, b, |acc, t, v| _mm256_fmadd_ps(wv[t], v, acc), |v| v);
     // Back to the eight output planes, with the residual and the bounds.
     let (lo_v, hi_v) = clamp.map_or((_mm256_setzero_ps(), _mm256_setzero_ps()), |(lo, hi)| (_mm256_set1_ps(lo), _mm256_set1_ps(hi)));
     let finish = |mut v: __m256, o: *const f32| {

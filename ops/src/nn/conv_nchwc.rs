@@ -350,7 +350,7 @@ unsafe fn slide_avx2(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &
     let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
     // max/min return their second operand when either is NaN: NaN stays NaN.
     let finish = |v| if clamp.is_some() { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) } else { v };
-    blocked8::slide(g, xs, os, _mm256_loadu_ps(bias.as_ptr()), |acc, t, v| _mm256_fmadd_ps(wv[t], v, acc), finish);
+    blocked8::slide(g, xs, blocked8::padded(g).1, os, _mm256_loadu_ps(bias.as_ptr()), |acc, t, v| _mm256_fmadd_ps(wv[t], v, acc), finish);
 }
 
 /// The kernel a plan runs: the op with its prepared filters.

@@ -40,7 +40,7 @@ pub(crate) unsafe fn max_block8(g: &Geometry, x: *const f32, y: *mut f32, scratc
         return false;
     }
     let neg = _mm256_set1_ps(f32::NEG_INFINITY);
-    blocked8::slide(g, xs, os, neg, |acc, _, v| _mm256_max_ps(acc, v), |v| v);
+    blocked8::slide(g, xs, blocked8::padded(g).1, os, neg, |acc, _, v| _mm256_max_ps(acc, v), |v| v);
     blocked8::store(os, y, out_plane, |v, _| v, |v, _| v);
     true
 }

@@ -3,8 +3,8 @@
 //! attributes and ceil_mode, 2-D, one output) and `kiln.GlobalAveragePoolNchwc`
 //! (`[N, C/8, 1, 1, 8]` out). f32, CPU only.
 //!
-//! MaxPool copies each block into a scratch padded with -inf and slides an 8-lane max
-//! over it (`blocked8::slide`). `vmaxps` drops NaNs, so a block that holds one is
+//! MaxPool slides an 8-lane max over each block (`blocked8::slide`): in place where
+//! the windows stay inside the input, else over a copy padded with -inf. `vmaxps` drops NaNs, so a block that holds one is
 //! pooled by the scalar fold, which propagates it as MaxPool does elsewhere.
 use super::blocked8::{self, MAX_TAPS};
 use super::conv_cpu::SharedOut;
@@ -84,23 +84,30 @@ impl CpuKernel for MaxPoolNchwc {
         let x = x.as_slice::<f32>()?;
         let out = SharedOut(y.as_mut_slice::<f32>()?.as_mut_ptr());
         let vector = cpu::has_avx2() && g.kernel_size() <= MAX_TAPS;
+        // Windows that stay inside the input read it in place (no padded copy).
+        let in_place = g.pad_begin[1..].iter().all(|&p| p == 0) && hp <= g.input[1] && wp <= g.input[2];
         cpu::par_ranges(units, opx * g.kernel_size() * BLOCK, |a, b| {
-            cpu::with_scratch(BLOCK * hp * wp, |xs| {
+            cpu::with_scratch(if in_place { 0 } else { BLOCK * hp * wp }, |xs| {
                 for u in a..b {
                     let xb = &x[u * ipx * BLOCK..][..ipx * BLOCK];
                     // SAFETY: unit u's output block is written by this iteration only.
                     let yb = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(u * opx * BLOCK), opx * BLOCK) };
-                    blocked8::load_blocked(&g, xb, xs, f32::NEG_INFINITY);
+                    let (src, row) = if in_place {
+                        (xb, g.input[2])
+                    } else {
+                        blocked8::load_blocked(&g, xb, xs, f32::NEG_INFINITY);
+                        (&xs[..], wp)
+                    };
                     // A fold without early exit: it vectorises.
                     let nan = xb.iter().fold(false, |a, v| a | v.is_nan());
                     #[cfg(target_arch = "x86_64")]
                     if vector && !nan {
                         // SAFETY: AVX2 checked; taps <= MAX_TAPS.
-                        unsafe { max_avx2(&g, xs, yb) };
+                        unsafe { max_avx2(&g, src, row, yb) };
                         continue;
                     }
                     let _ = vector;
-                    max_scalar(&g, xs, yb);
+                    max_scalar(&g, src, row, yb);
                 }
             });
         });
@@ -110,16 +117,16 @@ impl CpuKernel for MaxPoolNchwc {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn max_avx2(g: &Geometry, xs: &[f32], yb: &mut [f32]) {
+unsafe fn max_avx2(g: &Geometry, xs: &[f32], wp: usize, yb: &mut [f32]) {
     use std::arch::x86_64::*;
-    blocked8::slide(g, xs, yb, _mm256_set1_ps(f32::NEG_INFINITY), |acc, _, v| _mm256_max_ps(acc, v), |v| v);
+    blocked8::slide(g, xs, wp, yb, _mm256_set1_ps(f32::NEG_INFINITY), |acc, _, v| _mm256_max_ps(acc, v), |v| v);
 }
 
-/// The NaN-propagating fold over each window of the padded block `xs`.
-fn max_scalar(g: &Geometry, xs: &[f32], yb: &mut [f32]) {
+/// The NaN-propagating fold over each window of the block `xs` (rows `wp` pixels
+/// apart).
+fn max_scalar(g: &Geometry, xs: &[f32], wp: usize, yb: &mut [f32]) {
     let [_, oh_n, ow_n] = g.output;
     let [_, kh_n, kw_n] = g.kernel;
-    let wp = blocked8::padded(g).1;
     for oh in 0..oh_n {
         for ow in 0..ow_n {
             let mut acc = [f32::NEG_INFINITY; BLOCK];
