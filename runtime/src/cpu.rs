@@ -42,6 +42,12 @@ struct CpuStep {
     /// The kernel `CpuKernel::prepare` specialised for this step (packed weights, the
     /// chosen variant); `None`: the op's own kernel runs.
     prepared: Option<Box<dyn kiln_ops::CpuKernel>>,
+    /// A Concat whose output is its inputs back to back (nothing outside the axis but
+    /// ones): each input's byte offset in the output.
+    concat_parts: Option<Vec<usize>>,
+    /// Whether the memory plan placed this Concat's inputs inside its output, so that
+    /// their producers already wrote it: the step runs nothing.
+    concat_in_place: bool,
 }
 
 /// The plan of one specialisation (internal; its [`MemoryPlan`] is reported in `RunStats`).
@@ -120,7 +126,8 @@ impl CpuPlan {
                 }
                 _ => vec![],
             };
-            steps.push(CpuStep { node: s.node, inputs, outputs, view: op.is_view(), in_place_candidates, in_place: None, prepared });
+            let concat_parts = if node.op_type == "Concat" && node.domain.is_empty() && s.outputs.len() == 1 { back_to_back(spec, &s.inputs, s.outputs[0]) } else { None };
+            steps.push(CpuStep { node: s.node, inputs, outputs, view: op.is_view(), in_place_candidates, in_place: None, prepared, concat_parts, concat_in_place: false });
         }
         let outputs: Vec<Slot> = graph.outputs.iter().map(|&o| slot(o, &mut slot_of, &mut consts)).collect();
         let (offset_of, arena_words, frees, memory) = plan_memory(&temps, &mut steps, &outputs);
@@ -177,6 +184,18 @@ impl CpuPlan {
             let started = profile.as_ref().map(|_| std::time::Instant::now());
             let node = &graph.nodes[s.node];
             // Give the step's outputs their ranges.
+            if s.concat_in_place {
+                // The producers of the inputs wrote the output already.
+                let o = s.outputs[0];
+                temps[o] = self.owner(o, arena).map_err(|e| RuntimeError::node(node, e.into()))?;
+                for &t in &self.frees[k] {
+                    temps[t] = self.placeholder.clone();
+                }
+                if let (Some(p), Some(t)) = (profile.as_deref_mut(), started) {
+                    p.push((s.node, t.elapsed().as_secs_f64()));
+                }
+                continue;
+            }
             if let Some((_, giving_up)) = &s.in_place {
                 // The output takes over its input's range (values included).
                 for &t in giving_up {
@@ -352,8 +371,34 @@ fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &mut [CpuStep],
             break;
         }
     }
-    let heads: Vec<usize> = owners.iter().copied().filter(|&t| region[t] == t).collect();
-    let spans: Vec<Span> = heads.iter().map(|&t| Span { first: def[t], last: region_last[t], size: words(t) }).collect();
+    // Concats in place: inputs written by their producers straight into the output's
+    // range (each an owner read by nothing after the Concat, not part of an in-place
+    // chain, at a word-aligned offset); the output's range then starts at the first
+    // producer.
+    let mut inside: Vec<Option<(usize, usize)>> = vec![None; temps.len()];
+    let mut first = def.clone();
+    for (k, s) in steps.iter_mut().enumerate() {
+        s.concat_in_place = false;
+        let (Some(parts), &[o]) = (&s.concat_parts, s.outputs.as_slice()) else { continue };
+        let xs: Vec<usize> = s.inputs.iter().filter_map(|sl| match sl {
+            Some(Slot::Temp(t)) => Some(*t),
+            _ => None,
+        }).collect();
+        let distinct = xs.iter().enumerate().all(|(i, x)| !xs[..i].contains(x));
+        let ok = xs.len() == s.inputs.len()
+            && distinct
+            && xs.iter().zip(parts).all(|(&x, &at)| root[x] == Some(x) && last[x] == k && region[x] == x && inside[x].is_none() && at % 8 == 0 && !region.iter().enumerate().any(|(t, &r)| r == x && t != x));
+        if !ok || region[o] != o {
+            continue;
+        }
+        for (&x, &at) in xs.iter().zip(parts) {
+            inside[x] = Some((o, at / 8));
+            first[o] = first[o].min(def[x]);
+        }
+        s.concat_in_place = true;
+    }
+    let heads: Vec<usize> = owners.iter().copied().filter(|&t| region[t] == t && inside[t].is_none()).collect();
+    let spans: Vec<Span> = heads.iter().map(|&t| Span { first: first[t], last: region_last[t], size: words(t) }).collect();
     let (offsets, arena_words) = place(&spans, &line_alignment);
     let mut offset_of: Vec<Option<usize>> = vec![None; temps.len()];
     for (&t, offset) in heads.iter().zip(offsets) {
@@ -361,6 +406,11 @@ fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &mut [CpuStep],
     }
     for &t in &owners {
         offset_of[t] = offset_of[region[t]];
+    }
+    for &t in &owners {
+        if let Some((o, at)) = inside[t] {
+            offset_of[t] = offset_of[o].map(|base| base + at);
+        }
     }
     // Every tensor of a range goes after the range's last reader.
     let mut frees: Vec<Vec<usize>> = vec![vec![]; steps.len()];
@@ -375,7 +425,7 @@ fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &mut [CpuStep],
     let mut alive = vec![0u64; steps.len()];
     for &t in &heads {
         let end = region_last[t].min(steps.len().saturating_sub(1));
-        for a in alive.iter_mut().take(end + 1).skip(def[t]) {
+        for a in alive.iter_mut().take(end + 1).skip(first[t]) {
             *a += words(t) as u64 * 8;
         }
     }
@@ -383,9 +433,27 @@ fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &mut [CpuStep],
         planned: arena_words as u64 * 8,
         lower_bound: alive.iter().copied().max().unwrap_or(0),
         unshared: owners.iter().map(|&t| words(t) as u64 * 8).sum(),
-        in_place: steps.iter().filter(|s| s.in_place.is_some()).count(),
+        in_place: steps.iter().filter(|s| s.in_place.is_some() || s.concat_in_place).count(),
     };
     (offset_of, arena_words, frees, memory)
+}
+
+/// Where each input of a Concat starts in its output (bytes), when the output is the
+/// inputs back to back: every dim before the axis is 1 (the axis is where the first
+/// input's dims differ from the output's). `None` otherwise, or for a single input.
+fn back_to_back(spec: &Specialized, inputs: &[Option<ValueId>], output: ValueId) -> Option<Vec<usize>> {
+    let out = spec.ty(output);
+    let tys: Vec<&kiln_ops::TensorType> = inputs.iter().map(|v| v.map(|v| spec.ty(v))).collect::<Option<_>>()?;
+    let axis = out.dims.iter().zip(&tys.first()?.dims).position(|(a, b)| a != b)?;
+    if tys.len() < 2 || out.dims[..axis].iter().product::<usize>() != 1 || tys.iter().any(|t| t.dtype != out.dtype || t.dims.iter().product::<usize>() == 0) {
+        return None;
+    }
+    let mut at = 0;
+    Some(tys.iter().map(|t| {
+        let start = at;
+        at += t.dims.iter().product::<usize>() * t.dtype.size();
+        start
+    }).collect())
 }
 
 /// Ranges of 512 bytes or more start on a 64-byte line (sizes in 8-byte words).
