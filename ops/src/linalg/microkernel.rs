@@ -396,8 +396,23 @@ mod x86 {
             }
             b = b.add(16 * V);
         }
-        // The accumulators go through memory: an epilogue indexing them directly makes
-        // LLVM keep one of them on the stack inside the loop above.
+        if out.blocks == 2 * V && out.rows[..MR].iter().all(|&r| r != super::BlockedStore::SKIP) {
+            // Every row and lane stored: straight from the registers (loops of fixed
+            // length, fully unrolled).
+            let (lo, hi) = out.clamp.map_or((_mm256_setzero_ps(), _mm256_setzero_ps()), |(l, h)| (_mm256_set1_ps(l), _mm256_set1_ps(h)));
+            for i in 0..MR {
+                let row = c.add(out.rows[i]);
+                for v in 0..V {
+                    let a = acc[i][v];
+                    let (a0, a1) = (_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))));
+                    finish8(a0, row.add(2 * v * out.block_stride), out, lo, hi);
+                    finish8(a1, row.add((2 * v + 1) * out.block_stride), out, lo, hi);
+                }
+            }
+            return;
+        }
+        // Else through memory: an epilogue indexing the accumulators directly makes LLVM
+        // keep one of them on the stack inside the loop above.
         let mut tile = [0f32; MR * 32];
         for i in 0..MR {
             for v in 0..V {
