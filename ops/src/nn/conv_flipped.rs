@@ -16,6 +16,12 @@
 //! numbered on the phase width (`q = oh * wph + ow`), so that MR consecutive pixels of a
 //! tap are MR consecutive floats even across rows; the `wph - ow_n` extra columns of
 //! each row are computed and dropped.
+//!
+//! The channel-blocked output ([`Layout::out_blocked`]) needs neither: each row of a
+//! register tile reads from its own output pixel's window ([`Isa::tile_rows_blocked`]),
+//! so tiles hold MR real output pixels across row ends, strides step in the pointers,
+//! and the input is one plain zero-padded plane per unit, or itself when nothing is
+//! padded.
 use super::conv_cpu::{im2col_row, ConvProblem, SharedOut};
 use std::cell::RefCell;
 use crate::cpu;
