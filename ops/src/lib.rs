@@ -22,6 +22,7 @@ pub mod elementwise;
 pub mod fused;
 mod linalg;
 mod nn;
+mod quant;
 mod reduce;
 mod tensor;
 

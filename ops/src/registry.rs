@@ -39,6 +39,7 @@ impl Registry {
             crate::elementwise::register(&mut r);
             crate::linalg::register(&mut r);
             crate::nn::register(&mut r);
+            crate::quant::register(&mut r);
             crate::reduce::register(&mut r);
             crate::tensor::register(&mut r);
             crate::fused::register(&mut r);

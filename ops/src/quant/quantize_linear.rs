@@ -1,0 +1,184 @@
+//! QuantizeLinear: `y = saturate(round_half_to_even(x / y_scale) + y_zero_point)`, per
+//! tensor, per axis or blocked ([`ScaleLayout`]). The output dtype is the zero point's,
+//! else `output_dtype`, else uint8. The division is in f32, as onnxruntime does it.
+use super::{range, ScaleLayout};
+use crate::cpu::{self, CpuKernel};
+use crate::op::{expect_dtype, required};
+use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
+use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{DType, Tensor};
+
+/// The output dtypes QuantizeLinear can produce here.
+const OUT_DTYPES: [DType; 4] = [DType::I8, DType::U8, DType::I16, DType::U16];
+const X_DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I32];
+pub(crate) const SCALE_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizeLinear {
+    pub axis: i64,
+    pub block_size: i64,
+    /// `output_dtype` (opset 21), when set.
+    pub output_dtype: Option<DType>,
+}
+
+impl QuantizeLinear {
+    fn parse(spec: &NodeSpec) -> Result<QuantizeLinear> {
+        let output_dtype = match spec.int("output_dtype", 0)? {
+            0 => None,
+            code => Some(DType::from_onnx_code(code as i32).filter(|d| OUT_DTYPES.contains(d)).ok_or_else(|| {
+                spec.bad("output_dtype", format!("ONNX data type {code} is not supported (expected int8, uint8, int16 or uint16)"))
+            })?),
+        };
+        Ok(QuantizeLinear { axis: spec.int("axis", 1)?, block_size: spec.int("block_size", 0)?, output_dtype })
+    }
+
+    fn out_dtype(&self, inputs: &[Option<Arg>]) -> Result<DType> {
+        match inputs.get(2).copied().flatten() {
+            Some(z) => {
+                let d = expect_dtype(inputs, 2, &OUT_DTYPES)?;
+                if self.output_dtype.is_some_and(|o| o != d) {
+                    return Err(OpError::input(2, format!("zero point dtype {} differs from output_dtype {}", z.dtype(), self.output_dtype.unwrap_or(d))));
+                }
+                Ok(d)
+            }
+            None => Ok(self.output_dtype.unwrap_or(DType::U8)),
+        }
+    }
+}
+
+impl Op for QuantizeLinear {
+    fn name(&self) -> &str {
+        "QuantizeLinear"
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        expect_dtype(inputs, 0, &X_DTYPES)?;
+        expect_dtype(inputs, 1, &SCALE_DTYPES)?;
+        let out = self.out_dtype(inputs)?;
+        ScaleLayout::resolve(inputs, 1, 2, self.axis, self.block_size)?;
+        Ok(vec![TensorType::new(out, required(inputs, 0)?.dims())])
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+/// One element: `x / scale`, rounded half to even, plus the zero point, clamped.
+#[inline]
+fn quantize(x: f32, scale: f32, zp: f32, (lo, hi): (f32, f32)) -> i64 {
+    // NaN saturates to 0 (`as` on a NaN float).
+    ((x / scale).round_ties_even() + zp).clamp(lo, hi) as i64
+}
+
+impl CpuKernel for QuantizeLinear {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let layout = ScaleLayout::of_tensors(inputs, 1, 2, self.axis, self.block_size)?;
+        let x = cpu::input(inputs, 0)?;
+        let scale: Vec<f32> = cpu::input(inputs, 1)?.to_f64_vec().into_iter().map(|v| v as f32).collect();
+        let zp: Vec<f32> = match inputs.get(2).copied().flatten() {
+            Some(z) => z.to_f64_vec().into_iter().map(|v| v as f32).collect(),
+            None => vec![0.0; scale.len()],
+        };
+        let out = &mut outputs[0];
+        let bounds = range(out.dtype());
+        let q = |i: usize, v: f32| {
+            let s = layout.index(i);
+            quantize(v, scale[s], zp[s], bounds)
+        };
+        match (x.dtype(), out.dtype()) {
+            (DType::F32, DType::U8) => {
+                for (i, (o, &v)) in out.as_mut_slice::<u8>()?.iter_mut().zip(x.as_slice::<f32>()?).enumerate() {
+                    *o = q(i, v) as u8;
+                }
+            }
+            (DType::F32, DType::I8) => {
+                for (i, (o, &v)) in out.as_mut_slice::<i8>()?.iter_mut().zip(x.as_slice::<f32>()?).enumerate() {
+                    *o = q(i, v) as i8;
+                }
+            }
+            _ => {
+                let v: Vec<i64> = x.to_f64_vec().into_iter().enumerate().map(|(i, v)| q(i, v as f32)).collect();
+                crate::tensor::write_i64(out, &v)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl WgslKernel for QuantizeLinear {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let layout = ScaleLayout::resolve(inputs, 1, 2, self.axis, self.block_size)?;
+        let x = required(inputs, 0)?.dtype();
+        let out = outputs[0].dtype;
+        let (lo, hi) = range(out);
+        let oe = wgsl::elem(out);
+        let has_zp = inputs.get(2).copied().flatten().is_some();
+        let mut buffers = vec![("x", wgsl::elem(x), true), ("scale", "f32", true)];
+        let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
+        if has_zp {
+            buffers.push(("zp", oe, true));
+            bindings.push(Binding::Input(2));
+        }
+        buffers.push(("y", oe, false));
+        bindings.push(Binding::Output(0));
+        let zp = if has_zp { "f32(zp[s])" } else { "0.0" };
+        let body = format!(
+            "let s = {};\n    let v = clamp(round(f32(x[i]) / scale[s]) + {zp}, {}, {});\n    y[i] = {oe}(v);",
+            layout.wgsl(),
+            wgsl::literal("f32", lo as f64),
+            wgsl::literal("f32", hi as f64)
+        );
+        Ok(WgslProgram::single(wgsl::simple_kernel("QuantizeLinear", outputs[0].len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, "", &body)))
+    }
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("", "QuantizeLinear", |spec| Ok(Box::new(QuantizeLinear::parse(spec)?)));
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::*;
+    use kiln_graph::{Attr, DType, Tensor};
+
+    fn quantize(attrs: &[(&str, Attr)], x: &Tensor, s: &Tensor, z: Option<&Tensor>) -> crate::Result<Tensor> {
+        let n = if z.is_some() { 3 } else { 2 };
+        let op = make("QuantizeLinear", 21, attrs, n, 1)?;
+        Ok(run(op.as_ref(), &as_inputs(&[Some(x), Some(s), z], &[]), &[])?.remove(0))
+    }
+
+    #[test]
+    fn ties_round_to_even_and_results_saturate() {
+        let x = f32s(&[8], &[0.5, 1.5, 2.5, -0.5, -1.5, 1000.0, -1000.0, f32::NAN]);
+        let s = f32s(&[], &[1.0]);
+        let z = Tensor::from_f64(DType::U8, &[], &[10.0]).unwrap();
+        let y = quantize(&[], &x, &s, Some(&z)).unwrap();
+        assert_eq!(y.dtype(), DType::U8);
+        assert_eq!(y.to_f64_vec(), vec![10., 12., 12., 10., 8., 255., 0., 0.]);
+        let z = Tensor::from_f64(DType::I8, &[], &[-3.0]).unwrap();
+        let y = quantize(&[], &x, &s, Some(&z)).unwrap();
+        assert_eq!(y.to_f64_vec(), vec![-3., -1., -1., -3., -5., 127., -128., 0.]);
+        // No zero point: uint8, or output_dtype.
+        let y = quantize(&[("output_dtype", Attr::Int(DType::I16.onnx_code() as i64))], &x, &f32s(&[], &[0.01]), None).unwrap();
+        assert_eq!(y.to_f64_vec(), vec![50., 150., 250., -50., -150., 32767., -32768., 0.]);
+    }
+
+    #[test]
+    fn per_axis_and_blocked_scales() {
+        // [2, 3, 2], axis 1: scales 1, 2, 4.
+        let x = f32s(&[2, 3, 2], &[1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.]);
+        let y = quantize(&[("axis", Attr::Int(1))], &x, &f32s(&[3], &[1., 2., 4.]), None).unwrap();
+        assert_eq!(y.to_f64_vec(), vec![1., 2., 2., 2., 1., 2., 7., 8., 4., 5., 3., 3.]);
+        // Blocks of 2 along axis 1 (3 -> 2 blocks): scale [2, 2, 2].
+        let s = f32s(&[2, 2, 2], &[1., 1., 2., 2., 1., 1., 4., 4.]);
+        let y = quantize(&[("axis", Attr::Int(1)), ("block_size", Attr::Int(2))], &x, &s, None).unwrap();
+        assert_eq!(y.to_f64_vec(), vec![1., 2., 3., 4., 2., 3., 7., 8., 9., 10., 3., 3.]);
+        let e = quantize(&[("axis", Attr::Int(1))], &x, &f32s(&[2], &[1., 2.]), None).unwrap_err().to_string();
+        assert!(e.contains("[3]"), "{e}");
+    }
+}
