@@ -41,6 +41,26 @@ impl Op for DequantizeLinear {
     }
 }
 
+/// Integer data into f32 `y`, in parallel chunks of runs.
+fn dequantize<T: Copy + Into<i64> + Send + Sync>(layout: &ScaleLayout, x: &[T], scale: &[f32], zp: &[i64], y: &mut [f32]) {
+    cpu::par_chunks_mut(y, 1, 4, |first, part| {
+        layout.runs(first, first + part.len(), |i0, i1, s0, step| {
+            let (xs, ys) = (&x[i0..i1], &mut part[i0 - first..i1 - first]);
+            if step == 0 {
+                let (s, z) = (scale[s0], zp[s0]);
+                for (o, &v) in ys.iter_mut().zip(xs) {
+                    *o = (v.into() - z) as f32 * s;
+                }
+            } else {
+                for (k, (o, &v)) in ys.iter_mut().zip(xs).enumerate() {
+                    let si = s0 + k * step;
+                    *o = (v.into() - zp[si]) as f32 * scale[si];
+                }
+            }
+        });
+    });
+}
+
 impl CpuKernel for DequantizeLinear {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let layout = ScaleLayout::of_tensors(inputs, 1, 2, self.axis, self.block_size)?;
@@ -51,25 +71,25 @@ impl CpuKernel for DequantizeLinear {
             None => vec![0; scale.len()],
         };
         let out = &mut outputs[0];
-        let dq = |i: usize, v: i64| {
-            let s = layout.index(i);
-            (v - zp[s]) as f32 * scale[s]
+        let (dtype, dims) = (out.dtype(), out.dims().to_vec());
+        let mut f32_out;
+        let y: &mut [f32] = if dtype == DType::F32 {
+            out.as_mut_slice::<f32>()?
+        } else {
+            f32_out = vec![0f32; out.len()];
+            &mut f32_out
         };
-        match (x.dtype(), out.dtype()) {
-            (DType::U8, DType::F32) => {
-                for (i, (o, &v)) in out.as_mut_slice::<f32>()?.iter_mut().zip(x.as_slice::<u8>()?).enumerate() {
-                    *o = dq(i, v as i64);
-                }
-            }
-            (DType::I8, DType::F32) => {
-                for (i, (o, &v)) in out.as_mut_slice::<f32>()?.iter_mut().zip(x.as_slice::<i8>()?).enumerate() {
-                    *o = dq(i, v as i64);
-                }
-            }
-            _ => {
-                let v: Vec<f64> = x.to_i64_vec()?.into_iter().enumerate().map(|(i, v)| dq(i, v) as f64).collect();
-                *out = Tensor::from_f64(out.dtype(), &out.dims().to_vec(), &v)?;
-            }
+        match x.dtype() {
+            DType::U8 => dequantize(&layout, x.as_slice::<u8>()?, &scale, &zp, y),
+            DType::I8 => dequantize(&layout, x.as_slice::<i8>()?, &scale, &zp, y),
+            DType::U16 => dequantize(&layout, x.as_slice::<u16>()?, &scale, &zp, y),
+            DType::I16 => dequantize(&layout, x.as_slice::<i16>()?, &scale, &zp, y),
+            DType::I32 => dequantize(&layout, x.as_slice::<i32>()?, &scale, &zp, y),
+            d => return Err(OpError::Unsupported(format!("DequantizeLinear of {d}"))),
+        }
+        if dtype != DType::F32 {
+            let v: Vec<f64> = y.iter().map(|&v| v as f64).collect();
+            outputs[0] = Tensor::from_f64(dtype, &dims, &v)?;
         }
         Ok(())
     }

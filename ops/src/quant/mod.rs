@@ -94,7 +94,24 @@ impl ScaleLayout {
         Ok(ScaleLayout { axis_len: d, inner, block: b, c_outer: want[a] * inner, c_axis: inner, c_inner: 1 })
     }
 
-    #[inline]
+    /// Calls `f(i0, i1, s0, step)` for the runs of consecutive elements that cover
+    /// `start..end`: element `i` of run `i0..i1` uses scale element `s0 + (i - i0) *
+    /// step` (step 0: one scale for the whole run).
+    pub fn runs(&self, start: usize, end: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
+        if self.c_outer == 0 && self.c_axis == 0 && self.c_inner == 0 {
+            return f(start, end, 0, 0);
+        }
+        let mut i = start;
+        while i < end {
+            let (row, j) = (i / self.inner, i % self.inner);
+            let i1 = ((row + 1) * self.inner).min(end);
+            let (o, a) = (row / self.axis_len, row % self.axis_len);
+            f(i, i1, o * self.c_outer + a / self.block * self.c_axis + j * self.c_inner, self.c_inner);
+            i = i1;
+        }
+    }
+
+    #[cfg(test)]
     pub fn index(&self, i: usize) -> usize {
         (i / (self.axis_len * self.inner)) * self.c_outer + ((i / self.inner) % self.axis_len) / self.block * self.c_axis + (i % self.inner) * self.c_inner
     }
