@@ -1,16 +1,19 @@
 //! Quantization: QuantizeLinear and DequantizeLinear, per tensor, per axis and blocked
-//! (one file each), sharing how a scale (and zero point) is laid out against the data.
+//! (one file each), sharing how a scale (and zero point) is laid out against the data;
+//! DynamicQuantizeLinear.
 use crate::cpu;
 use crate::op::required;
 use crate::{Arg, OpError, Registry, Result};
 use kiln_graph::{DType, Tensor};
 
 mod dequantize_linear;
+mod dynamic_quantize_linear;
 mod quantize_linear;
 
 pub(crate) fn register(r: &mut Registry) {
     quantize_linear::register(r);
     dequantize_linear::register(r);
+    dynamic_quantize_linear::register(r);
 }
 
 /// The integer dtypes a quantized tensor may have here (the spec's 4-bit and float8
@@ -27,7 +30,7 @@ pub(crate) fn range(d: DType) -> (f32, f32) {
     }
 }
 
-/// Which scale element serves data element `i`:
+/// Which scale element serves data element `i` (see [`ScaleLayout::runs`]):
 /// `(i / (axis_len * inner)) * c_outer + ((i / inner) % axis_len) / block * c_axis +
 /// (i % inner) * c_inner`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,11 +112,6 @@ impl ScaleLayout {
             f(i, i1, o * self.c_outer + a / self.block * self.c_axis + j * self.c_inner, self.c_inner);
             i = i1;
         }
-    }
-
-    #[cfg(test)]
-    pub fn index(&self, i: usize) -> usize {
-        (i / (self.axis_len * self.inner)) * self.c_outer + ((i / self.inner) % self.axis_len) / self.block * self.c_axis + (i % self.inner) * self.c_inner
     }
 
     /// The same as a WGSL expression of the `u32` index `i`.
