@@ -1,10 +1,11 @@
 //! Linear algebra: MatMul and Gemm, sharing one batched, strided matrix product (CPU
-//! through the `gemm` crate, WGSL through a register-blocked kernel).
+//! through the `gemm` crate, WGSL through a register-blocked kernel); MatMulInteger.
 use crate::Registry;
 
 mod gemm;
 mod gemv;
 mod matmul;
+mod matmul_integer;
 pub mod microkernel;
 pub mod packed;
 mod product;
@@ -28,6 +29,7 @@ pub(crate) fn register(r: &mut Registry) {
         Ok(Box::new(MatMul { activation: crate::elementwise::fused_activation(spec)?, bias, residual }))
     });
     r.register("", "Gemm", |spec| Ok(Box::new(Gemm::parse(spec)?)));
+    matmul_integer::register(r);
 }
 
 #[cfg(test)]

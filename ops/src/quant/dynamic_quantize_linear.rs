@@ -55,8 +55,13 @@ impl CpuKernel for DynamicQuantizeLinear {
                 run_const(&x[first..first + part.len()], part, scale, zp, (0.0, 255.0));
             });
         }
-        outputs[1].as_mut_slice::<f32>()?[0] = scale;
-        outputs[2].as_mut_slice::<u8>()?[0] = zp as u8;
+        // The node may leave the scale and zero point unused (no output).
+        if let Some(o) = outputs.get_mut(1) {
+            o.as_mut_slice::<f32>()?[0] = scale;
+        }
+        if let Some(o) = outputs.get_mut(2) {
+            o.as_mut_slice::<u8>()?[0] = zp as u8;
+        }
         Ok(())
     }
 }
