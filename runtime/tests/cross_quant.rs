@@ -52,5 +52,14 @@ fn matmul_integer_agrees() {
     // Batched A against a shared B, and a 1-D B.
     s.check(Case::new("MatMulInteger").opset(10).input(ints(DType::I8, &[2, 3, 4, 9], 7)).input(ints(DType::U8, &[9, 6], 8)), Tolerance::EXACT);
     s.check(Case::new("MatMulInteger").opset(10).input(ints(DType::I8, &[4, 9], 9)).input(ints(DType::I8, &[9], 10)), Tolerance::EXACT);
+    // QLinearMatMul: per-tensor, then A per row and B per column.
+    let scale = |dims: &[usize], seed| rand_f32_map(dims, seed, |v| v.abs() * 0.01 + 0.001);
+    for (sa, za, sb, zb) in [
+        (scale(&[], 11), ints(DType::U8, &[], 12), scale(&[], 13), ints(DType::I8, &[], 14)),
+        (scale(&[5], 15), ints(DType::U8, &[5], 16), scale(&[7], 17), ints(DType::I8, &[7], 18)),
+    ] {
+        let q = Case::new("QLinearMatMul").opset(10).input(a.clone()).constant(sa).constant(za).input(b.clone()).constant(sb).constant(zb);
+        s.check(q.constant(Tensor::scalar(0.37f32)).constant(ints(DType::U8, &[], 19)), Tolerance::EXACT);
+    }
     s.finish();
 }

@@ -15,27 +15,27 @@ const DTYPES: [DType; 2] = [DType::I8, DType::U8];
 pub struct MatMulInteger;
 
 /// Operand dims as matrices (a 1-D A is one row, a 1-D B one column).
-fn full(a: &[usize], b: &[usize]) -> (Vec<usize>, Vec<usize>) {
+pub(super) fn full(a: &[usize], b: &[usize]) -> (Vec<usize>, Vec<usize>) {
     let a = if a.len() == 1 { vec![1, a[0]] } else { a.to_vec() };
     let b = if b.len() == 1 { vec![b[0], 1] } else { b.to_vec() };
     (a, b)
 }
 
-/// Zero point `zi`'s dims as they broadcast against its operand `x` (a per-row `[M]`
-/// of a 2-D A stands for `[M, 1]`), checked.
-fn zero_point_dims(zi: usize, z: &[usize], x: &[usize]) -> Result<Vec<usize>> {
-    let dims = if zi == 2 && z.len() == 1 && x.len() == 2 && z[0] != 1 { vec![z[0], 1] } else { z.to_vec() };
+/// Zero point (or scale) dims, input `zi`, as they broadcast against operand `x` (A's
+/// when `of_a`: a per-row `[M]` of a 2-D A stands for `[M, 1]`), checked.
+pub(super) fn zero_point_dims(zi: usize, of_a: bool, z: &[usize], x: &[usize]) -> Result<Vec<usize>> {
+    let dims = if of_a && z.len() == 1 && x.len() == 2 && z[0] != 1 { vec![z[0], 1] } else { z.to_vec() };
     let n: usize = dims.iter().product();
     let r = x.len();
     let ok = n == 1
         || (dims.len() <= r
             && dims.iter().rev().zip(x.iter().rev()).enumerate().all(|(i, (&d, &xd))| {
                 // The per-row/per-column axis matches; K (the other matrix axis) is 1.
-                let k_axis = if zi == 2 { 0 } else { 1 };
+                let k_axis = if of_a { 0 } else { 1 };
                 if i == k_axis { d == 1 } else { d == xd || d == 1 }
             }));
     if !ok {
-        let what = if zi == 2 { "a scalar, [M] or [..., M, 1]" } else { "a scalar, [N] or [..., 1, N]" };
+        let what = if of_a { "a scalar, [M] or [..., M, 1]" } else { "a scalar, [N] or [..., 1, N]" };
         return Err(OpError::input(zi, format!("zero point of shape {z:?} does not fit operand {x:?}: expected {what}")));
     }
     Ok(dims)
@@ -56,7 +56,7 @@ impl Op for MatMulInteger {
                 if z.dtype() != d {
                     return Err(OpError::input(zi, format!("zero point dtype {} differs from its operand's {d}", z.dtype())));
                 }
-                zero_point_dims(zi, z.dims(), x)?;
+                zero_point_dims(zi, zi == 2, z.dims(), x)?;
             }
         }
         let (_, dims) = plan(a, b)?;
@@ -72,91 +72,139 @@ impl Op for MatMulInteger {
     }
 }
 
-/// Operand `i` minus its zero point, as i32.
-fn shifted(inputs: &[Option<&Tensor>], i: usize, dims: &[usize]) -> Result<Vec<i32>> {
-    let x = cpu::input(inputs, i)?.to_i64_vec()?;
-    let Some(z) = inputs.get(i + 2).copied().flatten() else {
-        return Ok(x.into_iter().map(|v| v as i32).collect());
+/// Operand `x` minus its zero point `z` (input index `zi`), as i32.
+fn shifted(x: &Tensor, z: Option<&Tensor>, zi: usize, of_a: bool, dims: &[usize]) -> Result<Vec<i32>> {
+    let xv = x.to_i64_vec()?;
+    let Some(z) = z else {
+        return Ok(xv.into_iter().map(|v| v as i32).collect());
     };
-    let zd = zero_point_dims(i + 2, z.dims(), dims)?;
+    let zd = zero_point_dims(zi, of_a, z.dims(), dims)?;
     let zv = z.to_i64_vec()?;
-    let mut out = vec![0i32; x.len()];
-    crate::broadcast::for_each_offset(dims, &[broadcast_strides(&zd, dims)], |o, offs| out[o] = (x[o] - zv[offs[0]]) as i32);
+    let mut out = vec![0i32; xv.len()];
+    crate::broadcast::for_each_offset(dims, &[broadcast_strides(&zd, dims)], |o, offs| out[o] = (xv[o] - zv[offs[0]]) as i32);
     Ok(out)
+}
+
+/// The operands of an integer product: A and B with their zero points (each `None`
+/// when absent) and the input indices the zero points have (for errors).
+pub(super) struct IntOperands<'a> {
+    pub a: &'a Tensor,
+    pub b: &'a Tensor,
+    pub za: Option<&'a Tensor>,
+    pub zb: Option<&'a Tensor>,
+    pub za_input: usize,
+    pub zb_input: usize,
+}
+
+/// `(A - za) x (B - zb)` into `y` (int32, the output's shape), exact.
+pub(super) fn int_product(ops: &IntOperands, y: &mut [i32]) -> Result<()> {
+    let (ad, bd) = (ops.a.dims().to_vec(), ops.b.dims().to_vec());
+    let (fa, fb) = full(&ad, &bd);
+    let (p, _) = plan(&ad, &bd)?;
+    let a = shifted(ops.a, ops.za, ops.za_input, true, &fa)?;
+    let b = shifted(ops.b, ops.zb, ops.zb_input, false, &fb)?;
+    let (m, n, k) = (p.m, p.n, p.k);
+    if m * n == 0 {
+        return Ok(());
+    }
+    // Rows of the output in parallel; each row sums k rows of B scaled by A's values
+    // (the inner loop runs along B's rows: it vectorises).
+    cpu::par_chunks_mut(y, n, 2 * k, |first, rows| {
+        for (r, row) in rows.chunks_mut(n).enumerate() {
+            let (bi, i) = ((first + r) / m, (first + r) % m);
+            let (oa, ob) = p.offsets(bi);
+            row.fill(0);
+            for kk in 0..k {
+                let av = a[oa + i * k + kk];
+                if av == 0 {
+                    continue;
+                }
+                for (o, &bv) in row.iter_mut().zip(&b[ob + kk * n..ob + (kk + 1) * n]) {
+                    *o = o.wrapping_add(av.wrapping_mul(bv));
+                }
+            }
+        }
+    });
+    Ok(())
 }
 
 impl CpuKernel for MatMulInteger {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        let (ad, bd) = (cpu::input(inputs, 0)?.dims().to_vec(), cpu::input(inputs, 1)?.dims().to_vec());
-        let (fa, fb) = full(&ad, &bd);
-        let (p, _) = plan(&ad, &bd)?;
-        let (a, b) = (shifted(inputs, 0, &fa)?, shifted(inputs, 1, &fb)?);
-        let (m, n, k) = (p.m, p.n, p.k);
-        let y = outputs[0].as_mut_slice::<i32>()?;
-        if m * n == 0 {
-            return Ok(());
-        }
-        // Rows of the output in parallel; each row sums k rows of B scaled by A's
-        // values (the inner loop runs along B's rows: it vectorises).
-        cpu::par_chunks_mut(y, n, 2 * k, |first, rows| {
-            for (r, row) in rows.chunks_mut(n).enumerate() {
-                let (bi, i) = ((first + r) / m, (first + r) % m);
-                let (oa, ob) = p.offsets(bi);
-                row.fill(0);
-                for kk in 0..k {
-                    let av = a[oa + i * k + kk];
-                    if av == 0 {
-                        continue;
-                    }
-                    for (o, &bv) in row.iter_mut().zip(&b[ob + kk * n..ob + (kk + 1) * n]) {
-                        *o = o.wrapping_add(av.wrapping_mul(bv));
-                    }
-                }
-            }
-        });
-        Ok(())
+        let opt = |i: usize| inputs.get(i).copied().flatten();
+        let ops = IntOperands { a: cpu::input(inputs, 0)?, b: cpu::input(inputs, 1)?, za: opt(2), zb: opt(3), za_input: 2, zb_input: 3 };
+        int_product(&ops, outputs[0].as_mut_slice::<i32>()?)
     }
+}
+
+/// The WGSL integer product: one invocation per output element sums `s` (i32) over K,
+/// then `epilogue` stores it. Inputs `a`, `b` and zero points `za`/`zb` (input indices,
+/// `None` when absent); `extra` buffers (name, input index, and for a per-row or
+/// per-column tensor whether it is A's) are bound after them, each shaped one with a
+/// function `{name}_at(i)` giving its element for output `i`.
+pub(super) fn int_product_wgsl(
+    label: &str,
+    inputs: &[Option<Arg>],
+    [ai, bi]: [usize; 2],
+    [za_i, zb_i]: [Option<usize>; 2],
+    extra: &[(&'static str, usize, Option<bool>)],
+    out: &TensorType,
+    epilogue: &str,
+    tune: &TuneValues,
+) -> Result<WgslProgram> {
+    let (ad, bd) = (required(inputs, ai)?.dims(), required(inputs, bi)?.dims());
+    let (fa, fb) = full(ad, bd);
+    let (p, _) = plan(ad, bd)?;
+    let (m, n, k) = (p.m, p.n, p.k);
+    if k > wgsl::MAX_LOOP_ITERATIONS {
+        return Err(OpError::Unsupported(format!("{label} with K = {k} on the GPU (at most {})", wgsl::MAX_LOOP_ITERATIONS)));
+    }
+    // Output [batch..., m, n]: where each operand's row or column starts.
+    let mut dims = p.batch.clone();
+    dims.extend([m, n]);
+    let mut sa = p.a_batch_strides.clone();
+    sa.extend([k, 0]);
+    let mut sb = p.b_batch_strides.clone();
+    sb.extend([0, 1]);
+    let mut helpers = wgsl::offset_fn("a_at", &dims, &sa) + &wgsl::offset_fn("b_at", &dims, &sb);
+    let mut buffers = vec![("a", wgsl::elem(required(inputs, ai)?.dtype()), true), ("b", wgsl::elem(required(inputs, bi)?.dtype()), true)];
+    let mut bindings = vec![Binding::Input(ai), Binding::Input(bi)];
+    // A per-row (A's) or per-column (B's) tensor: its offset function over the output.
+    let mut per = |name: &str, zi: usize, operand: &[usize], of_a: bool| -> Result<()> {
+        let z = required(inputs, zi)?;
+        let zd = zero_point_dims(zi, of_a, z.dims(), operand)?;
+        let mut padded = vec![1; dims.len().saturating_sub(zd.len())];
+        padded.extend(&zd);
+        helpers += &wgsl::offset_fn(&format!("{name}_at"), &dims, &broadcast_strides(&padded, &dims));
+        Ok(())
+    };
+    let mut zero = |zi: Option<usize>, operand: &[usize], name: &'static str, of_a: bool| -> Result<String> {
+        let Some(zi) = zi.filter(|&i| inputs.get(i).copied().flatten().is_some()) else { return Ok("0".into()) };
+        per(name, zi, operand, of_a)?;
+        buffers.push((name, wgsl::elem(required(inputs, zi)?.dtype()), true));
+        bindings.push(Binding::Input(zi));
+        Ok(format!("i32({name}[{name}_at(i)])"))
+    };
+    let za = zero(za_i, &fa, "za", true)?;
+    let zb = zero(zb_i, &fb, "zb", false)?;
+    for &(name, input, shape) in extra {
+        if let Some(of_a) = shape {
+            per(name, input, if of_a { &fa } else { &fb }, of_a)?;
+        }
+        buffers.push((name, wgsl::elem(required(inputs, input)?.dtype()), true));
+        bindings.push(Binding::Input(input));
+    }
+    buffers.push(("y", wgsl::elem(out.dtype), false));
+    bindings.push(Binding::Output(0));
+    let body = format!(
+        "let ab = a_at(i);\n    let bb = b_at(i);\n    let za = {za};\n    let zb = {zb};\n    var s = 0i;\n\
+         \x20   for (var kk = 0u; kk < {k}u; kk++) {{ s += (i32(a[ab + kk]) - za) * (i32(b[bb + kk * {n}u]) - zb); }}\n    {epilogue}"
+    );
+    Ok(WgslProgram::single(wgsl::simple_kernel(label, out.len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, &helpers, &body)))
 }
 
 impl WgslKernel for MatMulInteger {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
-        let (ad, bd) = (required(inputs, 0)?.dims(), required(inputs, 1)?.dims());
-        let (fa, fb) = full(ad, bd);
-        let (p, _) = plan(ad, bd)?;
-        let (m, n, k) = (p.m, p.n, p.k);
-        if k > wgsl::MAX_LOOP_ITERATIONS {
-            return Err(OpError::Unsupported(format!("MatMulInteger with K = {k} on the GPU (at most {})", wgsl::MAX_LOOP_ITERATIONS)));
-        }
-        // Output [batch..., m, n]: where each operand's row or column starts.
-        let mut out = p.batch.clone();
-        out.extend([m, n]);
-        let mut sa = p.a_batch_strides.clone();
-        sa.extend([k, 0]);
-        let mut sb = p.b_batch_strides.clone();
-        sb.extend([0, 1]);
-        let mut helpers = wgsl::offset_fn("a_at", &out, &sa) + &wgsl::offset_fn("b_at", &out, &sb);
-        let mut buffers = vec![("a", wgsl::elem(required(inputs, 0)?.dtype()), true), ("b", wgsl::elem(required(inputs, 1)?.dtype()), true)];
-        let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
-        let mut zero = |zi: usize, x: &[usize], name: &'static str| -> Result<String> {
-            let Some(z) = inputs.get(zi).copied().flatten() else { return Ok("0".into()) };
-            let zd = zero_point_dims(zi, z.dims(), x)?;
-            let mut zd_out = vec![1; out.len().saturating_sub(zd.len())];
-            zd_out.extend(&zd);
-            let strides = broadcast_strides(&zd_out, &out);
-            helpers += &wgsl::offset_fn(&format!("{name}_at"), &out, &strides);
-            buffers.push((name, wgsl::elem(z.dtype()), true));
-            bindings.push(Binding::Input(zi));
-            Ok(format!("i32({name}[{name}_at(i)])"))
-        };
-        let za = zero(2, &fa, "za")?;
-        let zb = zero(3, &fb, "zb")?;
-        buffers.push(("y", "i32", false));
-        bindings.push(Binding::Output(0));
-        let body = format!(
-            "let ab = a_at(i);\n    let bb = b_at(i);\n    let za = {za};\n    let zb = {zb};\n    var s = 0i;\n\
-             \x20   for (var kk = 0u; kk < {k}u; kk++) {{ s += (i32(a[ab + kk]) - za) * (i32(b[bb + kk * {n}u]) - zb); }}\n    y[i] = s;"
-        );
-        Ok(WgslProgram::single(wgsl::simple_kernel("MatMulInteger", outputs[0].len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, &helpers, &body)))
+        int_product_wgsl("MatMulInteger", inputs, [0, 1], [Some(2), Some(3)], &[], &outputs[0], "y[i] = s;", tune)
     }
 }
 

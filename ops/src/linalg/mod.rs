@@ -1,11 +1,13 @@
 //! Linear algebra: MatMul and Gemm, sharing one batched, strided matrix product (CPU
-//! through the `gemm` crate, WGSL through a register-blocked kernel); MatMulInteger.
+//! through the `gemm` crate, WGSL through a register-blocked kernel); the integer products MatMulInteger and
+//! QLinearMatMul.
 use crate::Registry;
 
 mod gemm;
 mod gemv;
 mod matmul;
 mod matmul_integer;
+mod qlinear_matmul;
 pub mod microkernel;
 pub mod packed;
 mod product;
@@ -30,6 +32,7 @@ pub(crate) fn register(r: &mut Registry) {
     });
     r.register("", "Gemm", |spec| Ok(Box::new(Gemm::parse(spec)?)));
     matmul_integer::register(r);
+    qlinear_matmul::register(r);
 }
 
 #[cfg(test)]
