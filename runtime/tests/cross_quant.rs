@@ -63,3 +63,18 @@ fn matmul_integer_agrees() {
     }
     s.finish();
 }
+
+#[test]
+fn conv_integer_agrees() {
+    let mut s = Suite::new("ConvInteger");
+    // 2-D, grouped, strided and padded, w's zero point per output channel.
+    let attrs = [("group", Attr::Int(2)), ("strides", Attr::Ints(vec![2, 1])), ("pads", Attr::Ints(vec![1, 0, 2, 1]))];
+    let c = Case::new("ConvInteger").opset(10).input(ints(DType::U8, &[2, 6, 9, 7], 1)).constant(ints(DType::I8, &[4, 3, 3, 2], 2));
+    s.check(c.constant(ints(DType::U8, &[], 3)).constant(ints(DType::I8, &[4], 4)).attrs(&attrs), Tolerance::EXACT);
+    // 1-D and 3-D, dilated, no zero points.
+    let c1 = Case::new("ConvInteger").opset(10).input(ints(DType::I8, &[1, 3, 20], 5)).constant(ints(DType::I8, &[5, 3, 4], 6));
+    s.check(c1.attr("dilations", Attr::Ints(vec![3])), Tolerance::EXACT);
+    let c3 = Case::new("ConvInteger").opset(10).input(ints(DType::U8, &[1, 2, 4, 5, 6], 7)).constant(ints(DType::U8, &[3, 2, 2, 3, 2], 8));
+    s.check(c3.attr("pads", Attr::Ints(vec![1, 1, 0, 0, 1, 1])), Tolerance::EXACT);
+    s.finish();
+}

@@ -49,6 +49,16 @@ impl Conv {
         Ok(Conv { window: WindowAttrs::parse(spec)?, group: group as usize, activation: elementwise::fused_activation(spec)?, residual })
     }
 
+    /// The window and group attributes alone (for the other ops with Conv's
+    /// geometry, whose inputs differ).
+    pub(super) fn geometry_only(spec: &NodeSpec) -> Result<Conv> {
+        let group = spec.int("group", 1)?;
+        if group < 1 {
+            return Err(spec.bad("group", format!("must be >= 1, found {group}")));
+        }
+        Ok(Conv { window: WindowAttrs::parse(spec)?, group: group as usize, activation: None, residual: false })
+    }
+
     /// Computes the output into `y`; with a fused residual, `y` holds it already when
     /// `residual_in_y` (the output took over its memory), else it is copied in first.
     fn compute(&self, inputs: &[Option<&Tensor>], residual_in_y: bool, y: &mut Tensor) -> Result<()> {

@@ -18,6 +18,7 @@ mod attention_wgsl;
 mod batch_norm;
 mod blocked8;
 mod conv;
+mod conv_integer;
 mod conv_cpu;
 mod conv_depthwise8;
 mod conv_flipped;
@@ -46,6 +47,7 @@ mod window;
 
 pub(crate) fn register(r: &mut Registry) {
     conv::register(r);
+    conv_integer::register(r);
     conv_nchwc::register(r);
     nchwc_reorder::register(r);
     pool_nchwc::register(r);
