@@ -76,5 +76,11 @@ fn conv_integer_agrees() {
     s.check(c1.attr("dilations", Attr::Ints(vec![3])), Tolerance::EXACT);
     let c3 = Case::new("ConvInteger").opset(10).input(ints(DType::U8, &[1, 2, 4, 5, 6], 7)).constant(ints(DType::U8, &[3, 2, 2, 3, 2], 8));
     s.check(c3.attr("pads", Attr::Ints(vec![1, 1, 0, 0, 1, 1])), Tolerance::EXACT);
+    // QLinearConv with w's scale and zero point per output channel, and a bias.
+    let scale = |dims: &[usize], seed| rand_f32_map(dims, seed, |v| v.abs() * 0.01 + 0.001);
+    let q = Case::new("QLinearConv").opset(10).input(ints(DType::U8, &[2, 6, 9, 7], 9)).constant(scale(&[], 10)).constant(ints(DType::U8, &[], 11));
+    let q = q.constant(ints(DType::I8, &[4, 3, 3, 2], 12)).constant(scale(&[4], 13)).constant(ints(DType::I8, &[4], 14));
+    let bias = Tensor::from_f64(DType::I32, &[4], &[-3000., 0., 12345., 7.]).unwrap();
+    s.check(q.constant(Tensor::scalar(0.9f32)).constant(ints(DType::U8, &[], 15)).constant(bias).attrs(&attrs), Tolerance::EXACT);
     s.finish();
 }

@@ -59,45 +59,70 @@ impl Op for ConvInteger {
     }
 }
 
+/// The exact int32 convolution of `(x - zx)` with `(w - zw)` (`zw` one value or one
+/// per output channel).
+pub(super) fn int_conv(conv: &Conv, x: &Tensor, w: &Tensor, zx: Option<&Tensor>, zw: Option<&Tensor>, y: &mut [i32]) -> Result<()> {
+    let p = conv.problem(x.dims(), w.dims())?;
+    let zx = zx.map(|z| z.to_f64_vec()[0]).unwrap_or(0.0);
+    let zw = zw.map(|z| z.to_f64_vec()).unwrap_or_else(|| vec![0.0]);
+    let xs: Vec<f64> = x.to_f64_vec().into_iter().map(|v| v - zx).collect();
+    let per_channel = w.len() / p.out_channels.max(1);
+    let ws: Vec<f64> = w.to_f64_vec().into_iter().enumerate().map(|(i, v)| v - zw[if zw.len() == 1 { 0 } else { i / per_channel }]).collect();
+    let mut out = vec![0f64; y.len()];
+    conv_cpu::conv_f64(&p, &xs, &ws, None, &mut out);
+    for (o, v) in y.iter_mut().zip(out) {
+        *o = v.round() as i32;
+    }
+    Ok(())
+}
+
 impl CpuKernel for ConvInteger {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        let (x, w) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
-        let p = self.conv.problem(x.dims(), w.dims())?;
-        let zp = |i: usize| -> Result<Vec<f64>> { Ok(inputs.get(i).copied().flatten().map(|z| z.to_f64_vec()).unwrap_or_else(|| vec![0.0])) };
-        let (zx, zw) = (zp(2)?[0], zp(3)?);
-        let xs: Vec<f64> = x.to_f64_vec().into_iter().map(|v| v - zx).collect();
-        let per_channel = w.len() / p.out_channels.max(1);
-        let ws: Vec<f64> = w.to_f64_vec().into_iter().enumerate().map(|(i, v)| v - zw[if zw.len() == 1 { 0 } else { i / per_channel }]).collect();
-        let mut out = vec![0f64; outputs[0].len()];
-        conv_cpu::conv_f64(&p, &xs, &ws, None, &mut out);
-        for (o, v) in outputs[0].as_mut_slice::<i32>()?.iter_mut().zip(out) {
-            *o = v.round() as i32;
-        }
-        Ok(())
+        let opt = |i: usize| inputs.get(i).copied().flatten();
+        int_conv(&self.conv, cpu::input(inputs, 0)?, cpu::input(inputs, 1)?, opt(2), opt(3), outputs[0].as_mut_slice::<i32>()?)
     }
 }
 
-impl WgslKernel for ConvInteger {
-    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
-        let (x, w) = (required(inputs, 0)?, required(inputs, 1)?);
-        let p = self.conv.problem(x.dims(), w.dims())?;
+/// The WGSL integer convolution: one invocation per output element sums `s` (i32) over
+/// its window, then `epilogue` stores it (`m` is the output channel). Inputs: x and w
+/// at `xi`, `wi`, their zero points at `zi` (`None` or absent: 0); `extra` buffers
+/// (name, input index) are bound after them.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn int_conv_wgsl(
+    label: &str,
+    conv: &Conv,
+    inputs: &[Option<Arg>],
+    [xi, wi]: [usize; 2],
+    [zxi, zwi]: [Option<usize>; 2],
+    extra: &[(&'static str, usize)],
+    out: &TensorType,
+    epilogue: &str,
+    tune: &TuneValues,
+) -> Result<WgslProgram> {
+    {
+        let (x, w) = (required(inputs, xi)?, required(inputs, wi)?);
+        let p = conv.problem(x.dims(), w.dims())?;
         let g = &p.geo;
         let (cg, mg) = (p.in_channels / p.group, p.out_channels / p.group);
         let taps = cg * g.kernel.iter().product::<usize>();
         if taps > wgsl::MAX_LOOP_ITERATIONS {
-            return Err(OpError::Unsupported(format!("ConvInteger with {taps} taps per output on the GPU (at most {})", wgsl::MAX_LOOP_ITERATIONS)));
+            return Err(OpError::Unsupported(format!("{label} with {taps} taps per output on the GPU (at most {})", wgsl::MAX_LOOP_ITERATIONS)));
         }
         let mut buffers = vec![("x", wgsl::elem(x.dtype()), true), ("w", wgsl::elem(w.dtype()), true)];
-        let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
-        let mut zero = |i: usize, name: &'static str, index: &str| -> Result<String> {
-            let Some(z) = inputs.get(i).copied().flatten() else { return Ok("0".into()) };
+        let mut bindings = vec![Binding::Input(xi), Binding::Input(wi)];
+        let mut zero = |i: Option<usize>, name: &'static str, index: &str| -> Result<String> {
+            let Some((i, z)) = i.and_then(|i| inputs.get(i).copied().flatten().map(|z| (i, z))) else { return Ok("0".into()) };
             buffers.push((name, wgsl::elem(z.dtype()), true));
             bindings.push(Binding::Input(i));
             Ok(if z.ty.len() == 1 { format!("i32({name}[0])") } else { format!("i32({name}[{index}])") })
         };
-        let zx = zero(2, "zx", "0u")?;
-        let zw = zero(3, "zw", "m")?;
-        buffers.push(("y", "i32", false));
+        let zx = zero(zxi, "zx", "0u")?;
+        let zw = zero(zwi, "zw", "m")?;
+        for &(name, i) in extra {
+            buffers.push((name, wgsl::elem(required(inputs, i)?.dtype()), true));
+            bindings.push(Binding::Input(i));
+        }
+        buffers.push(("y", wgsl::elem(out.dtype), false));
         bindings.push(Binding::Output(0));
         let [id, ih, iw] = g.input;
         let [od, oh, ow] = g.output;
@@ -118,7 +143,7 @@ impl WgslKernel for ConvInteger {
              \x20           let xi = ((b * {cin}u + c0 + c) * {idu} + u32(z)) * {ihu} * {iwu} + u32(y) * {iwu} + u32(xx);\n\
              \x20           let wi = (((m * {cg}u + c) * {kd}u + a) * {kh}u + bb) * {kw}u + e;\n\
              \x20           s += (i32(x[xi]) - zx) * (i32(w[wi]) - zw);\n\
-             \x20         }}\n       }}\n     }}\n    }}\n    y[i] = s;",
+             \x20         }}\n       }}\n     }}\n    }}\n    {epilogue}",
             opx = od * oh * ow,
             m = p.out_channels,
             ow = u(ow),
@@ -145,7 +170,13 @@ impl WgslKernel for ConvInteger {
             iwu = u(iw),
             cin = p.in_channels,
         );
-        Ok(WgslProgram::single(wgsl::simple_kernel("ConvInteger", outputs[0].len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, "", &body)))
+        Ok(WgslProgram::single(wgsl::simple_kernel(label, out.len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, "", &body)))
+    }
+}
+
+impl WgslKernel for ConvInteger {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        int_conv_wgsl("ConvInteger", &self.conv, inputs, [0, 1], [Some(2), Some(3)], &[], &outputs[0], "y[i] = s;", tune)
     }
 }
 

@@ -19,6 +19,7 @@ mod batch_norm;
 mod blocked8;
 mod conv;
 mod conv_integer;
+mod qlinear_conv;
 mod conv_cpu;
 mod conv_depthwise8;
 mod conv_flipped;
@@ -48,6 +49,7 @@ mod window;
 pub(crate) fn register(r: &mut Registry) {
     conv::register(r);
     conv_integer::register(r);
+    qlinear_conv::register(r);
     conv_nchwc::register(r);
     nchwc_reorder::register(r);
     pool_nchwc::register(r);

@@ -1,0 +1,121 @@
+//! QLinearConv: the int8/uint8 convolution requantized,
+//! `y = saturate(round_half_to_even((conv(x - zx, w - zw) + B) * (sx * sw / sy)) + zy)`:
+//! the convolution exact in int32 ([`int_conv`]), the multiplier and the rounding in
+//! f32 as onnxruntime computes them. w's scale and zero point per tensor or per output
+//! channel; the others per tensor; the bias B int32 per output channel.
+use super::conv::Conv;
+use super::conv_integer::{int_conv, int_conv_wgsl};
+use crate::cpu::{self, CpuKernel};
+use crate::op::{expect_dtype, required};
+use crate::quant::range;
+use crate::wgsl::{self, WgslKernel, WgslProgram};
+use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{DType, Tensor};
+
+const DTYPES: [DType; 2] = [DType::I8, DType::U8];
+const SCALES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+#[derive(Debug)]
+pub struct QLinearConv {
+    conv: Conv,
+}
+
+impl Op for QLinearConv {
+    fn name(&self) -> &str {
+        "QLinearConv"
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let dx = expect_dtype(inputs, 0, &DTYPES)?;
+        let dw = expect_dtype(inputs, 3, &DTYPES)?;
+        let dy = expect_dtype(inputs, 7, &DTYPES)?;
+        let p = self.conv.problem(required(inputs, 0)?.dims(), required(inputs, 3)?.dims())?;
+        for i in [1, 4, 6] {
+            expect_dtype(inputs, i, &SCALES)?;
+        }
+        // (input, its operand's dtype, whether one per output channel is allowed)
+        for (i, d, per_channel) in [(1, None, false), (2, Some(dx), false), (4, None, true), (5, Some(dw), true), (6, None, false), (7, Some(dy), false)] {
+            let t = required(inputs, i)?;
+            if d.is_some_and(|d| d != t.dtype()) {
+                return Err(OpError::input(i, format!("zero point dtype {} differs from its operand's", t.dtype())));
+            }
+            let n = t.ty.len();
+            if n != 1 && !(per_channel && n == p.out_channels) {
+                return Err(OpError::input(i, format!("shape {:?}: expected one element{}", t.dims(), if per_channel { format!(" or {} (one per output channel)", p.out_channels) } else { String::new() })));
+            }
+        }
+        if let Some(b) = inputs.get(8).copied().flatten() {
+            if b.dtype() != DType::I32 || b.dims() != [p.out_channels] {
+                return Err(OpError::input(8, format!("bias must be i32[{}], found {}", p.out_channels, b.ty)));
+            }
+        }
+        let mut dims = vec![p.batch, p.out_channels];
+        dims.extend(p.geo.output_dims());
+        Ok(vec![TensorType::new(dy, dims)])
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+impl CpuKernel for QLinearConv {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let t = |i: usize| cpu::input(inputs, i);
+        let (x, w) = (t(0)?, t(3)?);
+        let mut acc = vec![0i32; outputs[0].len()];
+        int_conv(&self.conv, x, w, Some(t(2)?), Some(t(5)?), &mut acc)?;
+        let m = w.dims()[0];
+        let plane = acc.len() / (x.dims()[0] * m).max(1);
+        let f = |i: usize| -> Result<Vec<f32>> { Ok(t(i)?.to_f64_vec().into_iter().map(|v| v as f32).collect()) };
+        let (sx, sw, sy, zy) = (f(1)?[0], f(4)?, f(6)?[0], f(7)?[0]);
+        let bias = match inputs.get(8).copied().flatten() {
+            Some(b) => b.as_slice::<i32>()?.to_vec(),
+            None => vec![0; m],
+        };
+        let bounds = range(outputs[0].dtype());
+        let q: Vec<i64> = acc
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| {
+                let c = (i / plane) % m;
+                let mult = sx * sw[if sw.len() == 1 { 0 } else { c }] / sy;
+                ((a.wrapping_add(bias[c]) as f32 * mult).round_ties_even() + zy).clamp(bounds.0, bounds.1) as i64
+            })
+            .collect();
+        crate::tensor::write_i64(&mut outputs[0], &q)
+    }
+}
+
+impl WgslKernel for QLinearConv {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let (lo, hi) = range(outputs[0].dtype);
+        let ye = wgsl::elem(outputs[0].dtype);
+        let sw = if required(inputs, 4)?.ty.len() == 1 { "sw[0]" } else { "sw[m]" };
+        let mut extra = vec![("sx", 1), ("sw", 4), ("sy", 6), ("zy", 7)];
+        let bias = if inputs.get(8).copied().flatten().is_some() {
+            extra.push(("bias", 8));
+            "bias[m]"
+        } else {
+            "0i"
+        };
+        let epilogue = format!(
+            "let mult = sx[0] * {sw} / sy[0];\n    y[i] = {ye}(clamp(round(f32(s + {bias}) * mult) + f32(zy[0]), {}, {}));",
+            wgsl::literal("f32", lo as f64),
+            wgsl::literal("f32", hi as f64)
+        );
+        int_conv_wgsl("QLinearConv", &self.conv, inputs, [0, 3], [Some(2), Some(5)], &extra, &outputs[0], &epilogue, tune)
+    }
+}
+
+fn parse(spec: &NodeSpec) -> Result<QLinearConv> {
+    Ok(QLinearConv { conv: Conv::geometry_only(spec)? })
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("", "QLinearConv", |spec| Ok(Box::new(parse(spec)?)));
+}
