@@ -1,5 +1,6 @@
-use crate::Tensor;
+use crate::{Graph, Tensor};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// An attribute value of a node (ONNX AttributeProto, restricted to what Kiln runs).
 #[derive(Clone, Debug, PartialEq)]
@@ -11,6 +12,12 @@ pub enum Attr {
     Ints(Vec<i64>),
     Floats(Vec<f32>),
     Strings(Vec<String>),
+    /// A subgraph (the body of If, Loop, Scan). Closed: it reads nothing from the
+    /// enclosing graph by name. Values it uses from outer scopes are extra inputs of
+    /// the subgraph after the ones its op declares (`Graph::outer_inputs` of them), fed
+    /// by the node's last inputs, in the same order (the ONNX importer makes them so;
+    /// all subgraphs of a node take the same outer values).
+    Graph(Arc<Graph>),
 }
 
 impl Attr {
@@ -23,6 +30,7 @@ impl Attr {
             Attr::Ints(_) => "ints",
             Attr::Floats(_) => "floats",
             Attr::Strings(_) => "strings",
+            Attr::Graph(_) => "graph",
         }
     }
 }

@@ -41,7 +41,7 @@ impl Node {
 }
 
 /// A dataflow graph of operator nodes.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Graph {
     pub name: String,
     pub values: Vec<ValueInfo>,
@@ -52,6 +52,9 @@ pub struct Graph {
     pub initializers: HashMap<ValueId, Tensor>,
     /// Operator set versions by domain ("" = ai.onnx).
     pub opsets: HashMap<String, i64>,
+    /// For a subgraph (see [`crate::Attr::Graph`]): how many of the last inputs are
+    /// values of the enclosing graph rather than inputs its op declares; 0 otherwise.
+    pub outer_inputs: usize,
 }
 
 impl Graph {

@@ -8,6 +8,7 @@
 //! generated as text, and the runtime compiles and dispatches it.
 
 pub mod broadcast;
+mod control;
 pub mod cpu;
 mod error;
 pub mod infer;

@@ -25,6 +25,12 @@ pub fn canonical_domain(domain: &str) -> &str {
     }
 }
 
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Registry({} ops)", self.factories.len())
+    }
+}
+
 impl Registry {
     /// An empty registry.
     pub fn new() -> Self {
@@ -36,6 +42,7 @@ impl Registry {
         static BUILTIN: OnceLock<Registry> = OnceLock::new();
         BUILTIN.get_or_init(|| {
             let mut r = Registry::new();
+            crate::control::register(&mut r);
             crate::elementwise::register(&mut r);
             crate::linalg::register(&mut r);
             crate::nn::register(&mut r);

@@ -7,6 +7,9 @@ use kiln_graph::{Attr, Node, Tensor};
 pub struct NodeSpec<'a> {
     pub node: &'a Node,
     pub opset: i64,
+    /// The registry the node's op is created from, for ops that create the ops of
+    /// their subgraphs (If, Loop, Scan); `None`: the built-in one.
+    pub registry: Option<&'a crate::Registry>,
 }
 
 fn wrong(attr: &str, expected: &str, got: &Attr) -> OpError {
@@ -15,7 +18,12 @@ fn wrong(attr: &str, expected: &str, got: &Attr) -> OpError {
 
 impl<'a> NodeSpec<'a> {
     pub fn new(node: &'a Node, opset: i64) -> Self {
-        NodeSpec { node, opset }
+        NodeSpec { node, opset, registry: None }
+    }
+
+    /// The same node, created from `registry` (custom ops inside its subgraphs).
+    pub fn with_registry(self, registry: &'a crate::Registry) -> Self {
+        NodeSpec { registry: Some(registry), ..self }
     }
 
     pub fn n_inputs(&self) -> usize {

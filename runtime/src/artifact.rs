@@ -22,8 +22,9 @@
 //! Compatibility rule: a runtime writes the artifact format it was built with
 //! ([`FORMAT`]); any change to the layout or to the header's meaning bumps it, and an
 //! artifact of another format is refused with a message that says to recompile it.
-//! Exception: format 3 (before tuned choices, `ArtifactInfo::tuning`) is still read, as
-//! an artifact without tuned choices; the layout is otherwise the same.
+//! Exceptions: format 3 (before tuned choices, `ArtifactInfo::tuning`) is still read, as
+//! an artifact without tuned choices, and format 4 (before subgraph attributes) as it
+//! is; the layout is otherwise the same.
 use crate::{Result, RuntimeError};
 use kiln_graph::{Attr, DType, Graph, Node, Tensor, ValueInfo, ValueType};
 use serde::{Deserialize, Serialize};
@@ -32,9 +33,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// The artifact format this runtime writes and reads.
-pub const FORMAT: u32 = 4;
-/// Older formats this runtime still reads.
-const READS_ALSO: &[u32] = &[3];
+pub const FORMAT: u32 = 5;
+/// Older formats this runtime still reads (format 5 only added subgraph attributes).
+const READS_ALSO: &[u32] = &[3, 4];
 const MAGIC: &[u8; 8] = b"KILNART\0";
 const ALIGN: usize = 64;
 const PREFIX: usize = 24;
@@ -114,6 +115,21 @@ enum AttrRecord {
     Ints(Vec<i64>),
     Floats(Vec<f32>),
     Strings(Vec<String>),
+    /// A subgraph (If/Loop/Scan bodies), with its weights in the header. Format 5.
+    Graph(Box<SubgraphRecord>),
+}
+
+#[derive(Serialize, Deserialize)]
+struct SubgraphRecord {
+    name: String,
+    values: Vec<(String, Option<ValueType>)>,
+    nodes: Vec<NodeRecord>,
+    inputs: Vec<usize>,
+    outputs: Vec<usize>,
+    opsets: BTreeMap<String, i64>,
+    /// Weights by value: dtype, dims, bytes.
+    weights: Vec<(usize, DType, Vec<usize>, Vec<u8>)>,
+    outer_inputs: usize,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -138,7 +154,73 @@ fn attr_record(a: &Attr) -> AttrRecord {
         Attr::Ints(v) => AttrRecord::Ints(v.clone()),
         Attr::Floats(v) => AttrRecord::Floats(v.clone()),
         Attr::Strings(v) => AttrRecord::Strings(v.clone()),
+        Attr::Graph(g) => {
+            let mut ids: Vec<usize> = g.initializers.keys().copied().collect();
+            ids.sort_unstable();
+            let weights = ids.into_iter().map(|v| { let t = &g.initializers[&v]; (v, t.dtype(), t.dims().to_vec(), t.bytes().to_vec()) }).collect();
+            AttrRecord::Graph(Box::new(SubgraphRecord {
+                name: g.name.clone(),
+                values: g.values.iter().map(|v| (v.name.clone(), v.ty.clone())).collect(),
+                nodes: g.nodes.iter().map(node_record).collect(),
+                inputs: g.inputs.clone(),
+                outputs: g.outputs.clone(),
+                opsets: g.opsets.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                weights,
+                outer_inputs: g.outer_inputs,
+            }))
+        }
     }
+}
+
+fn node_record(n: &Node) -> NodeRecord {
+    NodeRecord {
+        name: n.name.clone(),
+        op_type: n.op_type.clone(),
+        domain: n.domain.clone(),
+        attrs: n.attrs.iter().map(|(k, a)| (k.clone(), attr_record(a))).collect(),
+        inputs: n.inputs.clone(),
+        outputs: n.outputs.clone(),
+    }
+}
+
+/// A node from its record; every value id is checked against the graph's `n_values`.
+fn node(n: NodeRecord, n_values: usize) -> std::result::Result<Node, String> {
+    for v in n.inputs.iter().flatten().chain(&n.outputs) {
+        if *v >= n_values {
+            return Err(format!("node '{}' refers to value {v} of {n_values}", n.name));
+        }
+    }
+    let attrs = n.attrs.into_iter().map(|(k, a)| attr(a).map(|a| (k, a))).collect::<std::result::Result<_, _>>().map_err(|e| format!("node '{}': {e}", n.name))?;
+    Ok(Node { name: n.name, op_type: n.op_type, domain: n.domain, attrs, inputs: n.inputs, outputs: n.outputs })
+}
+
+fn subgraph(r: SubgraphRecord) -> std::result::Result<Graph, String> {
+    let n_values = r.values.len();
+    let mut g = Graph::new(r.name);
+    g.values = r.values.into_iter().map(|(name, ty)| ValueInfo { name, ty }).collect();
+    if let Some(v) = r.inputs.iter().chain(&r.outputs).find(|&&v| v >= n_values) {
+        return Err(format!("subgraph '{}': an input or output refers to value {v} of {n_values}", g.name));
+    }
+    if r.outer_inputs > r.inputs.len() {
+        return Err(format!("subgraph '{}': {} outer inputs of {}", g.name, r.outer_inputs, r.inputs.len()));
+    }
+    g.inputs = r.inputs;
+    g.outputs = r.outputs;
+    g.outer_inputs = r.outer_inputs;
+    g.opsets = r.opsets.into_iter().collect();
+    for n in r.nodes {
+        let n = node(n, n_values).map_err(|e| format!("subgraph '{}': {e}", g.name))?;
+        g.nodes.push(n);
+    }
+    for (v, dtype, dims, bytes) in r.weights {
+        if v >= n_values {
+            return Err(format!("subgraph '{}': a weight refers to value {v} of {n_values}", g.name));
+        }
+        let t = Tensor::from_bytes(dtype, &dims, &bytes).map_err(|e| format!("subgraph '{}': weight '{}': {e}", g.name, g.values[v].name))?;
+        g.initializers.insert(v, t);
+    }
+    g.validate().map_err(|e| format!("subgraph '{}': {e}", g.name))?;
+    Ok(g)
 }
 
 fn attr(r: AttrRecord) -> std::result::Result<Attr, String> {
@@ -150,6 +232,7 @@ fn attr(r: AttrRecord) -> std::result::Result<Attr, String> {
         AttrRecord::Ints(v) => Attr::Ints(v),
         AttrRecord::Floats(v) => Attr::Floats(v),
         AttrRecord::Strings(v) => Attr::Strings(v),
+        AttrRecord::Graph(g) => Attr::Graph(Arc::new(subgraph(*g)?)),
     })
 }
 
@@ -168,18 +251,7 @@ pub fn save(path: &Path, graph: &Graph, info: &ArtifactInfo) -> Result<()> {
     let record = GraphRecord {
         name: graph.name.clone(),
         values: graph.values.iter().map(|v| (v.name.clone(), v.ty.clone())).collect(),
-        nodes: graph
-            .nodes
-            .iter()
-            .map(|n| NodeRecord {
-                name: n.name.clone(),
-                op_type: n.op_type.clone(),
-                domain: n.domain.clone(),
-                attrs: n.attrs.iter().map(|(k, a)| (k.clone(), attr_record(a))).collect(),
-                inputs: n.inputs.clone(),
-                outputs: n.outputs.clone(),
-            })
-            .collect(),
+        nodes: graph.nodes.iter().map(node_record).collect(),
         inputs: graph.inputs.clone(),
         outputs: graph.outputs.clone(),
         opsets: graph.opsets.iter().map(|(k, v)| (k.clone(), *v)).collect(),
@@ -265,11 +337,7 @@ pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
     graph.outputs = g.outputs;
     graph.opsets = g.opsets.into_iter().collect::<HashMap<_, _>>();
     for n in g.nodes {
-        for v in n.inputs.iter().flatten().chain(&n.outputs) {
-            check(*v, &format!("node '{}'", n.name))?;
-        }
-        let attrs = n.attrs.into_iter().map(|(k, a)| attr(a).map(|a| (k, a))).collect::<std::result::Result<_, _>>().map_err(|e| bad(path, format!("node '{}': {e}", n.name)))?;
-        graph.nodes.push(Node { name: n.name, op_type: n.op_type, domain: n.domain, attrs, inputs: n.inputs, outputs: n.outputs });
+        graph.nodes.push(node(n, n_values).map_err(|e| bad(path, format!("corrupted: {e}")))?);
     }
     // Weights start 64-byte aligned and never overlap (an edited header that shifts a
     // weight would otherwise read garbage, or alias another weight, in place).

@@ -8,7 +8,7 @@ use crate::plan::Plan;
 use crate::threads::{self, ThreadConfig};
 use crate::tune::{self, Choices, StepDevice, TuneOptions, TuneProgress, TuneReport, Tuning};
 use crate::{DeviceChoice, DeviceKind, Result, RuntimeError};
-use kiln_graph::{Dim, Graph, NodeId, Tensor};
+use kiln_graph::{Dim, Graph, NodeId, Tensor, ValueId};
 use kiln_ops::infer::{self, specialize, Limits, SpecializeError, Specialized};
 use kiln_ops::{Op, Registry, TensorType};
 use std::collections::HashMap;
@@ -96,7 +96,7 @@ pub struct Session {
     gpus: Vec<(Arc<GpuContext>, gpu::WeightCache)>,
     /// The device of each placement rule.
     rule_devs: Vec<Dev>,
-    plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    plans: Mutex<HashMap<PlanKey, Planned>>,
     /// Graph inputs whose values (not only types) specialise the model: small integer
     /// inputs that feed shapes, axes or pads. Found on the first run that needs them.
     by_value: Mutex<Vec<usize>>,
@@ -109,6 +109,74 @@ pub struct Session {
     workers: threads::Workers,
     /// Tuned kernel choices: lookups of the plans, and what `tune` measured.
     choices: Choices,
+}
+
+/// The plan of one input signature.
+#[derive(Clone)]
+enum Planned {
+    /// Every output type follows from the input types: one plan.
+    Whole(Arc<Plan>),
+    /// Some node's output types depend on values computed at run time: stages.
+    Staged(Arc<Staged>),
+}
+
+/// A stage of a model with data-dependent output types (NonMaxSuppression, NonZero,
+/// Loop's scan outputs, ...): the steps up to the first node whose output types need
+/// values computed at run time (the barrier). Each run executes the stage, runs the
+/// barrier on the host with the values it needs, then the stage that follows, planned
+/// for the types the barrier produced (and cached by them).
+struct Staged {
+    /// The session graph with this stage's inputs (values computed before it or the
+    /// graph's inputs) and outputs (what the rest and the graph outputs need).
+    view: Graph,
+    plan: Plan,
+    /// Known values (weights, folded values) the rest or the graph outputs read.
+    constants: Arc<HashMap<ValueId, Tensor>>,
+    next: Option<Next>,
+}
+
+impl Planned {
+    /// The one plan; staged models are refused with what they need (`what` says what
+    /// was asked for).
+    fn whole(&self, graph: &Graph, what: &str) -> Result<&Arc<Plan>> {
+        match self {
+            Planned::Whole(p) => Ok(p),
+            Planned::Staged(s) => {
+                let barrier = s.next.as_ref().map_or_else(String::new, |n| format!(": node {} has output types that depend on values computed at run time", graph.nodes[n.barrier].label()));
+                Err(RuntimeError::Unsupported { node: graph.name.clone(), what: format!("{what} of a model that runs in stages is not supported yet{barrier}") })
+            }
+        }
+    }
+
+    fn kernel_records(&self) -> Vec<gpu::KernelRecord> {
+        match self {
+            Planned::Whole(p) => p.kernel_records(),
+            Planned::Staged(s) => s.kernel_records(),
+        }
+    }
+}
+
+impl Staged {
+    fn kernel_records(&self) -> Vec<gpu::KernelRecord> {
+        let mut out = self.plan.kernel_records();
+        if let Some(next) = &self.next {
+            if let Ok(stages) = next.stages.lock() {
+                for s in stages.values() {
+                    out.extend(s.kernel_records());
+                }
+            }
+        }
+        out
+    }
+}
+
+struct Next {
+    /// The node run on the host between this stage and the next.
+    barrier: NodeId,
+    /// Where the next stage starts in the session's order.
+    rest: usize,
+    /// The next stage per type of the values it reads.
+    stages: Mutex<HashMap<Vec<TensorType>, Arc<Staged>>>,
 }
 
 /// What a specialisation depends on: input types, and the values of inputs bound by value.
@@ -266,7 +334,7 @@ impl Session {
         Ok((out, types))
     }
 
-    fn plan(&self, tensors: &[&Tensor], types: Vec<TensorType>) -> Result<(Arc<Plan>, bool)> {
+    fn plan(&self, tensors: &[&Tensor], types: Vec<TensorType>) -> Result<(Planned, bool)> {
         loop {
             let bound = self.by_value.lock().map_err(|_| poisoned())?.clone();
             let key = PlanKey { types: types.clone(), values: bound.iter().map(|&i| (i, tensors[i].clone())).collect() };
@@ -289,7 +357,14 @@ impl Session {
                     };
                     let bindable = !found.is_empty() && found.iter().all(|&i| !bound.contains(&i) && small(i));
                     if !bindable {
-                        return Err(error.into());
+                        // Computed at run time: the model runs in stages.
+                        log::info!("'{}' runs in stages: {error}", self.graph.name);
+                        let known: Vec<(ValueId, TensorType)> = self.graph.inputs.iter().copied().zip(types.iter().cloned()).collect();
+                        let consts: HashMap<ValueId, Tensor> = bound.iter().map(|&i| (self.graph.inputs[i], tensors[i].clone())).collect();
+                        let staged = Planned::Staged(Arc::new(self.workers.run(|| self.build_stage(0, &known, &consts))?));
+                        let mut plans = self.plans.lock().map_err(|_| poisoned())?;
+                        let p = plans.entry(key).or_insert(staged).clone();
+                        return Ok((p, true));
                     }
                     let mut by_value = self.by_value.lock().map_err(|_| poisoned())?;
                     for i in found {
@@ -314,9 +389,83 @@ impl Session {
                 spec.folded
             );
             let mut plans = self.plans.lock().map_err(|_| poisoned())?;
-            let p = plans.entry(key).or_insert(plan).clone();
+            let p = plans.entry(key).or_insert(Planned::Whole(plan)).clone();
             return Ok((p, true));
         }
+    }
+
+    /// The stage from position `start` of the session's order, for values of these
+    /// types (and these known values).
+    fn build_stage(&self, start: usize, known: &[(ValueId, TensorType)], values: &HashMap<ValueId, Tensor>) -> Result<Staged> {
+        let stage = infer::specialize_stage(&self.graph, &self.ops, &self.order[start..], known, values, self.limits)?;
+        let spec = stage.spec;
+        // The stage's view: it reads what it was given, and hands on what the rest needs.
+        let mut later: std::collections::HashSet<ValueId> = self.graph.outputs.iter().copied().collect();
+        if let Some((pos, _)) = &stage.barrier {
+            for &n in &self.order[start + pos..] {
+                later.extend(self.graph.nodes[n].inputs.iter().flatten().copied());
+            }
+        }
+        let mut view = self.graph.clone();
+        view.inputs = known.iter().map(|(v, _)| *v).filter(|v| !spec.constants.contains_key(v)).collect();
+        let mut outputs: Vec<ValueId> = spec.steps.iter().flat_map(|s| s.outputs.iter().copied()).filter(|v| later.contains(v)).collect();
+        outputs.sort_unstable();
+        outputs.dedup();
+        view.outputs = outputs;
+        let constants: HashMap<ValueId, Tensor> = spec.constants.iter().filter(|(v, _)| later.contains(v)).map(|(v, t)| (*v, t.clone())).collect();
+        let plan = self.build_plan_on(&view, &spec)?;
+        let next = stage.barrier.map(|(pos, _)| Next { barrier: self.order[start + pos], rest: start + pos + 1, stages: Mutex::default() });
+        Ok(Staged { view, plan, constants: Arc::new(constants), next })
+    }
+
+    /// Runs a staged model: each stage, the barrier after it on the host, and so on.
+    fn run_staged(&self, first: &Arc<Staged>, tensors: &[&Tensor]) -> Result<(Vec<Tensor>, usize, usize)> {
+        let mut env: HashMap<ValueId, Tensor> = self.graph.inputs.iter().zip(tensors).map(|(&v, &t)| (v, t.clone())).collect();
+        let (mut kernels, mut submits) = (0, 0);
+        let mut stage = first.clone();
+        loop {
+            let ins: Vec<&Tensor> = stage.view.inputs.iter().map(|v| env.get(v).ok_or_else(|| self.missing(*v))).collect::<Result<_>>()?;
+            let run = || stage.plan.run(&stage.view, &self.ops, &ins);
+            let (outs, k, s) = if stage.plan.serial { self.workers.run_here(run)? } else { self.workers.run(run)? };
+            kernels += k;
+            submits += s;
+            let outs: Vec<(ValueId, Tensor)> = stage.view.outputs.iter().copied().zip(outs).collect();
+            env.extend(outs);
+            for (v, t) in stage.constants.iter() {
+                env.entry(*v).or_insert_with(|| t.clone());
+            }
+            let Some(next) = &stage.next else { break };
+            // The barrier, on the host, with every input known.
+            let node = &self.graph.nodes[next.barrier];
+            let known: HashMap<ValueId, Tensor> = node.inputs.iter().flatten().map(|v| env.get(v).cloned().map(|t| (*v, t)).ok_or_else(|| self.missing(*v))).collect::<Result<_>>()?;
+            let outs = infer::evaluate(&self.graph, &self.ops, next.barrier, &known, self.limits)?;
+            env.extend(node.outputs.iter().copied().zip(outs));
+            // The next stage, for the types of the values it reads.
+            let mut reads: Vec<ValueId> = vec![];
+            for &n in &self.order[next.rest..] {
+                reads.extend(self.graph.nodes[n].inputs.iter().flatten().copied().filter(|v| env.contains_key(v) && !self.graph.initializers.contains_key(v)));
+            }
+            reads.extend(self.graph.outputs.iter().copied().filter(|v| env.contains_key(v)));
+            reads.sort_unstable();
+            reads.dedup();
+            let known: Vec<(ValueId, TensorType)> = reads.iter().map(|v| (*v, TensorType::new(env[v].dtype(), env[v].dims()))).collect();
+            let key: Vec<TensorType> = known.iter().map(|(_, t)| t.clone()).collect();
+            let cached = next.stages.lock().map_err(|_| poisoned())?.get(&key).cloned();
+            let following = match cached {
+                Some(s) => s,
+                None => {
+                    let built = Arc::new(self.workers.run(|| self.build_stage(next.rest, &known, &HashMap::new()))?);
+                    next.stages.lock().map_err(|_| poisoned())?.entry(key).or_insert(built).clone()
+                }
+            };
+            stage = following;
+        }
+        let outs = self.graph.outputs.iter().map(|v| env.get(v).cloned().ok_or_else(|| self.missing(*v))).collect::<Result<_>>()?;
+        Ok((outs, kernels, submits))
+    }
+
+    fn missing(&self, v: ValueId) -> RuntimeError {
+        RuntimeError::Unsupported { node: self.graph.values[v].name.clone(), what: "the value is needed before it is computed (staged run)".into() }
     }
 
     /// Runs the model. Inputs by name; outputs in the model's output order.
@@ -328,6 +477,13 @@ impl Session {
     pub fn run_with_stats(&self, inputs: &[(&str, &Tensor)]) -> Result<(Vec<Tensor>, RunStats)> {
         let (tensors, types) = self.bind(inputs)?;
         let (plan, specialized) = self.plan(&tensors, types)?;
+        let plan = match plan {
+            Planned::Whole(p) => p,
+            Planned::Staged(first) => {
+                let (outs, kernels, submits) = self.run_staged(&first, &tensors)?;
+                return Ok((outs, RunStats { kernels, submits, folded_nodes: first.plan.folded, specialized, memory: None }));
+            }
+        };
         let run = || plan.run(&self.graph, &self.ops, &tensors);
         let (outs, kernels, submits) = if plan.serial { self.workers.run_here(run)? } else { self.workers.run(run)? };
         Ok((outs, RunStats { kernels, submits, folded_nodes: plan.folded, specialized, memory: plan.memory() }))
@@ -342,14 +498,19 @@ impl Session {
 impl Session {
     /// The plan of a specialisation: its steps placed (once), then planned per segment.
     fn build_plan(&self, spec: &Specialized) -> Result<Plan> {
+        self.build_plan_on(&self.graph, spec)
+    }
+
+    /// [`Session::build_plan`] over a view of the graph (a stage's inputs and outputs).
+    fn build_plan_on(&self, graph: &Graph, spec: &Specialized) -> Result<Plan> {
         let on = Devices { rules: &self.placement, rule_devs: &self.rule_devs, has_main_gpu: matches!(self.backend, Backend::Gpu), auto: self.auto_place };
-        let placed = placement::place(&self.graph, &self.ops, spec, &on)?;
+        let placed = placement::place(graph, &self.ops, spec, &on)?;
         let on_cpu = placed.devices.iter().filter(|d| **d == Dev::Cpu).count();
-        let plan = Plan::build(&self.graph, &self.ops, spec, placed, &self.gpus, self.limits, &self.choices)?;
+        let plan = Plan::build(graph, &self.ops, spec, placed, &self.gpus, self.limits, &self.choices)?;
         if plan.segment_count() > 1 {
             log::info!(
                 "'{}' runs in {} segments: {} steps on the CPU, {} on GPUs",
-                self.graph.name,
+                graph.name,
                 plan.segment_count(),
                 on_cpu,
                 spec.steps.len() - on_cpu
@@ -443,6 +604,7 @@ impl Session {
     pub fn report(&self, inputs: &[(&str, &Tensor)]) -> Result<Vec<NodeReport>> {
         let (tensors, types) = self.bind(inputs)?;
         let (plan, _) = self.plan(&tensors, types.clone())?;
+        let plan = plan.whole(&self.graph, "a per-node report")?;
         let devices: HashMap<NodeId, String> = plan.devices.iter().map(|&(n, d)| (n, self.dev_name(d))).collect();
         let bound = self.by_value.lock().map_err(|_| poisoned())?.clone();
         let mut values: Vec<Option<&Tensor>> = vec![None; tensors.len()];
@@ -488,7 +650,7 @@ impl Session {
     fn profile_on_pool(&self, inputs: &[(&str, &Tensor)], runs: usize) -> Result<Vec<NodeProfile>> {
         let (tensors, types) = self.bind(inputs)?;
         let (plan, _) = self.plan(&tensors, types)?;
-        let Some(p) = plan.cpu_only() else {
+        let Some(p) = plan.whole(&self.graph, "a per-node profile")?.cpu_only() else {
             return Err(RuntimeError::Unsupported { node: "profile".into(), what: "per-node profiles are measured on the CPU backend only".into() });
         };
         let mut times: HashMap<usize, f64> = HashMap::new();

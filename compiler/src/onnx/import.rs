@@ -90,10 +90,49 @@ pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, opti
     }
     let opsets = check_model(&model, source_name)?;
     let gp = model.graph.ok_or_else(|| ImportError::NoGraph(source_name.to_string()))?;
+    let mut ext = ExternalFiles::new(base_dir);
+    let Built { graph, problems, invalid, captures } = build_graph(gp, &opsets, &mut ext)?;
+    // The main graph has no outer scope: a value it reads from one is dangling.
+    if let Some(name) = captures.first() {
+        let v = graph.find_value(name).expect("captured values are named");
+        let reader = graph.nodes.iter().find(|n| n.inputs.contains(&Some(v)));
+        return Err(match reader {
+            Some(n) => GraphError::DanglingInput { node: n.name.clone(), op: n.op_type.clone(), value: name.clone() },
+            None => GraphError::DanglingOutput(name.clone()),
+        }
+        .into());
+    }
+    graph.validate()?;
+    match options.registry {
+        Some(registry) => check_nodes(&graph, registry, problems, invalid)?,
+        None if !invalid.is_empty() => return Err(ImportError::InvalidNodes(invalid)),
+        None => {
+            for (n, what) in problems {
+                log::warn!("node {}: {what}", graph.nodes[n].label());
+            }
+        }
+    }
+    Ok(graph)
+}
+
+/// A graph as read, with what is wrong with its nodes and the names it reads from
+/// enclosing scopes.
+struct Built {
+    graph: Graph,
+    problems: Vec<(NodeId, String)>,
+    invalid: Vec<NodeProblem>,
+    /// Names read but not defined here (the enclosing graph's values), in order of first
+    /// use; they have been appended to the graph's inputs.
+    captures: Vec<String>,
+}
+
+/// Reads one graph: the model's, or a subgraph attribute's. A subgraph is made closed:
+/// the outer values it reads become extra inputs after its declared ones (see
+/// [`kiln_graph::Attr::Graph`]), and the node that holds it gets them as extra inputs.
+fn build_graph(gp: super::proto::GraphProto, opsets: &HashMap<String, i64>, ext: &mut ExternalFiles) -> Result<Built, ImportError> {
     let mut b = Builder::new(&gp.name);
     b.graph.opsets = opsets.clone();
     b.reserve_symbols(gp.input.iter().chain(&gp.output).chain(&gp.value_info));
-    let mut ext = ExternalFiles::new(base_dir);
 
     for tp in gp.initializer {
         if tp.name.is_empty() {
@@ -102,7 +141,7 @@ pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, opti
         if b.by_name.contains_key(&tp.name) {
             return Err(ImportError::Invalid(format!("two initializers are named '{}'", tp.name)));
         }
-        let t = convert(&tp, &mut ext)?;
+        let t = convert(&tp, ext)?;
         let v = b.named(&tp.name);
         b.graph.values[v].ty = Some(ValueType::new(t.dtype(), t.dims()));
         b.graph.initializers.insert(v, t);
@@ -134,7 +173,7 @@ pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, opti
         if np.op_type.is_empty() {
             return Err(ImportError::Invalid(format!("node '{name}' has no op_type")));
         }
-        let spec_problems = node_problems(np, &name, &opsets);
+        let spec_problems = node_problems(np, &name, opsets);
         let mut reported = !spec_problems.is_empty();
         invalid.extend(spec_problems.into_iter().map(|problem| NodeProblem {
             node: name.clone(),
@@ -143,7 +182,7 @@ pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, opti
             problem,
         }));
         if !reported && np.op_type == "Constant" && canonical_domain(&np.domain).is_empty() && np.output.len() == 1 {
-            match constant_value(&np.attribute, &mut ext) {
+            match constant_value(&np.attribute, ext) {
                 Ok(t) => {
                     b.fold_constant(np, &name, t)?;
                     continue;
@@ -155,8 +194,33 @@ pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, opti
             }
         }
         let mut attrs = Attributes::new();
+        // The subgraphs' outer values, in order of first use over all of them.
+        let mut captures: Vec<String> = vec![];
+        // (attribute, the subgraph's declared input count)
+        let mut subgraphs: Vec<(String, usize)> = vec![];
         for a in &np.attribute {
-            match convert_attr(a, &mut ext) {
+            if super::attrs::kind(a) == super::proto::attribute_type::GRAPH && a.ref_attr_name.is_empty() {
+                let Some(g) = a.g.clone() else {
+                    problems.push((b.graph.nodes.len(), format!("attribute '{}' is a GRAPH but holds none", a.name)));
+                    continue;
+                };
+                let sub = build_graph(g, opsets, ext)?;
+                for (n, what) in sub.problems {
+                    problems.push((b.graph.nodes.len(), format!("subgraph '{}', node {}: {what}", a.name, sub.graph.nodes[n].label())));
+                }
+                for p in sub.invalid {
+                    problems.push((b.graph.nodes.len(), format!("subgraph '{}', node '{}' ({}): {}", a.name, p.node, p.op_type, p.problem)));
+                }
+                for c in &sub.captures {
+                    if !captures.contains(c) {
+                        captures.push(c.clone());
+                    }
+                }
+                subgraphs.push((a.name.clone(), sub.graph.inputs.len() - sub.captures.len()));
+                attrs.insert(a.name.clone(), kiln_graph::Attr::Graph(std::sync::Arc::new(sub.graph)));
+                continue;
+            }
+            match convert_attr(a, ext) {
                 Ok(v) => {
                     attrs.insert(a.name.clone(), v);
                 }
@@ -164,7 +228,20 @@ pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, opti
                 Err(_) => {}
             }
         }
-        let inputs = np.input.iter().map(|i| (!i.is_empty()).then(|| b.named(i))).collect();
+        // Every subgraph of the node takes all of the node's captured values, in one order.
+        for (attr, declared) in &subgraphs {
+            if let Some(kiln_graph::Attr::Graph(g)) = attrs.get_mut(attr) {
+                let g = std::sync::Arc::make_mut(g);
+                let own: Vec<ValueId> = g.inputs.split_off(*declared);
+                for c in &captures {
+                    let v = own.iter().copied().find(|&v| &g.values[v].name == c).unwrap_or_else(|| g.add_value(c.clone(), None));
+                    g.inputs.push(v);
+                }
+                g.outer_inputs = captures.len();
+            }
+        }
+        let mut inputs: Vec<Option<ValueId>> = np.input.iter().map(|i| (!i.is_empty()).then(|| b.named(i))).collect();
+        inputs.extend(captures.iter().map(|c| Some(b.named(c))));
         // Trailing omitted outputs are dropped; omitted outputs in between get a
         // private value that nothing can read.
         let n_out = np.output.iter().rposition(|o| !o.is_empty()).map_or(0, |i| i + 1);
@@ -201,18 +278,27 @@ pub fn build(model: ModelProto, source_name: &str, base_dir: Option<&Path>, opti
         }
     }
 
-    let graph = b.graph;
-    graph.validate()?;
-    match options.registry {
-        Some(registry) => check_nodes(&graph, registry, problems, invalid)?,
-        None if !invalid.is_empty() => return Err(ImportError::InvalidNodes(invalid)),
-        None => {
-            for (n, what) in problems {
-                log::warn!("node {}: {what}", graph.nodes[n].label());
-            }
+    // Values read here but defined nowhere here come from an enclosing scope.
+    let mut graph = b.graph;
+    let mut defined = vec![false; graph.values.len()];
+    for &v in graph.inputs.iter().chain(graph.initializers.keys()) {
+        defined[v] = true;
+    }
+    for n in &graph.nodes {
+        for &o in &n.outputs {
+            defined[o] = true;
         }
     }
-    Ok(graph)
+    let mut captures = vec![];
+    let read = graph.nodes.iter().flat_map(|n| n.inputs.iter().flatten().copied()).chain(graph.outputs.iter().copied()).collect::<Vec<_>>();
+    for v in read {
+        if !defined[v] {
+            defined[v] = true;
+            captures.push(graph.values[v].name.clone());
+            graph.inputs.push(v);
+        }
+    }
+    Ok(Built { graph, problems, invalid, captures })
 }
 
 /// Node names: the file's, or `{op_type}_{index}` (made unique) for unnamed nodes.

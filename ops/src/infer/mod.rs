@@ -16,7 +16,7 @@ mod walk;
 
 pub use error::InferError;
 pub use symbolic::{check as check_symbolic, value_types, SymbolicShapes};
-pub use walk::{specialize, Limits, SpecializeError, Specialized, Step};
+pub use walk::{evaluate, specialize, specialize_stage, Limits, SpecializeError, Specialized, Stage, Step};
 
 use crate::{NodeSpec, Op, Registry};
 use kiln_graph::Graph;
@@ -30,7 +30,7 @@ pub fn create_ops(graph: &Graph, registry: &Registry) -> Result<Vec<Box<dyn Op>>
     let mut errors: Vec<(String, String)> = vec![];
     for node in &graph.nodes {
         let opset = graph.opsets.get(&node.domain).copied().unwrap_or(opset);
-        match registry.create(&NodeSpec::new(node, opset)) {
+        match registry.create(&NodeSpec::new(node, opset).with_registry(registry)) {
             Ok(op) => ops.push(op),
             Err(e) => errors.push((format!("node '{}' ({})", node.name, node.op_type), e.to_string())),
         }

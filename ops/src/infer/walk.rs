@@ -126,6 +126,20 @@ impl Walk {
         Walk { types, constants, limits, folded_bytes: 0 }
     }
 
+    /// A walk that starts from values of known types (and some known values) instead
+    /// of the graph's inputs; the graph's weights are known too.
+    pub(crate) fn from_known(graph: &Graph, types: &[(ValueId, TensorType)], values: &HashMap<ValueId, Tensor>, limits: Limits) -> Walk {
+        let mut walk = Walk::new(graph, &[], &[], limits);
+        for (v, t) in types {
+            walk.types[*v] = Some(t.clone());
+        }
+        for (v, t) in values {
+            walk.types[*v] = Some(TensorType::new(t.dtype(), t.dims()));
+            walk.constants.insert(*v, t.clone());
+        }
+        walk
+    }
+
     /// Infers (and where possible folds) every node in `order`; returns the nodes left to
     /// run and the number folded, or the node that failed and why.
     #[allow(clippy::type_complexity)]
@@ -244,6 +258,83 @@ pub fn specialize(
     steps.reverse();
     constants.retain(|v, _| needed[*v]);
     Ok(Specialized { types, constants, steps, folded })
+}
+
+/// A specialisation of part of a graph: the nodes of `order` up to the first whose output
+/// types need values that are only computed at run time (see [`specialize_stage`]).
+#[derive(Debug)]
+pub struct Stage {
+    pub spec: Specialized,
+    /// The position in `order` of the node the stage stopped at, and why it stopped.
+    pub barrier: Option<(usize, InferError)>,
+}
+
+/// Specialises the nodes of `order` (in order) from values of known types (`types`)
+/// and known values (`values`, plus the graph's weights), stopping before the first
+/// node that needs an input value nobody knows yet. The steps kept are those that the
+/// graph's outputs, or the nodes from the barrier on, need; so are the constants.
+pub fn specialize_stage(
+    graph: &Graph,
+    ops: &[Box<dyn Op>],
+    order: &[NodeId],
+    types: &[(ValueId, TensorType)],
+    values: &HashMap<ValueId, Tensor>,
+    limits: Limits,
+) -> Result<Stage, InferError> {
+    let mut walk = Walk::from_known(graph, types, values, limits);
+    let mut live = vec![];
+    let mut folded = 0;
+    let mut barrier = None;
+    for (pos, &n) in order.iter().enumerate() {
+        match walk.node(graph, ops, n) {
+            Ok(true) => folded += 1,
+            Ok(false) => {
+                let node = &graph.nodes[n];
+                live.push(Step { node: n, inputs: node.inputs.clone(), outputs: node.outputs.clone() })
+            }
+            Err(SpecializeError::NeedsValue { error, .. }) => {
+                barrier = Some((pos, error));
+                break;
+            }
+            Err(SpecializeError::Other(e)) => return Err(e),
+        }
+    }
+    let Walk { types, mut constants, .. } = walk;
+    let mut needed = vec![false; graph.values.len()];
+    for &o in &graph.outputs {
+        needed[o] = true;
+    }
+    if let Some((pos, _)) = &barrier {
+        for &n in &order[*pos..] {
+            for v in graph.nodes[n].inputs.iter().flatten() {
+                needed[*v] = true;
+            }
+        }
+    }
+    let mut steps = vec![];
+    for s in live.into_iter().rev() {
+        if s.outputs.iter().any(|&o| needed[o]) {
+            for v in s.inputs.iter().flatten() {
+                needed[*v] = true;
+            }
+            steps.push(s);
+        }
+    }
+    steps.reverse();
+    constants.retain(|v, _| needed[*v]);
+    Ok(Stage { spec: Specialized { types, constants, steps, folded }, barrier })
+}
+
+/// Evaluates node `n` on the host from the known values of its inputs (its op's CPU
+/// kernel, or what it computes from types); returns its outputs, in order.
+pub fn evaluate(graph: &Graph, ops: &[Box<dyn Op>], n: NodeId, values: &HashMap<ValueId, Tensor>, limits: Limits) -> Result<Vec<Tensor>, InferError> {
+    let mut walk = Walk::from_known(graph, &[], values, limits);
+    let node = &graph.nodes[n];
+    let folded = walk.node(graph, ops, n).map_err(SpecializeError::into_error)?;
+    if !folded {
+        return Err(InferError::node(node, OpError::Unsupported("evaluating the node on the host (its output types depend on values computed at run time) needs a CPU kernel".into())));
+    }
+    Ok(node.outputs.iter().map(|o| walk.constants.remove(o).expect("a folded node's outputs are known")).collect())
 }
 
 /// The graph inputs (indices) that value `v` depends on through values not yet known.

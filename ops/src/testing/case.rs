@@ -242,5 +242,6 @@ fn attr_text(a: &Attr) -> String {
         Attr::Ints(v) => format!("{v:?}"),
         Attr::Floats(v) => format!("{v:?}"),
         Attr::Strings(v) => format!("{v:?}"),
+        Attr::Graph(g) => format!("graph '{}' ({} nodes)", g.name, g.nodes.len()),
     }
 }
