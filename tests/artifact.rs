@@ -25,8 +25,10 @@ fn compile_for(model: &str, device: &str, extra: &[&str]) -> PathBuf {
 }
 
 #[test]
-fn compiled_transformers_match_onnxruntime_on_both_backends() {
-    for model in ["bert_tiny", "gpt2_tiny"] {
+fn compiled_models_match_onnxruntime_on_both_backends() {
+    // control_flow: subgraph attributes (If, Loop, Scan) with outer values and their own
+    // weights survive the round trip.
+    for model in ["bert_tiny", "gpt2_tiny", "control_flow"] {
         let path = compile(model, &[]);
         let dir = zoo().join(model);
         for (name, device) in backends() {

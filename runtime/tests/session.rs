@@ -390,3 +390,46 @@ fn sizes_beyond_memory_are_named_errors() {
     let y = Session::new(expand(vec![1024, 1024]), opts).unwrap().run(&[("x", &x)]).unwrap();
     assert_eq!(y[0].dims(), &[1024, 1024]);
 }
+
+/// y = Gather(x * 2, NonZero(Relu(x))[1]) + 1 for x: [1, n]: NonZero's output length
+/// depends on values computed at run time, so the model runs in stages (NonZero on the
+/// host between them); every stage is planned once per type and reused.
+fn data_dependent_graph() -> kiln_graph::Graph {
+    let mut b = GraphBuilder::new("staged");
+    let x = b.input("x", DType::F32, kiln_graph::Shape(vec![1usize.into(), "n".into()]));
+    let r = b.node("Relu", &[x], &[]);
+    let nz = b.node("NonZero", &[r], &[]);
+    let one = b.constant("one", Tensor::from_vec(&[1], vec![1i64]).unwrap());
+    let two = b.constant("two", Tensor::from_vec(&[1], vec![2i64]).unwrap());
+    let zero = b.constant("zero", Tensor::from_vec(&[1], vec![0i64]).unwrap());
+    let cols = b.node("Slice", &[nz, one, two, zero], &[]);
+    let cols = b.node("Squeeze", &[cols, zero], &[]);
+    let k = b.constant("k", Tensor::scalar(2f32));
+    let x2 = b.node("Mul", &[x, k], &[]);
+    let g = b.node("Gather", &[x2, cols], &[("axis", Attr::Int(1))]);
+    let c1 = b.constant("c1", Tensor::scalar(1f32));
+    let y = b.node("Add", &[g, c1], &[]);
+    b.rename(y, "y");
+    b.output(y);
+    let mut g = b.finish().unwrap();
+    g.opsets.insert(String::new(), 17);
+    g
+}
+
+#[test]
+fn data_dependent_shapes_run_in_stages_on_every_device() {
+    for dev in devices() {
+        let s = Session::new(data_dependent_graph(), SessionOptions::device(dev.choice.clone())).unwrap();
+        // 24 values: more than a float input bound by value may hold.
+        for (k, seed) in [1u64, 2, 1, 3].into_iter().enumerate() {
+            let x = rand_f32(&[1, 24], seed);
+            let xs = x.as_slice::<f32>().unwrap().to_vec();
+            let (out, stats) = s.run_with_stats(&[("x", &x)]).unwrap_or_else(|e| panic!("{}: {e}", dev.label));
+            let want: Vec<f32> = xs.iter().filter(|v| **v > 0.0).map(|v| v * 2.0 + 1.0).collect();
+            assert_eq!(out[0].dims(), &[1, want.len()], "{} run {k}", dev.label);
+            assert_eq!(out[0].as_slice::<f32>().unwrap(), want.as_slice(), "{} run {k}", dev.label);
+            // The first stage is planned on the first run only.
+            assert_eq!(stats.specialized, k == 0, "{} run {k}", dev.label);
+        }
+    }
+}

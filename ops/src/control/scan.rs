@@ -1,9 +1,11 @@
-//! Scan (opset 9+): runs `body` once per slice of the scan inputs, threading N state
-//! values through. Inputs: N initial states, M scan inputs (`num_scan_inputs`), then
-//! the enclosing graph's values the body reads. The body takes (N states, one slice of
-//! each scan input, outer values) and returns (N states, K scan output elements); the
-//! node returns the N final states and the K elements stacked. Axes and directions per
-//! scan input and output are attributes.
+//! Scan: runs `body` once per slice of the scan inputs, threading N state values
+//! through. Inputs: N initial states, M scan inputs (`num_scan_inputs`), then the
+//! enclosing graph's values the body reads. The body takes (N states, one slice of each
+//! scan input, outer values) and returns (N states, K scan output elements); the node
+//! returns the N final states and the K elements stacked. Axes and directions per scan
+//! input and output are attributes. Opset 8's Scan has a leading batch axis on every
+//! state and scan input, scans axis 1, and takes `sequence_lens` first: it runs as one
+//! opset-9 scan per batch item (sequences of the full length only).
 use super::{stack, store, take, Body};
 use crate::cpu::CpuKernel;
 use crate::op::norm_axis;
@@ -21,6 +23,8 @@ pub struct Scan {
     input_reverse: Vec<bool>,
     output_axes: Vec<i64>,
     output_reverse: Vec<bool>,
+    /// Opset 8: a batch axis first, and `sequence_lens` as input 0.
+    batched: bool,
 }
 
 fn per_item(spec: &NodeSpec, name: &str, n: usize) -> Result<Vec<i64>> {
@@ -44,9 +48,7 @@ fn directions(spec: &NodeSpec, name: &str, n: usize) -> Result<Vec<bool>> {
 
 impl Scan {
     pub fn parse(spec: &NodeSpec) -> Result<Scan> {
-        if spec.opset < 9 {
-            return Err(OpError::Unsupported("Scan before opset 9 (with a batch axis and sequence_lens)".into()));
-        }
+        let batched = spec.opset < 9;
         let body = Body::parse(spec, "body")?;
         let scan_inputs = spec.int_opt("num_scan_inputs")?.ok_or_else(|| spec.bad("num_scan_inputs", "required"))?;
         let declared = body.declared();
@@ -59,8 +61,21 @@ impl Scan {
             return Err(OpError::invalid(format!("Scan's body returns its {states} states first; it returns {} outputs", body.n_outputs())));
         }
         let scan_outputs = body.n_outputs() - states;
-        if spec.n_inputs() != body.n_inputs() {
+        if spec.n_inputs() != body.n_inputs() + batched as usize {
             return Err(OpError::invalid(format!("the node has {} inputs, its body {}", spec.n_inputs(), body.n_inputs())));
+        }
+        if batched {
+            return Ok(Scan {
+                states,
+                scan_inputs,
+                scan_outputs,
+                input_axes: vec![0; scan_inputs],
+                input_reverse: directions(spec, "directions", scan_inputs)?,
+                output_axes: vec![0; scan_outputs],
+                output_reverse: vec![false; scan_outputs],
+                batched,
+                body,
+            });
         }
         Ok(Scan {
             states,
@@ -70,6 +85,7 @@ impl Scan {
             input_reverse: directions(spec, "scan_input_directions", scan_inputs)?,
             output_axes: per_item(spec, "scan_output_axes", scan_outputs)?,
             output_reverse: directions(spec, "scan_output_directions", scan_outputs)?,
+            batched,
             body,
         })
     }
@@ -136,6 +152,41 @@ impl Scan {
         Ok(result)
     }
 
+    /// Opset 8: one scan per batch item, the results stacked along the batch axis.
+    fn run_batched(&self, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+        let rest = &inputs[1..];
+        let all: Vec<&Tensor> = rest.iter().enumerate().map(|(i, t)| t.ok_or_else(|| OpError::input(i + 1, "required"))).collect::<Result<_>>()?;
+        let batch = self.batch(&all.iter().map(|t| t.dims()).collect::<Vec<_>>())?;
+        if let Some(lens) = inputs[0] {
+            let full = all[self.states].dims()[1] as i64;
+            if lens.to_i64_vec()?.iter().any(|&l| l != full) {
+                return Err(OpError::Unsupported(format!("Scan (opset 8) with sequence_lens shorter than the scan inputs' length {full}")));
+            }
+        }
+        let mut per_item: Vec<Vec<Tensor>> = vec![];
+        for b in 0..batch {
+            let items: Vec<Tensor> = all[..self.states + self.scan_inputs].iter().map(|t| take(t, 0, b)).collect::<Result<_>>()?;
+            let args: Vec<Option<&Tensor>> = items.iter().map(Some).chain(all[self.states + self.scan_inputs..].iter().map(|t| Some(*t))).collect();
+            per_item.push(self.run_scan(&args)?);
+        }
+        (0..self.states + self.scan_outputs)
+            .map(|k| stack(&per_item.iter().map(|o| o[k].clone()).collect::<Vec<_>>(), 0, &format!("output {k} of Scan")))
+            .collect()
+    }
+
+    /// The batch size every state and scan input of an opset-8 Scan shares.
+    fn batch(&self, dims: &[&[usize]]) -> Result<usize> {
+        let mut batch = None;
+        for (i, d) in dims[..self.states + self.scan_inputs].iter().enumerate() {
+            let Some(&b) = d.first() else { return Err(OpError::input(i + 1, "needs a batch axis (Scan before opset 9)")) };
+            if batch.is_some_and(|x| x != b) {
+                return Err(OpError::input(i + 1, format!("has batch size {b}, input 1 has {}", batch.unwrap_or(0))));
+            }
+            batch = Some(b);
+        }
+        batch.ok_or_else(|| OpError::invalid("Scan has no state or scan input"))
+    }
+
     /// Output types from input types (and values where known).
     fn types(&self, inputs: &[(TensorType, Option<&Tensor>)]) -> Result<Vec<TensorType>> {
         let (axes, len) = self.sequence(&inputs[self.states..self.states + self.scan_inputs].iter().map(|(t, _)| t.dims.as_slice()).collect::<Vec<_>>())?;
@@ -171,9 +222,26 @@ impl Op for Scan {
     }
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        let args: Vec<(TensorType, Option<&Tensor>)> =
-            inputs.iter().enumerate().map(|(i, a)| a.as_ref().map(|a| (a.ty.clone(), a.value)).ok_or_else(|| OpError::input(i, "required"))).collect::<Result<_>>()?;
-        self.types(&args)
+        let skip = self.batched as usize;
+        let args: Vec<(TensorType, Option<&Tensor>)> = inputs[skip..]
+            .iter()
+            .enumerate()
+            .map(|(i, a)| a.as_ref().map(|a| (a.ty.clone(), a.value)).ok_or_else(|| OpError::input(i + skip, "required")))
+            .collect::<Result<_>>()?;
+        if !self.batched {
+            return self.types(&args);
+        }
+        let batch = self.batch(&args.iter().map(|(t, _)| t.dims.as_slice()).collect::<Vec<_>>())?;
+        let items: Vec<(TensorType, Option<&Tensor>)> = args
+            .iter()
+            .enumerate()
+            .map(|(i, (t, v))| if i < self.states + self.scan_inputs { (TensorType::new(t.dtype, t.dims[1..].to_vec()), None) } else { (t.clone(), *v) })
+            .collect();
+        let mut out = self.types(&items)?;
+        for t in &mut out {
+            t.dims.insert(0, batch);
+        }
+        Ok(out)
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {
@@ -187,7 +255,7 @@ impl Op for Scan {
 
 impl CpuKernel for Scan {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        let outs = self.run_scan(inputs)?;
+        let outs = if self.batched { self.run_batched(inputs)? } else { self.run_scan(inputs)? };
         for (k, (o, t)) in outputs.iter_mut().zip(&outs).enumerate() {
             store(o, t, &format!("Scan's output {k}"))?;
         }
