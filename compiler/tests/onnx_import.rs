@@ -367,8 +367,8 @@ fn all_unsupported_ops_are_listed_at_once() {
 fn bad_attributes_are_listed_per_node() {
     let graph_attr = AttributeProto {
         name: "body".into(),
-        r#type: attribute_type::GRAPH,
-        g: Some(GraphProto::default()),
+        r#type: attribute_type::GRAPHS,
+        graphs: vec![GraphProto::default()],
         ..Default::default()
     };
     let m = M::new(vec![
@@ -381,7 +381,7 @@ fn bad_attributes_are_listed_per_node() {
     assert_eq!(list.len(), 2, "{e}");
     let msg = e.to_string();
     assert!(msg.contains("'lr1' (LeakyRelu)") && msg.contains("alpha"), "{msg}");
-    assert!(msg.contains("'sub' (Relu)") && msg.contains("subgraph"), "{msg}");
+    assert!(msg.contains("'sub' (Relu)") && msg.contains("list of subgraphs"), "{msg}");
     assert!(!msg.contains("lr2"), "{msg}");
 }
 
@@ -614,4 +614,51 @@ fn constant_that_cannot_fold_is_reported() {
     ]);
     let e = import(m).unwrap_err().to_string();
     assert!(e.contains("Constant"), "{e}");
+}
+
+/// A subgraph attribute named `name` whose graph computes `nodes` and returns `outputs`.
+fn graph_attr(name: &str, nodes: Vec<NodeProto>, outputs: &[&str]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::GRAPH,
+        g: Some(GraphProto {
+            name: format!("{name}_graph"),
+            node: nodes,
+            output: outputs.iter().map(|o| ValueInfoProto { name: o.to_string(), ..Default::default() }).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn subgraphs_read_outer_values_through_explicit_inputs() {
+    // If(c) then: y = x * w (w an outer initializer, x an outer input); else: y = Neg(x)
+    let then_b = graph_attr("then_branch", vec![node("Mul", "m", &["x", "w"], &["t"])], &["t"]);
+    let else_b = graph_attr("else_branch", vec![node("Neg", "n", &["x"], &["e"])], &["e"]);
+    let mut m = M::new(vec![with_attrs(node("If", "if", &["c"], &["y"]), vec![then_b, else_b])]);
+    m.inputs.push(tensor_vi("c", DType::Bool, &[]));
+    m.inits.push(raw("w", &Tensor::from_vec(&[3], vec![1.0f32, 2.0, 3.0]).unwrap()));
+    let g = import(m).unwrap();
+    let n = &g.nodes[0];
+    // The node reads the condition, then every outer value either branch reads.
+    let names: Vec<&str> = n.inputs.iter().map(|v| g.value_name(v.unwrap())).collect();
+    assert_eq!(names, ["c", "x", "w"]);
+    for attr in ["then_branch", "else_branch"] {
+        let Some(Attr::Graph(b)) = n.attrs.get(attr) else { panic!("{attr} is not a graph") };
+        assert_eq!(b.outer_inputs, 2, "{attr}");
+        let inputs: Vec<&str> = b.inputs.iter().map(|&v| b.value_name(v)).collect();
+        assert_eq!(inputs, ["x", "w"], "{attr}: every branch takes the same outer values in one order");
+        b.validate().unwrap();
+    }
+}
+
+#[test]
+fn a_subgraph_reading_an_unknown_value_is_a_dangling_input() {
+    let then_b = graph_attr("then_branch", vec![node("Mul", "m", &["x", "nowhere"], &["t"])], &["t"]);
+    let else_b = graph_attr("else_branch", vec![node("Neg", "n", &["x"], &["e"])], &["e"]);
+    let mut m = M::new(vec![with_attrs(node("If", "if", &["c"], &["y"]), vec![then_b, else_b])]);
+    m.inputs.push(tensor_vi("c", DType::Bool, &[]));
+    let e = import(m).unwrap_err().to_string();
+    assert!(e.contains("nowhere") && e.contains("'if'"), "{e}");
 }

@@ -60,9 +60,9 @@ pub(crate) fn convert_attr(a: &AttributeProto, ext: &mut ExternalFiles) -> Resul
             let t = a.t.as_ref().ok_or_else(|| format!("attribute '{name}' is a TENSOR but holds none"))?;
             Attr::Tensor(convert(t, ext).map_err(|e| format!("attribute '{name}': {e}"))?)
         }
-        at::GRAPH | at::GRAPHS => {
-            return Err(format!("attribute '{name}' is a subgraph ({}); subgraphs are not supported", at::name(code)))
-        }
+        // Subgraphs (GRAPH) are read by the importer, which makes them closed graphs.
+        at::GRAPH => return Err(format!("attribute '{name}' is a subgraph, which only the importer reads")),
+        at::GRAPHS => return Err(format!("attribute '{name}' is a list of subgraphs (GRAPHS), which Kiln does not support")),
         c => return Err(format!("attribute '{name}' has type {}, which Kiln does not support", at::name(c))),
     })
 }
