@@ -24,6 +24,7 @@ mod linalg;
 mod nn;
 mod quant;
 mod reduce;
+mod rnn;
 mod tensor;
 
 pub use cpu::CpuKernel;
