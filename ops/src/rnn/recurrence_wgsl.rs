@@ -297,7 +297,7 @@ pub(crate) fn generate<C: Cell>(op: &Recurrent<C>, inputs: &[Option<Arg>], outpu
 
     // 4. Y_h and Y_c.
     if outputs.len() >= 2 {
-        let mut buffers = vec![("work", "f32", true), ("yh", "f32", false)];
+        let mut buffers = vec![("work", "f32", false), ("yh", "f32", false)];
         let mut bindings = vec![Binding::Scratch(0), Binding::Output(1)];
         let last = w.h + (seq % 2) * units;
         let mut body = format!("{}{}    let o = {} + j;\n", w.unit_code(), w.len_code(), w.state_offset());
