@@ -112,3 +112,16 @@ fn f16_runs() {
     s.check(case("LSTM", "bidirectional", 0, (3, 2, 4, 5), true, Some(&[3, 1]), 80).with_floats_as(DType::F16), Tolerance::DEFAULT.with(DType::F16, 1e-2));
     s.finish();
 }
+
+/// A sequence length beyond the sequence is an error on every device, never a clamp.
+#[test]
+fn bad_sequence_lens_are_errors() {
+    for op in ["LSTM", "GRU", "RNN"] {
+        let (graph, feeds) = case(op, "forward", 0, (3, 2, 4, 5), true, Some(&[3, 7]), 90).graph();
+        for dev in devices() {
+            let err = dev.run(graph.clone(), &feeds).map(|_| ()).unwrap_err().to_string();
+            eprintln!("{op} on {}: {err}", dev.label);
+            assert!(err.contains(op) && err.contains('7'), "{op} on {}: {err}", dev.label);
+        }
+    }
+}
