@@ -151,7 +151,7 @@ pub(crate) fn run<C: Cell>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], output
             let mut outs: Vec<Tensor> = outputs.iter().map(|o| Tensor::try_zeros(DType::F32, o.dims())).collect::<std::result::Result<_, _>>()?;
             run_typed::<C, f32>(op, &refs, &mut outs)?;
             for (o, w) in outputs.iter_mut().zip(&outs) {
-                *o = Tensor::from_f64(o.dtype(), &o.dims().to_vec(), &w.to_f64_vec())?;
+                *o = Tensor::from_f64(o.dtype(), o.dims(), &w.to_f64_vec())?;
             }
             Ok(())
         }

@@ -2,7 +2,7 @@
 //! one batch row and one direction at a time, with their own activation functions;
 //! and the checks the op tests share (random cases against it, output subsets, dtypes,
 //! errors).
-use crate::testing::{rand, Case, Input};
+use crate::testing::{rand, run, tune, Case, Input};
 use kiln_graph::{Attr, DType, Tensor};
 
 #[derive(Clone, Copy, Debug)]
@@ -216,6 +216,7 @@ fn floats(attrs: &[(&str, Attr)], name: &str) -> Vec<f32> {
 
 /// A random case of `kind` (sizes `(seq, batch, input, hidden)`) and its reference
 /// problem.
+#[allow(clippy::too_many_arguments)]
 fn build(kind: Kind, direction: &str, layout: usize, (s, n, i, h): (usize, usize, usize, usize), opts: Opts, lens: Option<Vec<i32>>, attrs: &[(&str, Attr)], outputs: usize) -> (Case, Problem) {
     let dirs = if direction == "bidirectional" { 2 } else { 1 };
     let g = kind.gates();
@@ -282,6 +283,9 @@ fn assert_near(got: &Tensor, want: &[f64], tol: f64, what: &str) {
 pub(crate) fn check(kind: Kind, direction: &str, layout: usize, sizes: (usize, usize, usize, usize), opts: Opts, lens: Option<Vec<i32>>, attrs: &[(&str, Attr)]) {
     let (case, problem) = build(kind, direction, layout, sizes, opts, lens, attrs, kind.max_outputs());
     let want = problem.solve();
+    // The WGSL of other tunings validates too (the projection's tiles, the steps' workgroups).
+    let tunes = [tune(&[("workgroup", 256), ("rows_per_thread", 1), ("wg_x", 16), ("wg_y", 4)]), tune(&[("workgroup", 32), ("rows_per_thread", 8)])];
+    run(case.op().unwrap().as_ref(), &case.inputs, &tunes).unwrap_or_else(|e| panic!("{case}: {e}"));
     for (dtype, tol) in [(DType::F32, 3e-5), (DType::F64, 1e-12)] {
         let c = case.with_floats_as(dtype);
         let outs = c.run_cpu().unwrap_or_else(|e| panic!("{c}: {e}"));
