@@ -25,6 +25,7 @@ mod linalg;
 mod nn;
 mod quant;
 mod reduce;
+mod rnn;
 mod tensor;
 
 pub use cpu::CpuKernel;

@@ -48,6 +48,7 @@ impl Registry {
             crate::nn::register(&mut r);
             crate::quant::register(&mut r);
             crate::reduce::register(&mut r);
+            crate::rnn::register(&mut r);
             crate::tensor::register(&mut r);
             crate::fused::register(&mut r);
             r

@@ -10,8 +10,8 @@ mod matmul_integer;
 mod qlinear_matmul;
 pub mod microkernel;
 pub mod packed;
-mod product;
-mod product_wgsl;
+pub(crate) mod product;
+pub(crate) mod product_wgsl;
 
 pub use gemm::Gemm;
 pub use crate::elementwise::{BIAS_ATTR, RESIDUAL_ATTR};

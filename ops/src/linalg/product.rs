@@ -212,7 +212,7 @@ impl BatchedProduct {
         last_batch + (rows - 1) * l.rs + (cols - 1) * l.cs + 1
     }
 
-    fn run_float<T: gemm_scalar::Scalar>(&self, a: &[T], b: &[T], out: &mut [T], alpha: T, accumulate: bool) -> Result<()> {
+    pub(crate) fn run_float<T: gemm_scalar::Scalar>(&self, a: &[T], b: &[T], out: &mut [T], alpha: T, accumulate: bool) -> Result<()> {
         self.check_len(a.len(), b.len(), out.len())?;
         if let Some(f) = self.folded() {
             return f.run_float(a, b, out, alpha, accumulate);
@@ -285,7 +285,7 @@ impl BatchedProduct {
 }
 
 /// The float types the `gemm` crate multiplies.
-mod gemm_scalar {
+pub(crate) mod gemm_scalar {
     pub trait Scalar: Copy + Send + Sync + 'static {
         const ZERO: Self;
         const ONE: Self;

@@ -1,0 +1,289 @@
+//! The CPU side shared by the recurrent ops: the input projection `X W^T` of every time
+//! step and direction as one batched matrix product (the linalg product, the `gemm`
+//! crate), biases folded into it, then per step and direction the recurrent product of
+//! every batch row at once and the cell's gates ([`Cell::step`]). f32 accumulates in
+//! f32 as onnxruntime does; f64 runs the same code in f64 (the widened reference of the
+//! cross-device tests); f16 and bf16 go through f32.
+use super::common::{check_inputs, sequence_lengths, Activation, Cell, Dims, Recurrent, B, INITIAL_C, INITIAL_H, P, R, SEQ_LENS, W, X};
+use crate::cpu;
+use crate::elementwise::UnaryKind;
+use crate::linalg::product::{BatchedProduct, Layout};
+use crate::{OpError, Result};
+use kiln_graph::{DType, Element, Tensor};
+use std::ops::{Add, Mul, Neg, Sub};
+
+/// The float types the recurrence computes in.
+pub(crate) trait Real: Element + Default + PartialOrd + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Neg<Output = Self> {
+    fn of(v: f32) -> Self;
+    /// `kind` applied to every element (f32: the vectorising approximations of the
+    /// unary table, as onnxruntime's MLAS ones; f64: the exact functions).
+    fn activate(kind: UnaryKind, xs: &mut [Self]);
+    /// `out = A B` for the operands `p` describes (`out` overwritten).
+    fn product(p: &BatchedProduct, a: &[Self], b: &[Self], out: &mut [Self]) -> Result<()>;
+    /// Lends `f` a buffer of `len` elements (contents unspecified).
+    fn with_scratch<Out>(len: usize, f: impl FnOnce(&mut [Self]) -> Out) -> Out;
+}
+
+impl Real for f32 {
+    fn of(v: f32) -> f32 {
+        v
+    }
+    fn activate(kind: UnaryKind, xs: &mut [f32]) {
+        kind.apply_slice_f32_fast(xs)
+    }
+    fn product(p: &BatchedProduct, a: &[f32], b: &[f32], out: &mut [f32]) -> Result<()> {
+        p.run_f32_rows(a, b, out, 1.0, &|_, _| {})
+    }
+    fn with_scratch<Out>(len: usize, f: impl FnOnce(&mut [f32]) -> Out) -> Out {
+        cpu::with_scratch(len, f)
+    }
+}
+
+impl Real for f64 {
+    fn of(v: f32) -> f64 {
+        v as f64
+    }
+    fn activate(kind: UnaryKind, xs: &mut [f64]) {
+        xs.iter_mut().for_each(|v| *v = kind.apply_f64(*v))
+    }
+    fn product(p: &BatchedProduct, a: &[f64], b: &[f64], out: &mut [f64]) -> Result<()> {
+        p.run_float(a, b, out, 1.0, false)
+    }
+    fn with_scratch<Out>(len: usize, f: impl FnOnce(&mut [f64]) -> Out) -> Out {
+        f(&mut vec![0.0; len])
+    }
+}
+
+/// What a cell's step reads: the sizes, this direction's weights and projection, and
+/// which batch rows still run.
+pub(crate) struct StepCtx<'a, T> {
+    pub dims: Dims,
+    /// Per batch row, the projection row of this step's time; None once the row's
+    /// sequence has ended (its state must then stay as it is).
+    pub rows: &'a [Option<usize>],
+    /// This direction's input projection `[rows of X, gates * hidden]`, with `Wb` and
+    /// every `Rb` not added inside the cell ([`Cell::rb_inside`]) folded in.
+    pub xw: &'a [T],
+    /// `R[d]`: `[gates * hidden, hidden]`.
+    pub r: &'a [T],
+    /// `Rb[d]` (zeros without B).
+    pub rb: &'a [T],
+    /// `P[d]`: `[3 * hidden]` (LSTM's peepholes).
+    pub p: Option<&'a [T]>,
+    /// This direction's activations.
+    pub acts: &'a [Activation],
+    pub clip: Option<T>,
+}
+
+impl<T: Real> StepCtx<'_, T> {
+    /// `out[b] = src[b] R[g0*hidden .. g1*hidden]^T` for every batch row `b` (`src` is
+    /// `[batch, hidden]`, `out` `[batch, (g1 - g0) * hidden]`).
+    pub fn recurrent(&self, src: &[T], g0: usize, g1: usize, out: &mut [T]) -> Result<()> {
+        let h = self.dims.hidden;
+        let n = (g1 - g0) * h;
+        let p = BatchedProduct {
+            batch: vec![],
+            a_batch_strides: vec![],
+            b_batch_strides: vec![],
+            m: self.dims.batch,
+            n,
+            k: h,
+            a: Layout::row_major(h),
+            b: Layout { rs: 1, cs: h },
+        };
+        T::product(&p, src, &self.r[g0 * h * h..g1 * h * h], &mut out[..self.dims.batch * n])
+    }
+
+    /// Gate `g` (`hidden` values) of projection row `row`.
+    pub fn xw(&self, row: usize, g: usize) -> &[T] {
+        let (h, gh) = (self.dims.hidden, self.dims.gh());
+        &self.xw[row * gh + g * h..][..h]
+    }
+
+    /// Clips `xs` (when the op has a clip) and applies activation `n` (f, g, h...).
+    pub fn activate(&self, n: usize, xs: &mut [T]) {
+        if let Some(c) = self.clip {
+            for v in xs.iter_mut() {
+                if *v > c {
+                    *v = c;
+                } else if *v < -c {
+                    *v = -c;
+                }
+            }
+        }
+        self.acts[n].apply(xs);
+    }
+
+    /// Activation `n` without the clip (LSTM's `h(Ct)`, as onnxruntime computes it).
+    pub fn activate_unclipped(&self, n: usize, xs: &mut [T]) {
+        self.acts[n].apply(xs);
+    }
+}
+
+/// One step of one direction: what the cell reads ([`StepCtx`]) and the state and
+/// scratch it updates. Only the rows of running batch rows may change in `h` and `c`.
+pub(crate) struct Step<'a, T> {
+    pub ctx: StepCtx<'a, T>,
+    /// The hidden state `[batch, hidden]`, updated in place.
+    pub h: &'a mut [T],
+    /// LSTM's cell state `[batch, hidden]` (empty for the others).
+    pub c: &'a mut [T],
+    /// Scratch `[batch, gates * hidden]`.
+    pub gates: &'a mut [T],
+    /// Scratch `[batch, hidden]`.
+    pub extra: &'a mut [T],
+}
+
+/// `dst[i] += src[i]`.
+pub(crate) fn add_into<T: Real>(dst: &mut [T], src: &[T]) {
+    dst.iter_mut().zip(src).for_each(|(d, s)| *d = *d + *s);
+}
+
+/// Runs a recurrent op on tensors of any of its dtypes.
+pub(crate) fn run<C: Cell>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+    match cpu::input(inputs, X)?.dtype() {
+        DType::F32 => run_typed::<C, f32>(op, inputs, outputs),
+        DType::F64 => run_typed::<C, f64>(op, inputs, outputs),
+        DType::F16 | DType::BF16 => {
+            let widen = |t: &Tensor| if t.dtype().is_float() { Tensor::from_f64(DType::F32, t.dims(), &t.to_f64_vec()) } else { Ok(t.clone()) };
+            let wide: Vec<Option<Tensor>> = inputs.iter().map(|t| t.map(widen).transpose()).collect::<std::result::Result<_, _>>()?;
+            let refs: Vec<Option<&Tensor>> = wide.iter().map(Option::as_ref).collect();
+            let mut outs: Vec<Tensor> = outputs.iter().map(|o| Tensor::try_zeros(DType::F32, o.dims())).collect::<std::result::Result<_, _>>()?;
+            run_typed::<C, f32>(op, &refs, &mut outs)?;
+            for (o, w) in outputs.iter_mut().zip(&outs) {
+                *o = Tensor::from_f64(o.dtype(), o.dims(), &w.to_f64_vec())?;
+            }
+            Ok(())
+        }
+        d => Err(OpError::Unsupported(format!("{} of {d} tensors", C::SPEC.name))),
+    }
+}
+
+fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+    let name = C::SPEC.name;
+    let shapes: Vec<Option<(&[usize], DType)>> = inputs.iter().map(|t| t.map(|t| (t.dims(), t.dtype()))).collect();
+    let dims = check_inputs(&C::SPEC, &op.attrs, &shapes)?;
+    let get = |i: usize| inputs.get(i).copied().flatten();
+    let lens = sequence_lengths(name, get(SEQ_LENS), &dims)?;
+    let slice = |i: usize| get(i).map(|t| t.as_slice::<T>()).transpose();
+    let (x, w, r) = (cpu::input(inputs, X)?.as_slice::<T>()?, cpu::input(inputs, W)?.as_slice::<T>()?, cpu::input(inputs, R)?.as_slice::<T>()?);
+    let (bias, h0, c0, peep) = (slice(B)?, slice(INITIAL_H)?, slice(INITIAL_C)?, slice(P)?);
+    let Dims { seq, batch, input, hidden, dirs, .. } = dims;
+    let gh = dims.gh();
+    let rows = seq * batch;
+    let state = batch * hidden;
+    let has_c = C::SPEC.has_cell_state;
+    // Scratch: the projection, per direction h (and c), the step's gates and extra
+    // rows, and Rb (zeros without B).
+    let sizes = [dirs * rows * gh, dirs * state, if has_c { dirs * state } else { 0 }, batch * gh, state, dirs * gh];
+    let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s)).ok_or_else(|| OpError::invalid(format!("{name}: scratch size overflows")))?;
+    T::with_scratch(total, |buf| -> Result<()> {
+        let (xw, rest) = buf.split_at_mut(sizes[0]);
+        let (hs, rest) = rest.split_at_mut(sizes[1]);
+        let (cs, rest) = rest.split_at_mut(sizes[2]);
+        let (gates, rest) = rest.split_at_mut(sizes[3]);
+        let (extra, rb) = rest.split_at_mut(sizes[4]);
+
+        // X W^T for every direction: W[d] is read transposed through strides.
+        let p = BatchedProduct {
+            batch: vec![dirs],
+            a_batch_strides: vec![0],
+            b_batch_strides: vec![gh * input],
+            m: rows,
+            n: gh,
+            k: input,
+            a: Layout::row_major(input),
+            b: Layout { rs: 1, cs: input },
+        };
+        T::product(&p, x, w, xw)?;
+        rb.fill(T::default());
+        if let Some(bias) = bias {
+            for d in 0..dirs {
+                let (wb, rbd) = bias[d * 2 * gh..(d + 1) * 2 * gh].split_at(gh);
+                rb[d * gh..(d + 1) * gh].copy_from_slice(rbd);
+                let mut folded = wb.to_vec();
+                for g in 0..dims.gates {
+                    if !op.cell.rb_inside(g) {
+                        add_into(&mut folded[g * hidden..(g + 1) * hidden], &rbd[g * hidden..(g + 1) * hidden]);
+                    }
+                }
+                xw[d * rows * gh..(d + 1) * rows * gh].chunks_mut(gh).for_each(|row| add_into(row, &folded));
+            }
+        }
+        // Initial states, stored per direction as [batch, hidden].
+        for (src, dst) in [(h0, &mut *hs), (c0, &mut *cs)] {
+            match src {
+                Some(v) if !dst.is_empty() => {
+                    for d in 0..dirs {
+                        for b in 0..batch {
+                            dst[(d * batch + b) * hidden..][..hidden].copy_from_slice(&v[dims.state_offset(d, b)..][..hidden]);
+                        }
+                    }
+                }
+                _ => dst.fill(T::default()),
+            }
+        }
+        let mut y = match outputs.first_mut() {
+            Some(t) => {
+                let y = t.as_mut_slice::<T>()?;
+                y.fill(T::default());
+                Some(y)
+            }
+            None => None,
+        };
+        let per_dir = op.attrs.activations.len() / dirs;
+        let mut step_rows: Vec<Option<usize>> = vec![None; batch];
+        let mut times = vec![0usize; batch];
+        for s in 0..seq {
+            for d in 0..dirs {
+                let forward = op.attrs.direction.is_forward(d);
+                for b in 0..batch {
+                    step_rows[b] = (s < lens[b]).then(|| {
+                        times[b] = if forward { s } else { lens[b] - 1 - s };
+                        dims.x_row(times[b], b)
+                    });
+                }
+                let h = &mut hs[d * state..(d + 1) * state];
+                let c = if has_c { &mut cs[d * state..(d + 1) * state] } else { &mut cs[..0] };
+                let mut st = Step {
+                    ctx: StepCtx {
+                        dims,
+                        rows: &step_rows,
+                        xw: &xw[d * rows * gh..(d + 1) * rows * gh],
+                        r: &r[d * gh * hidden..(d + 1) * gh * hidden],
+                        rb: &rb[d * gh..(d + 1) * gh],
+                        p: peep.map(|p| &p[d * 3 * hidden..(d + 1) * 3 * hidden]),
+                        acts: &op.attrs.activations[d * per_dir..(d + 1) * per_dir],
+                        clip: op.attrs.clip.map(T::of),
+                    },
+                    h,
+                    c,
+                    gates: &mut *gates,
+                    extra: &mut *extra,
+                };
+                op.cell.step(&mut st)?;
+                if let Some(y) = y.as_deref_mut() {
+                    for b in (0..batch).filter(|&b| step_rows[b].is_some()) {
+                        y[dims.y_offset(times[b], d, b)..][..hidden].copy_from_slice(&st.h[b * hidden..(b + 1) * hidden]);
+                    }
+                }
+            }
+        }
+        // Y_h and Y_c: the state after each row's last step (zeros for empty sequences).
+        for (k, src) in [(1, &*hs), (2, &*cs)] {
+            let Some(out) = outputs.get_mut(k) else { continue };
+            let out = out.as_mut_slice::<T>()?;
+            for d in 0..dirs {
+                for b in 0..batch {
+                    let dst = &mut out[dims.state_offset(d, b)..][..hidden];
+                    if lens[b] == 0 {
+                        dst.fill(T::default());
+                    } else {
+                        dst.copy_from_slice(&src[(d * batch + b) * hidden..][..hidden]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+}
