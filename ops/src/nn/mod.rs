@@ -35,6 +35,7 @@ mod group_norm;
 mod layer_norm;
 mod lp_norm;
 mod lrn;
+mod non_max_suppression;
 mod losses;
 mod mvn;
 mod nchwc_reorder;
@@ -68,4 +69,5 @@ pub(crate) fn register(r: &mut Registry) {
     lrn::register(r);
     rotary_embedding::register(r);
     grid_sample::register(r);
+    non_max_suppression::register(r);
 }
