@@ -10,12 +10,14 @@ use crate::Registry;
 
 pub use conv_nchwc::INPUT_BLOCKED_ATTR;
 
+mod affine_grid;
 mod attention;
 mod attention_cpu;
 #[cfg(test)]
 mod attention_tests;
 mod attention_wgsl;
 mod batch_norm;
+mod col2im;
 mod blocked8;
 mod conv;
 mod conv_integer;
@@ -35,12 +37,14 @@ mod group_norm;
 mod layer_norm;
 mod lp_norm;
 mod lrn;
+mod max_unpool;
 mod non_max_suppression;
 mod losses;
 mod mvn;
 mod nchwc_reorder;
 mod plane_lanes;
 mod rms_norm;
+mod roi_align;
 mod rotary_embedding;
 mod pool;
 mod pool_blocked8;
@@ -70,4 +74,8 @@ pub(crate) fn register(r: &mut Registry) {
     rotary_embedding::register(r);
     grid_sample::register(r);
     non_max_suppression::register(r);
+    roi_align::register(r);
+    max_unpool::register(r);
+    col2im::register(r);
+    affine_grid::register(r);
 }

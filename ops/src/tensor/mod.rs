@@ -13,8 +13,10 @@ mod common;
 mod index_map;
 mod numeric;
 pub(crate) use numeric::{from_i64, write_i64};
+pub(crate) use common::tensor_args;
 
 mod cast;
+mod center_crop_pad;
 mod concat;
 mod constant;
 mod cumulative;
@@ -46,6 +48,7 @@ mod compress;
 mod einsum;
 mod transpose;
 mod trilu;
+mod unique;
 mod where_op;
 
 pub(crate) fn register(r: &mut Registry) {
@@ -82,4 +85,6 @@ pub(crate) fn register(r: &mut Registry) {
     non_zero::register(r);
     compress::register(r);
     einsum::register(r);
+    center_crop_pad::register(r);
+    unique::register(r);
 }
