@@ -6,6 +6,12 @@
 //! outside the output is an error; when indices repeat, the element of X that comes
 //! last wins, as in onnxruntime's sequential loop.
 //!
+//! With `output_shape`, the indices are offsets into that output, as in onnxruntime
+//! (and as MaxPool's indices of an input of that shape are). The ONNX reference
+//! instead scatters into the unpooled shape and pads it at the ends to
+//! `output_shape`, so Kiln fails the node test `maxunpool_export_with_output_shape`,
+//! whose expected output follows the reference, exactly as onnxruntime does.
+//!
 //! WGSL: three dispatches over one scratch word per output element: clear it, let each
 //! input element `k` raise its target's word to `k + 1` (atomicMax, so the last
 //! writer wins whatever the order of invocations), then each output element reads the
@@ -156,7 +162,8 @@ impl WgslKernel for MaxUnpool {
             "MaxUnpool gather",
             n_out,
             wg,
-            &[("x", ty, true), ("win", "u32", true), ("y", ty, false)],
+            // Scratch is bound read-write.
+            &[("x", ty, true), ("win", "u32", false), ("y", ty, false)],
             vec![Binding::Input(0), Binding::Scratch(0), Binding::Output(0)],
             "",
             &format!("let k = win[i];\n    if (k == 0u) {{ y[i] = {zero}; }} else {{ y[i] = x[k - 1u]; }}"),
