@@ -123,7 +123,7 @@ impl Op for Col2Im {
     }
 
     fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
-        Cost { flops: inputs[0].map_or(0, |a| a.ty.len() as u64), bytes: Cost::io_bytes(inputs, outputs) }
+        Cost { flops: inputs.first().copied().flatten().map_or(0, |a| a.ty.len() as u64), bytes: Cost::io_bytes(inputs, outputs) }
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {
@@ -143,36 +143,53 @@ impl CpuKernel for Col2Im {
         let (k, l, r) = (p.k(), p.l(), p.image.len());
         let plane: usize = p.image.iter().product();
         let image_strides = crate::broadcast::strides(&p.image);
-        // Each (tap, block) pair's pixel offset within the image plane, or None.
-        let mut target = vec![None; k * l];
-        let (mut kk, mut bb) = (vec![0usize; r], vec![0usize; r]);
-        for t in 0..k {
-            let mut rem = t;
-            for d in (0..r).rev() {
-                kk[d] = rem % p.block[d];
-                rem /= p.block[d];
-            }
-            for b in 0..l {
-                let mut rem = b;
-                for d in (0..r).rev() {
-                    bb[d] = rem % p.blocks[d];
-                    rem /= p.blocks[d];
-                }
-                let mut off = Some(0usize);
-                for d in 0..r {
-                    let pix = (bb[d] * p.strides[d] + kk[d] * p.dilations[d]) as i64 - p.pads_begin[d] as i64;
-                    off = off.filter(|_| (0..p.image[d] as i64).contains(&pix)).map(|o| o + pix as usize * image_strides[d]);
-                }
-                target[t * l + b] = off;
-            }
-        }
+        // Per dim d, the offset in the plane of tap k_d of block b_d (at
+        // `[k_d * blocks_d + b_d]`), or -1 outside the image.
+        let dim_offsets: Vec<Vec<i64>> = (0..r)
+            .map(|d| {
+                let (blocks, size) = (p.blocks[d], p.image[d] as i64);
+                (0..p.block[d] * blocks)
+                    .map(|kb| {
+                        let pix = ((kb % blocks) * p.strides[d] + (kb / blocks) * p.dilations[d]) as i64 - p.pads_begin[d] as i64;
+                        if (0..size).contains(&pix) { pix * image_strides[d] as i64 } else { -1 }
+                    })
+                    .collect()
+            })
+            .collect();
         let mut y = vec![0f64; p.n * p.c * plane];
         cpu::par_chunks_mut(&mut y, plane, k * l, |first, part| {
+            // One tap's target offsets for every block (-1: outside the image).
+            let mut row = vec![0i64; l];
+            let (mut kk, mut bb) = (vec![0usize; r], vec![0usize; r]);
             for (j, out) in part.chunks_mut(plane).enumerate() {
                 let cols = &xv[(first + j) * k * l..][..k * l];
-                for (v, t) in cols.iter().zip(&target) {
-                    if let Some(o) = t {
-                        out[*o] += v;
+                for t in 0..k {
+                    let mut rem = t;
+                    for d in (0..r).rev() {
+                        kk[d] = rem % p.block[d];
+                        rem /= p.block[d];
+                    }
+                    bb.fill(0);
+                    for target in row.iter_mut() {
+                        let mut off = 0i64;
+                        for d in 0..r {
+                            let o = dim_offsets[d][kk[d] * p.blocks[d] + bb[d]];
+                            off = if o < 0 || off < 0 { -1 } else { off + o };
+                        }
+                        *target = off;
+                        // Next block, innermost dim fastest.
+                        for d in (0..r).rev() {
+                            bb[d] += 1;
+                            if bb[d] < p.blocks[d] {
+                                break;
+                            }
+                            bb[d] = 0;
+                        }
+                    }
+                    for (v, &o) in cols[t * l..(t + 1) * l].iter().zip(&row) {
+                        if o >= 0 {
+                            out[o as usize] += v;
+                        }
                     }
                 }
             }

@@ -9,8 +9,8 @@
 //! With `output_shape`, the indices are offsets into that output, as in onnxruntime
 //! (and as MaxPool's indices of an input of that shape are). The ONNX reference
 //! instead scatters into the unpooled shape and pads it at the ends to
-//! `output_shape`, so Kiln fails the node test `maxunpool_export_with_output_shape`,
-//! whose expected output follows the reference, exactly as onnxruntime does.
+//! `output_shape`; the node test `maxunpool_export_with_output_shape` follows the
+//! reference, and Kiln's output differs from it exactly as onnxruntime's does.
 //!
 //! WGSL: three dispatches over one scratch word per output element: clear it, let each
 //! input element `k` raise its target's word to `k + 1` (atomicMax, so the last
@@ -114,8 +114,12 @@ impl Op for MaxUnpool {
 
 impl CpuKernel for MaxUnpool {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let dims = crate::tensor::tensor_args(inputs, |a| self.out_dims(a))?;
         let (x, idx) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let out = &mut outputs[0];
+        if out.dims() != dims || out.dtype() != x.dtype() {
+            *out = Tensor::zeros(x.dtype(), &dims);
+        }
         let len = out.len();
         let size = x.dtype().size();
         let (src, dst) = (x.bytes(), out.bytes_mut());

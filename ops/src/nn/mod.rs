@@ -2,8 +2,9 @@
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
 //! (BatchNormalization, InstanceNormalization, LayerNormalization, GroupNormalization,
 //! RMSNormalization, LpNormalization, MeanVarianceNormalization, LRN), Attention,
-//! RotaryEmbedding, GridSample, and the losses
-//! (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss).
+//! RotaryEmbedding, GridSample, AffineGrid, Col2Im, MaxUnpool, the detection ops
+//! (RoiAlign, NonMaxSuppression) and the losses (NegativeLogLikelihoodLoss,
+//! SoftmaxCrossEntropyLoss).
 //! Sliding-window geometry (pads, auto_pad, strides, dilations, ceil_mode) is shared
 //! in [`window`].
 use crate::Registry;

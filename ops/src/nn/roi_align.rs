@@ -26,6 +26,8 @@ use kiln_graph::{DType, Tensor};
 
 const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16, DType::F64];
 const INTS: &[DType] = &[DType::I64, DType::I32, DType::I16, DType::I8, DType::U32, DType::U16, DType::U8];
+/// The most samples per bin side Kiln accepts (its square is the work of one bin).
+const MAX_SAMPLING_RATIO: usize = 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pool {
@@ -49,7 +51,7 @@ pub struct RoiAlign {
 /// `origin + (i + 0.5) * bin / grid` for `i` in `0..grid`; those inside `[-1, size]`
 /// all lie in the returned range, which is at most `cap` long.
 fn sample_span(origin: f64, bin: f64, grid: f64, size: f64, cap: usize) -> (f64, usize) {
-    if !(grid >= 1.0) {
+    if grid.is_nan() || grid < 1.0 {
         return (0.0, 0);
     }
     let step = bin / grid;
@@ -63,7 +65,7 @@ fn sample_span(origin: f64, bin: f64, grid: f64, size: f64, cap: usize) -> (f64,
         return (0.0, 0);
     };
     let (lo, hi) = (lo.max(0.0), hi.min(grid - 1.0));
-    if !(hi >= lo) {
+    if hi.is_nan() || lo.is_nan() || hi < lo {
         return (0.0, 0);
     }
     (lo, ((hi - lo + 1.0).min(cap as f64)) as usize)
@@ -154,7 +156,7 @@ impl Op for RoiAlign {
     }
 
     fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
-        let x = inputs[0].map_or(&[][..], |a| a.dims());
+        let x = inputs.first().copied().flatten().map_or(&[][..], |a| a.dims());
         let (h, w) = (x.get(2).copied().unwrap_or(1), x.get(3).copied().unwrap_or(1));
         let samples = (self.cap(h).min(h + 4) * self.cap(w).min(w + 4)) as u64;
         Cost { flops: 12 * samples * outputs[0].len() as u64, bytes: Cost::io_bytes(inputs, outputs) }
@@ -180,6 +182,10 @@ impl CpuKernel for RoiAlign {
         }
         let (xv, rv) = (x.to_f64_vec(), rois.to_f64_vec());
         let mut y = vec![0f64; r_n * c_n * oh * ow];
+        if y.is_empty() {
+            outputs[0] = Tensor::from_f64(x.dtype(), &[r_n, c_n, oh, ow], &y)?;
+            return Ok(());
+        }
         let plane = h * w;
         cpu::par_chunks_mut(&mut y, c_n * oh * ow, 4 * plane.min(64), |r0, part| {
             for (dr, out) in part.chunks_mut(c_n * oh * ow).enumerate() {
@@ -209,7 +215,7 @@ impl CpuKernel for RoiAlign {
                                 }
                             }
                             out[(c * oh + ph) * ow + pw] = match self.pool {
-                                _ if !(total >= 1.0) => 0.0,
+                                _ if total.is_nan() || total < 1.0 => 0.0,
                                 Pool::Avg => acc / total,
                                 // Samples outside the image count as 0.
                                 Pool::Max if inside < total => best.map_or(0.0, |b| b.max(0.0)),
@@ -365,7 +371,10 @@ pub(crate) fn register(r: &mut Registry) {
         };
         let (out_h, out_w) = (positive("output_height")?, positive("output_width")?);
         let sr = spec.int("sampling_ratio", 0)?;
-        let sampling_ratio = usize::try_from(sr).map_err(|_| spec.bad("sampling_ratio", format!("must be 0 (adaptive) or positive, found {sr}")))?;
+        if !(0..=MAX_SAMPLING_RATIO as i64).contains(&sr) {
+            return Err(spec.bad("sampling_ratio", format!("must be 0 (adaptive) or a positive count up to {MAX_SAMPLING_RATIO}, found {sr}")));
+        }
+        let sampling_ratio = sr as usize;
         let half_pixel = if spec.opset < 16 {
             false
         } else {
@@ -464,6 +473,10 @@ mod tests {
         assert!(make("RoiAlign", 16, &[("mode", string("sum"))], 3, 1).is_err());
         assert!(make("RoiAlign", 16, &[("output_height", Attr::Int(0))], 3, 1).is_err());
         assert!(make("RoiAlign", 16, &[("sampling_ratio", Attr::Int(-1))], 3, 1).is_err());
+        assert!(make("RoiAlign", 16, &[("sampling_ratio", Attr::Int(1 << 40))], 3, 1).is_err());
+        // No channels or no rois: an empty output.
+        let e = Case::new("RoiAlign").opset(16).input(rand_f32(&[1, 0, 4, 4], 1)).input(f32s(&[1, 4], &[0.0, 0.0, 2.0, 2.0])).input(i64s(&[1], &[0]));
+        assert_eq!(e.run_cpu().unwrap()[0].dims(), &[1, 0, 1, 1]);
         assert!(make("RoiAlign", 16, &[("coordinate_transformation_mode", string("align_corners"))], 3, 1).is_err());
     }
 }

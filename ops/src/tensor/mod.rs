@@ -3,8 +3,9 @@
 //! ConstantOfShape, Shape, Size, Range), Cast/CastLike, and copies that rearrange
 //! elements (Concat, Split, Slice, Pad, Transpose, Gather, GatherElements, GatherND,
 //! Expand, Tile, Where, Resize, Upsample, Trilu, DepthToSpace, SpaceToDepth,
-//! ReverseSequence, Compress), scatters (Scatter, ScatterElements, ScatterND), scans
-//! (CumSum, CumProd), selection (TopK, Hardmax, OneHot, EyeLike, NonZero) and Einsum.
+//! ReverseSequence, Compress, CenterCropPad), scatters (Scatter, ScatterElements,
+//! ScatterND), scans (CumSum, CumProd), selection (TopK, Hardmax, OneHot, EyeLike,
+//! NonZero, Unique) and Einsum.
 //! Element rearrangement is byte-level, so every op works for every dtype; ops that
 //! compute widen elements through [`numeric`].
 use crate::Registry;
