@@ -1,5 +1,6 @@
-//! Conv, ConvTranspose, pooling, normalisation, Attention, losses, RotaryEmbedding and
-//! GridSample on every device against the f64 reference: odd spatial sizes, groups,
+//! Conv, ConvTranspose, pooling, normalisation, Attention, losses, RotaryEmbedding,
+//! GridSample, RoiAlign, MaxUnpool, Col2Im and AffineGrid (and the host op
+//! NonMaxSuppression) on every device against the f64 reference: odd spatial sizes, groups,
 //! depthwise, dilations, strides, asymmetric pads, auto_pad, fused epilogues, planes
 //! and rows beyond the GPU's per-invocation loop budget.
 mod common;
@@ -283,5 +284,74 @@ fn conv_agrees_in_f16_and_f64() {
         let c = conv(11, cast(&rand_f32(&[1, 3, 9, 7], 1), dtype), cast(&rand_f32(&[4, 3, 3, 3], 2), dtype));
         s.check(c.attr("pads", ints(&[1, 1, 1, 1])), Tolerance::DEFAULT);
     }
+    s.finish();
+}
+
+#[test]
+fn roi_align_agrees() {
+    let mut s = Suite::new("RoiAlign");
+    let x = rand_f32(&[2, 3, 11, 9], 1);
+    // Inside, around the image, tiny, reversed, far outside, and wider than the image.
+    let rois = f32s(&[6, 4], &[0.3, 0.2, 6.7, 8.1, -2.0, -3.0, 12.0, 9.0, 1.0, 1.0, 1.2, 1.1, 7.5, 6.5, 0.5, 1.0, -30.0, -30.0, -20.0, -25.0, -40.0, 2.5, 50.0, 7.25]);
+    let bi = i64s(&[6], &[0, 1, 1, 0, 1, 0]);
+    for mode in ["avg", "max"] {
+        for ctm in ["half_pixel", "output_half_pixel"] {
+            for (sr, scale) in [(0i64, 1.0f32), (2, 0.5), (3, 1.25)] {
+                let c = Case::new("RoiAlign").opset(16).input(x.clone()).input(rois.clone()).input(bi.clone());
+                let attrs = [("mode", string(mode)), ("coordinate_transformation_mode", string(ctm)), ("sampling_ratio", Attr::Int(sr)), ("spatial_scale", Attr::Float(scale))];
+                s.check(c.attrs(&attrs).attr("output_height", Attr::Int(3)).attr("output_width", Attr::Int(4)), Tolerance::DEFAULT);
+            }
+        }
+    }
+    s.check(Case::new("RoiAlign").opset(10).input(x).input(rois).input(bi).attr("output_height", Attr::Int(2)), Tolerance::DEFAULT);
+    s.finish();
+}
+
+#[test]
+fn unpool_col2im_and_affine_grid_agree() {
+    let mut s = Suite::new("MaxUnpool, Col2Im, AffineGrid");
+    // MaxUnpool: indices over the whole output, repeats (the last element wins), a
+    // larger output_shape, 1-D and 3-D kernels.
+    let x = rand_f32(&[2, 3, 5, 4], 1);
+    let idx: Vec<i64> = (0..120).map(|k| (k * 7 + (k % 5) * 3) % 130 * 3 % 390).collect();
+    let unpool = |x: Tensor, idx: Vec<i64>, k: &[i64], st: &[i64]| {
+        let i = i64s(x.dims(), &idx);
+        Case::new("MaxUnpool").opset(22).input(x).input(i).attr("kernel_shape", ints(k)).attr("strides", ints(st))
+    };
+    s.check(unpool(x.clone(), idx.clone(), &[3, 2], &[2, 2]), Tolerance::EXACT);
+    s.check(unpool(x.clone(), idx.iter().map(|v| v % 17).collect(), &[2, 2], &[2, 2]), Tolerance::EXACT);
+    s.check(unpool(x.clone(), idx.clone(), &[2, 2], &[2, 2]).constant(i64s(&[4], &[2, 3, 11, 9])), Tolerance::EXACT);
+    s.check(unpool(rand_f32(&[1, 2, 7], 2), (0..14).map(|k| (k * 5) % 28).collect(), &[2], &[2]), Tolerance::EXACT);
+    let x3 = rand_f32(&[1, 2, 2, 3, 2], 3);
+    s.check(unpool(x3, (0..24).map(|k| (k * 11) % 160).collect(), &[2, 2, 2], &[2, 2, 2]), Tolerance::EXACT);
+    let xi = Tensor::from_slice(&[1, 1, 2, 2], &[5i32, -7, 9, 11]).unwrap();
+    s.check(unpool(xi, vec![3, 0, 15, 6], &[2, 2], &[2, 2]), Tolerance::EXACT);
+    // Col2Im: strides, dilations, asymmetric pads, 1-D and 3-D images.
+    let col2im = |dims: &[usize], image: &[i64], block: &[i64], seed: u64| {
+        Case::new("Col2Im").opset(18).input(rand_f32(dims, seed)).constant(i64_vec(image)).constant(i64_vec(block))
+    };
+    s.check(col2im(&[2, 12, 24], &[7, 6], &[2, 2], 4).attr("pads", ints(&[1, 0, 0, 2])).attr("strides", ints(&[2, 1])).attr("dilations", ints(&[1, 2])), Tolerance::DEFAULT);
+    s.check(col2im(&[1, 18, 56], &[9, 10], &[3, 3], 5), Tolerance::DEFAULT);
+    s.check(col2im(&[3, 4, 9], &[11], &[2], 6).attr("strides", ints(&[1])).attr("dilations", ints(&[2])).attr("pads", ints(&[0, 0])), Tolerance::DEFAULT);
+    s.check(col2im(&[1, 16, 24], &[3, 4, 5], &[2, 2, 2], 7), Tolerance::DEFAULT);
+    // AffineGrid, 2-D and 3-D, both corner conventions, dims of size 1.
+    for align in [0i64, 1] {
+        let grid = |theta: Tensor, size: &[i64]| Case::new("AffineGrid").opset(20).input(theta).constant(i64_vec(size)).attr("align_corners", Attr::Int(align));
+        s.check(grid(rand_f32(&[2, 2, 3], 8), &[2, 3, 7, 5]), Tolerance::DEFAULT);
+        s.check(grid(rand_f32(&[1, 2, 3], 9), &[1, 1, 1, 6]), Tolerance::DEFAULT);
+        s.check(grid(rand_f32(&[2, 3, 4], 10), &[2, 1, 3, 4, 5]), Tolerance::DEFAULT);
+    }
+    s.finish();
+}
+
+#[test]
+fn non_max_suppression_agrees() {
+    // A host op, like NonZero: small inputs are bound by value and the node folds.
+    let mut s = Suite::new("NonMaxSuppression");
+    let boxes = f32s(&[1, 3, 4], &[0.0, 0.0, 1.0, 1.0, 0.0, 0.1, 1.0, 1.1, 0.0, 2.0, 1.0, 3.0]);
+    let scores = f32s(&[1, 1, 3], &[0.9, 0.8, 0.7]);
+    let nms = || Case::new("NonMaxSuppression").opset(11).input(boxes.clone()).input(scores.clone()).input(i64s(&[1], &[3])).input(f32s(&[1], &[0.5]));
+    s.check(nms(), Tolerance::EXACT);
+    s.check(nms().input(f32s(&[1], &[0.75])), Tolerance::EXACT);
     s.finish();
 }

@@ -1,7 +1,7 @@
 //! Data movement and selection on every device against the reference: Transpose,
 //! Concat, Split, Slice, Pad, Gather*, Expand, Tile, Where, Cast, Resize, Trilu, scans,
 //! scatters, TopK, Hardmax, OneHot, depth/space, EyeLike, ReverseSequence, Compress,
-//! NonZero, Einsum; odd sizes, size-1 dims, negative axes and indices.
+//! NonZero, Einsum, CenterCropPad, Unique; odd sizes, size-1 dims, negative axes and indices.
 mod common;
 use common::*;
 use kiln_graph::{Attr, Tensor};
@@ -192,5 +192,22 @@ fn value_dependent_ops_and_einsum_agree() {
     }
     let ints = Tensor::from_slice(&[3, 4], &(0..12).map(|v| v - 5).collect::<Vec<i32>>()).unwrap();
     s.check(Case::new("Einsum").opset(12).input(ints.clone()).input(ints).attr("equation", string("ij,kj->ik")), Tolerance::EXACT);
+    s.finish();
+}
+
+#[test]
+fn center_crop_pad_and_unique_agree() {
+    let mut s = Suite::new("CenterCropPad, Unique");
+    let x = rand_f32(&[4, 7, 5], 1);
+    let ccp = |x: Tensor, shape: &[i64]| Case::new("CenterCropPad").opset(18).input(x).constant(i64_vec(shape));
+    for shape in [[4i64, 7, 5], [3, 10, 2], [8, 1, 6], [5, 4, 9]] {
+        s.check(ccp(x.clone(), &shape), Tolerance::EXACT);
+    }
+    s.check(ccp(x.clone(), &[3, 9]).attr("axes", ints(&[-1, 0])), Tolerance::EXACT);
+    s.check(ccp(i64s(&[3, 4], &(0..12).map(|v| v - 5).collect::<Vec<_>>()), &[5, 1]), Tolerance::EXACT);
+    // Unique is a host op: its input must be known when the model is specialised.
+    let u = i64s(&[3, 4], &[3, 1, 3, 2, 0, 0, 0, 0, 3, 1, 3, 2]);
+    s.check(Case::new("Unique").opset(11).input(u.clone()).outputs(4), Tolerance::EXACT);
+    s.check(Case::new("Unique").opset(11).constant(u.clone()).attr("axis", Attr::Int(0)).attr("sorted", Attr::Int(0)).outputs(4), Tolerance::EXACT);
     s.finish();
 }

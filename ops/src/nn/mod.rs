@@ -2,20 +2,23 @@
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
 //! (BatchNormalization, InstanceNormalization, LayerNormalization, GroupNormalization,
 //! RMSNormalization, LpNormalization, MeanVarianceNormalization, LRN), Attention,
-//! RotaryEmbedding, GridSample, and the losses
-//! (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss).
+//! RotaryEmbedding, GridSample, AffineGrid, Col2Im, MaxUnpool, the detection ops
+//! (RoiAlign, NonMaxSuppression) and the losses (NegativeLogLikelihoodLoss,
+//! SoftmaxCrossEntropyLoss).
 //! Sliding-window geometry (pads, auto_pad, strides, dilations, ceil_mode) is shared
 //! in [`window`].
 use crate::Registry;
 
 pub use conv_nchwc::INPUT_BLOCKED_ATTR;
 
+mod affine_grid;
 mod attention;
 mod attention_cpu;
 #[cfg(test)]
 mod attention_tests;
 mod attention_wgsl;
 mod batch_norm;
+mod col2im;
 mod blocked8;
 mod conv;
 mod conv_integer;
@@ -35,11 +38,14 @@ mod group_norm;
 mod layer_norm;
 mod lp_norm;
 mod lrn;
+mod max_unpool;
+mod non_max_suppression;
 mod losses;
 mod mvn;
 mod nchwc_reorder;
 mod plane_lanes;
 mod rms_norm;
+mod roi_align;
 mod rotary_embedding;
 mod pool;
 mod pool_blocked8;
@@ -68,4 +74,9 @@ pub(crate) fn register(r: &mut Registry) {
     lrn::register(r);
     rotary_embedding::register(r);
     grid_sample::register(r);
+    non_max_suppression::register(r);
+    roi_align::register(r);
+    max_unpool::register(r);
+    col2im::register(r);
+    affine_grid::register(r);
 }

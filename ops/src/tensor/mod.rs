@@ -3,8 +3,9 @@
 //! ConstantOfShape, Shape, Size, Range), Cast/CastLike, and copies that rearrange
 //! elements (Concat, Split, Slice, Pad, Transpose, Gather, GatherElements, GatherND,
 //! Expand, Tile, Where, Resize, Upsample, Trilu, DepthToSpace, SpaceToDepth,
-//! ReverseSequence, Compress), scatters (Scatter, ScatterElements, ScatterND), scans
-//! (CumSum, CumProd), selection (TopK, Hardmax, OneHot, EyeLike, NonZero) and Einsum.
+//! ReverseSequence, Compress, CenterCropPad), scatters (Scatter, ScatterElements,
+//! ScatterND), scans (CumSum, CumProd), selection (TopK, Hardmax, OneHot, EyeLike,
+//! NonZero, Unique) and Einsum.
 //! Element rearrangement is byte-level, so every op works for every dtype; ops that
 //! compute widen elements through [`numeric`].
 use crate::Registry;
@@ -13,8 +14,10 @@ mod common;
 mod index_map;
 mod numeric;
 pub(crate) use numeric::{from_i64, write_i64};
+pub(crate) use common::tensor_args;
 
 mod cast;
+mod center_crop_pad;
 mod concat;
 mod constant;
 mod cumulative;
@@ -46,6 +49,7 @@ mod compress;
 mod einsum;
 mod transpose;
 mod trilu;
+mod unique;
 mod where_op;
 
 pub(crate) fn register(r: &mut Registry) {
@@ -82,4 +86,6 @@ pub(crate) fn register(r: &mut Registry) {
     non_zero::register(r);
     compress::register(r);
     einsum::register(r);
+    center_crop_pad::register(r);
+    unique::register(r);
 }
