@@ -75,10 +75,14 @@ pub(super) fn scale_and_bias(acc: &[i32], a_scale: f32, inputs: &[Option<&Tensor
     Ok(())
 }
 
+/// Extra buffers of [`int_product_wgsl`]: name, input index, and for a per-row or
+/// per-column tensor whether it is A's.
+pub(super) type ExtraBuffers = Vec<(&'static str, usize, Option<bool>)>;
+
 /// The WGSL epilogue of [`scale_and_bias`]: the extra buffers (`sb`, per column, and
 /// `bias`) and the statements storing `y[i]` from the sum `s` and the f32 expression
 /// `a_scale`.
-pub(super) fn scale_and_bias_wgsl(inputs: &[Option<Arg>], ix: BInputs, a_scale: &str) -> (Vec<(&'static str, usize, Option<bool>)>, String) {
+pub(super) fn scale_and_bias_wgsl(inputs: &[Option<Arg>], ix: BInputs, a_scale: &str) -> (ExtraBuffers, String) {
     let mut extra = vec![("sb", ix.scale, Some(false))];
     let bias = if inputs.get(ix.bias).copied().flatten().is_some() {
         extra.push(("bias", ix.bias, Some(false)));
@@ -158,7 +162,7 @@ mod tests {
     fn matches_onnxruntime() {
         let a = u8s(&[2, 2, 7], &[128, 85, 111, 238, 52, 135, 83, 75, 206, 39, 81, 30, 38, 71, 178, 148, 114, 43, 204, 204, 60, 15, 81, 37, 204, 133, 129, 74]);
         let b = i8s(&[7, 3], &[1, 119, -68, 68, -125, -48, 110, 95, -107, 87, 88, -12, -34, 122, 115, 45, -26, -75, 111, -60, 14]);
-        let sb = Tensor::from_vec(&[3], vec![0.009999999776482582, 0.0020000000949949026, 0.029999999329447746f32]).unwrap();
+        let sb = Tensor::from_vec(&[3], vec![0.01f32, 0.002, 0.03]).unwrap();
         let bias = Tensor::from_vec(&[3], vec![0.5, -1.25, 3.0f32]).unwrap();
         // Batched A, b's scale and zero point per column, a bias.
         let c = ms("MatMulIntegerToFloat").input(a.clone()).constant(b).constant(f(0.05)).constant(sb).constant(u8s(&[], &[130])).constant(i8s(&[3], &[1, 0, -3])).constant(bias);

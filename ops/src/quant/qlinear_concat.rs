@@ -27,7 +27,7 @@ struct Layout {
 
 impl QLinearConcat {
     fn count(inputs: usize) -> Result<usize> {
-        if inputs < 5 || (inputs - 2) % 3 != 0 {
+        if inputs < 5 || !(inputs - 2).is_multiple_of(3) {
             return Err(OpError::invalid(format!("expected Y_scale, Y_zero_point and then (X, X_scale, X_zero_point) triples, got {inputs} inputs")));
         }
         Ok((inputs - 2) / 3)

@@ -8,9 +8,12 @@ use super::qlinear_lookup::{QLinearLookup, Transform};
 use crate::wgsl;
 use crate::Registry;
 
-/// MLAS's logistic constants: the clamp range, then p's and q's coefficients.
+/// MLAS's logistic constants: the clamp range, then p's and q's coefficients (as MLAS
+/// writes them: parsed to the same f32 values).
 const RANGE: f32 = 18.0;
+#[allow(clippy::excessive_precision)]
 const P: [f32; 5] = [4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05, 8.51377133304701e-03, 2.48287947061529e-01];
+#[allow(clippy::excessive_precision)]
 const Q: [f32; 6] = [6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06, 1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01];
 
 /// MLAS's logistic function.
