@@ -16,10 +16,16 @@ pub(super) struct Add;
 impl Arith for Add {
     const NAME: &'static str = "QLinearAdd";
 
-    #[inline(always)]
-    fn eval(&self, a: i32, b: i32, p: &Params) -> i32 {
+    /// `(ra, rb, fixed)`.
+    type Consts = (f32, f32, f32);
+
+    fn consts(&self, p: &Params) -> (f32, f32, f32) {
         let (ra, rb) = (p.a.scale / p.c.scale, p.b.scale / p.c.scale);
-        let fixed = p.c.zp as f32 - (ra * p.a.zp as f32 + rb * p.b.zp as f32);
+        (ra, rb, p.c.zp as f32 - (ra * p.a.zp as f32 + rb * p.b.zp as f32))
+    }
+
+    #[inline(always)]
+    fn eval(&self, a: i32, b: i32, p: &Params, &(ra, rb, fixed): &(f32, f32, f32)) -> i32 {
         let v = if p.b_scalar { (fixed + b as f32 * rb) + a as f32 * ra } else { (fixed + a as f32 * ra) + b as f32 * rb };
         round_i32(v).clamp(p.bounds.0, p.bounds.1)
     }

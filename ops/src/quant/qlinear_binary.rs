@@ -38,8 +38,11 @@ pub(super) fn b_is_span_scalar(a: &[usize], b: &[usize], out: &[usize]) -> bool 
 /// One quantized binary op's arithmetic.
 pub(super) trait Arith: Send + Sync + std::fmt::Debug + 'static {
     const NAME: &'static str;
+    /// What the op derives from the parameters once per run (MLAS's scale ratios).
+    type Consts: Copy + Send + Sync;
+    fn consts(&self, p: &Params) -> Self::Consts;
     /// Output element for the integer inputs `a` and `b`.
-    fn eval(&self, a: i32, b: i32, p: &Params) -> i32;
+    fn eval(&self, a: i32, b: i32, p: &Params, k: &Self::Consts) -> i32;
     /// The same in WGSL: an i32 expression of `a`, `b` (i32), the f32 scales `sa`, `sb`,
     /// `sc`, the i32 zero points `za`, `zb`, `zc` and the bounds `lo`, `hi` (the helpers
     /// of [`qlinear::WGSL_REQUANTIZE`] are declared), for a B that is `b_scalar`.
@@ -92,9 +95,10 @@ impl<A: Arith> CpuKernel for QLinearBinary<A> {
         let dims = out.dims().to_vec();
         let p = Params { b_scalar: b_is_span_scalar(a.dims(), b.dims(), &dims), ..p };
         let strides = [broadcast_strides(a.dims(), &dims), broadcast_strides(b.dims(), &dims)];
+        let k = self.0.consts(&p);
         let mut y = vec![0i32; out.len()];
         cpu::par_chunks_mut(&mut y, 1, 4, |first, part| {
-            for_each_offset_in(&dims, &strides, first, first + part.len(), &mut |o, offs| part[o - first] = self.0.eval(av[offs[0]], bv[offs[1]], &p));
+            for_each_offset_in(&dims, &strides, first, first + part.len(), &mut |o, offs| part[o - first] = self.0.eval(av[offs[0]], bv[offs[1]], &p, &k));
         });
         qlinear::write_ints(out, &y)
     }

@@ -13,9 +13,15 @@ pub(super) struct Mul;
 impl Arith for Mul {
     const NAME: &'static str = "QLinearMul";
 
+    /// `A_scale * B_scale / C_scale`.
+    type Consts = f32;
+
+    fn consts(&self, p: &Params) -> f32 {
+        p.a.scale * p.b.scale / p.c.scale
+    }
+
     #[inline(always)]
-    fn eval(&self, a: i32, b: i32, p: &Params) -> i32 {
-        let ratio = p.a.scale * p.b.scale / p.c.scale;
+    fn eval(&self, a: i32, b: i32, p: &Params, &ratio: &f32) -> i32 {
         let product = (a - p.a.zp) * (b - p.b.zp);
         requantize(product as f32 * ratio + p.c.zp as f32, 0, p.bounds)
     }
