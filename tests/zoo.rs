@@ -65,7 +65,7 @@ macro_rules! zoo_tests {
     ($($name:ident),*) => { $( #[test] fn $name() { check(stringify!($name)); } )* };
 }
 
-zoo_tests!(mlp, lenet, resnet18, mobilenet_v2, squeezenet1_1, ppocr_cls, magika, bert_tiny, gpt2_tiny, bert_tiny_int8_dyn, control_flow, lstm_tagger, detect_nms);
+zoo_tests!(mlp, lenet, resnet18, mobilenet_v2, squeezenet1_1, ppocr_cls, magika, bert_tiny, gpt2_tiny, bert_tiny_int8_dyn, mobilenet_v2_int8_qop, control_flow, lstm_tagger, detect_nms);
 
 #[test]
 fn ppocr_det() {

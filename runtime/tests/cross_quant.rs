@@ -1,6 +1,8 @@
 //! The quantization ops on every device against the CPU: per-tensor, per-axis and
-//! blocked scales, zero points per row and per column, odd sizes. Integer outputs
-//! must agree exactly.
+//! blocked scales, zero points per row and per column, odd sizes; onnxruntime's
+//! quantized contrib ops (com.microsoft) with constant and run-time parameters.
+//! Integer outputs must agree exactly, and so must f32 outputs computed from exact
+//! integer sums (MatMulNBits' f32 sums differ in order: 1e-6).
 mod common;
 use common::*;
 use kiln_graph::{Attr, DType, Tensor};
@@ -82,5 +84,139 @@ fn conv_integer_agrees() {
     let q = q.constant(ints(DType::I8, &[4, 3, 3, 2], 12)).constant(scale(&[4], 13)).constant(ints(DType::I8, &[4], 14));
     let bias = Tensor::from_f64(DType::I32, &[4], &[-3000., 0., 12345., 7.]).unwrap();
     s.check(q.constant(Tensor::scalar(0.9f32)).constant(ints(DType::U8, &[], 15)).constant(bias).attrs(&attrs), Tolerance::EXACT);
+    s.finish();
+}
+
+/// A case of one of onnxruntime's contrib ops (domain `com.microsoft`, opset 1).
+fn ms(op: &str) -> Case {
+    Case::new(op).domain("com.microsoft").opset(1)
+}
+
+/// A positive scale tensor.
+fn scale(dims: &[usize], seed: u64) -> Tensor {
+    rand_f32_map(dims, seed, |v| v.abs() * 0.05 + 0.002)
+}
+
+/// `(X, scale, zero point)` for 8-bit data: as constants, or as run-time inputs.
+fn triple(c: Case, x: Tensor, s: Tensor, z: Tensor, constant: bool) -> Case {
+    let c = c.input(x);
+    if constant { c.constant(s).constant(z) } else { c.input(s).input(z) }
+}
+
+#[test]
+fn qlinear_elementwise_agree() {
+    let mut s = Suite::new("QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu");
+    // Broadcasting (B per row, B one value, both sides), uint8 and int8, parameters
+    // constant or run-time.
+    for op in ["QLinearAdd", "QLinearMul"] {
+        for (d, a, b, constant) in [
+            (DType::U8, vec![3, 37, 5], vec![37, 1], true),
+            (DType::I8, vec![2, 65], vec![1], false),
+            (DType::U8, vec![4, 1, 3], vec![1, 7, 1], false),
+            (DType::I8, vec![1], vec![129], true),
+        ] {
+            let c = triple(ms(op), ints(d, &a, 1), scale(&[], 2), ints(d, &[], 3), constant);
+            let c = triple(c, ints(d, &b, 4), scale(&[], 5), ints(d, &[], 6), constant);
+            let c = if constant { c.constant(scale(&[], 7)).constant(ints(d, &[], 8)) } else { c.input(scale(&[], 7)).input(ints(d, &[], 8)) };
+            s.check(c, Tolerance::EXACT);
+        }
+    }
+    for (op, attrs) in [("QLinearSigmoid", vec![]), ("QLinearLeakyRelu", vec![("alpha", Attr::Float(0.13))])] {
+        for (d, constant) in [(DType::U8, true), (DType::I8, true), (DType::U8, false), (DType::I8, false)] {
+            let c = triple(ms(op).attrs(&attrs), ints(d, &[7, 300], 9), scale(&[], 10), ints(d, &[], 11), constant);
+            let c = if constant { c.constant(Tensor::scalar(1.0f32 / 256.0)).constant(ints(d, &[], 12)) } else { c.input(scale(&[], 12)).input(ints(d, &[], 13)) };
+            s.check(c, Tolerance::EXACT);
+        }
+    }
+    s.finish();
+}
+
+#[test]
+fn qlinear_pooling_and_concat_agree() {
+    let mut s = Suite::new("QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat");
+    // Global average: NCHW, NHWC, and planes larger than a workgroup's lanes times the
+    // loop limit would allow one invocation.
+    for (d, dims, cl) in [(DType::U8, vec![2, 5, 9, 11], 0), (DType::I8, vec![1, 13, 7, 6], 1), (DType::U8, vec![1, 2, 300, 300], 0)] {
+        let c = triple(ms("QLinearGlobalAveragePool").attr("channels_last", Attr::Int(cl)), ints(d, &dims, 1), scale(&[], 2), ints(d, &[], 3), true);
+        s.check(c.constant(scale(&[], 4)).constant(ints(d, &[], 5)), Tolerance::EXACT);
+    }
+    let ks = |v: &[i64]| Attr::Ints(v.to_vec());
+    for (d, dims, attrs, constant) in [
+        (DType::U8, vec![2, 3, 11, 9], vec![("kernel_shape", ks(&[3, 3])), ("strides", ks(&[2, 2])), ("pads", ks(&[1, 1, 1, 1]))], true),
+        (DType::I8, vec![1, 4, 10, 3], vec![("kernel_shape", ks(&[3, 2])), ("strides", ks(&[2, 1])), ("pads", ks(&[1, 0, 2, 1])), ("count_include_pad", Attr::Int(1)), ("ceil_mode", Attr::Int(1))], false),
+        (DType::U8, vec![1, 7, 5, 3], vec![("kernel_shape", ks(&[2, 2])), ("auto_pad", Attr::String("SAME_LOWER".into())), ("channels_last", Attr::Int(1))], true),
+        (DType::I8, vec![2, 3, 17], vec![("kernel_shape", ks(&[5])), ("strides", ks(&[3])), ("pads", ks(&[2, 2]))], true),
+        (DType::U8, vec![1, 2, 4, 5, 6], vec![("kernel_shape", ks(&[2, 3, 2])), ("strides", ks(&[2, 1, 2])), ("pads", ks(&[1, 0, 1, 0, 1, 1]))], false),
+        (DType::U8, vec![1, 3, 6, 7], vec![("kernel_shape", ks(&[6, 7]))], true),
+    ] {
+        let c = triple(ms("QLinearAveragePool").attrs(&attrs), ints(d, &dims, 6), scale(&[], 7), ints(d, &[], 8), constant);
+        let c = if constant { c.constant(scale(&[], 9)).constant(ints(d, &[], 10)) } else { c.input(scale(&[], 9)).input(ints(d, &[], 10)) };
+        s.check(c, Tolerance::EXACT);
+    }
+    for (d, axis, constant) in [(DType::U8, 1, true), (DType::I8, -1, false)] {
+        let mut c = ms("QLinearConcat").attr("axis", Attr::Int(axis));
+        c = if constant { c.constant(scale(&[], 11)).constant(ints(d, &[], 12)) } else { c.input(scale(&[], 11)).input(ints(d, &[], 12)) };
+        for (j, dims) in [[2, 3, 5], [2, 1, 5], [2, 4, 5]].iter().enumerate() {
+            let mut dims = dims.to_vec();
+            if axis == -1 {
+                dims.swap(1, 2);
+            }
+            c = triple(c, ints(d, &dims, 13 + j as u64), scale(&[], 20 + j as u64), ints(d, &[], 30 + j as u64), constant);
+        }
+        s.check(c, Tolerance::EXACT);
+    }
+    s.finish();
+}
+
+#[test]
+fn qgemm_and_quantized_matmuls_agree() {
+    let mut s = Suite::new("QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul, MatMulNBits");
+    // QGemm: quantized and f32 outputs, transposes, b per column, C broadcast.
+    for (da, db, trans_a, trans_b, per_column, c_dims, quantized) in [
+        (DType::U8, DType::I8, 0, 1, true, Some(vec![9]), true),
+        (DType::I8, DType::I8, 1, 0, false, Some(vec![5, 1]), true),
+        (DType::U8, DType::U8, 0, 0, true, None, false),
+        (DType::U8, DType::I8, 1, 1, false, Some(vec![5, 9]), false),
+    ] {
+        let (m, k, n) = (5, 33, 9);
+        let a = ints(da, &if trans_a == 1 { vec![k, m] } else { vec![m, k] }, 1);
+        let b = ints(db, &if trans_b == 1 { vec![n, k] } else { vec![k, n] }, 2);
+        let bq: &[usize] = if per_column { &[9] } else { &[] };
+        let c = ms("QGemm").attrs(&[("transA", Attr::Int(trans_a)), ("transB", Attr::Int(trans_b)), ("alpha", Attr::Float(0.75))]);
+        let c = triple(c, a, scale(&[], 3), ints(da, &[], 4), true);
+        let c = triple(c, b, scale(bq, 5), ints(db, bq, 6), true);
+        let c = match c_dims {
+            Some(d) => c.constant(Tensor::from_f64(DType::I32, &d, &(0..d.iter().product::<usize>()).map(|i| (i as f64 * 7919.0) % 40000.0 - 20000.0).collect::<Vec<_>>()).unwrap()),
+            None => c.omitted(),
+        };
+        let c = if quantized { c.constant(Tensor::scalar(0.8f32)).constant(ints(da, &[], 7)) } else { c };
+        s.check(c, Tolerance::EXACT);
+    }
+    // MatMulIntegerToFloat: batched, b per column, a bias; uint8 B without zero points.
+    let bias = rand_f32(&[7], 8);
+    let c = ms("MatMulIntegerToFloat").input(ints(DType::U8, &[2, 5, 33], 1)).constant(ints(DType::I8, &[33, 7], 2)).constant(scale(&[], 3)).constant(scale(&[7], 4));
+    s.check(c.constant(ints(DType::U8, &[], 5)).constant(ints(DType::I8, &[7], 6)).constant(bias.clone()), Tolerance::EXACT);
+    let c = ms("MatMulIntegerToFloat").input(ints(DType::I8, &[4, 33], 1)).input(ints(DType::U8, &[33, 7], 2)).input(scale(&[], 3)).input(scale(&[], 4));
+    s.check(c, Tolerance::EXACT);
+    // DynamicQuantizeMatMul: A quantized on the device.
+    let c = ms("DynamicQuantizeMatMul").input(rand_f32_map(&[3, 4, 33], 9, |v| v * 3.0 - 0.5)).constant(ints(DType::I8, &[33, 7], 2)).constant(scale(&[7], 4));
+    s.check(c.constant(ints(DType::I8, &[7], 6)).constant(bias), Tolerance::EXACT);
+    let c = ms("DynamicQuantizeMatMul").input(rand_f32_map(&[5, 33], 10, |v| v.abs())).input(ints(DType::U8, &[33, 2], 3)).input(scale(&[], 4));
+    s.check(c, Tolerance::EXACT);
+    // MatMulNBits: 4-bit f32 compute (packed, f32 and default zero points, g_idx), int8
+    // compute, 2- and 8-bit.
+    for (bits, bs, k, acc, zp, g_idx) in [(4, 16, 70, 0, "packed", false), (4, 32, 64, 0, "f32", true), (4, 16, 70, 4, "packed", false), (2, 32, 96, 4, "none", false), (8, 16, 48, 0, "packed", false)] {
+        let n = 11;
+        let nb = (k + bs - 1) / bs;
+        let attrs = [("K", Attr::Int(k as i64)), ("N", Attr::Int(n as i64)), ("bits", Attr::Int(bits)), ("block_size", Attr::Int(bs as i64)), ("accuracy_level", Attr::Int(acc))];
+        let c = ms("MatMulNBits").attrs(&attrs).input(rand_f32(&[2, 3, k], 11)).constant(ints(DType::U8, &[n, nb, bs * bits as usize / 8], 12)).constant(scale(&[n, nb], 13));
+        let c = match zp {
+            "packed" => c.constant(ints(DType::U8, &[n, (nb * bits as usize).div_ceil(8)], 14)),
+            "f32" => c.constant(rand_f32_map(&[n, nb], 15, |v| (v + 1.0) * 7.5)),
+            _ => c.omitted(),
+        };
+        let c = if g_idx { c.constant(Tensor::from_vec(&[k], (0..k).map(|i| ((i * 5) % nb) as i32).collect()).unwrap()) } else { c.omitted() };
+        s.check(c.constant(rand_f32(&[n], 16)), Tolerance::f32(1e-6));
+    }
     s.finish();
 }

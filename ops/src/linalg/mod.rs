@@ -1,13 +1,20 @@
 //! Linear algebra: MatMul and Gemm, sharing one batched, strided matrix product (CPU
 //! through the `gemm` crate, WGSL through a register-blocked kernel); the integer products MatMulInteger and
-//! QLinearMatMul.
+//! QLinearMatMul; onnxruntime's quantized products (domain `com.microsoft`): QGemm,
+//! MatMulIntegerToFloat, DynamicQuantizeMatMul (over the exact integer product, WGSL in
+//! `qproduct_wgsl`) and MatMulNBits.
 use crate::Registry;
 
+mod dynamic_quantize_matmul;
 mod gemm;
 mod gemv;
 mod matmul;
 mod matmul_integer;
+mod matmul_integer_to_float;
+mod matmul_nbits;
+mod qgemm;
 mod qlinear_matmul;
+mod qproduct_wgsl;
 pub mod microkernel;
 pub mod packed;
 pub(crate) mod product;
@@ -33,6 +40,10 @@ pub(crate) fn register(r: &mut Registry) {
     r.register("", "Gemm", |spec| Ok(Box::new(Gemm::parse(spec)?)));
     matmul_integer::register(r);
     qlinear_matmul::register(r);
+    qgemm::register(r);
+    matmul_integer_to_float::register(r);
+    dynamic_quantize_matmul::register(r);
+    matmul_nbits::register(r);
 }
 
 #[cfg(test)]

@@ -60,7 +60,7 @@ impl Op for QLinearMatMul {
 
 /// Per-tensor or per-row/column values of input `i` against operand dims `x`, one per
 /// output element of `out` (`[batch..., m, n]`).
-fn per_output(t: &Tensor, i: usize, of_a: bool, x: &[usize], out: &[usize]) -> Result<(Vec<f32>, Vec<usize>)> {
+pub(super) fn per_output(t: &Tensor, i: usize, of_a: bool, x: &[usize], out: &[usize]) -> Result<(Vec<f32>, Vec<usize>)> {
     let zd = zero_point_dims(i, of_a, t.dims(), x)?;
     let mut padded = vec![1; out.len().saturating_sub(zd.len())];
     padded.extend(&zd);

@@ -50,7 +50,7 @@ mod rotary_embedding;
 mod pool;
 mod pool_blocked8;
 mod pool_nchwc;
-mod window;
+pub(crate) mod window;
 
 pub(crate) fn register(r: &mut Registry) {
     conv::register(r);

@@ -1,6 +1,9 @@
 //! Quantization: QuantizeLinear and DequantizeLinear, per tensor, per axis and blocked
 //! (one file each), sharing how a scale (and zero point) is laid out against the data;
-//! DynamicQuantizeLinear.
+//! DynamicQuantizeLinear. onnxruntime's quantized contrib ops (domain `com.microsoft`,
+//! one file each, sharing [`qlinear`]): QLinearAdd and QLinearMul (over
+//! `qlinear_binary`), QLinearSigmoid and QLinearLeakyRelu (over `qlinear_lookup`),
+//! QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat.
 use crate::cpu;
 use crate::op::required;
 use crate::{Arg, OpError, Registry, Result};
@@ -8,12 +11,29 @@ use kiln_graph::{DType, Tensor};
 
 mod dequantize_linear;
 mod dynamic_quantize_linear;
+pub(crate) mod qlinear;
+mod qlinear_add;
+mod qlinear_average_pool;
+mod qlinear_binary;
+mod qlinear_concat;
+mod qlinear_global_average_pool;
+mod qlinear_leaky_relu;
+mod qlinear_lookup;
+mod qlinear_mul;
+mod qlinear_sigmoid;
 mod quantize_linear;
 
 pub(crate) fn register(r: &mut Registry) {
     quantize_linear::register(r);
     dequantize_linear::register(r);
     dynamic_quantize_linear::register(r);
+    qlinear_add::register(r);
+    qlinear_mul::register(r);
+    qlinear_sigmoid::register(r);
+    qlinear_leaky_relu::register(r);
+    qlinear_global_average_pool::register(r);
+    qlinear_average_pool::register(r);
+    qlinear_concat::register(r);
 }
 
 /// The integer dtypes a quantized tensor may have here (the spec's 4-bit and float8

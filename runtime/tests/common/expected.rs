@@ -34,4 +34,22 @@ pub const EXPECTED_FAILURES: &[Expected] = &[Expected {
 /// An op listed here that runs in f64 fails the test (remove it from the list).
 /// The quantization ops are defined on f32 arithmetic (as onnxruntime computes them):
 /// their CPU kernels are checked against exact values in their unit tests.
-pub const NO_F64_REFERENCE: &[&str] = &["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "QLinearConv"];
+pub const NO_F64_REFERENCE: &[&str] = &[
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "QLinearMatMul",
+    "QLinearConv",
+    // onnxruntime's contrib ops (com.microsoft).
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QLinearGlobalAveragePool",
+    "QLinearAveragePool",
+    "QLinearConcat",
+    "QGemm",
+    "MatMulIntegerToFloat",
+    "DynamicQuantizeMatMul",
+    "MatMulNBits",
+];
