@@ -146,7 +146,7 @@ pub fn random_tensor(dtype: DType, shape: &[usize], seed: u64) -> Result<Tensor>
     let mut rng = Rng::new(seed);
     let mut next = move || {
         let r = rng.next_f32() as f64;
-        if dtype.is_float() {
+        if dtype.is_float() || dtype.is_narrow_float() {
             r
         } else if dtype == DType::Bool {
             (r > 0.0) as u8 as f64
@@ -172,6 +172,11 @@ pub fn random_tensor(dtype: DType, shape: &[usize], seed: u64) -> Result<Tensor>
         DType::U16 => fill!(u16, |v| v as u16),
         DType::U32 => fill!(u32, |v| v as u32),
         DType::U64 => fill!(u64, |v| v as u64),
+        // Floats in [-1, 1) and integers 0..10 rounded or wrapped into the narrow type.
+        d => {
+            let v: Vec<f64> = (0..t.len()).map(|_| next()).collect();
+            t = Tensor::from_f64(d, shape, &v)?;
+        }
     }
     Ok(t)
 }

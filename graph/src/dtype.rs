@@ -20,10 +20,38 @@ pub enum DType {
     U32,
     U64,
     Bool,
+    /// float8 E4M3, finite (no infinities, one NaN per sign); stored as its bit pattern.
+    F8E4M3FN,
+    /// float8 E4M3, finite, unsigned zero (no negative zero, NaN is 0x80).
+    F8E4M3FNUZ,
+    /// float8 E5M2, IEEE-like (infinities and NaNs).
+    F8E5M2,
+    /// float8 E5M2, finite, unsigned zero.
+    F8E5M2FNUZ,
+    /// float8 E8M0: an unsigned power of two, 2^(code - 127), for microscaling.
+    F8E8M0,
+    /// float4 E2M1 (one byte per element, low 4 bits).
+    F4E2M1,
+    /// 4-bit signed integer (one byte per element, sign-extended).
+    I4,
+    /// 4-bit unsigned integer (one byte per element).
+    U4,
+    /// 2-bit signed integer (one byte per element, sign-extended).
+    I2,
+    /// 2-bit unsigned integer (one byte per element).
+    U2,
 }
 
 impl DType {
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 23] = [
+        DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::I16, DType::I32,
+        DType::I64, DType::U8, DType::U16, DType::U32, DType::U64, DType::Bool,
+        DType::F8E4M3FN, DType::F8E4M3FNUZ, DType::F8E5M2, DType::F8E5M2FNUZ, DType::F8E8M0,
+        DType::F4E2M1, DType::I4, DType::U4, DType::I2, DType::U2,
+    ];
+
+    /// The dtypes arithmetic kernels compute in (every dtype but the narrow ones).
+    pub const COMPUTE: [DType; 13] = [
         DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::I16, DType::I32,
         DType::I64, DType::U8, DType::U16, DType::U32, DType::U64, DType::Bool,
     ];
@@ -32,6 +60,9 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::I8 | DType::U8 | DType::Bool => 1,
+            // Narrow dtypes are stored unpacked, one element per byte (see `narrow`).
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0
+            | DType::F4E2M1 | DType::I4 | DType::U4 | DType::I2 | DType::U2 => 1,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -49,8 +80,25 @@ impl DType {
         )
     }
 
+    /// The float8, float4, 4-bit and 2-bit dtypes: storage and conversion only (Cast,
+    /// QuantizeLinear, DequantizeLinear and data movement); arithmetic kernels refuse them.
+    pub fn is_narrow(self) -> bool {
+        matches!(
+            self,
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0
+                | DType::F4E2M1 | DType::I4 | DType::U4 | DType::I2 | DType::U2
+        )
+    }
+
+    /// The narrow float dtypes (float8 and float4).
+    pub fn is_narrow_float(self) -> bool {
+        self.is_narrow() && !matches!(self, DType::I4 | DType::U4 | DType::I2 | DType::U2)
+    }
+
     pub fn is_signed(self) -> bool {
-        matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64) || self.is_float()
+        matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::I4 | DType::I2)
+            || self.is_float()
+            || (self.is_narrow_float() && self != DType::F8E8M0)
     }
 
     /// The ONNX TensorProto.DataType code.
@@ -69,6 +117,16 @@ impl DType {
             DType::U32 => 12,
             DType::U64 => 13,
             DType::BF16 => 16,
+            DType::F8E4M3FN => 17,
+            DType::F8E4M3FNUZ => 18,
+            DType::F8E5M2 => 19,
+            DType::F8E5M2FNUZ => 20,
+            DType::U4 => 21,
+            DType::I4 => 22,
+            DType::F4E2M1 => 23,
+            DType::F8E8M0 => 24,
+            DType::U2 => 25,
+            DType::I2 => 26,
         }
     }
 
@@ -93,12 +151,23 @@ impl DType {
             DType::U32 => "u32",
             DType::U64 => "u64",
             DType::Bool => "bool",
+            DType::F8E4M3FN => "f8e4m3fn",
+            DType::F8E4M3FNUZ => "f8e4m3fnuz",
+            DType::F8E5M2 => "f8e5m2",
+            DType::F8E5M2FNUZ => "f8e5m2fnuz",
+            DType::F8E8M0 => "f8e8m0",
+            DType::F4E2M1 => "f4e2m1",
+            DType::I4 => "i4",
+            DType::U4 => "u4",
+            DType::I2 => "i2",
+            DType::U2 => "u2",
         }
     }
 
-    /// numpy's dtype descriptor (little endian), as used in .npy headers.
-    pub fn numpy_descr(self) -> &'static str {
-        match self {
+    /// numpy's dtype descriptor (little endian), as used in .npy headers; `None` for the
+    /// narrow dtypes, which numpy lacks.
+    pub fn numpy_descr(self) -> Option<&'static str> {
+        Some(match self {
             DType::F32 => "<f4",
             DType::F16 => "<f2",
             DType::BF16 => "<V2",
@@ -112,12 +181,13 @@ impl DType {
             DType::U32 => "<u4",
             DType::U64 => "<u8",
             DType::Bool => "|b1",
-        }
+            _ => return None,
+        })
     }
 
     pub fn from_numpy_descr(descr: &str) -> Option<DType> {
         let d = descr.replace('=', "<");
-        DType::ALL.into_iter().find(|t| t.numpy_descr() == d || t.numpy_descr().replace('|', "<") == d)
+        DType::ALL.into_iter().find(|t| t.numpy_descr().is_some_and(|n| n == d || n.replace('|', "<") == d))
     }
 }
 

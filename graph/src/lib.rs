@@ -13,6 +13,7 @@ mod builder;
 mod dtype;
 mod error;
 mod graph;
+pub mod narrow;
 mod shape;
 pub mod rng;
 pub mod size;

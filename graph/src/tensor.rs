@@ -258,6 +258,7 @@ impl Tensor {
             DType::U16 => bytemuck::cast_slice::<u8, u16>(b).iter().map(|&v| v as f64).collect(),
             DType::U32 => bytemuck::cast_slice::<u8, u32>(b).iter().map(|&v| v as f64).collect(),
             DType::U64 => bytemuck::cast_slice::<u8, u64>(b).iter().map(|&v| v as f64).collect(),
+            d => b.iter().map(|&v| crate::narrow::decode(d, v)).collect(),
         }
     }
 
@@ -273,11 +274,14 @@ impl Tensor {
             DType::U16 => bytemuck::cast_slice::<u8, u16>(b).iter().map(|&v| v as i64).collect(),
             DType::U32 => bytemuck::cast_slice::<u8, u32>(b).iter().map(|&v| v as i64).collect(),
             DType::U64 => bytemuck::cast_slice::<u8, u64>(b).iter().map(|&v| v as i64).collect(),
+            DType::I4 | DType::I2 => b.iter().map(|&v| v as i8 as i64).collect(),
+            DType::U4 | DType::U2 => b.iter().map(|&v| v as i64).collect(),
             d => return Err(GraphError::BadTensor { name: String::new(), what: format!("expected an integer tensor, found {d}") }),
         })
     }
 
-    /// A tensor of `dtype` from f64 values (rounding/casting like a C cast; bool is v != 0).
+    /// A tensor of `dtype` from f64 values (rounding/casting like a C cast; bool is v != 0;
+    /// narrow floats round to nearest even and saturate, narrow integers wrap).
     pub fn from_f64(dtype: DType, dims: &[usize], values: &[f64]) -> Result<Tensor> {
         macro_rules! conv {
             ($t:ty, $f:expr) => {{
@@ -299,6 +303,12 @@ impl Tensor {
             DType::U32 => conv!(u32, |&v| v as u32),
             DType::U64 => conv!(u64, |&v| v as u64),
             DType::Bool => conv!(u8, |&v| (v != 0.0) as u8),
+            DType::F8E8M0 => conv!(u8, |&v| crate::narrow::e8m0_encode(v as f32, true, crate::narrow::E8M0Round::Nearest)),
+            d => match (crate::narrow::MiniFloat::of(d), crate::narrow::narrow_int(d)) {
+                (Some(f), _) => conv!(u8, |&v| f.encode(v, true)),
+                (_, Some((bits, signed))) => conv!(u8, |&v| crate::narrow::wrap_int(v as i128, bits, signed)),
+                _ => unreachable!("every narrow dtype is a minifloat or a narrow integer"),
+            },
         }
     }
 }

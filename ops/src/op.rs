@@ -109,6 +109,13 @@ pub trait Op: Send + Sync + fmt::Debug {
         false
     }
 
+    /// True when the op takes inputs of the narrow dtypes (float8, float4, 4- and 2-bit
+    /// integers; `DType::is_narrow`): Cast, CastLike, QuantizeLinear, DequantizeLinear
+    /// and the views. Inference refuses narrow inputs for every other op, naming it.
+    fn handles_narrow(&self) -> bool {
+        self.is_view()
+    }
+
     /// True when the CPU kernel writes every element of every output. The CPU memory
     /// plan hands out recycled buffers with stale contents; an op that leaves some
     /// elements alone (relying on zeroed outputs) keeps the default `false` and gets its

@@ -3,7 +3,9 @@
 //!
 //! Conventions: every GPU buffer holds 4-byte elements. Floats are `f32`; signed
 //! integers (i8..i64) are `i32` (the runtime checks on upload that i64 values fit);
-//! unsigned integers are `u32`; bool is `u32` (0 or 1). Shapes are concrete when code
+//! unsigned integers are `u32`; bool is `u32` (0 or 1). The narrow dtypes hold their
+//! values: float8/float4 as `f32` (every value they can take is an f32), 4- and 2-bit
+//! integers as `i32`/`u32`. Shapes are concrete when code
 //! is generated, so dims and strides are baked into the source as constants.
 use crate::{Arg, Result, TensorType};
 use kiln_graph::DType;
@@ -110,8 +112,9 @@ pub fn workgroup_param() -> TuneParam {
 pub fn elem(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 | DType::F64 => "f32",
-        DType::I8 | DType::I16 | DType::I32 | DType::I64 => "i32",
-        DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool => "u32",
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0 | DType::F4E2M1 => "f32",
+        DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::I4 | DType::I2 => "i32",
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool | DType::U4 | DType::U2 => "u32",
     }
 }
 

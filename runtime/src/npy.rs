@@ -158,13 +158,24 @@ fn read_exactly(r: &mut impl Read, buf: &mut [u8], what: &str) -> Result<()> {
 }
 
 /// Encodes a tensor as a .npy file (version 1.0, or 2.0 for very long headers).
+/// numpy has no narrow dtypes: float8/float4 tensors are written as f32, 4- and 2-bit
+/// integers as i8/u8, which hold their values exactly.
 pub fn encode(t: &Tensor) -> Vec<u8> {
+    let widened;
+    let t = match t.dtype() {
+        d if d.is_narrow() => {
+            let wide = if d.is_narrow_float() { DType::F32 } else if d.is_signed() { DType::I8 } else { DType::U8 };
+            widened = Tensor::from_f64(wide, t.dims(), &t.to_f64_vec()).expect("the same dims in a dtype of the same size or wider");
+            &widened
+        }
+        _ => t,
+    };
     let shape = match t.dims() {
         [] => "()".to_string(),
         [d] => format!("({d},)"),
         ds => format!("({})", ds.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
     };
-    let dict = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}", t.dtype().numpy_descr());
+    let dict = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}", t.dtype().numpy_descr().expect("compute dtypes have a numpy name"));
     let (version, len_size) = if dict.len() + 1 + 10 < 65536 { (1u8, 2) } else { (2u8, 4) };
     let prefix = MAGIC.len() + 2 + len_size;
     let total = (prefix + dict.len() + 1).div_ceil(64) * 64;
@@ -349,7 +360,7 @@ fn dtype_of_descr(descr: &str) -> Result<DType> {
             "big-endian data ('{descr}'); convert it with arr.astype(arr.dtype.newbyteorder('<'))"
         )));
     }
-    let supported: Vec<&str> = DType::ALL.iter().map(|d| d.numpy_descr()).collect();
+    let supported: Vec<&str> = DType::ALL.iter().filter_map(|d| d.numpy_descr()).collect();
     Err(NpyError::Unsupported(format!("dtype '{descr}' (supported: {})", supported.join(" "))))
 }
 

@@ -6,7 +6,7 @@
 use super::error::ImportError;
 use super::proto::{data_type_name, StringStringEntryProto, TensorProto, DATA_LOCATION_EXTERNAL};
 use bytes::Bytes;
-use kiln_graph::{size, DType, Tensor};
+use kiln_graph::{narrow, size, DType, Tensor};
 use prost::Message;
 use std::collections::HashMap;
 use std::fs::File;
@@ -135,6 +135,30 @@ pub(crate) fn convert(p: &TensorProto, ext: &mut ExternalFiles) -> Result<Tensor
     let n_bytes = size::bytes(dtype, &dims).map_err(|e| bad(e.to_string()))?;
     let n = n_bytes / dtype.size();
 
+    // 4- and 2-bit types are packed in files, low bits first; Kiln holds a byte each.
+    let per_byte = narrow::per_byte(dtype);
+    if per_byte > 1 {
+        let packed_len = n.div_ceil(per_byte);
+        let packed = if p.data_location == DATA_LOCATION_EXTERNAL {
+            ext.read(p, DType::U8, &[packed_len], packed_len)?.bytes().to_vec()
+        } else if !p.raw_data.is_empty() || n == 0 {
+            if p.raw_data.len() != packed_len {
+                return Err(bad(format!(
+                    "raw_data has {} bytes; a {dtype} tensor of shape {dims:?} packs into {packed_len}",
+                    p.raw_data.len()
+                )));
+            }
+            p.raw_data.to_vec()
+        } else {
+            // int32_data holds one packed byte per entry.
+            if p.int32_data.len() != packed_len {
+                return Err(bad(format!("int32_data has {} values; a {dtype} tensor of shape {dims:?} packs into {packed_len}", p.int32_data.len())));
+            }
+            p.int32_data.iter().map(|&x| x as u8).collect()
+        };
+        let elements = narrow::unpack(dtype, &packed, n).ok_or_else(|| bad(format!("too few packed bytes for {n} elements")))?;
+        return Tensor::from_bytes(dtype, &dims, &elements).map_err(|e| bad(e.to_string()));
+    }
     if p.data_location == DATA_LOCATION_EXTERNAL {
         return ext.read(p, dtype, &dims, n_bytes);
     }
@@ -190,7 +214,8 @@ pub(crate) fn convert(p: &TensorProto, ext: &mut ExternalFiles) -> Result<Tensor
             let v: Vec<u16> = p.int32_data.iter().map(|&x| x as u16).collect();
             Tensor::from_bytes(dtype, &dims, bytemuck::cast_slice(&v))
         }
-        DType::I8 | DType::U8 => {
+        // float8 bit patterns, one per int32_data entry.
+        DType::I8 | DType::U8 | DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0 => {
             count(p.int32_data.len(), "int32_data")?;
             let v: Vec<u8> = p.int32_data.iter().map(|&x| x as u8).collect();
             Tensor::from_bytes(dtype, &dims, &v)
@@ -200,17 +225,19 @@ pub(crate) fn convert(p: &TensorProto, ext: &mut ExternalFiles) -> Result<Tensor
             let v: Vec<u8> = p.int32_data.iter().map(|&x| (x != 0) as u8).collect();
             Tensor::from_bytes(dtype, &dims, &v)
         }
+        DType::F4E2M1 | DType::I4 | DType::U4 | DType::I2 | DType::U2 => unreachable!("packed dtypes were read above"),
     };
     built.map_err(|e| bad(e.to_string()))
 }
 
-/// A TensorProto holding `t` as raw_data.
+/// A TensorProto holding `t` as raw_data (4- and 2-bit types packed).
 pub fn tensor_to_proto(name: &str, t: &Tensor) -> TensorProto {
+    let raw = if narrow::per_byte(t.dtype()) > 1 { Bytes::from(narrow::pack(t.dtype(), t.bytes())) } else { Bytes::copy_from_slice(t.bytes()) };
     TensorProto {
         dims: t.dims().iter().map(|&d| d as i64).collect(),
         data_type: t.dtype().onnx_code(),
         name: name.to_string(),
-        raw_data: Bytes::copy_from_slice(t.bytes()),
+        raw_data: raw,
         ..Default::default()
     }
 }

@@ -175,6 +175,10 @@ impl Walk {
                 _ => None,
             })
             .collect();
+        if let Some((i, a)) = args.iter().enumerate().find_map(|(i, a)| a.filter(|a| a.dtype().is_narrow() && !op.handles_narrow()).map(|a| (i, a))) {
+            let what = format!("dtype {} is supported only by Cast, CastLike, QuantizeLinear, DequantizeLinear and reshapes (cast it first)", a.dtype());
+            return Err(InferError::node(node, OpError::input(i, what)).into());
+        }
         let out_types = match op.infer(&args) {
             Ok(t) => t,
             Err(OpError::NeedsValue { index, what }) => {

@@ -1,8 +1,9 @@
 //! DequantizeLinear: `y = (x - x_zero_point) * x_scale`, per tensor, per axis or
 //! blocked ([`ScaleLayout`]); y has the scale's dtype. The difference is exact (in
-//! i64), the product in f32, as onnxruntime computes it.
+//! i64), the product in f32, as onnxruntime computes it. Float8 and float4 data
+//! subtract their (float) zero point in f32.
 use super::quantize_linear::SCALE_DTYPES;
-use super::{ScaleLayout, QUANT_DTYPES};
+use super::{ScaleLayout, LINEAR_QUANT_DTYPES};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
@@ -21,7 +22,7 @@ impl Op for DequantizeLinear {
     }
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        let x = expect_dtype(inputs, 0, &QUANT_DTYPES)?;
+        let x = expect_dtype(inputs, 0, &[&LINEAR_QUANT_DTYPES[..], &[DType::I32]].concat())?;
         let out = expect_dtype(inputs, 1, &SCALE_DTYPES)?;
         if let Some(z) = inputs.get(2).copied().flatten() {
             if z.dtype() != x {
@@ -34,6 +35,10 @@ impl Op for DequantizeLinear {
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {
         Some(self)
+    }
+
+    fn handles_narrow(&self) -> bool {
+        true
     }
 
     fn wgsl(&self) -> Option<&dyn WgslKernel> {
@@ -66,9 +71,10 @@ impl CpuKernel for DequantizeLinear {
         let layout = ScaleLayout::of_tensors(inputs, 1, 2, self.axis, self.block_size)?;
         let x = cpu::input(inputs, 0)?;
         let scale: Vec<f32> = cpu::input(inputs, 1)?.to_f64_vec().into_iter().map(|v| v as f32).collect();
+        let narrow_float = x.dtype().is_narrow_float();
         let zp: Vec<i64> = match inputs.get(2).copied().flatten() {
-            Some(z) => z.to_i64_vec()?,
-            None => vec![0; scale.len()],
+            Some(z) if !narrow_float => z.to_i64_vec()?,
+            _ => vec![0; scale.len()],
         };
         let out = &mut outputs[0];
         let (dtype, dims) = (out.dtype(), out.dims().to_vec());
@@ -85,6 +91,20 @@ impl CpuKernel for DequantizeLinear {
             DType::U16 => dequantize(&layout, x.as_slice::<u16>()?, &scale, &zp, y),
             DType::I16 => dequantize(&layout, x.as_slice::<i16>()?, &scale, &zp, y),
             DType::I32 => dequantize(&layout, x.as_slice::<i32>()?, &scale, &zp, y),
+            DType::I4 | DType::I2 => dequantize(&layout, bytemuck::cast_slice::<u8, i8>(x.bytes()), &scale, &zp, y),
+            DType::U4 | DType::U2 => dequantize(&layout, x.bytes(), &scale, &zp, y),
+            _ if narrow_float => {
+                let xv = x.to_f64_vec();
+                let zf = inputs.get(2).copied().flatten().map(|z| z.to_f64_vec()).unwrap_or_else(|| vec![0.0; scale.len()]);
+                cpu::par_chunks_mut(y, 1, 4, |first, part| {
+                    layout.runs(first, first + part.len(), |i0, i1, s0, step| {
+                        for (k, o) in part[i0 - first..i1 - first].iter_mut().enumerate() {
+                            let si = s0 + k * step;
+                            *o = (xv[i0 + k] as f32 - zf[si] as f32) * scale[si];
+                        }
+                    });
+                });
+            }
             d => return Err(OpError::Unsupported(format!("DequantizeLinear of {d}"))),
         }
         if dtype != DType::F32 {

@@ -36,16 +36,24 @@ pub(crate) fn register(r: &mut Registry) {
     qlinear_concat::register(r);
 }
 
-/// The integer dtypes a quantized tensor may have here (the spec's 4-bit and float8
-/// types are not Kiln dtypes), with their ranges.
-pub(crate) const QUANT_DTYPES: [DType; 5] = [DType::I8, DType::U8, DType::I16, DType::U16, DType::I32];
+/// What QuantizeLinear produces and DequantizeLinear reads: the integer dtypes, the 4-
+/// and 2-bit integers, float8 and float4.
+pub(crate) const LINEAR_QUANT_DTYPES: [DType; 13] = [
+    DType::I8, DType::U8, DType::I16, DType::U16, DType::I4, DType::U4, DType::I2, DType::U2,
+    DType::F8E4M3FN, DType::F8E4M3FNUZ, DType::F8E5M2, DType::F8E5M2FNUZ, DType::F4E2M1,
+];
 
+/// The ranges of the integer dtypes a quantized tensor may have.
 pub(crate) fn range(d: DType) -> (f32, f32) {
     match d {
         DType::I8 => (-128.0, 127.0),
         DType::U8 => (0.0, 255.0),
         DType::I16 => (-32768.0, 32767.0),
         DType::U16 => (0.0, 65535.0),
+        DType::I4 => (-8.0, 7.0),
+        DType::U4 => (0.0, 15.0),
+        DType::I2 => (-2.0, 1.0),
+        DType::U2 => (0.0, 3.0),
         _ => (i32::MIN as f32, i32::MAX as f32),
     }
 }

@@ -1,15 +1,18 @@
 //! QuantizeLinear: `y = saturate(round_half_to_even(x / y_scale) + y_zero_point)`, per
 //! tensor, per axis or blocked ([`ScaleLayout`]). The output dtype is the zero point's,
 //! else `output_dtype`, else uint8. The division is in f32, as onnxruntime does it.
-use super::{range, ScaleLayout};
+//! Into float8, `y = x / y_scale` rounds to nearest even (the zero point is ignored, as
+//! in ONNX's reference) and saturates unless `saturate` is 0; into float4,
+//! `y = x / y_scale + y_zero_point`, rounded and saturated likewise.
+use super::{range, ScaleLayout, LINEAR_QUANT_DTYPES};
+use crate::tensor::cast::{wgsl_narrow_float, Rounding, NARROW_WGSL};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::narrow::{E8M0Round, MiniFloat};
 use kiln_graph::{DType, Tensor};
 
-/// The output dtypes QuantizeLinear can produce here.
-const OUT_DTYPES: [DType; 4] = [DType::I8, DType::U8, DType::I16, DType::U16];
 const X_DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I32];
 pub(crate) const SCALE_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
@@ -19,23 +22,27 @@ pub struct QuantizeLinear {
     pub block_size: i64,
     /// `output_dtype` (opset 21), when set.
     pub output_dtype: Option<DType>,
+    /// `saturate` (opset 19): float8 outputs clamp to their largest value.
+    pub saturate: bool,
 }
 
 impl QuantizeLinear {
     fn parse(spec: &NodeSpec) -> Result<QuantizeLinear> {
         let output_dtype = match spec.int("output_dtype", 0)? {
             0 => None,
-            code => Some(DType::from_onnx_code(code as i32).filter(|d| OUT_DTYPES.contains(d)).ok_or_else(|| {
-                spec.bad("output_dtype", format!("ONNX data type {code} is not supported (expected int8, uint8, int16 or uint16)"))
+            code => Some(DType::from_onnx_code(code as i32).filter(|d| LINEAR_QUANT_DTYPES.contains(d)).ok_or_else(|| {
+                let names: Vec<_> = LINEAR_QUANT_DTYPES.iter().map(|d| d.name()).collect();
+                spec.bad("output_dtype", format!("ONNX data type {code} is not supported (expected one of {})", names.join(", ")))
             })?),
         };
-        Ok(QuantizeLinear { axis: spec.int("axis", 1)?, block_size: spec.int("block_size", 0)?, output_dtype })
+        let saturate = spec.int("saturate", 1)? != 0;
+        Ok(QuantizeLinear { axis: spec.int("axis", 1)?, block_size: spec.int("block_size", 0)?, output_dtype, saturate })
     }
 
     fn out_dtype(&self, inputs: &[Option<Arg>]) -> Result<DType> {
         match inputs.get(2).copied().flatten() {
             Some(z) => {
-                let d = expect_dtype(inputs, 2, &OUT_DTYPES)?;
+                let d = expect_dtype(inputs, 2, &LINEAR_QUANT_DTYPES)?;
                 if self.output_dtype.is_some_and(|o| o != d) {
                     return Err(OpError::input(2, format!("zero point dtype {} differs from output_dtype {}", z.dtype(), self.output_dtype.unwrap_or(d))));
                 }
@@ -61,6 +68,10 @@ impl Op for QuantizeLinear {
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {
         Some(self)
+    }
+
+    fn handles_narrow(&self) -> bool {
+        true
     }
 
     fn wgsl(&self) -> Option<&dyn WgslKernel> {
@@ -153,7 +164,25 @@ impl CpuKernel for QuantizeLinear {
             DType::I8 => quantize_f32(&layout, xf, &scale, &zp, bounds, out.as_mut_slice::<i8>()?),
             DType::U16 => quantize_f32(&layout, xf, &scale, &zp, bounds, out.as_mut_slice::<u16>()?),
             DType::I16 => quantize_f32(&layout, xf, &scale, &zp, bounds, out.as_mut_slice::<i16>()?),
-            d => return Err(OpError::Unsupported(format!("QuantizeLinear to {d}"))),
+            // 4- and 2-bit integers: their values, one byte each.
+            DType::I4 | DType::I2 => quantize_f32(&layout, xf, &scale, &zp, bounds, bytemuck::cast_slice_mut::<u8, i8>(out.bytes_mut())),
+            DType::U4 | DType::U2 => quantize_f32(&layout, xf, &scale, &zp, bounds, out.bytes_mut()),
+            d => {
+                let f = MiniFloat::of(d).ok_or_else(|| OpError::Unsupported(format!("QuantizeLinear to {d}")))?;
+                // float8 ignores the zero point; float4 adds it (as ONNX's reference does).
+                let add_zp = d == DType::F4E2M1;
+                let saturate = self.saturate || add_zp;
+                let y = out.bytes_mut();
+                cpu::par_chunks_mut(y, 1, 8, |first, part| {
+                    layout.runs(first, first + part.len(), |i0, i1, s0, step| {
+                        for (k, o) in part[i0 - first..i1 - first].iter_mut().enumerate() {
+                            let si = s0 + k * step;
+                            let v = xf[i0 + k] / scale[si] + if add_zp { zp[si] } else { 0.0 };
+                            *o = f.encode(v as f64, saturate);
+                        }
+                    });
+                });
+            }
         }
         Ok(())
     }
@@ -176,13 +205,20 @@ impl WgslKernel for QuantizeLinear {
         buffers.push(("y", oe, false));
         bindings.push(Binding::Output(0));
         let zp = if has_zp { "f32(zp[s])" } else { "0.0" };
-        let body = format!(
-            "let s = {};\n    let v = clamp(round(f32(x[i]) / scale[s]) + {zp}, {}, {});\n    y[i] = {oe}(v);",
-            layout.wgsl(),
-            wgsl::literal("f32", lo as f64),
-            wgsl::literal("f32", hi as f64)
-        );
-        Ok(WgslProgram::single(wgsl::simple_kernel("QuantizeLinear", outputs[0].len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, "", &body)))
+        let (body, helpers) = if out.is_narrow_float() {
+            let v = if out == DType::F4E2M1 { format!("f32(x[i]) / scale[s] + {zp}") } else { "f32(x[i]) / scale[s]".into() };
+            let rounding = Rounding { saturate: self.saturate || out == DType::F4E2M1, e8m0: E8M0Round::Up };
+            (format!("let s = {};\n    y[i] = {};", layout.wgsl(), wgsl_narrow_float(&v, out, rounding)), NARROW_WGSL)
+        } else {
+            let body = format!(
+                "let s = {};\n    let v = clamp(round(f32(x[i]) / scale[s]) + {zp}, {}, {});\n    y[i] = {oe}(v);",
+                layout.wgsl(),
+                wgsl::literal("f32", lo as f64),
+                wgsl::literal("f32", hi as f64)
+            );
+            (body, "")
+        };
+        Ok(WgslProgram::single(wgsl::simple_kernel("QuantizeLinear", outputs[0].len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, helpers, &body)))
     }
 }
 

@@ -16,7 +16,7 @@ mod numeric;
 pub(crate) use numeric::{from_i64, write_i64};
 pub(crate) use common::tensor_args;
 
-mod cast;
+pub(crate) mod cast;
 mod center_crop_pad;
 mod concat;
 mod constant;
