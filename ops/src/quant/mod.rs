@@ -91,7 +91,9 @@ impl ScaleLayout {
     fn of_dims(x: &[usize], (si, s): (usize, &[usize]), (zi, z): (usize, Option<&[usize]>), axis: i64, block_size: i64) -> Result<ScaleLayout> {
         let (x, s) = (x.to_vec(), s.to_vec());
         if let Some(z) = z {
-            if z != s.as_slice() {
+            // A one-element zero point serves a one-element scale whatever their ranks.
+            let single = |d: &[usize]| d.len() <= 1 && d.iter().product::<usize>() == 1;
+            if z != s.as_slice() && !(single(z) && single(&s)) {
                 return Err(OpError::input(zi, format!("zero point of shape {z:?} differs from the scale's {s:?}")));
             }
         }

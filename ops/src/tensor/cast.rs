@@ -177,6 +177,7 @@ fn kiln_minifloat(x: f32, mbits: i32, emin: i32, maxv: f32, over: f32) -> f32 {
     let sign = bits & 0x80000000u;
     if ((bits & 0x7fffffffu) > 0x7f800000u) { return x; }
     let a = bitcast<f32>(bits & 0x7fffffffu);
+    if (a > maxv * 2.0) { return bitcast<f32>(bitcast<u32>(over) ^ sign); }
     let e = max(i32((bits >> 23u) & 0xffu) - 127, emin);
     // Scaling by powers of two is exact; round() rounds ties to even.
     let r = round(a * bitcast<f32>(u32(127 + mbits - e) << 23u)) * bitcast<f32>(u32(127 - mbits + e) << 23u);
