@@ -241,7 +241,9 @@ fn constants_fold_into_initializers() {
 #[test]
 fn initializers_of_every_dtype() {
     for dtype in DType::ALL {
-        let vals: Vec<f64> = (0..6).map(|i| if dtype == DType::Bool { (i % 2) as f64 } else { i as f64 + 1.0 }).collect();
+        // Values every dtype holds (2-bit integers only -2..3, E8M0 only powers of two,
+        // E2M1 only 0.5 steps up to 2 then 3, 4, 6).
+        let vals: Vec<f64> = (0..6).map(|i| if dtype == DType::Bool { (i % 2) as f64 } else if matches!(dtype, DType::I2 | DType::U2) { (i % 2) as f64 } else if dtype == DType::F8E8M0 { (1 << i) as f64 } else if dtype == DType::F4E2M1 { [0.5, 1., 1.5, 2., 3., 4.][i] } else { i as f64 + 1.0 }).collect();
         let t = Tensor::from_f64(dtype, &[2, 3], &vals).unwrap();
         let mut typed = TensorProto { name: "w".into(), dims: vec![2, 3], data_type: dtype.onnx_code(), ..Default::default() };
         let b = t.bytes();
@@ -258,6 +260,13 @@ fn initializers_of_every_dtype() {
             DType::I16 => typed.int32_data = bytemuck::cast_slice::<u8, i16>(b).iter().map(|&v| v as i32).collect(),
             DType::I8 => typed.int32_data = b.iter().map(|&v| v as i8 as i32).collect(),
             DType::U8 | DType::Bool => typed.int32_data = b.iter().map(|&v| v as i32).collect(),
+            // float8 bit patterns, one per entry; 4- and 2-bit types packed, a byte per entry.
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0 => {
+                typed.int32_data = b.iter().map(|&v| v as i32).collect()
+            }
+            DType::F4E2M1 | DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
+                typed.int32_data = kiln_graph::narrow::pack(dtype, b).iter().map(|&v| v as i32).collect()
+            }
         }
         for proto in [raw("w", &t), typed] {
             let mut m = M::new(vec![node("Relu", "r", &["x"], &["y"])]);
@@ -267,7 +276,13 @@ fn initializers_of_every_dtype() {
         }
         let back = onnx::tensor_from_proto(&raw("w", &t), None).unwrap();
         assert_eq!(back, t);
+        assert_eq!(back.to_f64_vec(), vals, "{dtype}");
     }
+    // raw_data packs 4-bit types two per byte, low nibble first, sign-extended on read.
+    let p = TensorProto { name: "q".into(), dims: vec![3], data_type: DType::I4.onnx_code(), raw_data: vec![0x78, 0x0f].into(), ..Default::default() };
+    assert_eq!(onnx::tensor_from_proto(&p, None).unwrap().to_f64_vec(), vec![-8., 7., -1.]);
+    let short = TensorProto { raw_data: vec![0x78].into(), ..p };
+    assert!(onnx::tensor_from_proto(&short, None).unwrap_err().to_string().contains("packs into 2"));
 }
 
 #[test]

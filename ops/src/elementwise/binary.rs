@@ -14,8 +14,8 @@ use super::{wgsl_max, wgsl_min};
 use crate::Result;
 use kiln_graph::{DType, Tensor};
 
-/// Every dtype (comparisons; Equal of bool masks).
-const ANY: &[DType] = &DType::ALL;
+/// Every compute dtype (comparisons; Equal of bool masks).
+const ANY: &[DType] = &DType::COMPUTE;
 /// Bool only (logic).
 const BOOL: &[DType] = &[DType::Bool];
 
