@@ -433,3 +433,35 @@ fn data_dependent_shapes_run_in_stages_on_every_device() {
         }
     }
 }
+
+/// float8 data runs through Cast and reshapes on every backend; arithmetic on it is an
+/// error naming the node and the dtype, never a silent reinterpretation of its bytes.
+#[test]
+fn narrow_dtypes_cast_and_reshape_but_arithmetic_is_refused() {
+    gpu_env();
+    let mut b = GraphBuilder::new("f8");
+    let x = b.input("x", DType::F32, kiln_graph::Shape::fixed(&[2, 3]));
+    let q = b.node("Cast", &[x], &[("to", Attr::Int(DType::F8E4M3FN.onnx_code() as i64))]);
+    let shape = b.constant("shape", Tensor::from_vec(&[1], vec![6i64]).unwrap());
+    let r = b.node("Reshape", &[q, shape], &[]);
+    let y = b.node("Cast", &[r], &[("to", Attr::Int(DType::F32.onnx_code() as i64))]);
+    b.rename(y, "y");
+    b.output(y);
+    let mut g = b.finish().unwrap();
+    g.opsets.insert(String::new(), 21);
+    let x = Tensor::from_vec(&[2, 3], vec![0.478_925_47f32, 1e6, -3.3, 0.0, 465.0, -1e-9]).unwrap();
+    for (name, device) in [("cpu", DeviceChoice::Cpu), ("gpu", DeviceChoice::Gpu)] {
+        let s = Session::new(g.clone(), SessionOptions::device(device)).unwrap();
+        let out = s.run(&[("x", &x)]).unwrap();
+        assert_eq!(out[0].to_f64_vec(), vec![0.46875, 448.0, -3.25, 0.0, 448.0, -0.0], "{name}");
+    }
+    let mut b = GraphBuilder::new("f8_add");
+    let x = b.input("x", DType::F8E5M2, kiln_graph::Shape::fixed(&[3]));
+    let y = b.node("Add", &[x, x], &[]);
+    b.output(y);
+    let mut g = b.finish().unwrap();
+    g.nodes[0].name = "sum".into();
+    g.opsets.insert(String::new(), 21);
+    let e = cpu_session(g).err().expect("an error").to_string();
+    assert!(e.contains("'sum'") && e.contains("f8e5m2") && e.contains("Cast"), "{e}");
+}
