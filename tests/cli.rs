@@ -310,3 +310,17 @@ fn tune_measures_stores_reuses_embeds_lists_and_clears() {
     let o = kiln(&["tune"]);
     assert!(!o.status.success());
 }
+
+#[test]
+fn ops_lists_operators_and_dtypes() {
+    let o = kiln(&["ops"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.lines().any(|l| l == "QuantizeLinear") && out.lines().any(|l| l == "com.microsoft.QLinearAdd"), "{out}");
+    let o = kiln(&["ops", "--dtypes", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let list: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let f8 = list.as_array().unwrap().iter().find(|d| d["dtype"] == "f8e4m3fn").expect("float8 listed");
+    assert_eq!(f8["onnx"], 17);
+    assert!(f8["ops"].as_str().unwrap().contains("QuantizeLinear"));
+}
