@@ -359,6 +359,9 @@ def main():
     ap.add_argument("--write-doc", metavar="PATH", help="write this machine's section into PATH (docs/performance.md)")
     ap.add_argument("--no-sgemm", action="store_true", help="skip measuring the sgemm peak")
     ap.add_argument("--data-set", type=int, default=0, help="which test_data_set_N of each model to feed")
+    ap.add_argument("--kiln-baseline", action="append", default=[], metavar="MODEL=BASE",
+                    help="also bench Kiln on zoo model BASE in MODEL's alternating rounds (e.g. "
+                         "resnet18_int8_qdq=resnet18: Kiln int8 against Kiln f32 on the same machine)")
     ap.add_argument("--compare-passes", action="store_true",
                     help="also run kiln without its graph passes (before/after fusion)")
     # argparse takes a value starting with "--" only as --kiln-args=VALUE: accept both spellings.
@@ -409,7 +412,9 @@ def main():
         feeds = {n: a for n, _, a in inputs}
         dims = symbolic_dims(model, inputs)
         sess = None
-        ort_r, kiln_r, kiln0_r, k = [], [], [], None
+        ort_r, kiln_r, kiln0_r, base_r, k = [], [], [], [], None
+        base = dict(b.split("=", 1) for b in args.kiln_baseline).get(m)
+        base_inputs = inputs_of(os.path.join(zoo, base), args.data_set) if base else None
         try:
             for r in range(args.rounds):
                 # Kiln first in round 0 (so a model Kiln refuses costs nothing), then alternate.
@@ -421,6 +426,10 @@ def main():
                             k0 = bench_kiln(args.kiln, model, inputs, "cpu", args.iters, args.warmup,
                                             ["--no-passes", *cpu_args])
                             kiln0_r.append(k0["median_ms"])
+                        if base:
+                            kb = bench_kiln(args.kiln, os.path.join(zoo, base, "model.onnx"), base_inputs, "cpu",
+                                            args.iters, args.warmup, cpu_args)
+                            base_r.append(kb["median_ms"])
                     else:
                         if sess is None:
                             sess = ort_session(model, args.threads)
@@ -449,6 +458,8 @@ def main():
                "ort_gflops": flops / ort_ms / 1e6 if flops else None}
         if ferr:
             row["flops_error"] = short_error(ferr)
+        if base:
+            row.update({"kiln_baseline": base, "kiln_baseline_ms": statistics.median(base_r), "kiln_baseline_rounds_ms": base_r})
         if args.compare_passes:
             row.update({"kiln_cpu_ms_no_passes": statistics.median(kiln0_r), "kiln_cpu_kernels_no_passes": k0["kernels_per_run"]})
         if args.gpu:
@@ -466,6 +477,8 @@ def main():
             line += f"   (no FLOPs: {row['flops_error']})"
         if args.rounds > 1:
             line += f"   rounds ort {' '.join(f'{x:.3f}' for x in ort_r)} / kiln {' '.join(f'{x:.3f}' for x in kiln_r)}"
+        if base:
+            line += f"   kiln {base} {row['kiln_baseline_ms']:.3f} ms (rounds {' '.join(f'{x:.3f}' for x in base_r)})"
         if args.compare_passes:
             line += f" ({row['kiln_cpu_kernels']} kernels; without passes {row['kiln_cpu_ms_no_passes']:.2f} ms, {row['kiln_cpu_kernels_no_passes']} kernels)"
         if args.gpu:

@@ -16,6 +16,8 @@ enum Compare {
     /// onnxruntime's approximate sigmoid is off by ~1e-7 there: Kiln's result matches an
     /// f64 sigmoid of the same logits better than the reference does).
     Abs(f64),
+    /// Relative L2 error at most this on every device.
+    RelL2Within(f64),
 }
 
 fn check(model: &str) {
@@ -49,6 +51,7 @@ fn check_with(model: &str, compare: Compare) {
                 let set_name = set.dir.file_name().unwrap().to_string_lossy().to_string();
                 let (what, e, limit) = match compare {
                     Compare::RelL2 => ("rel. L2", rel_l2(got, want), tol),
+                    Compare::RelL2Within(limit) => ("rel. L2", rel_l2(got, want), limit),
                     Compare::Abs(limit) => {
                         let d = got.to_f64_vec().iter().zip(want.to_f64_vec()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
                         ("max abs diff", d, limit)
@@ -66,6 +69,17 @@ macro_rules! zoo_tests {
 }
 
 zoo_tests!(mlp, lenet, resnet18, mobilenet_v2, squeezenet1_1, ppocr_cls, magika, bert_tiny, gpt2_tiny, bert_tiny_int8_dyn, mobilenet_v2_int8_qop, control_flow, lstm_tagger, detect_nms);
+
+/// The QDQ model, raw (f32 between fake quantizations) and with passes (fuse-qdq: integer
+/// ops). Its reference is onnxruntime's f32 emulation (graph optimizations off), and
+/// this random-weight network amplifies single rounding steps layer by layer: the exact
+/// integer result (scripts/qdq_int_reference.py, numpy) is 1.69e-2 from it, and
+/// onnxruntime's own integer kernels (optimizations on) 6.2e-2 on an AVX2 machine, so
+/// the zoo's 1e-2 for int8 models cannot hold here; 2e-2 does for both paths.
+#[test]
+fn resnet18_int8_qdq() {
+    check_with("resnet18_int8_qdq", Compare::RelL2Within(2e-2));
+}
 
 #[test]
 fn ppocr_det() {

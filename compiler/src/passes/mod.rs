@@ -14,6 +14,7 @@ mod fuse_bias;
 mod fuse_elementwise;
 mod fuse_gelu;
 mod fuse_layernorm;
+mod fuse_qdq;
 mod fuse_residual;
 mod layout_nchwc;
 
@@ -30,6 +31,7 @@ pub use fuse_bias::fuse_bias;
 pub use fuse_elementwise::fuse_elementwise;
 pub use fuse_gelu::fuse_gelu;
 pub use fuse_layernorm::fuse_layernorm;
+pub use fuse_qdq::fuse_qdq;
 pub use fuse_residual::{fuse_conv_residual, fuse_residual};
 pub use layout_nchwc::layout_nchwc;
 
@@ -45,6 +47,7 @@ pub struct Pass {
 /// The passes [`optimize`] runs, in order.
 pub const PASSES: &[Pass] = &[
     Pass { name: "eliminate-identity", run: eliminate_identity },
+    Pass { name: "fuse-qdq", run: fuse_qdq },
     Pass { name: "fold-constants", run: fold_constants },
     Pass { name: "fold-batchnorm", run: fold_batchnorm },
     Pass { name: "cse", run: eliminate_common_subexpressions },

@@ -8,6 +8,7 @@ use crate::Registry;
 mod dynamic_quantize_matmul;
 mod gemm;
 mod gemv;
+pub(crate) mod int8_kernel;
 mod matmul;
 mod matmul_integer;
 mod matmul_integer_to_float;

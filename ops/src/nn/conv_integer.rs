@@ -1,13 +1,16 @@
 //! ConvInteger: Conv of `(x - x_zero_point)` with `(w - w_zero_point)` into int32,
 //! exactly (Conv's attributes). x's zero point is per tensor, w's per tensor or per
-//! output channel. The CPU runs the f64 direct convolution on the shifted values
-//! (every partial sum is an integer below 2^53, so it is exact); WGSL sums in i32.
+//! output channel. With constant filters the CPU runs the packed integer GEMM of
+//! [`super::qconv_packed`]; otherwise (and as the reference) the f64 direct convolution
+//! on the shifted values (every partial sum is an integer below 2^53, so it is exact);
+//! WGSL sums in i32.
 use super::conv::Conv;
 use super::conv_cpu;
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
-use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use super::qconv_packed::{self, Epilogue, PackedIntConv};
+use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneParam, TuneValues};
 use kiln_graph::{DType, Tensor};
 
 const DTYPES: [DType; 2] = [DType::I8, DType::U8];
@@ -80,6 +83,20 @@ impl CpuKernel for ConvInteger {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let opt = |i: usize| inputs.get(i).copied().flatten();
         int_conv(&self.conv, cpu::input(inputs, 0)?, cpu::input(inputs, 1)?, opt(2), opt(3), outputs[0].as_mut_slice::<i32>()?)
+    }
+
+    /// The instruction set of the packed integer kernel ([`qconv_packed`]).
+    fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        match qconv_packed::packable(&self.conv, inputs, 0, 1, 3) {
+            Some((_, dx, w, zw)) => qconv_packed::params(qconv_packed::quads_ok(dx, w, &zw)),
+            None => vec![],
+        }
+    }
+
+    /// Packs constant filters once for the fast integer kernel.
+    fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
+        let Some((p, dx, w, zw)) = qconv_packed::packable(&self.conv, inputs, 0, 1, 3) else { return Ok(None) };
+        Ok(PackedIntConv::new(p, Epilogue::Int32, dx, w, &zw, tune)?.map(|k| Box::new(k) as Box<dyn CpuKernel>))
     }
 }
 

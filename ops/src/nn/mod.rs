@@ -23,6 +23,9 @@ mod blocked8;
 mod conv;
 mod conv_integer;
 mod qlinear_conv;
+mod qconv_packed;
+#[cfg(test)]
+mod qconv_packed_tests;
 mod conv_cpu;
 mod conv_depthwise8;
 mod conv_flipped;

@@ -5,11 +5,12 @@
 //! channel; the others per tensor; the bias B int32 per output channel.
 use super::conv::Conv;
 use super::conv_integer::{int_conv, int_conv_wgsl};
+use super::qconv_packed::{self, Epilogue, PackedIntConv};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::quant::range;
 use crate::wgsl::{self, WgslKernel, WgslProgram};
-use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneParam, TuneValues};
 use kiln_graph::{DType, Tensor};
 
 const DTYPES: [DType; 2] = [DType::I8, DType::U8];
@@ -88,6 +89,20 @@ impl CpuKernel for QLinearConv {
             })
             .collect();
         crate::tensor::write_i64(&mut outputs[0], &q)
+    }
+
+    /// The instruction set of the packed integer kernel ([`qconv_packed`]).
+    fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        match qconv_packed::packable(&self.conv, inputs, 0, 3, 5) {
+            Some((_, dx, w, zw)) => qconv_packed::params(qconv_packed::quads_ok(dx, w, &zw)),
+            None => vec![],
+        }
+    }
+
+    /// Packs constant filters once for the fast integer kernel.
+    fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
+        let Some((p, dx, w, zw)) = qconv_packed::packable(&self.conv, inputs, 0, 3, 5) else { return Ok(None) };
+        Ok(PackedIntConv::new(p, Epilogue::Requantize, dx, w, &zw, tune)?.map(|k| Box::new(k) as Box<dyn CpuKernel>))
     }
 }
 
