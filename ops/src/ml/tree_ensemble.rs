@@ -219,9 +219,18 @@ fn const_f32(v: f64) -> String {
     format!("{f:?}f")
 }
 
+/// A list of ints given as ints or as an integer tensor (`nodes_modes` is a uint8
+/// tensor); empty when absent.
+fn int_list(spec: &NodeSpec, name: &str) -> Result<Vec<i64>> {
+    match spec.tensor_opt(name) {
+        Ok(Some(t)) => Ok(t.to_i64_vec()?),
+        _ => spec.ints(name, &[]),
+    }
+}
+
 /// Reads a list attribute of ints as indices below `bound`.
 fn indices(spec: &NodeSpec, name: &str, bound: usize) -> Result<Vec<usize>> {
-    spec.ints(name, &[])?
+    int_list(spec, name)?
         .into_iter()
         .map(|v| usize::try_from(v).ok().filter(|&i| i < bound).ok_or_else(|| spec.bad(name, format!("index {v} is outside [0, {bound})"))))
         .collect()
@@ -250,13 +259,16 @@ fn parse(spec: &NodeSpec) -> Result<TreeEnsemble> {
         return Err(spec.bad("leaf_targetids", format!("{} target ids for {} leaf weights", leaf_targets.len(), weights.len())));
     }
     let leaves: Vec<(usize, f64)> = leaf_targets.into_iter().zip(weights).collect();
-    let modes = spec.ints("nodes_modes", &[])?;
+    let modes = int_list(spec, "nodes_modes")?;
     let n = modes.len();
     let splits = floats(spec, "nodes_splits")?.unwrap_or_default();
     let features = indices(spec, "nodes_featureids", 1 << 24)?;
-    let (true_leaf, false_leaf) = (spec.ints("nodes_trueleafs", &[])?, spec.ints("nodes_falseleafs", &[])?);
-    let (true_ids, false_ids) = (spec.ints("nodes_truenodeids", &[])?, spec.ints("nodes_falsenodeids", &[])?);
-    let nan_true = spec.ints("nodes_missing_value_tracks_true", &vec![0; n])?;
+    let (true_leaf, false_leaf) = (int_list(spec, "nodes_trueleafs")?, int_list(spec, "nodes_falseleafs")?);
+    let (true_ids, false_ids) = (int_list(spec, "nodes_truenodeids")?, int_list(spec, "nodes_falsenodeids")?);
+    let nan_true = match int_list(spec, "nodes_missing_value_tracks_true")? {
+        v if v.is_empty() => vec![0; n],
+        v => v,
+    };
     for (name, len) in [("nodes_splits", splits.len()), ("nodes_featureids", features.len()), ("nodes_trueleafs", true_leaf.len()), ("nodes_falseleafs", false_leaf.len()), ("nodes_truenodeids", true_ids.len()), ("nodes_falsenodeids", false_ids.len()), ("nodes_missing_value_tracks_true", nan_true.len())] {
         if len != n {
             return Err(spec.bad(name, format!("{len} values for {n} nodes")));

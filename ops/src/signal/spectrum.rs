@@ -19,6 +19,27 @@ use crate::{OpError, Result, TensorType};
 use kiln_graph::Tensor;
 use std::f64::consts::PI;
 
+/// WGSL: `(cos, sin)` of `2 pi j / L`, reduced by symmetry to an angle in
+/// `[0, pi/4]` from the integers, so that quarter turns are exact (the f32 `sin` of
+/// `pi` is not 0, and on sums of large samples that error outgrows the tolerance of
+/// outputs that should vanish).
+const TWIDDLE: &str = "fn twiddle(j: u32, L: u32) -> vec2<f32> {
+    var a = 2u * j;
+    var sgn_s = 1.0;
+    var sgn_c = 1.0;
+    if (a > L) { a = 2u * L - a; sgn_s = -1.0; }
+    if (2u * a > L) { a = L - a; sgn_c = -1.0; }
+    var num = 2u * a;
+    let swap = 4u * a > L;
+    if (swap) { num = L - 2u * a; }
+    let t = 3.141592653589793 * f32(num) / f32(2u * L);
+    var c = cos(t);
+    var s = sin(t);
+    if (swap) { let tmp = c; c = s; s = tmp; }
+    return vec2<f32>(sgn_c * c, sgn_s * s);
+}
+";
+
 /// Direction of a transform.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -154,7 +175,7 @@ impl Lines {
              var re = 0.0;\n    var im = 0.0;\n    var j = 0u;\n    \
              for (var t = 0u; t < {n_use}u; t = t + 1u) {{\n        let p = (base + t * {ts}u) * {c_in}u;\n        \
              var xr = x[p];\n        var xi = {imag};\n        {weigh}\n        \
-             let angle = 6.283185307179586 * f32(j) / f32(L);\n        let c = cos(angle);\n        let s = sin(angle);\n        \
+             let cs = twiddle(j, L);\n        let c = cs.x;\n        let s = cs.y;\n        \
              {accumulate}\n        j = j + k;\n        if (j >= L) {{ j = j - L; }}\n    }}\n    {scale}\n    {store}",
             frames = self.frames,
             os = self.outer_stride,
@@ -172,6 +193,6 @@ impl Lines {
         }
         buffers.push(("y", "f32", false));
         bindings.push(Binding::Output(0));
-        Ok(WgslProgram::single(wgsl::simple_kernel(label, points, wg, &buffers, bindings, "", &body)))
+        Ok(WgslProgram::single(wgsl::simple_kernel(label, points, wg, &buffers, bindings, TWIDDLE, &body)))
     }
 }
