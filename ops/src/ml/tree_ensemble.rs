@@ -186,7 +186,7 @@ impl WgslKernel for TreeEnsemble {
              for (var t = 0u; t < {trees}u; t = t + 1u) {{\n        var at = ROOTS[t];\n        \
              for (var step = 0u; step <= {depth}u && (at & 1u) == 0u; step = step + 1u) {{\n            let k = at >> 1u;\n            \
              let v = x[row + FEAT[k]];\n            var yes = false;\n            let m = MODE[k];\n            \
-             if (v != v) {{ yes = NANT[k] == 1u; }}\n            else if (m == 0u) {{ yes = v <= SPLIT[k]; }}\n            \
+             if ((bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u) {{ yes = NANT[k] == 1u; }}\n            else if (m == 0u) {{ yes = v <= SPLIT[k]; }}\n            \
              else if (m == 1u) {{ yes = v < SPLIT[k]; }}\n            else if (m == 2u) {{ yes = v >= SPLIT[k]; }}\n            \
              else if (m == 3u) {{ yes = v > SPLIT[k]; }}\n            else if (m == 4u) {{ yes = v == SPLIT[k]; }}\n            \
              else if (m == 5u) {{ yes = v != SPLIT[k]; }}\n            \
