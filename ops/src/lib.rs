@@ -22,11 +22,15 @@ pub mod testing;
 pub mod elementwise;
 pub mod fused;
 mod linalg;
+mod ml;
 mod nn;
 mod quant;
 mod reduce;
 mod rnn;
+mod random;
+mod signal;
 mod tensor;
+mod training;
 
 pub use cpu::CpuKernel;
 pub use error::{OpError, Result};

@@ -123,6 +123,13 @@ pub trait Op: Send + Sync + fmt::Debug {
     fn overwrites_outputs(&self) -> bool {
         false
     }
+
+    /// True when the outputs differ from run to run for the same inputs (random ops
+    /// without a seed): such a node is never folded into a constant, so every run
+    /// computes it afresh.
+    fn varies_between_runs(&self) -> bool {
+        false
+    }
 }
 
 /// Required input `i`, or an error saying it is missing.

@@ -45,11 +45,15 @@ impl Registry {
             crate::control::register(&mut r);
             crate::elementwise::register(&mut r);
             crate::linalg::register(&mut r);
+            crate::ml::register(&mut r);
             crate::nn::register(&mut r);
             crate::quant::register(&mut r);
             crate::reduce::register(&mut r);
             crate::rnn::register(&mut r);
+            crate::random::register(&mut r);
+            crate::signal::register(&mut r);
             crate::tensor::register(&mut r);
+            crate::training::register(&mut r);
             crate::fused::register(&mut r);
             r
         })

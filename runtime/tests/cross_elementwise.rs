@@ -168,3 +168,13 @@ fn mod_and_prelu_agree() {
     s.check(Case::new("PRelu").opset(16).input(xi).input(Tensor::from_slice(&[1], &[3i32]).unwrap()), Tolerance::EXACT);
     s.finish();
 }
+
+#[test]
+fn swiglu_agrees() {
+    let mut s = Suite::new("SwiGLU");
+    let (a, b) = (rand_f32(&[3, 67], 1), rand_f32(&[3, 67], 2));
+    s.check(Case::new("SwiGLU").opset(28).input(a.clone()).input(b.clone()), Tolerance::f32(1e-6));
+    s.check(Case::new("SwiGLU").opset(28).input(a.clone()).input(b.clone()).attr("alpha", Attr::Float(1.702)), Tolerance::f32(1e-6));
+    s.check(Case::new("SwiGLU").opset(28).input(cast(&a, DType::F16)).input(cast(&b, DType::F16)), Tolerance::DEFAULT);
+    s.finish();
+}

@@ -61,3 +61,15 @@ fn softmax_and_reductions_agree() {
     }
     s.finish();
 }
+
+#[test]
+fn det_agrees() {
+    let mut s = Suite::new("Det");
+    s.check(Case::new("Det").opset(11).input(rand_f32(&[3, 2, 2], 1)), Tolerance::f32(1e-5));
+    s.check(Case::new("Det").opset(11).input(rand_f32(&[2, 3, 7, 7], 2)), Tolerance::f32(1e-4));
+    s.check(Case::new("Det").opset(11).input(rand_f32(&[1, 1], 3)), Tolerance::f32(1e-6));
+    // A singular matrix (two equal rows) and one that needs row swaps.
+    let m = f32s(&[2, 3, 3], &[1., 2., 3., 1., 2., 3., 4., 5., 6., 0., 1., 0., 1., 0., 0., 0., 0., 2.]);
+    s.check(Case::new("Det").opset(11).input(m), Tolerance::f32(1e-6));
+    s.finish();
+}

@@ -355,3 +355,40 @@ fn non_max_suppression_agrees() {
     s.check(nms().input(f32s(&[1], &[0.75])), Tolerance::EXACT);
     s.finish();
 }
+
+#[test]
+fn deform_conv_causal_conv_and_linear_attention_agree() {
+    let mut s = Suite::new("DeformConv, CausalConvWithState, LinearAttention");
+    let tol = Tolerance::f32(2e-5);
+    // DeformConv: offsets up to 3 px (samples leave the image), groups, mask, bias.
+    let x = rand_f32(&[2, 4, 7, 6], 1);
+    let w = rand_f32(&[6, 2, 3, 2], 2);
+    let off = rand_f32_map(&[2, 2 * 3 * 2 * 2, 4, 3], 3, |v| v * 3.0);
+    let case = Case::new("DeformConv")
+        .opset(19)
+        .attrs(&[("group", Attr::Int(2)), ("offset_group", Attr::Int(2)), ("strides", ints(&[2, 2])), ("pads", ints(&[1, 0, 1, 1])), ("dilations", ints(&[1, 2]))])
+        .input(x.clone())
+        .input(w.clone())
+        .input(off.clone());
+    s.check(case.clone(), tol);
+    s.check(case.input(rand_f32(&[6], 4)).input(rand_f32_map(&[2, 12, 4, 3], 5, |v| v.abs())), tol);
+    // CausalConvWithState: with and without past state and bias, SiLU, K = 1.
+    let (xi, wk) = (rand_f32(&[2, 5, 9], 6), rand_f32(&[5, 1, 4], 7));
+    let conv = |x: &Tensor, w: &Tensor| Case::new("CausalConvWithState").opset(27).outputs(2).input(x.clone()).input(w.clone());
+    s.check(conv(&xi, &wk), tol);
+    s.check(conv(&xi, &wk).input(rand_f32(&[5], 8)).input(rand_f32(&[2, 5, 3], 9)).attr("activation", string("silu")), tol);
+    s.check(conv(&rand_f32(&[1, 3, 2], 10), &rand_f32(&[3, 1, 5], 11)), tol);
+    s.check(conv(&xi, &rand_f32(&[5, 1, 1], 12)).attr("activation", string("swish")), tol);
+    // LinearAttention: every update rule, grouped queries, per-head and per-key decay.
+    let (b, t, hq, hk, dk, dv) = (2, 5, 4, 2, 3, 5);
+    let qkv = |c: Case| c.input(rand_f32(&[b, t, hq * dk], 13)).input(rand_f32(&[b, t, hk * dk], 14)).input(rand_f32(&[b, t, hk * dv], 15));
+    let la = |rule: &str| qkv(Case::new("LinearAttention").opset(27).outputs(2).attrs(&[("q_num_heads", Attr::Int(hq as i64)), ("kv_num_heads", Attr::Int(hk as i64)), ("update_rule", string(rule))]));
+    let decay = rand_f32_map(&[b, t, hk * dk], 16, |v| -v.abs());
+    let beta = rand_f32_map(&[b, t, hk], 17, |v| v.abs());
+    s.check(la("linear"), tol);
+    s.check(la("linear").input(rand_f32(&[b, hk, dk, dv], 18)).attr("scale", Attr::Float(0.7)), tol);
+    s.check(la("gated").omitted().input(rand_f32_map(&[b, t, hk], 19, |v| -v.abs())), tol);
+    s.check(la("delta").omitted().omitted().input(beta.clone()), tol);
+    s.check(la("gated_delta").input(rand_f32(&[b, hk, dk, dv], 20)).input(decay).input(beta), tol);
+    s.finish();
+}

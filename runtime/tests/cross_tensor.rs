@@ -211,3 +211,26 @@ fn center_crop_pad_and_unique_agree() {
     s.check(Case::new("Unique").opset(11).constant(u.clone()).attr("axis", Attr::Int(0)).attr("sorted", Attr::Int(0)).outputs(4), Tolerance::EXACT);
     s.finish();
 }
+
+#[test]
+fn bitcast_and_tensor_scatter_agree() {
+    let mut s = Suite::new("BitCast and TensorScatter");
+    use kiln_graph::DType;
+    let bitcast = |x: Tensor, to: DType| Case::new("BitCast").opset(26).input(x).attr("to", Attr::Int(to.onnx_code() as i64));
+    let f = f32s(&[5], &[1.0, -2.5, 0.0, 3.25e-3, -1e20]);
+    s.check(bitcast(f.clone(), DType::I32), Tolerance::EXACT);
+    s.check(bitcast(f, DType::U32), Tolerance::EXACT);
+    s.check(bitcast(Tensor::from_slice(&[4], &[1i32, -7, 1 << 30, 0x3f80_0000]).unwrap(), DType::F32), Tolerance::EXACT);
+    s.check(bitcast(Tensor::from_slice(&[3], &[-1i8, 5, -128]).unwrap(), DType::U8), Tolerance::EXACT);
+    s.check(bitcast(Tensor::from_slice(&[3], &[65535u16, 1, 32768]).unwrap(), DType::I16), Tolerance::EXACT);
+    s.check(bitcast(bools(&[3], &[true, false, true]), DType::U8), Tolerance::EXACT);
+    s.check(bitcast(Tensor::from_slice(&[2], &[-3i64, 7]).unwrap(), DType::F64), Tolerance::EXACT);
+    let (cache, upd) = (rand_f32(&[3, 2, 7, 5], 1), rand_f32(&[3, 2, 3, 5], 2));
+    for (mode, w) in [("linear", [4i64, 0, 2]), ("circular", [5, 6, 13])] {
+        let case = Case::new("TensorScatter").opset(24).input(cache.clone()).input(upd.clone()).input(i64_vec(&w)).attr("mode", string(mode));
+        s.check(case, Tolerance::EXACT);
+    }
+    s.check(Case::new("TensorScatter").opset(24).input(rand_f32(&[2, 6, 3], 3)).input(rand_f32(&[2, 1, 3], 4)), Tolerance::EXACT);
+    s.check(Case::new("TensorScatter").opset(24).input(rand_f32(&[2, 4, 3], 5)).input(rand_f32(&[2, 4, 2], 6)).attr("axis", Attr::Int(-1)), Tolerance::EXACT);
+    s.finish();
+}

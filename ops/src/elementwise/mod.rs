@@ -1,5 +1,5 @@
 //! Elementwise operators: unary math/activations, broadcasting binary ops, and the
-//! binary ops with their own semantics (bitwise, BitShift, Mod, PRelu) and float
+//! binary ops with their own semantics (bitwise, BitShift, Mod, PRelu, SwiGLU) and float
 //! classification (IsNaN, IsInf). Unary and plain binary ops are tables, one entry per
 //! op (`unary_ops!` in unary.rs, `binary_ops!` in binary.rs: CPU function + WGSL
 //! expression), so the fuser can compose them.
@@ -14,6 +14,7 @@ mod bitwise;
 mod classify;
 mod modulo;
 mod prelu;
+mod swiglu;
 mod unary;
 mod unary_op;
 mod unary_table;
@@ -34,4 +35,5 @@ pub(crate) fn register(r: &mut Registry) {
     classify::register(r);
     modulo::register(r);
     prelu::register(r);
+    swiglu::register(r);
 }

@@ -2,9 +2,10 @@
 //! through the `gemm` crate, WGSL through a register-blocked kernel); the integer products MatMulInteger and
 //! QLinearMatMul; onnxruntime's quantized products (domain `com.microsoft`): QGemm,
 //! MatMulIntegerToFloat, DynamicQuantizeMatMul (over the exact integer product, WGSL in
-//! `qproduct_wgsl`) and MatMulNBits.
+//! `qproduct_wgsl`) and MatMulNBits; Det.
 use crate::Registry;
 
+mod det;
 mod dynamic_quantize_matmul;
 mod gemm;
 mod gemv;
@@ -45,6 +46,7 @@ pub(crate) fn register(r: &mut Registry) {
     matmul_integer_to_float::register(r);
     dynamic_quantize_matmul::register(r);
     matmul_nbits::register(r);
+    det::register(r);
 }
 
 #[cfg(test)]

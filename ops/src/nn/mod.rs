@@ -1,8 +1,9 @@
-//! Neural-network ops: convolutions (Conv, ConvTranspose), pooling (MaxPool,
+//! Neural-network ops: convolutions (Conv, ConvTranspose, DeformConv), pooling (MaxPool,
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool) and normalization
 //! (BatchNormalization, InstanceNormalization, LayerNormalization, GroupNormalization,
 //! RMSNormalization, LpNormalization, MeanVarianceNormalization, LRN), Attention,
-//! RotaryEmbedding, GridSample, AffineGrid, Col2Im, MaxUnpool, the detection ops
+//! LinearAttention,
+//! RotaryEmbedding, CausalConvWithState, GridSample, AffineGrid, Col2Im, MaxUnpool, the detection ops
 //! (RoiAlign, NonMaxSuppression) and the losses (NegativeLogLikelihoodLoss,
 //! SoftmaxCrossEntropyLoss).
 //! Sliding-window geometry (pads, auto_pad, strides, dilations, ceil_mode) is shared
@@ -18,6 +19,7 @@ mod attention_cpu;
 mod attention_tests;
 mod attention_wgsl;
 mod batch_norm;
+mod causal_conv_with_state;
 mod col2im;
 mod blocked8;
 mod conv;
@@ -34,11 +36,13 @@ mod conv_packed;
 mod conv_winograd;
 mod conv_small_k;
 mod conv_transpose;
+mod deform_conv;
 mod global_pool;
 mod instance_norm;
 mod grid_sample;
 mod group_norm;
 mod layer_norm;
+mod linear_attention;
 mod lp_norm;
 mod lrn;
 mod max_unpool;
@@ -57,6 +61,9 @@ pub(crate) mod window;
 
 pub(crate) fn register(r: &mut Registry) {
     conv::register(r);
+    causal_conv_with_state::register(r);
+    deform_conv::register(r);
+    linear_attention::register(r);
     conv_integer::register(r);
     qlinear_conv::register(r);
     conv_nchwc::register(r);

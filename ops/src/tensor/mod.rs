@@ -1,10 +1,10 @@
 //! Data-movement and tensor-manipulation operators: views (Reshape, Flatten, Squeeze,
 //! Unsqueeze, Identity, Dropout), constants and shape queries (Constant,
-//! ConstantOfShape, Shape, Size, Range), Cast/CastLike, and copies that rearrange
+//! ConstantOfShape, Shape, Size, Range), Cast/CastLike, BitCast, and copies that rearrange
 //! elements (Concat, Split, Slice, Pad, Transpose, Gather, GatherElements, GatherND,
 //! Expand, Tile, Where, Resize, Upsample, Trilu, DepthToSpace, SpaceToDepth,
 //! ReverseSequence, Compress, CenterCropPad), scatters (Scatter, ScatterElements,
-//! ScatterND), scans (CumSum, CumProd), selection (TopK, Hardmax, OneHot, EyeLike,
+//! ScatterND, TensorScatter), scans (CumSum, CumProd), selection (TopK, Hardmax, OneHot, EyeLike,
 //! NonZero, Unique) and Einsum.
 //! Element rearrangement is byte-level, so every op works for every dtype; ops that
 //! compute widen elements through [`numeric`].
@@ -51,6 +51,8 @@ mod transpose;
 mod trilu;
 mod unique;
 mod where_op;
+mod bitcast;
+mod tensor_scatter;
 
 pub(crate) fn register(r: &mut Registry) {
     reshape::register(r);
@@ -88,4 +90,6 @@ pub(crate) fn register(r: &mut Registry) {
     einsum::register(r);
     center_crop_pad::register(r);
     unique::register(r);
+    bitcast::register(r);
+    tensor_scatter::register(r);
 }
