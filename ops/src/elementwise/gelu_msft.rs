@@ -95,7 +95,10 @@ impl CpuKernel for MsGelu {
         if x.dtype() == DType::F32 {
             let xs = x.as_slice::<f32>()?;
             let bias: Option<Vec<f32>> = b.map(|b| b.to_f64_vec().into_iter().map(|v| v as f32).collect());
-            cpu::par_chunks_mut(outputs[0].as_mut_slice::<f32>()?, n.unwrap_or(1).max(1), 8, |start, part| {
+            let unit = n.unwrap_or(1).max(1);
+            cpu::par_chunks_mut(outputs[0].as_mut_slice::<f32>()?, unit, 8 * unit, |first, part| {
+                // `first` counts units (rows of the bias's length).
+                let start = first * unit;
                 part.copy_from_slice(&xs[start..start + part.len()]);
                 if let (Some(bias), Some(n)) = (&bias, n) {
                     for (k, v) in part.iter_mut().enumerate() {
@@ -154,6 +157,25 @@ mod tests {
         check_ort_cases("Gelu", 1e-5);
         check_ort_cases("FastGelu", 1e-5);
         check_ort_cases("BiasGelu", 1e-5);
+    }
+
+    #[test]
+    fn many_rows_match_a_reference() {
+        // Enough rows that the CPU splits them over several chunks.
+        let (x, b) = (rand_f32(&[301, 129], 4), rand_f32(&[129], 5));
+        for (op, tanh) in [("FastGelu", true), ("BiasGelu", false)] {
+            let y = Case::new(op).domain("com.microsoft").input(x.clone()).input(b.clone()).run_cpu().unwrap().remove(0);
+            let (xv, bv) = (x.to_f64_vec(), b.to_f64_vec());
+            let want: Vec<f64> = xv
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let v = v + bv[i % 129];
+                    if tanh { 0.5 * v * (1.0 + (0.797_884_560_802_865_4 * (v + 0.044715 * v * v * v)).tanh()) } else { 0.5 * v * (1.0 + libm::erf(v / 2f64.sqrt())) }
+                })
+                .collect();
+            crate::testing::assert_close(&y, &want, 1e-5, op);
+        }
     }
 
     #[test]
