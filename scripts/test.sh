@@ -3,7 +3,9 @@
 #   - Mesa's lavapipe (software Vulkan), so the GPU path runs for real without a GPU;
 #   - the onnx Python package, whose backend node tests are materialised once into
 #     $KILN_ONNX_TESTS (default .cache/onnx-node-tests);
-#   - the model zoo is expected at $KILN_ZOO (default ../shared/zoo).
+#   - the model zoo is expected at $KILN_ZOO (default ../shared/zoo);
+#   - onnxruntime, whose transformer optimizer writes bert_tiny and gpt2_tiny with its
+#     com.microsoft fused ops into $KILN_OPTIMIZED_ZOO (default .cache/optimized-zoo).
 # GPU tests fail (never skip) when no adapter is found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,11 @@ if ! python3 -c "import onnx, numpy" 2>/dev/null; then
   python3 -m pip install -q --disable-pip-version-check "onnx==1.23.*" numpy
 fi
 
+if ! python3 -c "import onnxruntime" 2>/dev/null; then
+  echo "== installing onnxruntime (its transformer optimizer writes the com.microsoft zoo variants)"
+  python3 -m pip install -q --disable-pip-version-check "onnxruntime==1.32.*"
+fi
+
 export KILN_ONNX_TESTS="${KILN_ONNX_TESTS:-$PWD/.cache/onnx-node-tests}"
 python3 scripts/materialize_onnx_tests.py "$KILN_ONNX_TESTS"
 
@@ -28,6 +35,11 @@ export KILN_ZOO="${KILN_ZOO:-$(cd .. && pwd)/shared/zoo}"
 if [ ! -d "$KILN_ZOO" ]; then
   echo "!! the model zoo is missing at $KILN_ZOO: the end-to-end tests will fail."
   echo "!! Put the shared zoo beside this repository (../shared/zoo) or set KILN_ZOO."
+fi
+
+export KILN_OPTIMIZED_ZOO="${KILN_OPTIMIZED_ZOO:-$PWD/.cache/optimized-zoo}"
+if [ -d "$KILN_ZOO" ]; then
+  python3 scripts/optimize_transformers.py "$KILN_OPTIMIZED_ZOO"
 fi
 
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then

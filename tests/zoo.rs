@@ -25,11 +25,16 @@ fn check(model: &str) {
 }
 
 fn check_with(model: &str, compare: Compare) {
+    check_file(model, &zoo().join(model).join("model.onnx"), compare)
+}
+
+/// Runs the model at `path` on the data sets of zoo model `model`.
+fn check_file(model: &str, path: &std::path::Path, compare: Compare) {
     gpu_env();
     let dir = zoo().join(model);
     let sets = data_sets(&dir);
     assert!(!sets.is_empty(), "{model}: no data sets in {}", dir.display());
-    let raw = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap_or_else(|e| panic!("{model}: import failed: {e}"));
+    let raw = kiln::compiler::onnx::import_file(path).unwrap_or_else(|e| panic!("{model}: import of {} failed: {e}", path.display()));
     // The passes each device kind gets (the CPU's include fuse-attention).
     let optimized = |backend: &str| {
         let mut g = raw.clone();
@@ -79,6 +84,20 @@ zoo_tests!(mlp, lenet, resnet18, mobilenet_v2, squeezenet1_1, ppocr_cls, magika,
 #[test]
 fn resnet18_int8_qdq() {
     check_with("resnet18_int8_qdq", Compare::RelL2Within(2e-2));
+}
+
+/// bert_tiny and gpt2_tiny as onnxruntime's transformer optimizer rewrites them
+/// (scripts/optimize_transformers.py: EmbedLayerNormalization, Attention,
+/// SkipLayerNormalization, BiasGelu; SkipLayerNormalization, FastGelu), against the
+/// original models' references.
+#[test]
+fn bert_tiny_ort_optimized() {
+    check_file("bert_tiny", &optimized_zoo_model("bert_tiny"), Compare::RelL2);
+}
+
+#[test]
+fn gpt2_tiny_ort_optimized() {
+    check_file("gpt2_tiny", &optimized_zoo_model("gpt2_tiny"), Compare::RelL2);
 }
 
 #[test]

@@ -20,6 +20,21 @@ pub fn zoo() -> PathBuf {
     p
 }
 
+/// onnxruntime's transformer-optimized zoo models: $KILN_OPTIMIZED_ZOO, default
+/// .cache/optimized-zoo (scripts/optimize_transformers.py writes it; scripts/test.sh
+/// runs that). Panics loudly when the model is missing.
+pub fn optimized_zoo_model(name: &str) -> PathBuf {
+    let dir = std::env::var_os("KILN_OPTIMIZED_ZOO").map(PathBuf::from).unwrap_or_else(|| workspace().join(".cache/optimized-zoo"));
+    let p = dir.join(name).join("model.onnx");
+    assert!(
+        p.is_file(),
+        "\n\n!!! The onnxruntime-optimized model is missing at {}.\n!!! Run scripts/test.sh (or: python3 scripts/optimize_transformers.py {}).\n",
+        p.display(),
+        dir.display()
+    );
+    p
+}
+
 /// The materialised ONNX backend node tests: $KILN_ONNX_TESTS, default
 /// .cache/onnx-node-tests (scripts/test.sh fills it).
 pub fn onnx_tests() -> PathBuf {

@@ -1,11 +1,14 @@
 //! Elementwise operators: unary math/activations, broadcasting binary ops, and the
 //! binary ops with their own semantics (bitwise, BitShift, Mod, PRelu, SwiGLU) and float
-//! classification (IsNaN, IsInf). Unary and plain binary ops are tables, one entry per
+//! classification (IsNaN, IsInf); onnxruntime's GELU contrib ops (Gelu, FastGelu,
+//! BiasGelu in `gelu_msft.rs`, over the unary table's Gelu). Unary and plain binary ops
+//! are tables, one entry per
 //! op (`unary_ops!` in unary.rs, `binary_ops!` in binary.rs: CPU function + WGSL
 //! expression), so the fuser can compose them.
 use crate::Registry;
 
 mod epilogue;
+mod gelu_msft;
 mod binary;
 mod binary_op;
 mod binary_table;
@@ -36,4 +39,5 @@ pub(crate) fn register(r: &mut Registry) {
     modulo::register(r);
     prelu::register(r);
     swiglu::register(r);
+    gelu_msft::register(r);
 }

@@ -114,6 +114,12 @@ impl Attention {
         })
     }
 
+    /// The scaled dot-product core that onnxruntime's attention contrib ops run on 3-D
+    /// Q, K, V (`heads` query heads over `kv_heads` KV heads) with a float mask.
+    pub(super) fn core(heads: usize, kv_heads: usize, scale: Option<f32>, is_causal: bool, softcap: f32, left_window: i64) -> Attention {
+        Attention { is_causal, q_num_heads: Some(heads), kv_num_heads: Some(kv_heads), mode: 0, scale, softcap, left_window, right_window: -1 }
+    }
+
     /// Checks the input shapes and derives the geometry. `s[i]` is input `i`.
     pub(super) fn geometry(&self, s: &[Shape]) -> Result<Geometry> {
         let get = |i: usize| s.get(i).copied().flatten();

@@ -12,6 +12,43 @@ use crate::wgsl::{self, Binding, Dispatch, WgslKernel, WgslProgram};
 use crate::{Arg, OpError, Result, TensorType, TuneValues};
 use std::fmt::Write;
 
+/// Where the dispatches find their buffers: ONNX Attention binds its inputs and
+/// outputs ([`Slots::ONNX`]); onnxruntime's attention contrib ops bind Q, K, V and the
+/// mask to scratch buffers they fill first.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Slots {
+    pub q: Binding,
+    pub k: Binding,
+    pub v: Binding,
+    pub mask: Binding,
+    pub past_k: Binding,
+    pub past_v: Binding,
+    pub nonpad: Binding,
+    pub y: Binding,
+    pub present_k: Binding,
+    pub present_v: Binding,
+    pub qk: Binding,
+    /// The scores matrix (`batch * q_heads * q_len * total` f32).
+    pub scores: Binding,
+}
+
+impl Slots {
+    pub const ONNX: Slots = Slots {
+        q: Binding::Input(0),
+        k: Binding::Input(1),
+        v: Binding::Input(2),
+        mask: Binding::Input(3),
+        past_k: Binding::Input(4),
+        past_v: Binding::Input(5),
+        nonpad: Binding::Input(6),
+        y: Binding::Output(0),
+        present_k: Binding::Output(1),
+        present_v: Binding::Output(2),
+        qk: Binding::Output(3),
+        scores: Binding::Scratch(0),
+    };
+}
+
 /// The scratch value of a masked score (the lowest finite f32): softmax skips it.
 const MASKED: &str = "bitcast<f32>(0xff7fffffu)";
 const NEG_INF: &str = "bitcast<f32>(0xff800000u)";
@@ -51,12 +88,12 @@ impl Attention {
         s
     }
 
-    fn scores_dispatch(&self, g: &Geometry, qk_out: bool, wg: u32) -> Dispatch {
+    fn scores_dispatch(&self, g: &Geometry, sl: &Slots, qk_out: bool, wg: u32) -> Dispatch {
         let (hq, sq, t, p, d) = (g.q_heads, g.q_len, g.total, g.past, g.head);
-        let (mut buffers, mut bindings) = score_bindings(g);
+        let (mut buffers, mut bindings) = score_bindings(g, sl);
         if qk_out {
             buffers.push(("qk", "f32", false));
-            bindings.push(Binding::Output(3));
+            bindings.push(sl.qk);
         }
         let [q0, q1, q2] = g.q_strides;
         let [k0, k1, k2] = g.k_strides;
@@ -108,9 +145,9 @@ impl Attention {
     /// The scores, `width` consecutive keys per invocation (each Q element read once for
     /// all of them): for nodes without past keys, softcap or `qk_matmul_output`, when
     /// `width` (4 or 2) divides the key count. Same results as [`Self::scores_dispatch`].
-    fn blocked_scores_dispatch(&self, g: &Geometry, width: usize, wg: u32) -> Dispatch {
+    fn blocked_scores_dispatch(&self, g: &Geometry, sl: &Slots, width: usize, wg: u32) -> Dispatch {
         let (hq, sq, t, d) = (g.q_heads, g.q_len, g.total, g.head);
-        let (buffers, bindings) = score_bindings(g);
+        let (buffers, bindings) = score_bindings(g, sl);
         let [q0, q1, q2] = g.q_strides;
         let [k0, k1, k2] = g.k_strides;
         let mut body = format!(
@@ -139,13 +176,13 @@ impl Attention {
 
     /// In-place softmax of each scratch row; masked scores become 0, and a row of
     /// masked scores a zero row.
-    fn softmax_dispatch(&self, g: &Geometry, qk_out: bool, wg: u32) -> Result<Dispatch> {
+    fn softmax_dispatch(&self, g: &Geometry, sl: &Slots, qk_out: bool, wg: u32) -> Result<Dispatch> {
         let (rows, t) = (g.batch * g.q_heads * g.q_len, g.total);
         let mut buffers = vec![("s", "f32", false)];
-        let mut bindings = vec![Binding::Scratch(0)];
+        let mut bindings = vec![sl.scores];
         if qk_out {
             buffers.push(("qk", "f32", false));
-            bindings.push(Binding::Output(3));
+            bindings.push(sl.qk);
         }
         let store = format!(
             "let v = s[base + j];\nlet pr = select(exp(v - m) * inv, 0.0, v == {MASKED});\ns[base + j] = pr;{}",
@@ -176,17 +213,17 @@ impl Attention {
 
     /// Y = probabilities x values: each invocation sums `width` consecutive elements of
     /// a row of Y (the widest of 4, 2, 1 dividing v_head), reading each probability once.
-    fn weighted_sum_dispatch(&self, g: &Geometry, wg: u32) -> Dispatch {
+    fn weighted_sum_dispatch(&self, g: &Geometry, sl: &Slots, wg: u32) -> Dispatch {
         let (hq, sq, t, p, dv) = (g.q_heads, g.q_len, g.total, g.past, g.v_head);
         let width = [4usize, 2, 1].into_iter().find(|w| dv % w == 0).unwrap_or(1);
         let mut buffers = vec![("s", "f32", false), ("v", "f32", true)];
-        let mut bindings = vec![Binding::Scratch(0), Binding::Input(2)];
+        let mut bindings = vec![sl.scores, sl.v];
         if g.has_past {
             buffers.push(("pv", "f32", true));
-            bindings.push(Binding::Input(5));
+            bindings.push(sl.past_v);
         }
         buffers.push(("y", "f32", false));
-        bindings.push(Binding::Output(0));
+        bindings.push(sl.y);
         // `first` is the first element of Y this invocation writes.
         let mut body = format!("let first = i * {width}u;\n    let e = first % {dv}u;\n");
         if g.three_d {
@@ -217,18 +254,18 @@ impl Attention {
     }
 
     /// present_key (`value` false) or present_value: the past then the new rows.
-    fn present_dispatch(&self, g: &Geometry, value: bool, wg: u32) -> Dispatch {
+    fn present_dispatch(&self, g: &Geometry, sl: &Slots, value: bool, wg: u32) -> Dispatch {
         let (width, strides, input, past_input, out) =
-            if value { (g.v_head, g.v_strides, 2, 5, 2) } else { (g.head, g.k_strides, 1, 4, 1) };
+            if value { (g.v_head, g.v_strides, sl.v, sl.past_v, sl.present_v) } else { (g.head, g.k_strides, sl.k, sl.past_k, sl.present_k) };
         let (t, p, hkv) = (g.total, g.past, g.kv_heads);
         let mut buffers = vec![("x", "f32", true)];
-        let mut bindings = vec![Binding::Input(input)];
+        let mut bindings = vec![input];
         if g.has_past {
             buffers.push(("px", "f32", true));
-            bindings.push(Binding::Input(past_input));
+            bindings.push(past_input);
         }
         buffers.push(("o", "f32", false));
-        bindings.push(Binding::Output(out));
+        bindings.push(out);
         let [s0, s1, s2] = strides;
         let mut body = format!(
             "let d = i % {width}u;\n    let r = i / {width}u;\n    let j = r % {t}u;\n    let hk = (r / {t}u) % {hkv}u;\n    let b = r / {}u;\n",
@@ -250,54 +287,64 @@ impl WgslKernel for Attention {
         required(inputs, 0)?;
         let shapes: Vec<_> = inputs.iter().map(|a| a.map(|a| (a.dims(), a.dtype()))).collect();
         let g = self.geometry(&shapes)?;
+        let wg = tune.get(&wgsl::workgroup_param());
+        let (dispatches, scores) = self.dispatches(&g, &Slots::ONNX, outputs, wg)?;
+        Ok(WgslProgram { dispatches, scratch_bytes: vec![scores] })
+    }
+}
+
+impl Attention {
+    /// The dispatches of one application with buffers at `sl`, for the `outputs` that
+    /// are wanted (Y, present_key, present_value, qk_matmul_output; absent or empty
+    /// ones are skipped), and the bytes of the scores buffer (`sl.scores`).
+    pub(super) fn dispatches(&self, g: &Geometry, sl: &Slots, outputs: &[TensorType], wg: u32) -> Result<(Vec<Dispatch>, u64)> {
         // Per-invocation loops: head_size per score, total keys per element of Y.
         for (n, what) in [(g.head, "head size"), (g.total, "total sequence length")] {
             if n > wgsl::MAX_LOOP_ITERATIONS {
                 return Err(OpError::Unsupported(format!("Attention with a {what} of {n} exceeds the GPU loop budget ({})", wgsl::MAX_LOOP_ITERATIONS)));
             }
         }
-        let wg = tune.get(&wgsl::workgroup_param());
         let qk_out = outputs.len() > 3 && !outputs[3].is_empty();
         let rows = g.batch * g.q_heads * g.q_len;
-        let mut prog = WgslProgram { dispatches: vec![], scratch_bytes: vec![(rows * g.total).max(1) as u64 * 4] };
+        let mut dispatches = vec![];
         if rows * g.total > 0 {
             let width = [4usize, 2].into_iter().find(|w| g.total % w == 0);
             match width {
-                Some(w) if !qk_out && !g.has_past && self.softcap <= 0.0 => prog.dispatches.push(self.blocked_scores_dispatch(&g, w, wg)),
-                _ => prog.dispatches.push(self.scores_dispatch(&g, qk_out && self.mode < 3, wg)),
+                Some(w) if !qk_out && !g.has_past && self.softcap <= 0.0 => dispatches.push(self.blocked_scores_dispatch(g, sl, w, wg)),
+                _ => dispatches.push(self.scores_dispatch(g, sl, qk_out && self.mode < 3, wg)),
             }
-            prog.dispatches.push(self.softmax_dispatch(&g, qk_out && self.mode == 3, wg)?);
+            dispatches.push(self.softmax_dispatch(g, sl, qk_out && self.mode == 3, wg)?);
         }
-        if !outputs[0].is_empty() {
-            prog.dispatches.push(self.weighted_sum_dispatch(&g, wg));
+        if outputs.first().is_some_and(|t| !t.is_empty()) {
+            dispatches.push(self.weighted_sum_dispatch(g, sl, wg));
         }
         for (o, value) in [(1usize, false), (2, true)] {
             if outputs.get(o).is_some_and(|t| !t.is_empty()) {
-                prog.dispatches.push(self.present_dispatch(&g, value, wg));
+                dispatches.push(self.present_dispatch(g, sl, value, wg));
             }
         }
-        Ok(prog)
+        Ok((dispatches, (rows * g.total).max(1) as u64 * 4))
     }
 }
 
 /// The buffers a scores dispatch binds, in order: q, k, the past keys, the mask, the
 /// non-pad lengths (each when present), and the scores scratch.
-fn score_bindings(g: &Geometry) -> (Vec<(&'static str, &'static str, bool)>, Vec<Binding>) {
+fn score_bindings(g: &Geometry, sl: &Slots) -> (Vec<(&'static str, &'static str, bool)>, Vec<Binding>) {
     let mut buffers = vec![("q", "f32", true), ("k", "f32", true)];
-    let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
+    let mut bindings = vec![sl.q, sl.k];
     if g.has_past {
         buffers.push(("pk", "f32", true));
-        bindings.push(Binding::Input(4));
+        bindings.push(sl.past_k);
     }
     if let Some(m) = &g.mask {
         buffers.push(("mask", if m.is_bool { "u32" } else { "f32" }, true));
-        bindings.push(Binding::Input(3));
+        bindings.push(sl.mask);
     }
     if g.has_nonpad {
         buffers.push(("nonpad", "i32", true));
-        bindings.push(Binding::Input(6));
+        bindings.push(sl.nonpad);
     }
     buffers.push(("s", "f32", false));
-    bindings.push(Binding::Scratch(0));
+    bindings.push(sl.scores);
     (buffers, bindings)
 }

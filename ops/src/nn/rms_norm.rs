@@ -1,11 +1,14 @@
 //! RMSNormalization (opset 23): each row `X[.., axis..]` divided by its root mean
 //! square `sqrt(mean(x^2) + epsilon)`, then multiplied by `scale` (broadcast to the
 //! row). WGSL: one invocation per row, or a workgroup of lanes per long row
-//! ([`super::plane_lanes`]).
+//! ([`super::plane_lanes`]). onnxruntime's SimplifiedLayerNormalization (domains `""`
+//! and `com.microsoft`) is the same op with an optional second output: the inverse
+//! root mean square of each row (X's dims with 1 from `axis` on).
 use super::plane_lanes::{lane_loop, lanes_dispatch, plane_lanes, tree};
 use crate::broadcast::{broadcast_strides, for_each_offset};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
+use crate::quant::qlinear::MS_DOMAIN;
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{norm_axis, Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
 use kiln_graph::{DType, Tensor};
@@ -16,6 +19,8 @@ const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16, DType::F64];
 pub struct RmsNorm {
     axis: i64,
     epsilon: f32,
+    /// "RMSNormalization", or "SimplifiedLayerNormalization" (with output 1).
+    name: &'static str,
 }
 
 impl RmsNorm {
@@ -36,7 +41,7 @@ impl RmsNorm {
 
 impl Op for RmsNorm {
     fn name(&self) -> &str {
-        "RMSNormalization"
+        self.name
     }
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
@@ -48,7 +53,12 @@ impl Op for RmsNorm {
         if s.dtype() != dtype {
             return Err(OpError::input(1, format!("scale dtype {} differs from X's {dtype}", s.dtype())));
         }
-        Ok(vec![TensorType::new(dtype, x.dims())])
+        let mut types = vec![TensorType::new(dtype, x.dims())];
+        if self.name != "RMSNormalization" {
+            let axis = x.rank() - row.len();
+            types.push(TensorType::new(DType::F32, x.dims().iter().enumerate().map(|(d, &n)| if d < axis { n } else { 1 }).collect::<Vec<_>>()));
+        }
+        Ok(types)
     }
 
     fn cost(&self, inputs: &[Option<Arg>], outputs: &[TensorType]) -> Cost {
@@ -98,28 +108,40 @@ impl CpuKernel for RmsNorm {
             }
             outputs[0] = Tensor::from_f64(x.dtype(), x.dims(), &y)?;
         }
+        if let Some(o) = outputs.get_mut(1) {
+            // The inverse root mean squares (SimplifiedLayerNormalization's output 1).
+            let xs = x.to_f64_vec();
+            let invs: Vec<f32> = xs.chunks(n).map(|r| (1.0 / (r.iter().map(|v| v * v).sum::<f64>() / n as f64 + eps).sqrt()) as f32).collect();
+            o.as_mut_slice::<f32>()?.copy_from_slice(&invs);
+        }
         Ok(())
     }
 }
 
 impl WgslKernel for RmsNorm {
-    fn generate(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let x = required(inputs, 0)?;
         let (rows, n, row) = self.split(x.dims())?;
         if rows * n == 0 {
             return Ok(WgslProgram::default());
         }
         let helpers = wgsl::offset_fn("scale_at", &row, &Self::scale_strides(required(inputs, 1)?.dims(), &row)?);
-        let buffers = [("x", "f32", true), ("scale", "f32", true), ("y", "f32", false)];
-        let bindings = vec![Binding::Input(0), Binding::Input(1), Binding::Output(0)];
+        let mut buffers = vec![("x", "f32", true), ("scale", "f32", true), ("y", "f32", false)];
+        let mut bindings = vec![Binding::Input(0), Binding::Input(1), Binding::Output(0)];
+        let inv_out = outputs.get(1).is_some_and(|t| !t.is_empty());
+        if inv_out {
+            buffers.push(("inv_out", "f32", false));
+            bindings.push(Binding::Output(1));
+        }
         let eps = wgsl::literal("f32", self.epsilon as f64);
         let nl = wgsl::literal("f32", n as f64);
         let write = "y[base + j] = x[base + j] * inv * scale[scale_at(j)];";
         let lanes = plane_lanes(self.name(), n, 2, 1)?;
         if lanes == 1 {
             let nu = format!("{n}u");
+            let store = if inv_out { "inv_out[i] = inv;\n    " } else { "" };
             let body = format!(
-                "let base = i * {n}u;\n    var t = 0.0;\n    {}    let inv = 1.0 / sqrt(t / {nl} + {eps});\n    {}",
+                "let base = i * {n}u;\n    var t = 0.0;\n    {}    let inv = 1.0 / sqrt(t / {nl} + {eps});\n    {store}{}",
                 wgsl::for_loop("j", "0u", &nu, "1u", "let v = x[base + j];\nt = t + v * v;"),
                 wgsl::for_loop("j", "0u", &nu, "1u", write)
             );
@@ -127,9 +149,10 @@ impl WgslKernel for RmsNorm {
             return Ok(WgslProgram::single(wgsl::simple_kernel(self.name(), rows, wg, &buffers, bindings, &helpers, &body)));
         }
         let body = format!(
-            "let base = i * {n}u;\n    var t = 0.0;\n    {}    {}    let inv = 1.0 / sqrt(red[0] / {nl} + {eps});\n    {}",
+            "let base = i * {n}u;\n    var t = 0.0;\n    {}    {}    let inv = 1.0 / sqrt(red[0] / {nl} + {eps});\n    {}{}",
             lane_loop(n, lanes, "let v = x[base + j];\nt = t + v * v;"),
             tree(lanes, "red[lid.x] + red[lid.x + w]"),
+            if inv_out { "if (lid.x == 0u) { inv_out[i] = inv; }\n    " } else { "" },
             lane_loop(n, lanes, write)
         );
         let mut d = lanes_dispatch(self.name(), rows, lanes, &buffers, bindings, &body);
@@ -139,18 +162,25 @@ impl WgslKernel for RmsNorm {
 }
 
 pub(crate) fn register(r: &mut Registry) {
-    r.register("", "RMSNormalization", |spec: &NodeSpec| {
-        if spec.int("stash_type", 1)? != 1 {
-            return Err(spec.bad("stash_type", "only stash_type=1 (f32 statistics) is supported"));
-        }
-        Ok(Box::new(RmsNorm { axis: spec.int("axis", -1)?, epsilon: spec.float("epsilon", 1e-5)? }))
-    });
+    for (domain, name) in [("", "RMSNormalization"), ("", "SimplifiedLayerNormalization"), (MS_DOMAIN, "SimplifiedLayerNormalization")] {
+        r.register(domain, name, move |spec: &NodeSpec| {
+            if spec.int("stash_type", 1)? != 1 {
+                return Err(spec.bad("stash_type", "only stash_type=1 (f32 statistics) is supported"));
+            }
+            Ok(Box::new(RmsNorm { axis: spec.int("axis", -1)?, epsilon: spec.float("epsilon", 1e-5)?, name }))
+        });
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use crate::testing::{assert_close, as_inputs, make, rand_f32, run};
     use kiln_graph::Attr;
+
+    #[test]
+    fn simplified_layer_norm_matches_onnxruntime() {
+        crate::testing::check_ort_cases("SimplifiedLayerNormalization", 1e-5);
+    }
 
     #[test]
     fn rms_norm_matches_a_reference() {

@@ -4,8 +4,15 @@
 //! cache, or at `[b, s]` of a `(B, S, R/2)` cache without position ids. Pairs are
 //! `(k, k + R/2)` or, with `interleaved`, `(2k, 2k + 1)`. Input `(B, H, S, D)`, or
 //! `(B, S, H * D)` with `num_heads`. WGSL: one invocation per output element.
+//!
+//! onnxruntime's RotaryEmbedding (domain `com.microsoft`) is the same rotation with
+//! inputs `(input, position_ids, cos_cache, sin_cache)`: position ids are required,
+//! `(B, S)` or `(1)` (an offset: token `s` is at `position_ids[0] + s`), and without
+//! `num_heads` a 3-D input's head size is twice the cache's row length. Its `scale`
+//! (other than 1) and packed batching are rejected.
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
+use crate::quant::qlinear::MS_DOMAIN;
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
 use kiln_graph::{DType, Tensor};
@@ -17,6 +24,8 @@ pub struct Rotary {
     interleaved: bool,
     rotary_dim: usize,
     num_heads: usize,
+    /// The com.microsoft input order and position forms.
+    ms: bool,
 }
 
 /// Sizes of one application.
@@ -31,12 +40,21 @@ struct Dims {
     half: usize,
     /// Rows of a position-indexed cache (0 without position ids).
     cache_rows: usize,
+    /// Position ids are one offset `(1)` (com.microsoft).
+    offset: bool,
 }
 
 impl Rotary {
+    /// Input slots of X, cos_cache, sin_cache and position_ids.
+    fn slots(&self) -> [usize; 4] {
+        if self.ms { [0, 2, 3, 1] } else { [0, 1, 2, 3] }
+    }
+
     fn dims(&self, x: &[usize], cos: &[usize], sin: &[usize], positions: Option<&[usize]>) -> Result<Dims> {
+        let [_, cos_i, sin_i, pos_i] = self.slots();
         let (batch, seq, head, seq_stride) = match x.len() {
             4 => (x[0], x[2], x[3], x[3]),
+            3 if self.ms && self.num_heads == 0 && self.rotary_dim == 0 && cos.len() == 2 && cos[1] > 0 && x[2] % (2 * cos[1]) == 0 => (x[0], x[1], 2 * cos[1], x[2]),
             3 => {
                 if self.num_heads == 0 || !x[2].is_multiple_of(self.num_heads) {
                     return Err(OpError::input(0, format!("a 3-D input needs num_heads dividing its hidden size {}, found num_heads = {}", x[2], self.num_heads)));
@@ -50,22 +68,26 @@ impl Rotary {
             return Err(OpError::invalid(format!("rotary_embedding_dim {rotary} must be even and at most the head size {head}")));
         }
         let half = rotary / 2;
+        let mut offset = false;
         let want: Vec<usize> = match positions {
+            None if self.ms => return Err(OpError::input(pos_i, "position_ids is required")),
             Some(p) => {
-                if p != [batch, seq] {
-                    return Err(OpError::input(3, format!("position_ids must have shape (batch, seq) = {:?}, found {p:?}", [batch, seq])));
+                if self.ms && p == [1] {
+                    offset = true;
+                } else if p != [batch, seq] {
+                    return Err(OpError::input(pos_i, format!("position_ids must have shape (batch, seq) = {:?}{}, found {p:?}", [batch, seq], if self.ms { " or (1)" } else { "" })));
                 }
                 vec![cos.first().copied().unwrap_or(0), half]
             }
             None => vec![batch, seq, half],
         };
-        for (i, c, what) in [(1, cos, "cos_cache"), (2, sin, "sin_cache")] {
+        for (i, c, what) in [(cos_i, cos, "cos_cache"), (sin_i, sin, "sin_cache")] {
             if c != want.as_slice() {
                 let form = if positions.is_some() { "(max_position, rotary_dim / 2)" } else { "(batch, seq, rotary_dim / 2)" };
                 return Err(OpError::input(i, format!("{what} must have shape {form} = {want:?}, found {c:?}")));
             }
         }
-        Ok(Dims { batch, seq, head, seq_stride, rotary, half, cache_rows: if positions.is_some() { want[0] } else { 0 } })
+        Ok(Dims { batch, seq, head, seq_stride, rotary, half, cache_rows: if positions.is_some() { want[0] } else { 0 }, offset })
     }
 }
 
@@ -76,17 +98,18 @@ impl Op for Rotary {
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
         let dtype = expect_dtype(inputs, 0, FLOATS)?;
-        for i in [1, 2] {
+        let [_, cos_i, sin_i, pos_i] = self.slots();
+        for i in [cos_i, sin_i] {
             if required(inputs, i)?.dtype() != dtype {
                 return Err(OpError::input(i, format!("dtype {} differs from the input's {dtype}", required(inputs, i)?.dtype())));
             }
         }
-        let positions = inputs.get(3).copied().flatten();
+        let positions = inputs.get(pos_i).copied().flatten();
         if positions.is_some() {
-            expect_dtype(inputs, 3, &[DType::I64, DType::I32])?;
+            expect_dtype(inputs, pos_i, &[DType::I64, DType::I32])?;
         }
         let x = required(inputs, 0)?;
-        self.dims(x.dims(), required(inputs, 1)?.dims(), required(inputs, 2)?.dims(), positions.map(|p| p.dims()))?;
+        self.dims(x.dims(), required(inputs, cos_i)?.dims(), required(inputs, sin_i)?.dims(), positions.map(|p| p.dims()))?;
         Ok(vec![TensorType::new(dtype, x.dims())])
     }
 
@@ -102,8 +125,9 @@ impl Op for Rotary {
 impl CpuKernel for Rotary {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let x = cpu::input(inputs, 0)?;
-        let (cos_t, sin_t) = (cpu::input(inputs, 1)?, cpu::input(inputs, 2)?);
-        let positions = inputs.get(3).copied().flatten();
+        let [_, cos_i, sin_i, pos_i] = self.slots();
+        let (cos_t, sin_t) = (cpu::input(inputs, cos_i)?, cpu::input(inputs, sin_i)?);
+        let positions = inputs.get(pos_i).copied().flatten();
         let d = self.dims(x.dims(), cos_t.dims(), sin_t.dims(), positions.map(|p| p.dims()))?;
         let pos = positions.map(|p| p.to_i64_vec()).transpose()?;
         let (xv, cos, sin) = (x.to_f64_vec(), cos_t.to_f64_vec(), sin_t.to_f64_vec());
@@ -117,9 +141,9 @@ impl CpuKernel for Rotary {
             let (b, s) = (i / per_batch.max(1), (i / d.seq_stride) % d.seq);
             let row = match &pos {
                 Some(p) => {
-                    let r = p[b * d.seq + s];
+                    let r = if d.offset { p[0] + s as i64 } else { p[b * d.seq + s] };
                     if r < 0 || r as usize >= d.cache_rows {
-                        return Err(OpError::input(3, format!("position {r} is outside the cache's {} rows", d.cache_rows)));
+                        return Err(OpError::input(pos_i, format!("position {r} is outside the cache's {} rows", d.cache_rows)));
                     }
                     r as usize
                 }
@@ -143,20 +167,22 @@ impl CpuKernel for Rotary {
 impl WgslKernel for Rotary {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let x = required(inputs, 0)?;
-        let positions = inputs.get(3).copied().flatten();
-        let d = self.dims(x.dims(), required(inputs, 1)?.dims(), required(inputs, 2)?.dims(), positions.map(|p| p.dims()))?;
+        let [_, cos_i, sin_i, pos_i] = self.slots();
+        let positions = inputs.get(pos_i).copied().flatten();
+        let d = self.dims(x.dims(), required(inputs, cos_i)?.dims(), required(inputs, sin_i)?.dims(), positions.map(|p| p.dims()))?;
         let n = outputs[0].len();
         if n == 0 {
             return Ok(WgslProgram::default());
         }
         let per_batch = n / d.batch.max(1);
         let mut buffers = vec![("x", "f32", true), ("cos_c", "f32", true), ("sin_c", "f32", true)];
-        let mut bindings = vec![Binding::Input(0), Binding::Input(1), Binding::Input(2)];
+        let mut bindings = vec![Binding::Input(0), Binding::Input(cos_i), Binding::Input(sin_i)];
         let (seq, half) = (d.seq, d.half);
         let row = if positions.is_some() {
             buffers.push(("pos", "i32", true));
-            bindings.push(Binding::Input(3));
-            format!("u32(clamp(pos[b * {seq}u + s], 0i, {}i))", d.cache_rows.saturating_sub(1))
+            bindings.push(Binding::Input(pos_i));
+            let p = if d.offset { "pos[0] + i32(s)".to_string() } else { format!("pos[b * {seq}u + s]") };
+            format!("u32(clamp({p}, 0i, {}i))", d.cache_rows.saturating_sub(1))
         } else {
             format!("b * {seq}u + s")
         };
@@ -178,14 +204,24 @@ impl WgslKernel for Rotary {
     }
 }
 
+/// The op of a node: ONNX's input order, or (`ms`) com.microsoft's.
+fn parse(spec: &NodeSpec, ms: bool) -> Result<Rotary> {
+    let nonneg = |name: &str| -> Result<usize> {
+        let v = spec.int(name, 0)?;
+        usize::try_from(v).map_err(|_| spec.bad(name, format!("expected a count >= 0, found {v}")))
+    };
+    if ms && spec.float("scale", 1.0)? != 1.0 {
+        return Err(spec.bad("scale", "only scale = 1 is supported"));
+    }
+    if ms && spec.int("is_packed_batching", 0)? != 0 {
+        return Err(spec.bad("is_packed_batching", "packed batching is not supported"));
+    }
+    Ok(Rotary { interleaved: spec.int("interleaved", 0)? != 0, rotary_dim: nonneg("rotary_embedding_dim")?, num_heads: nonneg("num_heads")?, ms })
+}
+
 pub(crate) fn register(r: &mut Registry) {
-    r.register("", "RotaryEmbedding", |spec: &NodeSpec| {
-        let nonneg = |name: &str| -> Result<usize> {
-            let v = spec.int(name, 0)?;
-            usize::try_from(v).map_err(|_| spec.bad(name, format!("expected a count >= 0, found {v}")))
-        };
-        Ok(Box::new(Rotary { interleaved: spec.int("interleaved", 0)? != 0, rotary_dim: nonneg("rotary_embedding_dim")?, num_heads: nonneg("num_heads")? }))
-    });
+    r.register("", "RotaryEmbedding", |spec: &NodeSpec| Ok(Box::new(parse(spec, false)?)));
+    r.register(MS_DOMAIN, "RotaryEmbedding", |spec: &NodeSpec| Ok(Box::new(parse(spec, true)?)));
 }
 
 #[cfg(test)]
@@ -212,6 +248,14 @@ mod tests {
             }
         }
         y
+    }
+
+    #[test]
+    fn com_microsoft_rotary_embedding_matches_onnxruntime() {
+        crate::testing::check_ort_cases("RotaryEmbedding", 1e-6);
+        let ms = crate::testing::Case::new("RotaryEmbedding").domain("com.microsoft");
+        assert!(crate::testing::creation_error(&ms.clone().attr("scale", Attr::Float(2.0))).contains("scale"));
+        assert!(crate::testing::creation_error(&ms.attr("is_packed_batching", Attr::Int(1))).contains("is_packed_batching"));
     }
 
     #[test]
