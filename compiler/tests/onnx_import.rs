@@ -340,7 +340,7 @@ fn duplicate_producers_are_an_error() {
 
 #[test]
 fn all_unsupported_ops_are_listed_at_once() {
-    let mut attention = node("Attention", "attn", &["x"], &["a"]);
+    let mut attention = node("SparseAttention", "attn", &["x"], &["a"]);
     attention.domain = "com.microsoft".into();
     let mut m = M::new(vec![
         node("FooBar", "f1", &["x"], &["f1"]),
@@ -358,18 +358,18 @@ fn all_unsupported_ops_are_listed_at_once() {
     assert_eq!(list.len(), 2);
     assert_eq!((list[0].domain.as_str(), list[0].op_type.as_str(), list[0].opset, list[0].count), ("", "FooBar", Some(17), 4));
     assert_eq!(list[0].nodes, ["f1", "FooBar_1", "f3"]);
-    assert_eq!((list[1].domain.as_str(), list[1].op_type.as_str(), list[1].opset, list[1].count), ("com.microsoft", "Attention", Some(1), 1));
+    assert_eq!((list[1].domain.as_str(), list[1].op_type.as_str(), list[1].opset, list[1].count), ("com.microsoft", "SparseAttention", Some(1), 1));
     let msg = e.to_string();
     println!("{msg}");
     assert!(msg.contains("2 operators") && msg.contains("5 nodes"), "{msg}");
-    assert!(msg.contains("FooBar") && msg.contains("com.microsoft") && msg.contains("Attention"), "{msg}");
+    assert!(msg.contains("FooBar") && msg.contains("com.microsoft") && msg.contains("SparseAttention"), "{msg}");
     assert!(msg.contains("'f1', 'FooBar_1', 'f3', ..."), "{msg}");
     // Unchecked import keeps them; the check can run later with another registry.
     let g = onnx::import_bytes_with(&bytes, None, &ImportOptions::unchecked()).unwrap();
     assert_eq!(g.nodes.len(), 7);
     assert!(matches!(onnx::check_ops(&g, kiln_ops::Registry::builtin()), Err(ImportError::UnsupportedOps(_))));
     let mut custom = kiln_ops::Registry::builtin().clone();
-    for (dom, op) in [("", "FooBar"), ("com.microsoft", "Attention")] {
+    for (dom, op) in [("", "FooBar"), ("com.microsoft", "SparseAttention")] {
         custom.register(dom, op, |spec| kiln_ops::Registry::builtin().create(&kiln_ops::NodeSpec::new(
             &kiln_graph::Node { op_type: "Relu".into(), domain: String::new(), ..spec.node.clone() },
             spec.opset,
