@@ -244,7 +244,7 @@ fn tune_measures_stores_reuses_embeds_lists_and_clears() {
     let db = dir.join("tuning.json");
     let (mlp, db_s) = (model("mlp"), db.to_str().unwrap().to_string());
     let tune = |extra: &[&str]| {
-        let mut args = vec!["tune", mlp.to_str().unwrap(), "--device", "gpu", "--budget", "5", "--json", "--tuning-db", &db_s];
+        let mut args = vec!["tune", mlp.to_str().unwrap(), "--device", "gpu", "--budget", "30", "--json", "--tuning-db", &db_s];
         args.extend_from_slice(extra);
         let o = kiln(&args);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -302,7 +302,7 @@ fn tune_measures_stores_reuses_embeds_lists_and_clears() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!db.exists());
     // On the CPU the command works the same (keys: the CPU kernels that declare choices).
-    let o = kiln(&["tune", mlp.to_str().unwrap(), "--device", "cpu", "--budget", "5", "--json", "--tuning-db", &db_s]);
+    let o = kiln(&["tune", mlp.to_str().unwrap(), "--device", "cpu", "--budget", "30", "--json", "--tuning-db", &db_s]);
     assert!(o.status.success(), "{}", stderr(&o));
     let cpu: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(cpu["device"].as_str().unwrap().starts_with("cpu") && cpu["keys"].is_array(), "{cpu}");
