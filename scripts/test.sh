@@ -40,6 +40,8 @@ fi
 export KILN_OPTIMIZED_ZOO="${KILN_OPTIMIZED_ZOO:-$PWD/.cache/optimized-zoo}"
 if [ -d "$KILN_ZOO" ]; then
   python3 scripts/optimize_transformers.py "$KILN_OPTIMIZED_ZOO"
+  export KILN_EXACT_INT_ZOO="${KILN_EXACT_INT_ZOO:-$PWD/.cache/exact-int-zoo}"
+  python3 scripts/qdq_int_reference.py --zoo "$KILN_ZOO" --write "$KILN_EXACT_INT_ZOO"
 fi
 
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then

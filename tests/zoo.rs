@@ -86,6 +86,39 @@ fn resnet18_int8_qdq() {
     check_with("resnet18_int8_qdq", Compare::RelL2Within(2e-2));
 }
 
+/// With the passes (fuse-qdq: integer kernels), the QDQ model is the exact integer
+/// arithmetic of its quantized ops, as scripts/qdq_int_reference.py computes it in numpy
+/// (int64 sums, onnxruntime's f32 requantization formulas): bit for bit on the CPU, and
+/// on the GPU within WGSL's f32 division (2.5 ulp), which may move a requantized value
+/// by one step.
+#[test]
+fn resnet18_int8_qdq_is_exact_integer_arithmetic() {
+    gpu_env();
+    let model = "resnet18_int8_qdq";
+    let g = kiln::compiler::onnx::import_file(&zoo().join(model).join("model.onnx")).unwrap();
+    let sets = data_sets(&exact_int_zoo(model));
+    assert!(!sets.is_empty());
+    for (backend, device) in backends() {
+        let mut graph = g.clone();
+        let target = if backend == "cpu" { kiln::compiler::passes::Target::Cpu } else { kiln::compiler::passes::Target::Gpu };
+        kiln::compiler::passes::optimize_for(&mut graph, target);
+        assert!(graph.nodes.iter().any(|n| n.op_type == "QLinearConv"), "fuse-qdq made integer convolutions");
+        let session = Session::new(graph, SessionOptions::device(device)).unwrap_or_else(|e| panic!("{model} on {backend}: {e}"));
+        for set in &sets {
+            let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+            let got = session.run(&inputs).unwrap_or_else(|e| panic!("{model} on {backend}: {e}")).remove(0);
+            let want = &set.outputs[0];
+            let e = rel_l2(&got, want);
+            println!("zoo {model} {backend} exact-integer reference {}: rel. L2 {e:.2e}", set.dir.display());
+            if backend == "cpu" {
+                assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "{model} on the CPU differs from the exact integer result");
+            } else {
+                assert!(e <= 1e-3, "{model} on {backend}: rel. L2 {e:e} from the exact integer result");
+            }
+        }
+    }
+}
+
 /// bert_tiny and gpt2_tiny as onnxruntime's transformer optimizer rewrites them
 /// (scripts/optimize_transformers.py: EmbedLayerNormalization, Attention,
 /// SkipLayerNormalization, BiasGelu; SkipLayerNormalization, FastGelu), against the

@@ -35,6 +35,21 @@ pub fn optimized_zoo_model(name: &str) -> PathBuf {
     p
 }
 
+/// The exact-integer references of the QDQ model: $KILN_EXACT_INT_ZOO, default
+/// .cache/exact-int-zoo, holding `NAME/test_data_set_N/` (scripts/qdq_int_reference.py
+/// --write fills it; scripts/test.sh runs that). Panics loudly when it is missing.
+pub fn exact_int_zoo(name: &str) -> PathBuf {
+    let dir = std::env::var_os("KILN_EXACT_INT_ZOO").map(PathBuf::from).unwrap_or_else(|| workspace().join(".cache/exact-int-zoo"));
+    let p = dir.join(name);
+    assert!(
+        p.join("test_data_set_0").is_dir(),
+        "\n\n!!! The exact-integer reference is missing at {}.\n!!! Run scripts/test.sh (or: python3 scripts/qdq_int_reference.py --write {}).\n",
+        p.display(),
+        dir.display()
+    );
+    p
+}
+
 /// The materialised ONNX backend node tests: $KILN_ONNX_TESTS, default
 /// .cache/onnx-node-tests (scripts/test.sh fills it).
 pub fn onnx_tests() -> PathBuf {

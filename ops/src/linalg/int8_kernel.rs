@@ -1,31 +1,36 @@
-//! Exact 8-bit GEMM micro-kernels: a 4 x 16 tile of int32 sums `C[r][j] = sum_k
-//! A[r][k] * B[k][j]` of 8-bit operands, per instruction set, chosen at run time:
+//! Exact 8-bit GEMM micro-kernels, per instruction set, chosen at run time. A tile is
+//! [`PX`] rows of the activation operand (pixels of a convolution, rows of a MatMul's A)
+//! times [`CH`] columns of the constant operand (output channels), held as int32 sums
+//! `c[j][l] = sum_k x[j][k] * w[k][l]` with every product and sum exact:
 //!
-//! - [`Int8Isa::Avx512Vnni`]: `vpdpbusd`, unsigned bytes (the activations, B) times
-//!   signed bytes (the weights, A), four products per 32-bit lane. B and A are packed in
-//!   quads of k ([`Layout::Quads`]); the activations keep their zero point, which the
-//!   caller folds out with the weights' row sums.
 //! - [`Int8Isa::Avx2`]: both operands widened to i16 with their zero points subtracted
-//!   (so they fit: |v| <= 255) and multiplied by `vpmaddwd`, pairs of k per 32-bit lane
-//!   ([`Layout::Pairs`]); every product and pair sum is exact in i32. (`vpmaddubsw`
-//!   would take bytes directly but saturates its i16 pair sums, 255 * 127 * 2 > 32767.)
-//! - [`Int8Isa::Portable`]: the pairs layout in plain Rust.
+//!   (so they fit: |v| <= 255), two k per 32-bit word ([`Layout::Pairs`]), multiplied by
+//!   `vpmaddwd` with the 16 channels in the lanes of two registers and each pixel's word
+//!   broadcast. (`vpmaddubsw` would take bytes directly but saturates its i16 pair
+//!   sums, 255 * 127 * 2 > 32767, so it cannot be exact.)
+//! - [`Int8Isa::Avx512Vnni`]: `vpdpbusd`, four k per word ([`Layout::Quads`]): the
+//!   activations' bytes unsigned and as stored (keeping their zero point, which the
+//!   caller folds out with the weights' sums), the weights' bytes signed.
+//! - [`Int8Isa::Portable`]: plain Rust, for either layout.
 //!
-//! A is packed once per plan (`[rows][k-words]`, rows a multiple of 4); a B panel is 16
-//! columns, word `kw * 16 + j` holding column j's pair or quad of k-word `kw`.
+//! The activation rows are read through an indirection table: for each of `taps`
+//! segments of `tw` words, one pointer per tile row (the input pixel a convolution tap
+//! reads, or a padding row). The constant operand is packed once
+//! ([`pack_constant`]) as `[block of CH columns][taps * tw][CH]` words.
 use crate::cpu::CpuFeatures;
+use crate::{TuneParam, TuneValues};
 
-/// Columns of a tile (one panel of B).
-pub(crate) const NR: usize = 16;
-/// Rows of a tile.
-pub(crate) const MR: usize = 4;
+/// Columns of the constant operand (output channels) per tile: the vector lanes.
+pub(crate) const CH: usize = 16;
+/// Activation rows (pixels) per tile.
+pub(crate) const PX: usize = 6;
 
 /// How many k a 32-bit word of a packed operand holds and how they are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Layout {
     /// Two k per word, each an i16 with the operand's zero point subtracted.
     Pairs,
-    /// Four k per word, each a byte as stored (B unsigned, A signed).
+    /// Four k per word, each a byte as stored (activations unsigned, weights signed).
     Quads,
 }
 
@@ -34,6 +39,17 @@ impl Layout {
         match self {
             Layout::Pairs => 2,
             Layout::Quads => 4,
+        }
+    }
+
+    /// One word of `vals` (at most `per_word`, missing ones padded with `pad`):
+    /// pairs subtract `zero` and keep i16, quads keep the low byte.
+    #[inline]
+    pub(crate) fn word(self, vals: impl Iterator<Item = i32>, zero: i32, pad: i32) -> u32 {
+        let mut vals = vals.chain(std::iter::repeat(pad));
+        match self {
+            Layout::Pairs => (0..2).fold(0, |acc, i| acc | (((vals.next().unwrap_or(pad) - zero) as i16 as u16 as u32) << (16 * i))),
+            Layout::Quads => (0..4).fold(0, |acc, i| acc | ((vals.next().unwrap_or(pad) as u8 as u32) << (8 * i))),
         }
     }
 }
@@ -81,105 +97,224 @@ impl Int8Isa {
         }
     }
 
-    /// The 4 x 16 tile over `kw` k-words: A rows at `a + r * lda`, B panel at `b`,
-    /// written to `c` (row-major, 16 per row).
+    /// One tile: `c[j * CH + l] = sum_{t < taps, k < tw} dot(ptrs[t * PX + j][k],
+    /// w[(t * tw + k) * CH + l])`, `dot` of the words' pairs or quads (`layout`, which
+    /// must be this ISA's unless it is [`Int8Isa::Portable`]).
     ///
     /// # Safety
-    /// `a` holds 4 rows of `kw` words at stride `lda`, `b` holds `kw * 16` words, and
-    /// `self` is in [`Int8Isa::available`].
-    pub(crate) unsafe fn tile(self, kw: usize, a: *const u32, lda: usize, b: *const u32, c: &mut [i32; MR * NR]) {
+    /// `ptrs` holds `taps * PX` pointers, each to `tw` readable words; `w` holds
+    /// `taps * tw * CH` words; `self` is in [`Int8Isa::available`].
+    pub(crate) unsafe fn tile(self, layout: Layout, taps: usize, tw: usize, ptrs: *const *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
+        debug_assert!(self == Int8Isa::Portable || layout == self.layout());
         match self {
             #[cfg(target_arch = "x86_64")]
-            Int8Isa::Avx512Vnni => x86::tile_vnni(kw, a, lda, b, c),
+            Int8Isa::Avx512Vnni => x86::tile_vnni(taps, tw, ptrs, w, c),
             #[cfg(target_arch = "x86_64")]
-            Int8Isa::Avx2 => x86::tile_pairs_avx2(kw, a, lda, b, c),
-            _ => tile_pairs(kw, a, lda, b, c),
+            Int8Isa::Avx2 => x86::tile_pairs_avx2(taps, tw, ptrs, w, c),
+            _ => tile_portable(layout, taps, tw, ptrs, w, c),
         }
     }
 }
 
-/// The pairs tile in plain Rust.
-unsafe fn tile_pairs(kw: usize, a: *const u32, lda: usize, b: *const u32, c: &mut [i32; MR * NR]) {
+/// The tuning parameter `isa` of a packed integer kernel: the available instruction
+/// sets, VNNI only where its quads layout fits the operands. Unit tests also get
+/// [`PORTABLE_QUADS`], so that the quads layout and its zero-point fold are checked on
+/// every CPU, not only on those with VNNI.
+pub(crate) fn isa_param(quads_ok: bool) -> TuneParam {
+    #[allow(unused_mut)]
+    let mut isas: Vec<u32> = Int8Isa::available().into_iter().filter(|i| quads_ok || i.layout() != Layout::Quads).map(Int8Isa::code).collect();
+    #[cfg(test)]
+    if quads_ok {
+        isas.push(PORTABLE_QUADS);
+    }
+    TuneParam { name: "isa", default: isas[0], candidates: isas }
+}
+
+/// The `isa` value of the portable kernel in the quads layout (unit tests only).
+pub(crate) const PORTABLE_QUADS: u32 = 100;
+
+/// The instruction set and layout the tuning values choose for a packed kernel.
+pub(crate) fn chosen(tune: &TuneValues, quads_ok: bool) -> (Int8Isa, Layout) {
+    let code = tune.get(&isa_param(quads_ok));
+    match Int8Isa::from_code(code) {
+        Some(isa) => (isa, isa.layout()),
+        None if code == PORTABLE_QUADS && quads_ok => (Int8Isa::Portable, Layout::Quads),
+        None => (Int8Isa::Portable, Layout::Pairs),
+    }
+}
+
+/// The product of two words: i16 pairs, or unsigned times signed byte quads.
+#[inline(always)]
+fn dot(layout: Layout, x: u32, w: u32) -> i32 {
+    match layout {
+        Layout::Pairs => (x as u16 as i16 as i32) * (w as u16 as i16 as i32) + ((x >> 16) as u16 as i16 as i32) * ((w >> 16) as u16 as i16 as i32),
+        Layout::Quads => (0..4).map(|i| ((x >> (8 * i)) as u8 as i32) * ((w >> (8 * i)) as u8 as i8 as i32)).sum(),
+    }
+}
+
+/// The tile in plain Rust.
+unsafe fn tile_portable(layout: Layout, taps: usize, tw: usize, ptrs: *const *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
     c.fill(0);
-    for k in 0..kw {
-        let bw = std::slice::from_raw_parts(b.add(k * NR), NR);
-        for r in 0..MR {
-            let w = *a.add(r * lda + k);
-            let (w0, w1) = (w as u16 as i16 as i32, (w >> 16) as u16 as i16 as i32);
-            let row = &mut c[r * NR..(r + 1) * NR];
-            for (o, &x) in row.iter_mut().zip(bw) {
-                *o += w0 * (x as u16 as i16 as i32) + w1 * ((x >> 16) as u16 as i16 as i32);
+    for t in 0..taps {
+        for j in 0..PX {
+            let x = std::slice::from_raw_parts(*ptrs.add(t * PX + j), tw);
+            let row = &mut c[j * CH..(j + 1) * CH];
+            for (k, &xw) in x.iter().enumerate() {
+                let ws = std::slice::from_raw_parts(w.add((t * tw + k) * CH), CH);
+                for (o, &ww) in row.iter_mut().zip(ws) {
+                    *o += dot(layout, xw, ww);
+                }
             }
         }
     }
 }
 
-/// Packs one 8-bit operand row (`vals`, k values already as i32) into words:
-/// pairs of i16 `v - zero` or quads of the raw bytes. Tail k are zero.
-pub(crate) fn pack_row(layout: Layout, vals: &[i32], zero: i32, out: &mut [u32]) {
+/// Packs the constant operand: `n` columns (output channels) of `taps` segments of
+/// `len` k each, `value(col, tap, i)` the raw integer and `zero(col)` its zero point,
+/// into `[n / CH blocks][taps * tw][CH]` words (`tw = len` in words). Columns past `n`
+/// and k past `len` are zero.
+pub(crate) fn pack_constant(layout: Layout, n: usize, taps: usize, len: usize, value: impl Fn(usize, usize, usize) -> i32, zero: impl Fn(usize) -> i32) -> Vec<u32> {
     let per = layout.per_word();
-    for (w, o) in out.iter_mut().enumerate() {
-        let at = |i: usize| vals.get(w * per + i).copied();
-        *o = match layout {
-            Layout::Pairs => {
-                let h = |i: usize| at(i).map_or(0, |v| (v - zero) as i16 as u16 as u32);
-                h(0) | h(1) << 16
+    let tw = len.div_ceil(per);
+    let blocks = n.div_ceil(CH);
+    let mut out = vec![0u32; blocks * taps * tw * CH];
+    for col in 0..n {
+        let (blk, lane) = (col / CH, col % CH);
+        let z = zero(col);
+        for t in 0..taps {
+            for k in 0..tw {
+                let vals = (k * per..((k + 1) * per).min(len)).map(|i| value(col, t, i));
+                out[((blk * taps + t) * tw + k) * CH + lane] = layout.word(vals, z, z);
             }
-            Layout::Quads => (0..4).fold(0, |acc, i| acc | (at(i).map_or(0, |v| v as u8 as u32) << (8 * i))),
-        };
+        }
+    }
+    out
+}
+
+/// How a tile's sums become 8-bit outputs: per output channel (lane) the `shift` added
+/// to the sum (bias and zero-point folds) and the f32 multiplier; the product clamped to
+/// `[lo, hi]` (the output range less its zero point, so integers), rounded half to even,
+/// plus the zero point `zy`. The f32 product is the same one a scalar reference makes.
+pub(crate) struct Requantize {
+    pub shift: [i32; CH],
+    pub mult: [f32; CH],
+    pub lo: f32,
+    pub hi: f32,
+    pub zy: i32,
+}
+
+/// 1.5 * 2^23: the f32 sum `v + ROUND` of an f32 `|v| <= 2^22` has unit spacing, so it
+/// is `v` rounded half to even (and its low mantissa bits hold that integer).
+const ROUND: f32 = 12582912.0;
+
+impl Requantize {
+    /// `out[j][l]` for every pixel j and lane l of `c` (lanes past the real channels
+    /// are computed and ignored by the caller), in the output's range.
+    pub(crate) fn tile(&self, isa: Int8Isa, c: &[i32; PX * CH], out: &mut [[i32; CH]; PX]) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the isa is available, so the CPU has AVX2.
+            Int8Isa::Avx2 | Int8Isa::Avx512Vnni => unsafe { x86::requantize_avx2(self, c, out) },
+            _ => {
+                for (j, o) in out.iter_mut().enumerate() {
+                    for l in 0..CH {
+                        let v = c[j * CH + l].wrapping_add(self.shift[l]) as f32 * self.mult[l];
+                        let v = v.clamp(self.lo, self.hi);
+                        o[l] = ((v + ROUND) - ROUND) as i32 + self.zy;
+                    }
+                }
+            }
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{MR, NR};
+    use super::{CH, PX};
     use std::arch::x86_64::*;
 
+    /// Six pixels' pointers of one tap.
+    #[inline(always)]
+    unsafe fn rows(ptrs: *const *const u32, t: usize) -> [*const u32; PX] {
+        let p = ptrs.add(t * PX);
+        [*p, *p.add(1), *p.add(2), *p.add(3), *p.add(4), *p.add(5)]
+    }
+
     #[target_feature(enable = "avx2")]
-    pub unsafe fn tile_pairs_avx2(kw: usize, a: *const u32, lda: usize, b: *const u32, c: &mut [i32; MR * NR]) {
+    pub unsafe fn tile_pairs_avx2(taps: usize, tw: usize, ptrs: *const *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
         let z = _mm256_setzero_si256();
-        let (mut c00, mut c01, mut c10, mut c11, mut c20, mut c21, mut c30, mut c31) = (z, z, z, z, z, z, z, z);
-        let (a0, a1, a2, a3) = (a, a.add(lda), a.add(2 * lda), a.add(3 * lda));
-        for k in 0..kw {
-            let b0 = _mm256_loadu_si256(b.add(k * NR) as *const __m256i);
-            let b1 = _mm256_loadu_si256(b.add(k * NR + 8) as *const __m256i);
-            let w = _mm256_set1_epi32(*a0.add(k) as i32);
-            c00 = _mm256_add_epi32(c00, _mm256_madd_epi16(w, b0));
-            c01 = _mm256_add_epi32(c01, _mm256_madd_epi16(w, b1));
-            let w = _mm256_set1_epi32(*a1.add(k) as i32);
-            c10 = _mm256_add_epi32(c10, _mm256_madd_epi16(w, b0));
-            c11 = _mm256_add_epi32(c11, _mm256_madd_epi16(w, b1));
-            let w = _mm256_set1_epi32(*a2.add(k) as i32);
-            c20 = _mm256_add_epi32(c20, _mm256_madd_epi16(w, b0));
-            c21 = _mm256_add_epi32(c21, _mm256_madd_epi16(w, b1));
-            let w = _mm256_set1_epi32(*a3.add(k) as i32);
-            c30 = _mm256_add_epi32(c30, _mm256_madd_epi16(w, b0));
-            c31 = _mm256_add_epi32(c31, _mm256_madd_epi16(w, b1));
+        let (mut c00, mut c01, mut c10, mut c11, mut c20, mut c21) = (z, z, z, z, z, z);
+        let (mut c30, mut c31, mut c40, mut c41, mut c50, mut c51) = (z, z, z, z, z, z);
+        let mut wp = w;
+        for t in 0..taps {
+            let [p0, p1, p2, p3, p4, p5] = rows(ptrs, t);
+            for k in 0..tw {
+                let b0 = _mm256_loadu_si256(wp as *const __m256i);
+                let b1 = _mm256_loadu_si256(wp.add(8) as *const __m256i);
+                wp = wp.add(CH);
+                macro_rules! row {
+                    ($p:ident, $lo:ident, $hi:ident) => {
+                        let a = _mm256_set1_epi32(*$p.add(k) as i32);
+                        $lo = _mm256_add_epi32($lo, _mm256_madd_epi16(a, b0));
+                        $hi = _mm256_add_epi32($hi, _mm256_madd_epi16(a, b1));
+                    };
+                }
+                row!(p0, c00, c01);
+                row!(p1, c10, c11);
+                row!(p2, c20, c21);
+                row!(p3, c30, c31);
+                row!(p4, c40, c41);
+                row!(p5, c50, c51);
+            }
         }
         let p = c.as_mut_ptr() as *mut __m256i;
-        for (i, v) in [c00, c01, c10, c11, c20, c21, c30, c31].into_iter().enumerate() {
+        for (i, v) in [c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51].into_iter().enumerate() {
             _mm256_storeu_si256(p.add(i), v);
         }
     }
 
+    /// [`super::Requantize::tile`] eight lanes at a time.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn requantize_avx2(r: &super::Requantize, c: &[i32; PX * CH], out: &mut [[i32; CH]; PX]) {
+        let (lo, hi) = (_mm256_set1_ps(r.lo), _mm256_set1_ps(r.hi));
+        let round = _mm256_set1_ps(super::ROUND);
+        let bias = _mm256_set1_epi32(r.zy.wrapping_sub(super::ROUND.to_bits() as i32));
+        for h in 0..CH / 8 {
+            let shift = _mm256_loadu_si256(r.shift.as_ptr().add(8 * h) as *const __m256i);
+            let mult = _mm256_loadu_ps(r.mult.as_ptr().add(8 * h));
+            for (j, o) in out.iter_mut().enumerate() {
+                let acc = _mm256_add_epi32(_mm256_loadu_si256(c.as_ptr().add(j * CH + 8 * h) as *const __m256i), shift);
+                let v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), mult), lo), hi);
+                // The low mantissa bits of v + 1.5 * 2^23 are v rounded half to even.
+                let q = _mm256_add_epi32(_mm256_castps_si256(_mm256_add_ps(v, round)), bias);
+                _mm256_storeu_si256(o.as_mut_ptr().add(8 * h) as *mut __m256i, q);
+            }
+        }
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn tile_vnni(kw: usize, a: *const u32, lda: usize, b: *const u32, c: &mut [i32; MR * NR]) {
+    pub unsafe fn tile_vnni(taps: usize, tw: usize, ptrs: *const *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
         let z = _mm512_setzero_si512();
-        let (mut c0, mut c1, mut c2, mut c3) = (z, z, z, z);
-        let (a0, a1, a2, a3) = (a, a.add(lda), a.add(2 * lda), a.add(3 * lda));
-        for k in 0..kw {
-            // 16 columns x 4 unsigned bytes; each row's 4 signed weight bytes broadcast.
-            let bv = _mm512_loadu_si512(b.add(k * NR) as *const _);
-            c0 = _mm512_dpbusd_epi32(c0, bv, _mm512_set1_epi32(*a0.add(k) as i32));
-            c1 = _mm512_dpbusd_epi32(c1, bv, _mm512_set1_epi32(*a1.add(k) as i32));
-            c2 = _mm512_dpbusd_epi32(c2, bv, _mm512_set1_epi32(*a2.add(k) as i32));
-            c3 = _mm512_dpbusd_epi32(c3, bv, _mm512_set1_epi32(*a3.add(k) as i32));
+        let (mut c0, mut c1, mut c2, mut c3, mut c4, mut c5) = (z, z, z, z, z, z);
+        let mut wp = w;
+        for t in 0..taps {
+            let [p0, p1, p2, p3, p4, p5] = rows(ptrs, t);
+            for k in 0..tw {
+                // 16 channels' 4 signed weight bytes; each pixel's 4 unsigned bytes broadcast.
+                let b = _mm512_loadu_si512(wp as *const _);
+                wp = wp.add(CH);
+                c0 = _mm512_dpbusd_epi32(c0, _mm512_set1_epi32(*p0.add(k) as i32), b);
+                c1 = _mm512_dpbusd_epi32(c1, _mm512_set1_epi32(*p1.add(k) as i32), b);
+                c2 = _mm512_dpbusd_epi32(c2, _mm512_set1_epi32(*p2.add(k) as i32), b);
+                c3 = _mm512_dpbusd_epi32(c3, _mm512_set1_epi32(*p3.add(k) as i32), b);
+                c4 = _mm512_dpbusd_epi32(c4, _mm512_set1_epi32(*p4.add(k) as i32), b);
+                c5 = _mm512_dpbusd_epi32(c5, _mm512_set1_epi32(*p5.add(k) as i32), b);
+            }
         }
         let p = c.as_mut_ptr();
-        _mm512_storeu_si512(p as *mut _, c0);
-        _mm512_storeu_si512(p.add(NR) as *mut _, c1);
-        _mm512_storeu_si512(p.add(2 * NR) as *mut _, c2);
-        _mm512_storeu_si512(p.add(3 * NR) as *mut _, c3);
+        for (i, v) in [c0, c1, c2, c3, c4, c5].into_iter().enumerate() {
+            _mm512_storeu_si512(p.add(i * CH) as *mut _, v);
+        }
     }
 }
 
@@ -187,49 +322,56 @@ mod x86 {
 mod tests {
     use super::*;
 
-    /// Every available ISA's tile equals the i64 product, at the extremes of the ranges
-    /// (255 x -128 and 255 x 127 pairs, where `vpmaddubsw` would saturate) and on
-    /// random values, with a k that is not a multiple of the word.
+    /// Every available ISA's tile (and the portable tile in both layouts) equals the
+    /// i64 product, at the extremes of the ranges (255 x -128 and 255 x 127 pairs,
+    /// where `vpmaddubsw` would saturate) and on random values, with a k that is not a
+    /// multiple of the word, several taps and a padding row.
     #[test]
     fn tiles_are_exact_on_every_isa() {
-        let k = 37;
+        let (taps, len, n) = (3, 37, CH);
         let mut seed = 7u64;
         let mut rnd = || {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (seed >> 33) as i32
         };
         for extreme in [true, false] {
-            let x: Vec<i32> = (0..k * NR).map(|i| if extreme { 255 - (i % 2) as i32 } else { rnd() & 255 }).collect();
-            let w: Vec<i32> = (0..MR * k).map(|i| if extreme { if i % 3 == 0 { -128 } else { 127 } } else { (rnd() & 255) - 128 }).collect();
+            // x[j][t][i] (unsigned), w[col][t][i] (signed).
+            let x: Vec<i32> = (0..PX * taps * len).map(|i| if extreme { 255 - (i % 2) as i32 } else { rnd() & 255 }).collect();
+            let w: Vec<i32> = (0..n * taps * len).map(|i| if extreme { if i % 3 == 0 { -128 } else { 127 } } else { (rnd() & 255) - 128 }).collect();
             let zx = if extreme { 0 } else { 3 };
-            let want: Vec<i64> = (0..MR * NR).map(|e| (0..k).map(|kk| (w[(e / NR) * k + kk] as i64) * (x[kk * NR + e % NR] - zx) as i64).sum()).collect();
-            for isa in Int8Isa::available() {
-                let layout = isa.layout();
-                let kw = k.div_ceil(layout.per_word());
-                let mut a = vec![0u32; MR * kw];
-                for r in 0..MR {
-                    pack_row(layout, &w[r * k..(r + 1) * k], 0, &mut a[r * kw..(r + 1) * kw]);
-                }
-                let mut b = vec![0u32; kw * NR];
-                let mut col = vec![0u32; kw];
-                for j in 0..NR {
-                    let xs: Vec<i32> = (0..k).map(|kk| x[kk * NR + j]).collect();
-                    pack_row(layout, &xs, zx, &mut col);
-                    for (kk, &v) in col.iter().enumerate() {
-                        b[kk * NR + j] = v;
-                    }
-                }
-                let mut c = [0i32; MR * NR];
-                // SAFETY: a has MR rows of kw words, b kw * NR words, the isa is available.
-                unsafe { isa.tile(kw, a.as_ptr(), kw, b.as_ptr(), &mut c) };
-                let got: Vec<i64> = (0..MR * NR)
+            // Row 4 reads the padding row at tap 1: x's zero point everywhere.
+            let xv = |j: usize, t: usize, i: usize| if j == 4 && t == 1 { zx } else { x[(j * taps + t) * len + i] };
+            let want: Vec<i64> = (0..PX * CH)
+                .map(|e| {
+                    let (j, l) = (e / CH, e % CH);
+                    (0..taps).flat_map(|t| (0..len).map(move |i| (t, i))).map(|(t, i)| w[(l * taps + t) * len + i] as i64 * (xv(j, t, i) - zx) as i64).sum()
+                })
+                .collect();
+            let mut runs: Vec<(Int8Isa, Layout)> = Int8Isa::available().into_iter().map(|i| (i, i.layout())).collect();
+            runs.push((Int8Isa::Portable, Layout::Quads));
+            for (isa, layout) in runs {
+                let tw = len.div_ceil(layout.per_word());
+                let packed = pack_constant(layout, n, taps, len, |c, t, i| w[(c * taps + t) * len + i], |_| 0);
+                let rows: Vec<Vec<u32>> = (0..PX * taps)
+                    .map(|r| {
+                        let (t, j) = (r / PX, r % PX);
+                        (0..tw).map(|k| layout.word((k * layout.per_word()..((k + 1) * layout.per_word()).min(len)).map(|i| xv(j, t, i)), zx, zx)).collect()
+                    })
+                    .collect();
+                let ptrs: Vec<*const u32> = rows.iter().map(|r| r.as_ptr()).collect();
+                let mut c = [0i32; PX * CH];
+                // SAFETY: ptrs has taps * PX rows of tw words, packed taps * tw * CH words,
+                // the isa is available.
+                unsafe { isa.tile(layout, taps, tw, ptrs.as_ptr(), packed.as_ptr(), &mut c) };
+                let got: Vec<i64> = (0..PX * CH)
                     .map(|e| {
-                        // Quads keep x's zero point: fold it out with the row sum.
-                        let fold = if layout == Layout::Quads { zx as i64 * w[(e / NR) * k..(e / NR + 1) * k].iter().map(|&v| v as i64).sum::<i64>() } else { 0 };
+                        // Quads keep x's zero point: fold it out with the column sum.
+                        let l = e % CH;
+                        let fold = if layout == Layout::Quads { zx as i64 * w[l * taps * len..(l + 1) * taps * len].iter().map(|&v| v as i64).sum::<i64>() } else { 0 };
                         c[e] as i64 - fold
                     })
                     .collect();
-                assert_eq!(got, want, "{isa:?}, extreme {extreme}");
+                assert_eq!(got, want, "{isa:?} {layout:?}, extreme {extreme}");
             }
         }
     }

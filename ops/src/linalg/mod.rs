@@ -16,6 +16,7 @@ mod matmul_integer_to_float;
 mod matmul_nbits;
 mod qgemm;
 mod qlinear_matmul;
+mod qmatmul_packed;
 mod qproduct_wgsl;
 pub mod microkernel;
 pub mod packed;

@@ -7,15 +7,17 @@
 //! rounding half to even, saturated); else the output is that f32 value.
 use super::matmul_integer::{int_product, IntOperands};
 use super::product::{BatchedProduct, Layout};
+use super::qmatmul_packed::{self, PackedIntMatMul};
+use crate::linalg::int8_kernel::CH;
 use super::qproduct_wgsl::IntProduct;
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::quant::qlinear::{self, check_scalar, MS_DOMAIN, Q8, SCALE};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
-use crate::{Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use crate::{Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneParam, TuneValues};
 use kiln_graph::{DType, Tensor};
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct QGemm {
     alpha: f32,
     trans_a: bool,
@@ -149,6 +151,48 @@ fn output_scales(alpha: f32, sa: f32, sb: &[f32], sy: Option<f32>) -> Vec<f32> {
     sb.iter().map(|&b| alpha * sa * b).map(|s| sy.map_or(s, |y| s / y)).collect()
 }
 
+/// What follows the int32 product: C added (wrapping), the per-column scale, and the
+/// requantization (`zy`, output range) when the output is 8-bit.
+struct Finish<'a> {
+    c: Option<(&'a [i32], usize, usize)>,
+    scales: Vec<f32>,
+    quant: Option<(i32, (i32, i32))>,
+}
+
+impl<'a> Finish<'a> {
+    fn new(op: &QGemm, inputs: &[Option<&'a Tensor>], out: DType, m: usize, n: usize) -> Result<Finish<'a>> {
+        let opt = |i: usize| inputs.get(i).copied().flatten();
+        let c = match opt(6) {
+            None => None,
+            Some(c) => {
+                let (rs, cs) = c_strides(c.dims(), m, n).ok_or_else(|| OpError::input(6, format!("C of shape {:?} does not broadcast to [{m}, {n}]", c.dims())))?;
+                Some((c.as_slice::<i32>()?, rs, cs))
+            }
+        };
+        let sb: Vec<f32> = cpu::input(inputs, 4)?.to_f64_vec().into_iter().map(|v| v as f32).collect();
+        if sb.len() != 1 && sb.len() != n {
+            return Err(OpError::input(4, format!("{} scales for {n} columns", sb.len())));
+        }
+        let sy = opt(7).map(|_| qlinear::scalar_f32(inputs, 7)).transpose()?;
+        let scales = output_scales(op.alpha, qlinear::scalar_f32(inputs, 1)?, &sb, sy);
+        let quant = match sy {
+            Some(_) => Some((qlinear::zero_point(inputs, 8)?, qlinear::bounds(out))),
+            None => None,
+        };
+        Ok(Finish { c, scales, quant })
+    }
+
+    /// Output (r, col)'s value before rounding: `(acc + C) * scale`.
+    #[inline]
+    fn value(&self, r: usize, col: usize, acc: i32) -> f32 {
+        let acc = match self.c {
+            Some((c, rs, cs)) => acc.wrapping_add(c[r * rs + col * cs]),
+            None => acc,
+        };
+        acc as f32 * self.scales[if self.scales.len() == 1 { 0 } else { col }]
+    }
+}
+
 impl CpuKernel for QGemm {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let opt = |i: usize| inputs.get(i).copied().flatten();
@@ -156,27 +200,88 @@ impl CpuKernel for QGemm {
         let (m, n) = (a.dims()[0], b.dims()[1]);
         let mut acc = vec![0i32; m * n];
         int_product(&IntOperands { a: &a, b: &b, za: opt(2), zb: opt(5), za_input: 2, zb_input: 5 }, &mut acc)?;
-        if let Some(c) = opt(6) {
-            let cv = c.as_slice::<i32>()?;
-            let (rs, cs) = c_strides(c.dims(), m, n).ok_or_else(|| OpError::input(6, format!("C of shape {:?} does not broadcast to [{m}, {n}]", c.dims())))?;
-            for (o, v) in acc.iter_mut().enumerate() {
-                *v = v.wrapping_add(cv[(o / n) * rs + (o % n) * cs]);
-            }
-        }
-        let sb: Vec<f32> = cpu::input(inputs, 4)?.to_f64_vec().into_iter().map(|v| v as f32).collect();
-        let sy = opt(7).map(|_| qlinear::scalar_f32(inputs, 7)).transpose()?;
-        let scales = output_scales(self.alpha, qlinear::scalar_f32(inputs, 1)?, &sb, sy);
-        let scale = |o: usize| scales[if scales.len() == 1 { 0 } else { o % n }];
         let out = &mut outputs[0];
-        if sy.is_none() {
+        let finish = Finish::new(self, inputs, out.dtype(), m, n)?;
+        let Some((zy, range)) = finish.quant else {
             for (o, (y, &v)) in out.as_mut_slice::<f32>()?.iter_mut().zip(&acc).enumerate() {
-                *y = v as f32 * scale(o);
+                *y = finish.value(o / n, o % n, v);
             }
             return Ok(());
-        }
-        let (zy, range) = (qlinear::zero_point(inputs, 8)?, qlinear::bounds(out.dtype()));
-        let q: Vec<i32> = acc.iter().enumerate().map(|(o, &v)| qlinear::requantize(v as f32 * scale(o), zy, range)).collect();
+        };
+        let q: Vec<i32> = acc.iter().enumerate().map(|(o, &v)| qlinear::requantize(finish.value(o / n, o % n, v), zy, range)).collect();
         qlinear::write_ints(out, &q)
+    }
+
+    /// The instruction set of the packed integer kernel ([`PackedIntMatMul`]).
+    fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        match packable(inputs) {
+            Some((da, b, zb)) => qmatmul_packed::params(qmatmul_packed::quads_ok(da, b.dtype(), &zb)),
+            None => vec![],
+        }
+    }
+
+    /// Packs a constant B once for the fast integer kernel.
+    fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
+        let Some((da, b, zb)) = packable(inputs) else { return Ok(None) };
+        let packed = PackedIntMatMul::new(da, b, self.trans_b, &zb, tune)?;
+        Ok(Some(Box::new(PackedQGemm { op: self.clone(), packed })))
+    }
+}
+
+/// A's dtype, a constant B and its constant zero points, when B is constant.
+fn packable<'a>(inputs: &[Option<Arg<'a>>]) -> Option<(DType, &'a Tensor, Vec<i32>)> {
+    let (a, b) = (inputs.first().copied().flatten()?, inputs.get(3).copied().flatten()?);
+    let zb = match inputs.get(5).copied().flatten() {
+        Some(z) => qlinear::ints(z.value?).ok()?,
+        None => vec![0],
+    };
+    (b.dims().len() == 2).then_some((a.dtype(), b.value?, zb))
+}
+
+/// QGemm with B packed once per plan.
+struct PackedQGemm {
+    op: QGemm,
+    packed: PackedIntMatMul,
+}
+
+/// The output's address, written at disjoint places by the tiles.
+#[derive(Clone, Copy)]
+struct Out(*mut u8);
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+impl CpuKernel for PackedQGemm {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let a = QGemm::oriented(cpu::input(inputs, 0)?, self.op.trans_a)?;
+        let (m, n) = (a.dims()[0], self.packed.n());
+        let za = qlinear::zero_point(inputs, 2)?;
+        let out = &mut outputs[0];
+        if out.len() != m * n {
+            return Err(OpError::invalid(format!("output of {} elements for [{m}, {n}]", out.len())));
+        }
+        let finish = Finish::new(&self.op, inputs, out.dtype(), m, n)?;
+        let y = Out(out.bytes_mut().as_mut_ptr());
+        self.packed.run(a.bytes(), m, za, |r0, rows, c0, cols, c| {
+            for j in 0..rows {
+                for l in 0..cols {
+                    let (r, col) = (r0 + j, c0 + l);
+                    let v = finish.value(r, col, c[j * CH + l]);
+                    // SAFETY: element (r, col) belongs to this tile alone.
+                    unsafe {
+                        match finish.quant {
+                            None => *(y.get() as *mut f32).add(r * n + col) = v,
+                            Some((zy, range)) => *y.get().add(r * n + col) = qlinear::requantize(v, zy, range) as u8,
+                        }
+                    }
+                }
+            }
+        })
     }
 }
 
@@ -251,6 +356,7 @@ pub(crate) fn register(r: &mut Registry) {
 #[cfg(test)]
 mod tests {
     use crate::quant::qlinear::test_util::*;
+    use crate::testing::run_cpu_variants;
     use kiln_graph::{Attr, Tensor};
 
     /// onnxruntime 1.32's outputs for the same inputs.
@@ -275,6 +381,54 @@ mod tests {
         let case = case.input(i8s(&[6, 3], &[-112, -33, 45, -97, 94, -41, -70, 11, 101, 98, 95, -50, -124, 71, 53, 69, -128, -119])).constant(f(0.03)).constant(i8s(&[], &[5])).constant(Tensor::from_vec(&[2, 1], vec![7i32, -9000]).unwrap());
         let y = case.constant(f(0.05)).constant(i8s(&[], &[-10])).run_cpu().unwrap().remove(0);
         assert_eq!((y.dims(), ints(&y)), (&[2usize, 3][..], vec![127, -128, -128, -128, 127, 98]));
+    }
+
+    /// Every CPU variant (the plain kernel, B packed for each instruction set) gives the
+    /// same outputs bit for bit: shapes off the 6 x 16 tile, both transposes, signed and
+    /// unsigned operands, per-tensor and per-column zero points, C of each broadcast,
+    /// quantized and f32 outputs.
+    #[test]
+    fn packed_variants_equal_the_plain_kernel() {
+        let mut seed = 99u64;
+        let mut bytes = |n: usize| -> Vec<u8> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (seed >> 56) as u8
+                })
+                .collect()
+        };
+        for (case_no, &(m, k, n, ta, tb, signed, per_col, c_dims, quant)) in [
+            (13, 37, 70, false, true, false, true, &[70usize][..], true),
+            (1, 512, 40, false, true, false, false, &[1, 40][..], true),
+            (7, 9, 17, true, false, true, false, &[7, 1][..], true),
+            (6, 64, 16, false, false, false, true, &[6, 16][..], false),
+            (20, 33, 5, true, true, true, true, &[][..], false),
+            (9, 21, 33, false, true, false, false, &[33][..], true),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let q8 = |dims: &[usize], v: Vec<u8>| if signed { i8s(dims, &v.iter().map(|&b| b as i8).collect::<Vec<_>>()) } else { u8s(dims, &v) };
+            let a = q8(&if ta { [k, m] } else { [m, k] }, bytes(m * k));
+            let b = i8s(&if tb { [n, k] } else { [k, n] }, &bytes(k * n).iter().map(|&v| v as i8).collect::<Vec<_>>());
+            let nz = if per_col { n } else { 1 };
+            // The last case: unsigned A, zero zero points (the quads layout).
+            let zb = i8s(&[nz], &(0..nz).map(|i| if case_no == 5 { 0 } else { (i as i8 % 7) - 3 }).collect::<Vec<_>>());
+            let sb = Tensor::from_vec(&[nz], (0..nz).map(|i| 0.002 + 0.0001 * i as f32).collect()).unwrap();
+            let cn: usize = c_dims.iter().product();
+            let c = Tensor::from_vec(c_dims, (0..cn as i32).map(|i| (i * 7919) % 4001 - 2000).collect()).unwrap();
+            let za = if signed { i8s(&[], &[-5]) } else { u8s(&[], &[131]) };
+            let case = ms("QGemm").attrs(&[("transA", Attr::Int(ta as i64)), ("transB", Attr::Int(tb as i64)), ("alpha", Attr::Float(0.75))]);
+            let case = case.input(a).constant(f(0.03)).constant(za).constant(b).constant(sb).constant(zb).constant(c);
+            let case = if quant { case.constant(f(0.2)).constant(if signed { i8s(&[], &[3]) } else { u8s(&[], &[100]) }) } else { case };
+            let variants = run_cpu_variants(case.op().unwrap().as_ref(), &case.inputs).unwrap();
+            assert!(variants.iter().any(|(name, _)| name.starts_with("isa=")), "case {case_no}: no packed variant");
+            let bits = |t: &Tensor| t.bytes().to_vec();
+            for (name, outs) in &variants[1..] {
+                assert_eq!(bits(&outs[0]), bits(&variants[0].1[0]), "case {case_no}: variant {name}");
+            }
+        }
     }
 
     #[test]

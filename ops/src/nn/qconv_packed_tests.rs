@@ -2,7 +2,7 @@
 //! CPU variant (the direct reference kernel, the packed kernel at each instruction set
 //! this CPU offers) against an exact reference: the f64 convolution of the shifted
 //! integers, requantized from the spec's formula in f32. Odd shapes (pixel counts and
-//! channel counts off the 4 x 16 tile), full-range bytes, zero points, per-channel
+//! channel counts off the 6-pixel x 16-channel tile), full-range bytes, zero points, per-channel
 //! scales and filter zero points, strides, dilations, uneven padding, groups.
 use super::conv::tests::reference;
 use crate::linalg::int8_kernel::Int8Isa;
@@ -56,6 +56,7 @@ fn cases() -> Vec<Case> {
         case(&[1, 6, 11, 9], &[9, 6, 3, 3], 1, 1, 1, [1, 1, 1, 1], U8, U8, true),    // unsigned filters, per-channel zero points
         case(&[1, 64, 7, 7], &[70, 64, 3, 3], 1, 1, 1, [1; 4], U8, I8, false),       // few pixels, long reduction
         case(&[1, 5, 8, 8], &[4, 5, 2, 2], 1, 1, 1, [0; 4], U8, I8, true),           // signed filters, per-channel zero points
+        case(&[1, 24, 30, 29], &[40, 24, 3, 3], 1, 1, 1, [1; 4], U8, I8, false),    // many pixel chunks, three channel blocks
     ]
 }
 
@@ -95,7 +96,11 @@ fn names(v: &[(String, Vec<Tensor>)]) -> Vec<String> {
 /// The instruction sets the packed kernel must offer for these operands.
 fn expected_isas(dx: DType, dw: DType, per_channel_zw: bool) -> Vec<String> {
     let quads = dx == DType::U8 && dw == DType::I8 && !per_channel_zw;
-    Int8Isa::available().into_iter().filter(|i| quads || *i != Int8Isa::Avx512Vnni).map(|i| format!("isa={}", i.code())).collect()
+    let mut isas: Vec<u32> = Int8Isa::available().into_iter().filter(|i| quads || *i != Int8Isa::Avx512Vnni).map(|i| i.code()).collect();
+    if quads {
+        isas.push(crate::linalg::int8_kernel::PORTABLE_QUADS);
+    }
+    isas.into_iter().map(|i| format!("isa={i}")).collect()
 }
 
 #[test]

@@ -1,0 +1,134 @@
+//! The fast CPU product of an 8-bit matrix A (the activations, `[m, k]` row-major) and a
+//! constant 8-bit matrix B (`[k, n]`, or `[n, k]` transposed), exact in int32, on the
+//! micro-kernels of [`crate::linalg::int8_kernel`]: B is packed once per plan in blocks
+//! of [`CH`] columns, each run packs A's rows into words (pairs of `a - za` as i16, or
+//! raw quads), and tiles of [`PX`] rows by [`CH`] columns go to the caller's epilogue.
+//! The quads layout (VNNI) keeps A's zero point and folds `za * sum_k b[k][n]` out
+//! here, so callers always see `sum_k (a - za) * (b - zb)`.
+use crate::cpu;
+use crate::linalg::int8_kernel::{self, pack_constant, Int8Isa, Layout, CH, PX};
+use crate::quant::qlinear;
+use crate::{OpError, Result, TuneParam, TuneValues};
+use kiln_graph::{DType, Tensor};
+use std::cell::RefCell;
+
+/// B packed for one instruction set.
+pub(crate) struct PackedIntMatMul {
+    isa: Int8Isa,
+    layout: Layout,
+    k: usize,
+    n: usize,
+    /// Words per row of A (k padded to the layout's word).
+    tw: usize,
+    /// `[n / CH blocks][tw][CH]` words.
+    w: Vec<u32>,
+    /// Per column: the sum of B's column (quads only: folds A's zero point out).
+    col_sums: Vec<i32>,
+    a_signed: bool,
+}
+
+/// Whether the quads layout fits: unsigned A, signed B with zero zero points.
+pub(crate) fn quads_ok(a: DType, b: DType, zb: &[i32]) -> bool {
+    a == DType::U8 && b == DType::I8 && zb.iter().all(|&z| z == 0)
+}
+
+/// The instruction-set parameter ([`int8_kernel::isa_param`]).
+pub(crate) fn params(quads_ok: bool) -> Vec<TuneParam> {
+    vec![int8_kernel::isa_param(quads_ok)]
+}
+
+thread_local! {
+    /// One tile's row pointers (as addresses).
+    static ROWS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A raw pointer that parallel tasks share (each reads, or writes disjoint parts).
+#[derive(Clone, Copy)]
+struct Shared(*mut u32);
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn get(self) -> *mut u32 {
+        self.0
+    }
+}
+
+impl PackedIntMatMul {
+    /// Packs B (`[k, n]`, or `[n, k]` when `trans_b`) with zero points `zb` (one, or one
+    /// per column) for the instruction set the tuning values choose.
+    pub(crate) fn new(a: DType, b: &Tensor, trans_b: bool, zb: &[i32], tune: &TuneValues) -> Result<PackedIntMatMul> {
+        let dims = b.dims();
+        if dims.len() != 2 {
+            return Err(OpError::Invalid(format!("packed B must be a matrix, got shape {dims:?}")));
+        }
+        let (k, n) = if trans_b { (dims[1], dims[0]) } else { (dims[0], dims[1]) };
+        if zb.len() != 1 && zb.len() != n {
+            return Err(OpError::Invalid(format!("{} zero points for B's {n} columns", zb.len())));
+        }
+        let quads = quads_ok(a, b.dtype(), zb);
+        let (isa, layout) = int8_kernel::chosen(tune, quads);
+        let bv = qlinear::ints(b)?;
+        let at = |col: usize, i: usize| if trans_b { bv[col * k + i] } else { bv[i * n + col] };
+        let w = pack_constant(layout, n, 1, k, |col, _, i| at(col, i), |col| zb[if zb.len() == 1 { 0 } else { col }]);
+        let col_sums = (0..n).map(|col| (0..k).map(|i| at(col, i)).sum()).collect();
+        Ok(PackedIntMatMul { isa, layout, k, n, tw: k.div_ceil(layout.per_word()), w, col_sums, a_signed: a == DType::I8 })
+    }
+
+    pub(crate) fn n(&self) -> usize {
+        self.n
+    }
+
+    /// The exact sums `sum_k (a[r][k] - za) * (b[k][c] - zb[c])` of A's `m` rows (`a`:
+    /// m * k bytes), handed a tile at a time to `store(r0, rows, c0, cols, c)` (`c`: row
+    /// j, column l at `j * CH + l`) from parallel tasks, each tile once.
+    pub(crate) fn run(&self, a: &[u8], m: usize, za: i32, store: impl Fn(usize, usize, usize, usize, &[i32; PX * CH]) + Sync) -> Result<()> {
+        if a.len() != m * self.k {
+            return Err(OpError::input(0, format!("A has {} elements, expected {m} x {}", a.len(), self.k)));
+        }
+        if m == 0 || self.n == 0 {
+            return Ok(());
+        }
+        let (tw, per, layout, signed) = (self.tw, self.layout.per_word(), self.layout, self.a_signed);
+        let mut words = vec![0u32; m * tw];
+        let dst = Shared(words.as_mut_ptr());
+        cpu::par_ranges(m, self.k, |r0, r1| {
+            for r in r0..r1 {
+                let row = &a[r * self.k..(r + 1) * self.k];
+                // SAFETY: row r's words belong to this task alone.
+                let out = unsafe { std::slice::from_raw_parts_mut(dst.get().add(r * tw), tw) };
+                for (i, o) in out.iter_mut().enumerate() {
+                    let vals = row[i * per..((i + 1) * per).min(self.k)].iter().map(|&v| if signed { v as i8 as i32 } else { v as i32 });
+                    *o = layout.word(vals, za, za);
+                }
+            }
+        });
+        let (tiles, blocks) = (m.div_ceil(PX), self.n.div_ceil(CH));
+        let fold = layout == Layout::Quads;
+        let base = words.as_ptr() as usize;
+        cpu::par_ranges(tiles * blocks, PX * tw * CH, |start, end| {
+            ROWS.with(|cell| {
+                let rows = &mut *cell.borrow_mut();
+                let mut c = [0i32; PX * CH];
+                for u in start..end {
+                    let (tile, blk) = (u / blocks, u % blocks);
+                    let r0 = tile * PX;
+                    rows.clear();
+                    rows.extend((0..PX).map(|j| base + (r0 + j).min(m - 1) * tw * 4));
+                    // SAFETY: rows holds PX pointers to tw words of A, the block tw * CH
+                    // words of B, and the isa is available.
+                    unsafe { self.isa.tile(layout, 1, tw, rows.as_ptr() as *const *const u32, self.w[blk * tw * CH..].as_ptr(), &mut c) };
+                    let (c0, cols) = (blk * CH, CH.min(self.n - blk * CH));
+                    if fold {
+                        for (e, v) in c.iter_mut().enumerate() {
+                            let col = (c0 + e % CH).min(self.n - 1);
+                            *v = v.wrapping_sub(za.wrapping_mul(self.col_sums[col]));
+                        }
+                    }
+                    store(r0, PX.min(m - r0), c0, cols, &c);
+                }
+            })
+        });
+        Ok(())
+    }
+}
