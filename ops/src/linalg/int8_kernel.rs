@@ -14,8 +14,8 @@
 //! - [`Int8Isa::Portable`]: plain Rust, for either layout.
 //!
 //! The activation rows are read through an indirection table: for each of `taps`
-//! segments of `tw` words, one pointer per tile row (the input pixel a convolution tap
-//! reads, or a padding row). The constant operand is packed once
+//! segments of `tw` words, one word offset per tile row from a common base (the input
+//! pixel a convolution tap reads, or a padding row). The constant operand is packed once
 //! ([`pack_constant`]) as `[block of CH columns][taps * tw][CH]` words.
 use crate::cpu::CpuFeatures;
 use crate::{TuneParam, TuneValues};
@@ -97,21 +97,21 @@ impl Int8Isa {
         }
     }
 
-    /// One tile: `c[j * CH + l] = sum_{t < taps, k < tw} dot(ptrs[t * PX + j][k],
+    /// One tile: `c[j * CH + l] = sum_{t < taps, k < tw} dot(x[offs[t * PX + j] + k],
     /// w[(t * tw + k) * CH + l])`, `dot` of the words' pairs or quads (`layout`, which
     /// must be this ISA's unless it is [`Int8Isa::Portable`]).
     ///
     /// # Safety
-    /// `ptrs` holds `taps * PX` pointers, each to `tw` readable words; `w` holds
-    /// `taps * tw * CH` words; `self` is in [`Int8Isa::available`].
-    pub(crate) unsafe fn tile(self, layout: Layout, taps: usize, tw: usize, ptrs: *const *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
+    /// `offs` holds `taps * PX` offsets, each of `tw` readable words from `x`; `w`
+    /// holds `taps * tw * CH` words; `self` is in [`Int8Isa::available`].
+    pub(crate) unsafe fn tile(self, layout: Layout, taps: usize, tw: usize, x: *const u32, offs: *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
         debug_assert!(self == Int8Isa::Portable || layout == self.layout());
         match self {
             #[cfg(target_arch = "x86_64")]
-            Int8Isa::Avx512Vnni => x86::tile_vnni(taps, tw, ptrs, w, c),
+            Int8Isa::Avx512Vnni => x86::tile_vnni(taps, tw, x, offs, w, c),
             #[cfg(target_arch = "x86_64")]
-            Int8Isa::Avx2 => x86::tile_pairs_avx2(taps, tw, ptrs, w, c),
-            _ => tile_portable(layout, taps, tw, ptrs, w, c),
+            Int8Isa::Avx2 => x86::tile_pairs_avx2(taps, tw, x, offs, w, c),
+            _ => tile_portable(layout, taps, tw, x, offs, w, c),
         }
     }
 }
@@ -153,11 +153,11 @@ fn dot(layout: Layout, x: u32, w: u32) -> i32 {
 }
 
 /// The tile in plain Rust.
-unsafe fn tile_portable(layout: Layout, taps: usize, tw: usize, ptrs: *const *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
+unsafe fn tile_portable(layout: Layout, taps: usize, tw: usize, x: *const u32, offs: *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
     c.fill(0);
     for t in 0..taps {
         for j in 0..PX {
-            let x = std::slice::from_raw_parts(*ptrs.add(t * PX + j), tw);
+            let x = std::slice::from_raw_parts(x.add(*offs.add(t * PX + j) as usize), tw);
             let row = &mut c[j * CH..(j + 1) * CH];
             for (k, &xw) in x.iter().enumerate() {
                 let ws = std::slice::from_raw_parts(w.add((t * tw + k) * CH), CH);
@@ -233,21 +233,22 @@ mod x86 {
     use super::{CH, PX};
     use std::arch::x86_64::*;
 
-    /// Six pixels' pointers of one tap.
+    /// Six pixels' rows of one tap.
     #[inline(always)]
-    unsafe fn rows(ptrs: *const *const u32, t: usize) -> [*const u32; PX] {
-        let p = ptrs.add(t * PX);
-        [*p, *p.add(1), *p.add(2), *p.add(3), *p.add(4), *p.add(5)]
+    unsafe fn rows(x: *const u32, offs: *const u32, t: usize) -> [*const u32; PX] {
+        let o = offs.add(t * PX);
+        let at = |j: usize| x.add(*o.add(j) as usize);
+        [at(0), at(1), at(2), at(3), at(4), at(5)]
     }
 
     #[target_feature(enable = "avx2")]
-    pub unsafe fn tile_pairs_avx2(taps: usize, tw: usize, ptrs: *const *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
+    pub unsafe fn tile_pairs_avx2(taps: usize, tw: usize, x: *const u32, offs: *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
         let z = _mm256_setzero_si256();
         let (mut c00, mut c01, mut c10, mut c11, mut c20, mut c21) = (z, z, z, z, z, z);
         let (mut c30, mut c31, mut c40, mut c41, mut c50, mut c51) = (z, z, z, z, z, z);
         let mut wp = w;
         for t in 0..taps {
-            let [p0, p1, p2, p3, p4, p5] = rows(ptrs, t);
+            let [p0, p1, p2, p3, p4, p5] = rows(x, offs, t);
             for k in 0..tw {
                 let b0 = _mm256_loadu_si256(wp as *const __m256i);
                 let b1 = _mm256_loadu_si256(wp.add(8) as *const __m256i);
@@ -293,12 +294,12 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn tile_vnni(taps: usize, tw: usize, ptrs: *const *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
+    pub unsafe fn tile_vnni(taps: usize, tw: usize, x: *const u32, offs: *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
         let z = _mm512_setzero_si512();
         let (mut c0, mut c1, mut c2, mut c3, mut c4, mut c5) = (z, z, z, z, z, z);
         let mut wp = w;
         for t in 0..taps {
-            let [p0, p1, p2, p3, p4, p5] = rows(ptrs, t);
+            let [p0, p1, p2, p3, p4, p5] = rows(x, offs, t);
             for k in 0..tw {
                 // 16 channels' 4 signed weight bytes; each pixel's 4 unsigned bytes broadcast.
                 let b = _mm512_loadu_si512(wp as *const _);
@@ -352,17 +353,20 @@ mod tests {
             for (isa, layout) in runs {
                 let tw = len.div_ceil(layout.per_word());
                 let packed = pack_constant(layout, n, taps, len, |c, t, i| w[(c * taps + t) * len + i], |_| 0);
-                let rows: Vec<Vec<u32>> = (0..PX * taps)
-                    .map(|r| {
+                // Row r = (t, j) at offset r * tw, stored in reverse order of r.
+                let rows: Vec<u32> = (0..PX * taps)
+                    .rev()
+                    .flat_map(|r| {
                         let (t, j) = (r / PX, r % PX);
-                        (0..tw).map(|k| layout.word((k * layout.per_word()..((k + 1) * layout.per_word()).min(len)).map(|i| xv(j, t, i)), zx, zx)).collect()
+                        (0..tw).map(move |k| (t, j, k))
                     })
+                    .map(|(t, j, k)| layout.word((k * layout.per_word()..((k + 1) * layout.per_word()).min(len)).map(|i| xv(j, t, i)), zx, zx))
                     .collect();
-                let ptrs: Vec<*const u32> = rows.iter().map(|r| r.as_ptr()).collect();
+                let offs: Vec<u32> = (0..PX * taps).map(|r| ((PX * taps - 1 - r) * tw) as u32).collect();
                 let mut c = [0i32; PX * CH];
-                // SAFETY: ptrs has taps * PX rows of tw words, packed taps * tw * CH words,
-                // the isa is available.
-                unsafe { isa.tile(layout, taps, tw, ptrs.as_ptr(), packed.as_ptr(), &mut c) };
+                // SAFETY: offs has taps * PX rows of tw words in rows, packed taps * tw * CH
+                // words, the isa is available.
+                unsafe { isa.tile(layout, taps, tw, rows.as_ptr(), offs.as_ptr(), packed.as_ptr(), &mut c) };
                 let got: Vec<i64> = (0..PX * CH)
                     .map(|e| {
                         // Quads keep x's zero point: fold it out with the column sum.

@@ -10,7 +10,6 @@ use crate::linalg::int8_kernel::{self, pack_constant, Int8Isa, Layout, CH, PX};
 use crate::quant::qlinear;
 use crate::{OpError, Result, TuneParam, TuneValues};
 use kiln_graph::{DType, Tensor};
-use std::cell::RefCell;
 
 /// B packed for one instruction set.
 pub(crate) struct PackedIntMatMul {
@@ -35,11 +34,6 @@ pub(crate) fn quads_ok(a: DType, b: DType, zb: &[i32]) -> bool {
 /// The instruction-set parameter ([`int8_kernel::isa_param`]).
 pub(crate) fn params(quads_ok: bool) -> Vec<TuneParam> {
     vec![int8_kernel::isa_param(quads_ok)]
-}
-
-thread_local! {
-    /// One tile's row pointers (as addresses).
-    static ROWS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A raw pointer that parallel tasks share (each reads, or writes disjoint parts).
@@ -90,6 +84,9 @@ impl PackedIntMatMul {
             return Ok(());
         }
         let (tw, per, layout, signed) = (self.tw, self.layout.per_word(), self.layout, self.a_signed);
+        if m * tw > u32::MAX as usize {
+            return Err(OpError::Unsupported(format!("an 8-bit product with {m} rows of {} values (at most 2^32 words packed)", self.k)));
+        }
         let mut words = vec![0u32; m * tw];
         let dst = Shared(words.as_mut_ptr());
         cpu::par_ranges(m, self.k, |r0, r1| {
@@ -105,29 +102,26 @@ impl PackedIntMatMul {
         });
         let (tiles, blocks) = (m.div_ceil(PX), self.n.div_ceil(CH));
         let fold = layout == Layout::Quads;
-        let base = words.as_ptr() as usize;
+        let x = Shared(words.as_mut_ptr());
         cpu::par_ranges(tiles * blocks, PX * tw * CH, |start, end| {
-            ROWS.with(|cell| {
-                let rows = &mut *cell.borrow_mut();
-                let mut c = [0i32; PX * CH];
-                for u in start..end {
-                    let (tile, blk) = (u / blocks, u % blocks);
-                    let r0 = tile * PX;
-                    rows.clear();
-                    rows.extend((0..PX).map(|j| base + (r0 + j).min(m - 1) * tw * 4));
-                    // SAFETY: rows holds PX pointers to tw words of A, the block tw * CH
-                    // words of B, and the isa is available.
-                    unsafe { self.isa.tile(layout, 1, tw, rows.as_ptr() as *const *const u32, self.w[blk * tw * CH..].as_ptr(), &mut c) };
-                    let (c0, cols) = (blk * CH, CH.min(self.n - blk * CH));
-                    if fold {
-                        for (e, v) in c.iter_mut().enumerate() {
-                            let col = (c0 + e % CH).min(self.n - 1);
-                            *v = v.wrapping_sub(za.wrapping_mul(self.col_sums[col]));
-                        }
+            let mut c = [0i32; PX * CH];
+            for u in start..end {
+                let (tile, blk) = (u / blocks, u % blocks);
+                let r0 = tile * PX;
+                // Rows past m repeat the last one (their sums are dropped).
+                let offs: [u32; PX] = std::array::from_fn(|j| ((r0 + j).min(m - 1) * tw) as u32);
+                // SAFETY: offs are PX rows of tw words of A, the block has tw * CH words
+                // of B, and the isa is available.
+                unsafe { self.isa.tile(layout, 1, tw, x.get(), offs.as_ptr(), self.w[blk * tw * CH..].as_ptr(), &mut c) };
+                let (c0, cols) = (blk * CH, CH.min(self.n - blk * CH));
+                if fold {
+                    for (e, v) in c.iter_mut().enumerate() {
+                        let col = (c0 + e % CH).min(self.n - 1);
+                        *v = v.wrapping_sub(za.wrapping_mul(self.col_sums[col]));
                     }
-                    store(r0, PX.min(m - r0), c0, cols, &c);
                 }
-            })
+                store(r0, PX.min(m - r0), c0, cols, &c);
+            }
         });
         Ok(())
     }

@@ -5,11 +5,12 @@
 //!   [`CH`] output channels over (tap, input channel) with the channels innermost;
 //! - each run first repacks the input from NCHW into pixel-major words (one pixel's
 //!   input channels of a group side by side: pairs of `x - zx` as i16, or raw quads),
-//!   so that a filter tap of a pixel reads one contiguous run of words, and one extra
-//!   row stands for the padding;
+//!   so that a filter tap of a pixel reads one contiguous run of words; one extra row
+//!   per image and group stands for the padding;
 //! - a tile of [`PX`] output pixels reads, per tap, the input pixel under it or the
-//!   padding row, through pointers computed once per chunk of pixels (no im2col
-//!   buffer; a 1x1 convolution is the plain GEMM of the same path);
+//!   padding row, through word offsets computed once per plan (or per chunk of pixels
+//!   for very large images): no im2col buffer, and a 1x1 convolution is the plain GEMM
+//!   of the same path;
 //! - int32 sums are exact, and the epilogue is fused: ConvInteger stores the sums,
 //!   QLinearConv adds the bias and requantizes `(acc + B) * (sx * sw[m] / sy)` in f32,
 //!   rounded half to even around y's zero point, exactly as [`super::qlinear_conv`]'s
@@ -20,6 +21,7 @@
 //! (filters must be signed with a zero zero point there). Depthwise and narrow groups
 //! (fewer than 4 outputs per group) keep the op's direct kernel.
 use super::conv_cpu::ConvProblem;
+use super::window::Geometry;
 use crate::cpu::{self, CpuKernel};
 use crate::linalg::int8_kernel::{self, pack_constant, Int8Isa, Layout, Requantize, CH, PX};
 use crate::quant::qlinear;
@@ -39,8 +41,11 @@ pub(super) enum Epilogue {
 
 /// The fewest output channels per group the packed path takes.
 const MIN_OUT_PER_GROUP: usize = 4;
-/// Pixel tiles per chunk: the pixels whose tap pointers are computed together.
+/// Pixel tiles per chunk: a unit of parallel work (with one block of channels).
 const TILES_PER_CHUNK: usize = 8;
+/// The most tap offsets a plan keeps (16 MiB); larger images compute them per chunk.
+/// (Unit tests take both paths: their larger cases exceed the test value.)
+const MAX_PLAN_OFFSETS: usize = if cfg!(test) { 4096 } else { 1 << 22 };
 
 /// Filters packed for one instruction set.
 pub(super) struct PackedIntConv {
@@ -56,6 +61,9 @@ pub(super) struct PackedIntConv {
     blocks: usize,
     /// `[group][blocks][taps * tw][CH]` words.
     w: Vec<u32>,
+    /// `[tile][tap][PX]` word offsets of every output pixel's taps into one image and
+    /// group of the repacked input, when they fit [`MAX_PLAN_OFFSETS`].
+    offsets: Option<Vec<u32>>,
     /// Per output channel: the filter's sum (quads only: folds x's zero point out).
     row_sums: Vec<i32>,
     x_signed: bool,
@@ -103,11 +111,22 @@ impl PackedIntConv {
             packed.extend(pack_constant(layout, mg, taps, cg, |col, t, i| wv[((m0 + col) * cg + i) * taps + t], |col| zero(m0 + col)));
         }
         let row_sums = wv.chunks(cg * taps).map(|r| r.iter().sum()).collect();
+        let tw = cg.div_ceil(layout.per_word());
+        if (p.geo.input_size() + 1) * tw > u32::MAX as usize {
+            return Err(OpError::Unsupported(format!("an 8-bit convolution over {} input pixels of {cg} channels (at most 2^32 words per image)", p.geo.input_size())));
+        }
+        let tiles = p.geo.output_size().div_ceil(PX);
+        let offsets = (tiles * taps * PX <= MAX_PLAN_OFFSETS).then(|| {
+            let mut o = vec![0; tiles * taps * PX];
+            tap_offsets(&p.geo, taps, tw, 0, tiles, &mut o);
+            o
+        });
         Ok(PackedIntConv {
             taps,
-            tw: cg.div_ceil(layout.per_word()),
+            tw,
             blocks: mg.div_ceil(CH),
             w: packed,
+            offsets,
             row_sums,
             x_signed: x == DType::I8,
             p,
@@ -120,8 +139,8 @@ impl PackedIntConv {
 }
 
 thread_local! {
-    /// A chunk's tap pointers (as addresses).
-    static TAPS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// A chunk's tap offsets, where the plan has none.
+    static TAPS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A raw pointer shared by the tasks, each writing disjoint elements.
@@ -139,9 +158,8 @@ impl<T> Shared<T> {
 
 /// What a run's tasks share.
 struct Run<'a> {
-    /// The repacked input: `[batch][group][input pixels][tw]` words, then the padding row.
+    /// The repacked input: `[batch][group][input pixels + the padding row][tw]` words.
     xs: *const u32,
-    pad: *const u32,
     /// Per output channel: added to each sum (bias, minus the zero-point fold).
     shift: &'a [i32],
     /// Per output channel: the requantization multiplier (QLinearConv only).
@@ -185,9 +203,7 @@ impl CpuKernel for PackedIntConv {
 
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.pack_input(x.bytes(), zx, &mut scratch);
-        let xs = scratch.as_ptr();
-        // SAFETY: the padding row is the last tw words of the scratch.
-        let run = Run { xs, pad: unsafe { xs.add(scratch.len() - self.tw) }, shift: &shift, mult: &mult, bounds, out: Shared(y.bytes_mut().as_mut_ptr()) };
+        let run = Run { xs: scratch.as_ptr(), shift: &shift, mult: &mult, bounds, out: Shared(y.bytes_mut().as_mut_ptr()) };
 
         let tiles = p.geo.output_size().div_ceil(PX);
         let chunks = tiles.div_ceil(TILES_PER_CHUNK);
@@ -196,19 +212,27 @@ impl CpuKernel for PackedIntConv {
         let work = per_chunk * PX * self.taps * self.tw * CH;
         cpu::par_ranges(units, work, |start, end| {
             TAPS.with(|cell| {
-                let ptrs = &mut *cell.borrow_mut();
-                // Consecutive units of one chunk share its pointers.
+                let local = &mut *cell.borrow_mut();
+                // Consecutive units of one chunk share its offsets.
                 let mut key = None;
                 for u in start..end {
                     let (bgc, blk) = (u / self.blocks, u % self.blocks);
                     let (bg, chunk) = (bgc / chunks, bgc % chunks);
                     let t0 = chunk * per_chunk;
                     let t1 = (t0 + per_chunk).min(tiles);
-                    if key != Some((bg, t0)) {
-                        self.tap_pointers(&run, bg, t0, t1, ptrs);
-                        key = Some((bg, t0));
-                    }
-                    self.compute(&run, bg, blk, t0, t1, ptrs);
+                    let span = self.taps * PX;
+                    let offs = match &self.offsets {
+                        Some(o) => &o[t0 * span..t1 * span],
+                        None => {
+                            if key != Some(t0) {
+                                local.resize((t1 - t0) * span, 0);
+                                tap_offsets(&self.p.geo, self.taps, self.tw, t0, t1, local);
+                                key = Some(t0);
+                            }
+                            &local[..]
+                        }
+                    };
+                    self.compute(&run, bg, blk, t0, t1, offs);
                 }
             })
         });
@@ -217,16 +241,18 @@ impl CpuKernel for PackedIntConv {
 }
 
 impl PackedIntConv {
-    /// Repacks x (NCHW) into `[batch][group][pixel][tw]` words plus the padding row:
-    /// pairs of `x - zx` (the padding row 0), or quads of raw bytes (padding `zx`).
+    /// Repacks x (NCHW) into `[batch][group][pixel + 1][tw]` words, the last row of each
+    /// image and group the padding: pairs of `x - zx` (padding 0), or quads of raw bytes
+    /// (padding `zx`).
     fn pack_input(&self, x: &[u8], zx: i32, buf: &mut Vec<u32>) {
         let p = &self.p;
         let (img, tw, cg) = (p.geo.input_size(), self.tw, p.in_per_group());
-        let rows = p.batch * p.group * img;
-        buf.resize(rows * tw + tw, 0);
+        buf.resize(p.batch * p.group * (img + 1) * tw, 0);
         let (layout, per, signed) = (self.layout, self.layout.per_word(), self.x_signed);
         let pad = layout.word(std::iter::empty(), zx, zx);
-        buf[rows * tw..].fill(pad);
+        for image in buf.chunks_exact_mut((img + 1) * tw) {
+            image[img * tw..].fill(pad);
+        }
         const BLOCK: usize = 256;
         let blocks = img.div_ceil(BLOCK);
         let out = Shared(buf.as_mut_ptr());
@@ -235,78 +261,40 @@ impl PackedIntConv {
                 let (bg, blk) = (u / blocks, u % blocks);
                 let (b, g) = (bg / p.group, bg % p.group);
                 let (p0, p1) = (blk * BLOCK, ((blk + 1) * BLOCK).min(img));
-                // SAFETY: rows bg * img + p0..p1 belong to this task alone.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((bg * img + p0) * tw), (p1 - p0) * tw) };
+                // SAFETY: rows p0..p1 of image-and-group bg belong to this task alone.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((bg * (img + 1) + p0) * tw), (p1 - p0) * tw) };
                 let plane = |c: usize| -> Option<&[u8]> { (c < cg).then(|| &x[((b * p.in_channels + g * cg + c) * img + p0)..][..p1 - p0]) };
+                let n = p1 - p0;
+                let mut word = [0u32; BLOCK];
                 for k in 0..tw {
-                    let chans: Vec<Option<&[u8]>> = (0..per).map(|i| plane(k * per + i)).collect();
-                    match layout {
-                        Layout::Pairs => {
-                            let v = |r: Option<&[u8]>, i: usize| r.map_or(0, |r| if signed { r[i] as i8 as i32 } else { r[i] as i32 } - zx);
-                            for (i, d) in dst.chunks_exact_mut(tw).enumerate() {
-                                d[k] = (v(chans[0], i) as u16 as u32) | ((v(chans[1], i) as u16 as u32) << 16);
-                            }
+                    word[..n].fill(0);
+                    for q in 0..per {
+                        let Some(r) = plane(k * per + q) else { continue };
+                        let acc = &mut word[..n];
+                        match (layout, signed) {
+                            (Layout::Pairs, false) => acc.iter_mut().zip(r).for_each(|(a, &v)| *a |= ((v as i32 - zx) as u16 as u32) << (16 * q)),
+                            (Layout::Pairs, true) => acc.iter_mut().zip(r).for_each(|(a, &v)| *a |= ((v as i8 as i32 - zx) as u16 as u32) << (16 * q)),
+                            (Layout::Quads, _) => acc.iter_mut().zip(r).for_each(|(a, &v)| *a |= (v as u32) << (8 * q)),
                         }
-                        Layout::Quads => {
-                            for (i, d) in dst.chunks_exact_mut(tw).enumerate() {
-                                d[k] = (0..4).fold(0, |acc, q| acc | (chans[q].map_or(0, |r| r[i] as u32) << (8 * q)));
-                            }
-                        }
+                    }
+                    for (d, &w) in dst.chunks_exact_mut(tw).zip(&word[..n]) {
+                        d[k] = w;
                     }
                 }
             }
         });
     }
 
-    /// The tap pointers of pixel tiles `t0..t1` of image-and-group `bg`:
-    /// `[tile][tap][PX]` addresses into the repacked input (or the padding row).
-    fn tap_pointers(&self, run: &Run, bg: usize, t0: usize, t1: usize, ptrs: &mut Vec<usize>) {
-        let geo = &self.p.geo;
-        let [id, ih, iw] = geo.input;
-        let [_, oh, ow] = geo.output;
-        let [kd, kh, kw] = geo.kernel;
-        let plane = geo.output_size();
-        let tw = self.tw;
-        let base = run.xs as usize + bg * geo.input_size() * tw * 4;
-        let pad = run.pad as usize;
-        ptrs.clear();
-        ptrs.resize((t1 - t0) * self.taps * PX, pad);
-        for (tile, slots) in ptrs.chunks_exact_mut(self.taps * PX).enumerate() {
-            let q0 = (t0 + tile) * PX;
-            for j in 0..PX {
-                // Pixels past the plane repeat the last one (their sums are dropped).
-                let q = (q0 + j).min(plane - 1);
-                let org = [
-                    ((q / (oh * ow)) * geo.stride[0]) as i64 - geo.pad_begin[0],
-                    (((q / ow) % oh) * geo.stride[1]) as i64 - geo.pad_begin[1],
-                    ((q % ow) * geo.stride[2]) as i64 - geo.pad_begin[2],
-                ];
-                let mut t = 0;
-                for a in 0..kd {
-                    let z = org[0] + (a * geo.dilation[0]) as i64;
-                    for bb in 0..kh {
-                        let yy = org[1] + (bb * geo.dilation[1]) as i64;
-                        for e in 0..kw {
-                            let xx = org[2] + (e * geo.dilation[2]) as i64;
-                            if z >= 0 && yy >= 0 && xx >= 0 && (z as usize) < id && (yy as usize) < ih && (xx as usize) < iw {
-                                slots[t * PX + j] = base + (((z as usize * ih + yy as usize) * iw + xx as usize) * tw) * 4;
-                            }
-                            t += 1;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
     /// Output channel block `blk` of image-and-group `bg` for pixel tiles `t0..t1`,
     /// with the epilogue.
-    fn compute(&self, run: &Run, bg: usize, blk: usize, t0: usize, t1: usize, ptrs: &[usize]) {
+    fn compute(&self, run: &Run, bg: usize, blk: usize, t0: usize, t1: usize, offs: &[u32]) {
         let p = &self.p;
         let (b, g) = (bg / p.group, bg % p.group);
         let (mg, plane) = (p.out_per_group(), p.geo.output_size());
         let (taps, tw) = (self.taps, self.tw);
         let wblock = self.w[((g * self.blocks + blk) * taps * tw) * CH..].as_ptr();
+        // SAFETY: the scratch holds batch * group images of (input pixels + 1) * tw words.
+        let image = unsafe { run.xs.add(bg * (p.geo.input_size() + 1) * tw) };
         let m0 = g * mg + blk * CH;
         let mcount = CH.min(mg - blk * CH);
         let mut c = [0i32; PX * CH];
@@ -320,10 +308,11 @@ impl PackedIntConv {
         });
         let mut vals = [[0i32; CH]; PX];
         for tile in t0..t1 {
-            let tp = ptrs[(tile - t0) * taps * PX..].as_ptr() as *const *const u32;
-            // SAFETY: tp holds taps * PX pointers to tw readable words (input rows or the
-            // padding row), the block holds taps * tw * CH words, and the isa is available.
-            unsafe { self.isa.tile(self.layout, taps, tw, tp, wblock, &mut c) };
+            let to = offs[(tile - t0) * taps * PX..].as_ptr();
+            // SAFETY: to holds taps * PX offsets of tw words within image-and-group bg's
+            // rows (input pixels or the padding row), the block holds taps * tw * CH words,
+            // and the isa is available.
+            unsafe { self.isa.tile(self.layout, taps, tw, image, to, wblock, &mut c) };
             let q0 = tile * PX;
             let count = PX.min(plane - q0);
             let at = (b * p.out_channels + m0) * plane + q0;
@@ -347,6 +336,41 @@ impl PackedIntConv {
                                 *dst.add(at + l * plane + j) = row[l] as u8;
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tap offsets of output pixel tiles `t0..t1` into one image and group of the
+/// repacked input (`tw` words per pixel, the padding row after the last pixel):
+/// `out[((tile - t0) * taps + tap) * PX + j]`. Pixels past the plane repeat the last one
+/// (their sums are dropped).
+fn tap_offsets(geo: &Geometry, taps: usize, tw: usize, t0: usize, t1: usize, out: &mut [u32]) {
+    let [id, ih, iw] = geo.input;
+    let [_, oh, ow] = geo.output;
+    let [kd, kh, kw] = geo.kernel;
+    let plane = geo.output_size();
+    let pad = (geo.input_size() * tw) as u32;
+    for (tile, slots) in out.chunks_exact_mut(taps * PX).take(t1 - t0).enumerate() {
+        for j in 0..PX {
+            let q = ((t0 + tile) * PX + j).min(plane - 1);
+            let org = [
+                ((q / (oh * ow)) * geo.stride[0]) as i64 - geo.pad_begin[0],
+                (((q / ow) % oh) * geo.stride[1]) as i64 - geo.pad_begin[1],
+                ((q % ow) * geo.stride[2]) as i64 - geo.pad_begin[2],
+            ];
+            let inside = |v: i64, n: usize| v >= 0 && (v as usize) < n;
+            let mut t = 0;
+            for a in 0..kd {
+                let z = org[0] + (a * geo.dilation[0]) as i64;
+                for bb in 0..kh {
+                    let yy = org[1] + (bb * geo.dilation[1]) as i64;
+                    for e in 0..kw {
+                        let xx = org[2] + (e * geo.dilation[2]) as i64;
+                        slots[t * PX + j] = if inside(z, id) && inside(yy, ih) && inside(xx, iw) { (((z as usize * ih + yy as usize) * iw + xx as usize) * tw) as u32 } else { pad };
+                        t += 1;
                     }
                 }
             }
