@@ -22,6 +22,8 @@ pub mod testing;
 pub mod elementwise;
 pub mod fused;
 mod linalg;
+#[cfg(test)]
+mod malformed_tests;
 mod ml;
 mod nn;
 mod quant;

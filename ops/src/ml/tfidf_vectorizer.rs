@@ -55,7 +55,9 @@ impl TfIdfVectorizer {
     /// Matches of gram `g` in `row`.
     fn count(&self, g: &Gram, row: &[i64]) -> usize {
         let s = g.tokens.len();
-        let distances = if s == 1 { 1 } else { self.skips + 1 };
+        // A gram spans `(s - 1) * d + 1` tokens: farther distances never fit in the row
+        // (and would overflow the positions), so a huge max_skip_count costs nothing.
+        let distances = if s == 1 { 1 } else { self.skips.saturating_add(1).min(row.len().saturating_sub(1) / (s - 1)) };
         (1..=distances)
             .map(|d| (0..row.len()).filter(|&t| t + d * (s - 1) < row.len() && g.tokens.iter().enumerate().all(|(k, &v)| row[t + k * d] == v)).count())
             .sum()
@@ -117,7 +119,8 @@ impl CpuKernel for TfIdfVectorizer {
 impl WgslKernel for TfIdfVectorizer {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (_, len, _) = self.dims(inputs)?;
-        let work: usize = self.grams.iter().map(|g| (self.skips + 1) * len * g.tokens.len()).sum::<usize>() + self.grams.len();
+        let dists = |g: &Gram| if g.tokens.len() == 1 { 1 } else { self.skips.saturating_add(1).min(len.saturating_sub(1) / (g.tokens.len() - 1)) };
+        let work = self.grams.iter().map(|g| dists(g).saturating_mul(len).saturating_mul(g.tokens.len())).fold(self.grams.len(), usize::saturating_add);
         if work > wgsl::MAX_LOOP_ITERATIONS {
             return Err(OpError::Unsupported(format!("TfIdfVectorizer: {work} loop iterations per output element exceed one GPU invocation's budget")));
         }
@@ -162,7 +165,8 @@ impl WgslKernel for TfIdfVectorizer {
              if (hit) {{ count = count + 1u; }}\n            }}\n        }}\n    }}\n    y[i] = {value};",
             cols = self.columns,
             w = weights.join(", "),
-            skips = self.skips + 1,
+            // Distances of `len` or more fit no gram of two tokens or more in a row.
+            skips = self.skips.saturating_add(1).min(len.max(1)),
         );
         Ok(WgslProgram::single(wgsl::simple_kernel(
             "TfIdfVectorizer",
@@ -197,7 +201,7 @@ fn parse(spec: &NodeSpec) -> Result<TfIdfVectorizer> {
     let pool = spec.ints("pool_int64s", &[])?;
     let counts = spec.ints("ngram_counts", &[])?;
     let indexes = spec.ints("ngram_indexes", &[])?;
-    let columns = indexes.iter().map(|&i| i + 1).max().unwrap_or(0);
+    let columns = indexes.iter().map(|&i| i.saturating_add(1)).max().unwrap_or(0);
     if indexes.iter().any(|&i| i < 0) || columns > 1 << 24 {
         return Err(spec.bad("ngram_indexes", "indexes must be in [0, 2^24)"));
     }
@@ -259,6 +263,18 @@ mod tests {
         assert_close(&got[0], &[0., 0., 0., 0., 3.0, 0.75, 1.25], 0.0, "IDF");
         let got = case(1, 2, 3, "TFIDF", flat).attr("weights", weights).run_cpu().unwrap();
         assert_close(&got[0], &[0., 4.5, 2.0, 0., 3.0, 1.5, 1.25], 0.0, "TFIDF");
-        assert!(case(3, 2, 0, "TF", x).run_cpu().is_err());
+        assert!(case(3, 2, 0, "TF", x.clone()).run_cpu().is_err());
+    }
+
+    /// A max_skip_count far past the row length counts as the longest useful skip
+    /// (it used to loop over every distance up to it, or overflow the positions).
+    #[test]
+    fn a_huge_skip_count_counts_every_distance_that_fits() {
+        let x = Tensor::from_slice(&[2, 6], &[1i32, 1, 3, 3, 3, 7, 8, 6, 7, 5, 6, 8]).unwrap();
+        let want = case(1, 2, 5, "TF", x.clone()).run_cpu().unwrap();
+        let got = case(1, 2, i64::MAX, "TF", x).run_cpu().unwrap();
+        assert_eq!(got[0].to_f64_vec(), want[0].to_f64_vec());
+        let e = case(1, 2, 0, "TF", Tensor::from_slice(&[2], &[1i64, 2]).unwrap()).attr("ngram_indexes", ints(&[0, 1, 2, 3, 4, 5, i64::MAX])).run_cpu().unwrap_err().to_string();
+        assert!(e.contains("ngram_indexes") && e.contains("2^24"), "{e}");
     }
 }

@@ -189,9 +189,14 @@ impl Problem {
         let mut slots = Slots::ONNX;
         (slots.q, slots.k, slots.v, slots.mask) = (qkv[0], qkv[1], qkv[2], mask_at);
         if let Some(d) = self.mask_dispatch(mask_at, wg) {
+            let mask_len = self.mask_dims().map_or(0, |d| d.iter().product::<usize>());
             scratch.resize(scratch.len().max(1), 0);
-            scratch.push(self.mask_dims().map_or(4, |d| d.iter().product::<usize>().max(1) as u64 * 4));
-            pre.push(d);
+            scratch.push(mask_len.max(1) as u64 * 4);
+            // No queries or no keys: an empty mask, nothing to write (and its index
+            // arithmetic would divide by zero).
+            if mask_len > 0 {
+                pre.push(d);
+            }
         }
         let (core_dispatches, scores) = core.dispatches(&g, &slots, outputs, wg)?;
         if scratch.is_empty() {

@@ -76,11 +76,12 @@ impl Attention {
         if self.is_causal {
             s += "    if (jj > pos) { masked = true; }\n";
         }
+        // Windows past i32 (the positions' type) mask nothing more than i32::MAX does.
         if self.left_window >= 0 {
-            let _ = writeln!(s, "    if (pos - jj > {}i) {{ masked = true; }}", self.left_window);
+            let _ = writeln!(s, "    if (pos - jj > {}i) {{ masked = true; }}", self.left_window.min(i32::MAX as i64));
         }
         if self.right_window >= 0 {
-            let _ = writeln!(s, "    if (jj - pos > {}i) {{ masked = true; }}", self.right_window);
+            let _ = writeln!(s, "    if (jj - pos > {}i) {{ masked = true; }}", self.right_window.min(i32::MAX as i64));
         }
         if g.has_nonpad {
             s += "    if (jj >= np) { masked = true; }\n";

@@ -85,10 +85,16 @@ impl Pool {
     }
 }
 
-/// Arithmetic the CPU pooling loop needs, for f32 (fast path) and f64 (other dtypes).
-trait PoolFloat: Copy + PartialOrd + Send + Sync + std::ops::Add<Output = Self> {
+/// An element the separable pooling passes fold: floats, and the 8-bit integers of
+/// MaxPool (which never sum them).
+trait PoolElem: Copy + PartialOrd + Send + Sync + std::ops::Add<Output = Self> {
+    /// The identity of max: -inf, or the type's least value.
     const NEG_INF: Self;
     const ZERO: Self;
+}
+
+/// Arithmetic the CPU pooling loop needs, for f32 (fast path) and f64 (other dtypes).
+trait PoolFloat: PoolElem {
     fn lp_term(self, p: i64) -> Self;
     fn lp_root(self, p: i64) -> Self;
     fn div_count(self, n: usize) -> Self;
@@ -96,9 +102,11 @@ trait PoolFloat: Copy + PartialOrd + Send + Sync + std::ops::Add<Output = Self> 
 
 macro_rules! pool_float {
     ($t:ty) => {
-        impl PoolFloat for $t {
+        impl PoolElem for $t {
             const NEG_INF: Self = <$t>::NEG_INFINITY;
             const ZERO: Self = 0.0;
+        }
+        impl PoolFloat for $t {
             fn lp_term(self, p: i64) -> Self {
                 match p {
                     1 => self.abs(),
@@ -122,6 +130,17 @@ macro_rules! pool_float {
 pool_float!(f32);
 pool_float!(f64);
 
+macro_rules! pool_int {
+    ($t:ty) => {
+        impl PoolElem for $t {
+            const NEG_INF: Self = <$t>::MIN;
+            const ZERO: Self = 0;
+        }
+    };
+}
+pool_int!(u8);
+pool_int!(i8);
+
 /// The larger of `acc` and `v`, NaN once either is (NaN propagates through max
 /// pooling, as through ONNX's Max and numpy's maximum).
 #[inline(always)]
@@ -133,7 +152,7 @@ fn max_nan<T: PartialOrd>(acc: T, v: T) -> T {
 /// Max or sum of a pooling window: with `NAN` (the plane holds a NaN) NaN-propagating,
 /// else a plain compare (one instruction per lane).
 #[inline(always)]
-fn fold_tap<T: PoolFloat, const MAX: bool, const NAN: bool>(acc: T, v: T) -> T {
+fn fold_tap<T: PoolElem, const MAX: bool, const NAN: bool>(acc: T, v: T) -> T {
     match (MAX, NAN) {
         (true, true) => max_nan(acc, v),
         (true, false) => {
@@ -149,7 +168,7 @@ fn fold_tap<T: PoolFloat, const MAX: bool, const NAN: bool>(acc: T, v: T) -> T {
 
 /// Whether a plane holds a NaN (blocks of lanes, so that the scan vectorises).
 #[allow(clippy::eq_op)]
-fn has_nan<T: PoolFloat>(xs: &[T]) -> bool {
+fn has_nan<T: PoolElem>(xs: &[T]) -> bool {
     xs.chunks(64).any(|c| c.iter().fold(false, |a, &v| a | (v != v)))
 }
 
@@ -240,7 +259,7 @@ impl Pool {
 /// lanes at a time so that the accumulators stay in registers (one store per output,
 /// not one per tap).
 #[inline(always)]
-fn fold_slices<T: PoolFloat, const MAX: bool, const NAN: bool>(dst: &mut [T], src: &[T], taps: &[usize]) {
+fn fold_slices<T: PoolElem, const MAX: bool, const NAN: bool>(dst: &mut [T], src: &[T], taps: &[usize]) {
     const LANES: usize = 16;
     let init = if MAX { T::NEG_INF } else { T::ZERO };
     let n = dst.len();
@@ -270,7 +289,7 @@ fn fold_slices<T: PoolFloat, const MAX: bool, const NAN: bool>(dst: &mut [T], sr
 /// the middle axis) into `outer x n_out x inner`; rows of `inner` elements are
 /// combined whole, so the H and D passes vectorise.
 #[inline(always)]
-fn pool_axis<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, d: usize, outer: usize, inner: usize, src: &[T], dst: &mut [T]) {
+fn pool_axis<T: PoolElem, const MAX: bool, const NAN: bool>(g: &Geometry, d: usize, outer: usize, inner: usize, src: &[T], dst: &mut [T]) {
     let (n_in, n_out) = (g.input[d], g.output[d]);
     let mut taps: Vec<usize> = Vec::with_capacity(g.kernel[d]);
     for o in 0..outer {
@@ -293,7 +312,7 @@ fn pool_axis<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, d: us
 /// of consecutive outputs is a contiguous slice of phase `t % stride` and the folds
 /// vectorise. The borders take the general loop.
 #[inline(always)]
-fn pool_last_axis<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, rows: usize, src: &[T], dst: &mut [T]) {
+fn pool_last_axis<T: PoolElem, const MAX: bool, const NAN: bool>(g: &Geometry, rows: usize, src: &[T], dst: &mut [T]) {
     let (n_in, n_out) = (g.input[2], g.output[2]);
     let taps: Vec<(i64, usize, usize)> = (0..n_out)
         .map(|o| {
@@ -394,7 +413,7 @@ impl Pool {
         let [od_n, oh_n, ow_n] = g.output;
         // D, then H (whole rows: vectorised), then W on the fewest rows. A 1-tap,
         // stride-1, unpadded D (every 2-D pool) is skipped.
-        let d_trivial = g.kernel[0] == 1 && g.stride[0] == 1 && g.pad_begin[0] == 0 && g.input[0] == g.output[0];
+        let d_trivial = d_trivial(g);
         let (t1_len, t2_len) = (if d_trivial { 0 } else { od_n * ih_n * iw_n }, od_n * oh_n * iw_n);
         let kind = self.kind;
         let divisor: Vec<Vec<usize>> =
@@ -436,9 +455,27 @@ impl Pool {
 }
 
 impl Pool {
+    /// MaxPool of 8-bit integers (no Indices output) by the separable passes: max is
+    /// exact and associative, and integers have no NaN, so this equals the per-tap
+    /// loop of [`Self::run_typed`] (a window without taps gives the type's least
+    /// value, as the f64 loop's -inf converts to).
+    fn max_ints<T: PoolElem>(&self, g: &Geometry, x: &[T], y: &mut [T]) {
+        let (in_size, out_size) = (g.input_size(), g.output_size());
+        let (t1_len, t2_len) = (if d_trivial(g) { 0 } else { g.output[0] * g.input[1] * g.input[2] }, g.output[0] * g.output[1] * g.input[2]);
+        cpu::par_chunks_mut(y, out_size, g.kernel_size() / g.kernel[2].max(1) + g.kernel[2], |first, part| {
+            let (mut t1, mut t2) = (vec![T::ZERO; t1_len], vec![T::ZERO; t2_len]);
+            for (i, out) in part.chunks_mut(out_size).enumerate() {
+                let xc = &x[(first + i) * in_size..][..in_size];
+                Self::passes::<T, true, false>(g, d_trivial(g), xc, &mut t1, &mut t2, out);
+            }
+        });
+    }
+}
+
+impl Pool {
     /// The D, H and W passes of one plane (see [`Self::plane_passes`]), compiled for
     /// AVX2 where the CPU has it.
-    fn passes<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, d_trivial: bool, xc: &[T], t1: &mut [T], t2: &mut [T], out: &mut [T]) {
+    fn passes<T: PoolElem, const MAX: bool, const NAN: bool>(g: &Geometry, d_trivial: bool, xc: &[T], t1: &mut [T], t2: &mut [T], out: &mut [T]) {
         #[cfg(target_arch = "x86_64")]
         if cpu::has_avx2() {
             // SAFETY: the CPU has AVX2 and FMA.
@@ -449,13 +486,13 @@ impl Pool {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn passes_avx2<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, d_trivial: bool, xc: &[T], t1: &mut [T], t2: &mut [T], out: &mut [T]) {
+    unsafe fn passes_avx2<T: PoolElem, const MAX: bool, const NAN: bool>(g: &Geometry, d_trivial: bool, xc: &[T], t1: &mut [T], t2: &mut [T], out: &mut [T]) {
         Self::plane_passes::<T, MAX, NAN>(g, d_trivial, xc, t1, t2, out)
     }
 
     /// The D, H and W passes of one plane `xc` into `out` (`t1`, `t2`: scratch).
     #[inline(always)]
-    fn plane_passes<T: PoolFloat, const MAX: bool, const NAN: bool>(g: &Geometry, d_trivial: bool, xc: &[T], t1: &mut [T], t2: &mut [T], out: &mut [T]) {
+    fn plane_passes<T: PoolElem, const MAX: bool, const NAN: bool>(g: &Geometry, d_trivial: bool, xc: &[T], t1: &mut [T], t2: &mut [T], out: &mut [T]) {
         let [_, ih_n, iw_n] = g.input;
         let [od_n, oh_n, _] = g.output;
         let after_d: &[T] = if d_trivial {
@@ -467,6 +504,12 @@ impl Pool {
         pool_axis::<T, MAX, NAN>(g, 1, od_n, iw_n, after_d, t2);
         pool_last_axis::<T, MAX, NAN>(g, od_n * oh_n, t2, out);
     }
+}
+
+/// Whether the D pass of a plane is the identity (a 1-tap, stride-1, unpadded D: every
+/// 2-D pool), so that the passes skip it.
+fn d_trivial(g: &Geometry) -> bool {
+    g.kernel[0] == 1 && g.stride[0] == 1 && g.pad_begin[0] == 0 && g.input[0] == g.output[0]
 }
 
 /// Taps `k` of dim `d` whose position `start + k*dilation` is inside the input.
@@ -546,6 +589,10 @@ impl CpuKernel for Pool {
             } else {
                 self.run_separable(&g, xs, ys);
             }
+        } else if idx.is_none() && matches!(self.kind, PoolKind::Max { .. }) && x.dtype() == DType::U8 {
+            self.max_ints(&g, x.as_slice::<u8>()?, y.as_mut_slice::<u8>()?);
+        } else if idx.is_none() && matches!(self.kind, PoolKind::Max { .. }) && x.dtype() == DType::I8 {
+            self.max_ints(&g, x.as_slice::<i8>()?, y.as_mut_slice::<i8>()?);
         } else {
             let mut out = vec![0.0; y.len()];
             self.run_typed(&g, &x.to_f64_vec(), &mut out, idx);
@@ -771,3 +818,7 @@ mod tests {
         assert_eq!(run(o.as_ref(), &as_inputs(&[Some(&x), Some(&w)], &[]), &[]).unwrap()[0].dims(), &[1, 2, 0, 5]);
     }
 }
+
+#[cfg(test)]
+#[path = "pool_int_tests.rs"]
+mod int_tests;

@@ -15,6 +15,7 @@ pub(crate) mod qlinear;
 mod qlinear_add;
 mod qlinear_average_pool;
 mod qlinear_binary;
+mod qlinear_binary_cpu;
 mod qlinear_concat;
 mod qlinear_global_average_pool;
 mod qlinear_leaky_relu;

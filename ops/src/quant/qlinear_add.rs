@@ -30,6 +30,11 @@ impl Arith for Add {
         round_i32(v).clamp(p.bounds.0, p.bounds.1)
     }
 
+    #[inline(always)]
+    fn unrounded<const B_SCALAR: bool>(&self, a: i32, b: i32, _: &Params, &(ra, rb, fixed): &(f32, f32, f32)) -> f32 {
+        if B_SCALAR { (fixed + b as f32 * rb) + a as f32 * ra } else { (fixed + a as f32 * ra) + b as f32 * rb }
+    }
+
     fn wgsl(&self, b_scalar: bool) -> String {
         let sum = if b_scalar { "(fixed + f32(b) * rb) + f32(a) * ra" } else { "(fixed + f32(a) * ra) + f32(b) * rb" };
         format!("clamp(q_round({sum}), lo, hi)")

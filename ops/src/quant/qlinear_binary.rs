@@ -3,13 +3,14 @@
 //! (scales and zero points per tensor, zero points optional), numpy broadcasting, the
 //! output of A's dtype. The arithmetic of each op is in its own file
 //! ([`super::qlinear_add`], [`super::qlinear_mul`]); this file broadcasts and runs it.
+use super::qlinear_binary_cpu::{self as fast, Runs};
 use super::qlinear::{self, bounds, check_scalar, check_zero_point, QParams, Q8, SCALE};
 use crate::broadcast::{broadcast_shapes, broadcast_strides, for_each_offset_in};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{Arg, Op, OpError, Result, TensorType, TuneValues};
-use kiln_graph::Tensor;
+use kiln_graph::{DType, Tensor};
 
 /// The per-tensor parameters of a run.
 #[derive(Clone, Copy, Debug)]
@@ -43,6 +44,10 @@ pub(super) trait Arith: Send + Sync + std::fmt::Debug + 'static {
     fn consts(&self, p: &Params) -> Self::Consts;
     /// Output element for the integer inputs `a` and `b`.
     fn eval(&self, a: i32, b: i32, p: &Params, k: &Self::Consts) -> i32;
+    /// The f32 value that `eval` rounds and saturates, by the same operations in the
+    /// same order, for `p.b_scalar == B_SCALAR` (the fast CPU loop of
+    /// [`super::qlinear_binary_cpu`] finishes it).
+    fn unrounded<const B_SCALAR: bool>(&self, a: i32, b: i32, p: &Params, k: &Self::Consts) -> f32;
     /// The same in WGSL: an i32 expression of `a`, `b` (i32), the f32 scales `sa`, `sb`,
     /// `sc`, the i32 zero points `za`, `zb`, `zc` and the bounds `lo`, `hi` (the helpers
     /// of [`qlinear::WGSL_REQUANTIZE`] are declared), for a B that is `b_scalar`.
@@ -91,14 +96,34 @@ impl<A: Arith> CpuKernel for QLinearBinary<A> {
         let (a, b) = (cpu::input(inputs, 0)?, cpu::input(inputs, 3)?);
         let out = &mut outputs[0];
         let p = Params { a: QParams::of(inputs, 1, 2)?, b: QParams::of(inputs, 4, 5)?, c: QParams::of(inputs, 6, 7)?, bounds: bounds(out.dtype()), b_scalar: false };
-        let (av, bv) = (qlinear::ints(a)?, qlinear::ints(b)?);
         let dims = out.dims().to_vec();
         let p = Params { b_scalar: b_is_span_scalar(a.dims(), b.dims(), &dims), ..p };
         let strides = [broadcast_strides(a.dims(), &dims), broadcast_strides(b.dims(), &dims)];
-        let k = self.0.consts(&p);
+        let same = a.dtype() == out.dtype() && b.dtype() == out.dtype();
+        match Runs::of(&dims, &strides[0], &strides[1]) {
+            Some(runs) if same && out.dtype() == DType::U8 => {
+                fast::run(&self.0, &p, &runs, a.as_slice::<u8>()?, b.as_slice::<u8>()?, out.as_mut_slice::<u8>()?);
+                Ok(())
+            }
+            Some(runs) if same && out.dtype() == DType::I8 => {
+                fast::run(&self.0, &p, &runs, a.as_slice::<i8>()?, b.as_slice::<i8>()?, out.as_mut_slice::<i8>()?);
+                Ok(())
+            }
+            _ => self.run_general(&p, a, b, &strides, out),
+        }
+    }
+}
+
+impl<A: Arith> QLinearBinary<A> {
+    /// Every element through [`Arith::eval`], walking the broadcast offsets one by one:
+    /// the definition, for the broadcasts whose runs are short.
+    pub(super) fn run_general(&self, p: &Params, a: &Tensor, b: &Tensor, strides: &[Vec<usize>; 2], out: &mut Tensor) -> Result<()> {
+        let (av, bv) = (qlinear::ints(a)?, qlinear::ints(b)?);
+        let dims = out.dims().to_vec();
+        let k = self.0.consts(p);
         let mut y = vec![0i32; out.len()];
         cpu::par_chunks_mut(&mut y, 1, 4, |first, part| {
-            for_each_offset_in(&dims, &strides, first, first + part.len(), &mut |o, offs| part[o - first] = self.0.eval(av[offs[0]], bv[offs[1]], &p, &k));
+            for_each_offset_in(&dims, strides, first, first + part.len(), &mut |o, offs| part[o - first] = self.0.eval(av[offs[0]], bv[offs[1]], p, &k));
         });
         qlinear::write_ints(out, &y)
     }

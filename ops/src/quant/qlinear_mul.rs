@@ -26,6 +26,11 @@ impl Arith for Mul {
         requantize(product as f32 * ratio + p.c.zp as f32, 0, p.bounds)
     }
 
+    #[inline(always)]
+    fn unrounded<const B_SCALAR: bool>(&self, a: i32, b: i32, p: &Params, &ratio: &f32) -> f32 {
+        ((a - p.a.zp) * (b - p.b.zp)) as f32 * ratio + p.c.zp as f32
+    }
+
     fn wgsl(&self, _: bool) -> String {
         "q_requantize(f32((a - za) * (b - zb)) * (sa * sb / sc) + f32(zc), 0i, lo, hi)".into()
     }

@@ -50,14 +50,17 @@ impl Stft {
                 return Err(OpError::input(2, format!("the window has {} points, the frames {len}", w.dims()[0])));
             }
         }
-        let frames = 1 + (s - len) / step as usize;
+        // A step past the signal gives one frame, as a step of the signal's length does
+        // (which keeps the strides of the kernels small).
+        let step = step.min(s as i64) as usize;
+        let frames = 1 + (s - len) / step;
         let n_out = if self.onesided { len / 2 + 1 } else { len };
         let lines = Lines {
             outer: b * frames,
             frames,
             inner: 1,
             outer_stride: s,
-            frame_stride: step as usize,
+            frame_stride: step,
             t_stride: 1,
             inner_stride: 0,
             c_in: c,
