@@ -78,6 +78,20 @@ impl SharedOut {
     }
 }
 
+/// A raw pointer that parallel tasks share, each reading it or writing disjoint elements
+/// through it (the caller's SAFETY comment says why they are disjoint).
+#[derive(Clone, Copy)]
+pub(crate) struct SharedPtr<T>(pub(crate) *mut T);
+unsafe impl<T> Send for SharedPtr<T> {}
+unsafe impl<T> Sync for SharedPtr<T> {}
+
+impl<T> SharedPtr<T> {
+    /// The pointer (a method, so that closures capture the whole `SharedPtr`).
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 thread_local! {
     static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }

@@ -10,7 +10,7 @@ use super::product::{BatchedProduct, Layout};
 use super::qmatmul_packed::{self, PackedIntMatMul};
 use crate::linalg::int8_kernel::CH;
 use super::qproduct_wgsl::IntProduct;
-use crate::cpu::{self, CpuKernel};
+use crate::cpu::{self, CpuKernel, SharedPtr};
 use crate::op::{expect_dtype, required};
 use crate::quant::qlinear::{self, check_scalar, MS_DOMAIN, Q8, SCALE};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
@@ -244,18 +244,6 @@ struct PackedQGemm {
     packed: PackedIntMatMul,
 }
 
-/// The output's address, written at disjoint places by the tiles.
-#[derive(Clone, Copy)]
-struct Out(*mut u8);
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    fn get(self) -> *mut u8 {
-        self.0
-    }
-}
-
 impl CpuKernel for PackedQGemm {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let a = QGemm::oriented(cpu::input(inputs, 0)?, self.op.trans_a)?;
@@ -266,7 +254,7 @@ impl CpuKernel for PackedQGemm {
             return Err(OpError::invalid(format!("output of {} elements for [{m}, {n}]", out.len())));
         }
         let finish = Finish::new(&self.op, inputs, out.dtype(), m, n)?;
-        let y = Out(out.bytes_mut().as_mut_ptr());
+        let y = SharedPtr(out.bytes_mut().as_mut_ptr());
         self.packed.run(a.bytes(), m, za, |r0, rows, c0, cols, c| {
             for j in 0..rows {
                 for l in 0..cols {

@@ -5,7 +5,7 @@
 //! raw quads), and tiles of [`PX`] rows by [`CH`] columns go to the caller's epilogue.
 //! The quads layout (VNNI) keeps A's zero point and folds `za * sum_k b[k][n]` out
 //! here, so callers always see `sum_k (a - za) * (b - zb)`.
-use crate::cpu;
+use crate::cpu::{self, SharedPtr};
 use crate::linalg::int8_kernel::{self, pack_constant, Int8Isa, Layout, CH, PX};
 use crate::quant::qlinear;
 use crate::{OpError, Result, TuneParam, TuneValues};
@@ -34,18 +34,6 @@ pub(crate) fn quads_ok(a: DType, b: DType, zb: &[i32]) -> bool {
 /// The instruction-set parameter ([`int8_kernel::isa_param`]).
 pub(crate) fn params(quads_ok: bool) -> Vec<TuneParam> {
     vec![int8_kernel::isa_param(quads_ok)]
-}
-
-/// A raw pointer that parallel tasks share (each reads, or writes disjoint parts).
-#[derive(Clone, Copy)]
-struct Shared(*mut u32);
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    fn get(self) -> *mut u32 {
-        self.0
-    }
 }
 
 impl PackedIntMatMul {
@@ -88,7 +76,7 @@ impl PackedIntMatMul {
             return Err(OpError::Unsupported(format!("an 8-bit product with {m} rows of {} values (at most 2^32 words packed)", self.k)));
         }
         let mut words = vec![0u32; m * tw];
-        let dst = Shared(words.as_mut_ptr());
+        let dst = SharedPtr(words.as_mut_ptr());
         cpu::par_ranges(m, self.k, |r0, r1| {
             for r in r0..r1 {
                 let row = &a[r * self.k..(r + 1) * self.k];
@@ -102,7 +90,7 @@ impl PackedIntMatMul {
         });
         let (tiles, blocks) = (m.div_ceil(PX), self.n.div_ceil(CH));
         let fold = layout == Layout::Quads;
-        let x = Shared(words.as_mut_ptr());
+        let x = SharedPtr(words.as_mut_ptr());
         cpu::par_ranges(tiles * blocks, PX * tw * CH, |start, end| {
             let mut c = [0i32; PX * CH];
             for u in start..end {

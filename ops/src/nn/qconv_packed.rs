@@ -22,7 +22,7 @@
 //! (fewer than 4 outputs per group) keep the op's direct kernel.
 use super::conv_cpu::ConvProblem;
 use super::window::Geometry;
-use crate::cpu::{self, CpuKernel};
+use crate::cpu::{self, CpuKernel, SharedPtr};
 use crate::linalg::int8_kernel::{self, pack_constant, Int8Isa, Layout, Requantize, CH, PX};
 use crate::quant::qlinear;
 use crate::{OpError, Result, TuneParam, TuneValues};
@@ -143,19 +143,6 @@ thread_local! {
     static TAPS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A raw pointer shared by the tasks, each writing disjoint elements.
-#[derive(Clone, Copy)]
-struct Shared<T>(*mut T);
-unsafe impl<T> Send for Shared<T> {}
-unsafe impl<T> Sync for Shared<T> {}
-
-impl<T> Shared<T> {
-    /// The pointer (a method, so that closures capture the whole `Shared`).
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
-
 /// What a run's tasks share.
 struct Run<'a> {
     /// The repacked input: `[batch][group][input pixels + the padding row][tw]` words.
@@ -166,7 +153,7 @@ struct Run<'a> {
     mult: &'a [f32],
     /// The output range less y's zero point, and y's zero point.
     bounds: (f32, f32, i32),
-    out: Shared<u8>,
+    out: SharedPtr<u8>,
 }
 unsafe impl Send for Run<'_> {}
 unsafe impl Sync for Run<'_> {}
@@ -203,7 +190,7 @@ impl CpuKernel for PackedIntConv {
 
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.pack_input(x.bytes(), zx, &mut scratch);
-        let run = Run { xs: scratch.as_ptr(), shift: &shift, mult: &mult, bounds, out: Shared(y.bytes_mut().as_mut_ptr()) };
+        let run = Run { xs: scratch.as_ptr(), shift: &shift, mult: &mult, bounds, out: SharedPtr(y.bytes_mut().as_mut_ptr()) };
 
         let tiles = p.geo.output_size().div_ceil(PX);
         let chunks = tiles.div_ceil(TILES_PER_CHUNK);
@@ -255,7 +242,7 @@ impl PackedIntConv {
         }
         const BLOCK: usize = 256;
         let blocks = img.div_ceil(BLOCK);
-        let out = Shared(buf.as_mut_ptr());
+        let out = SharedPtr(buf.as_mut_ptr());
         cpu::par_ranges(p.batch * p.group * blocks, BLOCK * tw, |start, end| {
             for u in start..end {
                 let (bg, blk) = (u / blocks, u % blocks);
