@@ -600,3 +600,27 @@ fn fuse_qdq() {
     // Conv x2, MaxPool, Add, GlobalAveragePool, Flatten, the DQ -> Q pair, Gemm.
     assert_eq!(golden_within("fuse_qdq", g, passes::fuse_qdq, &[2, 3, 6, 6], Some(0.004)), 8);
 }
+
+/// A hand-built graph whose QuantizeLinear nodes have no outputs (the importer never
+/// makes one; the builder API can): fuse-qdq leaves those patterns alone instead of
+/// reading a missing output.
+#[test]
+fn fuse_qdq_skips_quantize_nodes_without_outputs() {
+    let mut b = GraphBuilder::new("qdq_no_outputs");
+    let x = x_input(&mut b, &[3, 4]);
+    let s = b.constant("s", Tensor::from_vec(&[], vec![0.01f32]).unwrap());
+    let z = b.constant("z", Tensor::from_vec(&[], vec![128u8]).unwrap());
+    let xq = b.node("QuantizeLinear", &[x, s, z], &[]);
+    let xd = b.node("DequantizeLinear", &[xq, s, z], &[]);
+    let add = b.node("Add", &[xd, xd], &[]);
+    let aq = b.node("QuantizeLinear", &[add, s, z], &[]);
+    let pass = b.node("QuantizeLinear", &[xd, s, z], &[]);
+    let y = b.node("Add", &[add, add], &[]);
+    let mut g = finish(b, &[(y, "y"), (aq, "aq"), (pass, "pass")]);
+    for n in g.nodes.iter_mut().filter(|n| n.op_type == "QuantizeLinear" && n.inputs[0] != Some(x)) {
+        n.outputs.clear();
+    }
+    g.outputs.retain(|&v| v == y);
+    assert_eq!(passes::fuse_qdq(&mut g, &mut PassContext::builtin()), 0);
+    assert!(g.nodes.iter().all(|n| n.domain.is_empty()), "nothing fused");
+}

@@ -67,7 +67,8 @@ fn q_after(g: &Graph, uses: &[usize], readers: &[Vec<NodeId>], v: ValueId) -> Op
     let n = &g.nodes[r];
     let scalar = |i: usize| input(n, i).and_then(|x| g.initializers.get(&x)).is_some_and(|t| t.len() == 1);
     let zp_ok = input(n, 2).is_some_and(|z| g.initializers.get(&z).is_some_and(|t| t.len() == 1 && matches!(t.dtype(), DType::U8 | DType::I8)));
-    (is(n, "QuantizeLinear") && input(n, 0) == Some(v) && scalar(1) && zp_ok && !n.attrs.contains_key("block_size")).then_some(r)
+    // A Q without an output (a hand-built graph) is left alone: [`q_io`] reads output 0.
+    (is(n, "QuantizeLinear") && input(n, 0) == Some(v) && !n.outputs.is_empty() && scalar(1) && zp_ok && !n.attrs.contains_key("block_size")).then_some(r)
 }
 
 /// Whether two constants hold the same values (a scalar of shape [] equals one of [1]).
@@ -142,8 +143,8 @@ pub fn fuse_qdq(g: &mut Graph, cx: &mut PassContext) -> usize {
                 // Q(DQ(x)) with equal parameters: readers of the Q read x.
                 let n = &g.nodes[i];
                 let d = input(n, 0).and_then(|v| dq(g, &prod, v, false));
-                if let Some(d) = d.filter(|d| same_const(g, Some(d.scale), input(n, 1)) && same_zero_point(g, d.zp, input(n, 2)) && !n.attrs.contains_key("output_dtype")) {
-                    passthrough.push((i, n.outputs[0], d.q));
+                if let (Some(d), Some(&out)) = (d.filter(|d| same_const(g, Some(d.scale), input(n, 1)) && same_zero_point(g, d.zp, input(n, 2)) && !n.attrs.contains_key("output_dtype")), n.outputs.first()) {
+                    passthrough.push((i, out, d.q));
                 }
                 None
             }
@@ -177,7 +178,8 @@ fn new_node(old: &Node, op: &str, domain: &str, inputs: Vec<Option<ValueId>>, ou
     Node { name: old.name.clone(), op_type: op.into(), domain: domain.into(), attrs, inputs, outputs: vec![out] }
 }
 
-/// The Q's output and its scale and zero point inputs.
+/// The Q's output and its scale and zero point inputs (a Q that [`q_after`] found: it
+/// has an output).
 fn q_io(g: &Graph, q: NodeId) -> (ValueId, Option<ValueId>, Option<ValueId>) {
     let n = &g.nodes[q];
     (n.outputs[0], input(n, 1), input(n, 2))
@@ -188,6 +190,7 @@ fn q_io(g: &Graph, q: NodeId) -> (ValueId, Option<ValueId>, Option<ValueId>) {
 fn weight_dq(g: &Graph, prod: &[Option<NodeId>], v: ValueId, axis: usize, channels: usize) -> Option<Dq> {
     let d = dq(g, prod, v, false)?;
     let w = g.initializers.get(&d.q)?;
+    // [`dq`] found the scale (and zero point) among the initializers.
     let n = g.initializers[&d.scale].len();
     if !is8(Some(w.dtype())) || n != 1 && n != channels {
         return None;
@@ -218,7 +221,9 @@ fn int_bias(g: &mut Graph, prod: &[Option<NodeId>], b: ValueId, x: &Dq, w: &Dq, 
     if t.dtype() != DType::F32 || t.len() != m {
         return None;
     }
-    let sx = g.initializers[&x.scale].as_slice::<f32>().ok()?[0];
+    // `x` is a per-tensor DQ and `w` a weight DQ: [`dq`] found their f32 scales (one for
+    // `x`, one or `m` for `w`, which [`weight_dq`] checked) among the initializers.
+    let sx = *g.initializers[&x.scale].as_slice::<f32>().ok()?.first()?;
     let sw = g.initializers[&w.scale].as_slice::<f32>().ok()?.to_vec();
     let bv = t.as_slice::<f32>().ok()?;
     let mut q = Vec::with_capacity(m);
@@ -306,7 +311,7 @@ fn gemm(g: &mut Graph, types: &[Option<kiln_graph::ValueType>], prod: &[Option<N
     };
     let (y, sy, zy) = match q {
         Some(q) => q_io(g, q),
-        None => (n.outputs[0], None, None),
+        None => (*n.outputs.first()?, None, None),
     };
     let inputs = vec![Some(a.q), Some(a.scale), a.zp, Some(b.q), Some(b.scale), b.zp, c, sy, zy];
     let node = new_node(&n, "QGemm", "com.microsoft", inputs, y, &["alpha", "transA", "transB"]);
