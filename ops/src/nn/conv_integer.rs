@@ -9,7 +9,7 @@ use super::conv_cpu;
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
-use super::qconv_packed::{self, Epilogue, PackedIntConv};
+use super::qconv_packed::{self, Epilogue};
 use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneParam, TuneValues};
 use kiln_graph::{DType, Tensor};
 
@@ -87,16 +87,12 @@ impl CpuKernel for ConvInteger {
 
     /// The instruction set of the packed integer kernel ([`qconv_packed`]).
     fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
-        match qconv_packed::packable(&self.conv, inputs, 0, 1, 3) {
-            Some((_, dx, w, zw)) => qconv_packed::params(qconv_packed::quads_ok(dx, w, &zw)),
-            None => vec![],
-        }
+        qconv_packed::tune_params(&self.conv, inputs, [0, 1, 3])
     }
 
-    /// Packs constant filters once for the fast integer kernel.
+    /// Packs constant filters once for the fast integer kernels.
     fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
-        let Some((p, dx, w, zw)) = qconv_packed::packable(&self.conv, inputs, 0, 1, 3) else { return Ok(None) };
-        Ok(PackedIntConv::new(p, Epilogue::Int32, dx, w, &zw, tune)?.map(|k| Box::new(k) as Box<dyn CpuKernel>))
+        qconv_packed::prepare(&self.conv, inputs, [0, 1, 3], Epilogue::Int32, tune)
     }
 }
 

@@ -26,6 +26,7 @@ mod blocked8;
 mod conv;
 mod conv_integer;
 mod qlinear_conv;
+mod qconv_depthwise;
 mod qconv_packed;
 #[cfg(test)]
 mod qconv_packed_tests;

@@ -18,9 +18,11 @@
 //!
 //! Zero points: the pairs layout subtracts them while widening to i16; the quads layout
 //! (VNNI) keeps the activations' and folds `zx * sum_k w[m][k]` out of each sum
-//! (filters must be signed with a zero zero point there). Depthwise and narrow groups
-//! (fewer than 4 outputs per group) keep the op's direct kernel.
+//! (filters must be signed with a zero zero point there). Depthwise convolutions have
+//! their own kernel ([`super::qconv_depthwise`]); narrow groups (fewer than 4 outputs
+//! per group) keep the op's direct kernel.
 use super::conv_cpu::ConvProblem;
+use super::qconv_depthwise::DepthwiseIntConv;
 use super::window::Geometry;
 use crate::cpu::{self, CpuKernel, SharedPtr};
 use crate::linalg::int8_kernel::{self, pack_constant, Int8Isa, Layout, Requantize, CH, PX};
@@ -167,24 +169,7 @@ impl CpuKernel for PackedIntConv {
         };
         let p = &self.p;
         let y = &mut outputs[0];
-        let (mult, bounds) = match self.epilogue {
-            Epilogue::Int32 => (vec![], (0.0, 0.0, 0)),
-            Epilogue::Requantize => {
-                let f = |i: usize| -> Result<Vec<f32>> { Ok(cpu::input(inputs, i)?.to_f64_vec().into_iter().map(|v| v as f32).collect()) };
-                let one = |i: usize| -> Result<f32> { f(i)?.first().copied().ok_or_else(|| OpError::input(i, "scale or zero point has no element")) };
-                let (sx, sw, sy, zy) = (one(1)?, f(4)?, one(6)?, one(7)?);
-                if sw.len() != 1 && sw.len() != p.out_channels {
-                    return Err(OpError::input(4, format!("{} scales for {} output channels", sw.len(), p.out_channels)));
-                }
-                let (lo, hi) = crate::quant::range(y.dtype());
-                let mult = (0..p.out_channels).map(|m| sx * sw[if sw.len() == 1 { 0 } else { m }] / sy).collect();
-                (mult, (lo - zy, hi - zy, zy as i32))
-            }
-        };
-        let bias: Vec<i32> = match (self.epilogue, inputs.get(8).copied().flatten()) {
-            (Epilogue::Requantize, Some(b)) => b.as_slice::<i32>()?.to_vec(),
-            _ => vec![0; p.out_channels],
-        };
+        let (mult, bounds, bias) = epilogue_params(self.epilogue, inputs, p.out_channels, y.dtype())?;
         let fold = self.layout == Layout::Quads;
         let shift: Vec<i32> = (0..p.out_channels).map(|m| bias[m].wrapping_sub(if fold { zx.wrapping_mul(self.row_sums[m]) } else { 0 })).collect();
 
@@ -330,6 +315,37 @@ impl PackedIntConv {
     }
 }
 
+/// The per-run epilogue inputs: per output channel the requantization multiplier
+/// `sx * sw[m] / sy` (f32, as the reference computes it; none for ConvInteger), the
+/// output range less y's zero point with that zero point, and the int32 bias.
+pub(super) fn epilogue_params(epilogue: Epilogue, inputs: &[Option<&Tensor>], channels: usize, y: DType) -> Result<(Vec<f32>, (f32, f32, i32), Vec<i32>)> {
+    let (mult, bounds) = match epilogue {
+        Epilogue::Int32 => (vec![], (0.0, 0.0, 0)),
+        Epilogue::Requantize => {
+            let f = |i: usize| -> Result<Vec<f32>> { Ok(cpu::input(inputs, i)?.to_f64_vec().into_iter().map(|v| v as f32).collect()) };
+            let one = |i: usize| -> Result<f32> { f(i)?.first().copied().ok_or_else(|| OpError::input(i, "scale or zero point has no element")) };
+            let (sx, sw, sy, zy) = (one(1)?, f(4)?, one(6)?, one(7)?);
+            if sw.len() != 1 && sw.len() != channels {
+                return Err(OpError::input(4, format!("{} scales for {channels} output channels", sw.len())));
+            }
+            let (lo, hi) = crate::quant::range(y);
+            let mult = (0..channels).map(|m| sx * sw[if sw.len() == 1 { 0 } else { m }] / sy).collect();
+            (mult, (lo - zy, hi - zy, zy as i32))
+        }
+    };
+    let bias = match (epilogue, inputs.get(8).copied().flatten()) {
+        (Epilogue::Requantize, Some(b)) => {
+            let b = b.as_slice::<i32>()?;
+            if b.len() != channels {
+                return Err(OpError::input(8, format!("bias of {} values for {channels} output channels", b.len())));
+            }
+            b.to_vec()
+        }
+        _ => vec![0; channels],
+    };
+    Ok((mult, bounds, bias))
+}
+
 /// The tap offsets of output pixel tiles `t0..t1` into one image and group of the
 /// repacked input (`tw` words per pixel, the padding row after the last pixel):
 /// `out[((tile - t0) * taps + tap) * PX + j]`. Pixels past the plane repeat the last one
@@ -365,9 +381,9 @@ fn tap_offsets(geo: &Geometry, taps: usize, tw: usize, t0: usize, t1: usize, out
     }
 }
 
-/// The problem and packed-path inputs of an integer convolution: x (input `xi`), its
+/// The problem and fast-path inputs of an integer convolution: x (input `xi`), its
 /// constant filters (`wi`) and their constant zero points (`zwi`, absent: 0).
-pub(super) fn packable<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg<'a>>], xi: usize, wi: usize, zwi: usize) -> Option<(ConvProblem, DType, &'a Tensor, Vec<i32>)> {
+fn constant_filters<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg<'a>>], [xi, wi, zwi]: [usize; 3]) -> Option<(ConvProblem, DType, &'a Tensor, Vec<i32>)> {
     let (x, w) = (inputs.get(xi).copied().flatten()?, inputs.get(wi).copied().flatten()?);
     let wv = w.value?;
     let zw = match inputs.get(zwi).copied().flatten() {
@@ -375,8 +391,28 @@ pub(super) fn packable<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg
         None => vec![0],
     };
     let p = conv.problem(x.dims(), w.dims()).ok()?;
-    if p.batch * p.geo.output_size() == 0 || !eligible(&p) || (zw.len() != 1 && zw.len() != p.out_channels) {
+    if p.batch * p.geo.output_size() == 0 || (zw.len() != 1 && zw.len() != p.out_channels) {
         return None;
     }
     Some((p, x.dtype(), wv, zw))
+}
+
+/// The tuning parameters of an integer convolution's fast kernel (inputs x, w, zw at
+/// `idx`): the packed kernel's instruction set; none for the depthwise kernel.
+pub(super) fn tune_params(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3]) -> Vec<TuneParam> {
+    match constant_filters(conv, inputs, idx) {
+        Some((p, dx, w, zw)) if eligible(&p) => params(quads_ok(dx, w, &zw)),
+        _ => vec![],
+    }
+}
+
+/// The fast kernel of an integer convolution with constant filters: the depthwise
+/// kernel ([`super::qconv_depthwise`]) or the packed indirect GEMM; `None` leaves the
+/// op's direct kernel.
+pub(super) fn prepare(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], epilogue: Epilogue, tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
+    let Some((p, dx, w, zw)) = constant_filters(conv, inputs, idx) else { return Ok(None) };
+    if DepthwiseIntConv::eligible(&p) {
+        return Ok(Some(Box::new(DepthwiseIntConv::new(p, epilogue, dx, w, &zw)?)));
+    }
+    Ok(PackedIntConv::new(p, epilogue, dx, w, &zw, tune)?.map(|k| Box::new(k) as Box<dyn CpuKernel>))
 }

@@ -5,7 +5,7 @@
 //! channel; the others per tensor; the bias B int32 per output channel.
 use super::conv::Conv;
 use super::conv_integer::{int_conv, int_conv_wgsl};
-use super::qconv_packed::{self, Epilogue, PackedIntConv};
+use super::qconv_packed::{self, Epilogue};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::quant::range;
@@ -93,16 +93,12 @@ impl CpuKernel for QLinearConv {
 
     /// The instruction set of the packed integer kernel ([`qconv_packed`]).
     fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
-        match qconv_packed::packable(&self.conv, inputs, 0, 3, 5) {
-            Some((_, dx, w, zw)) => qconv_packed::params(qconv_packed::quads_ok(dx, w, &zw)),
-            None => vec![],
-        }
+        qconv_packed::tune_params(&self.conv, inputs, [0, 3, 5])
     }
 
-    /// Packs constant filters once for the fast integer kernel.
+    /// Packs constant filters once for the fast integer kernels.
     fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
-        let Some((p, dx, w, zw)) = qconv_packed::packable(&self.conv, inputs, 0, 3, 5) else { return Ok(None) };
-        Ok(PackedIntConv::new(p, Epilogue::Requantize, dx, w, &zw, tune)?.map(|k| Box::new(k) as Box<dyn CpuKernel>))
+        qconv_packed::prepare(&self.conv, inputs, [0, 3, 5], Epilogue::Requantize, tune)
     }
 }
 
