@@ -3,10 +3,12 @@
 //! (`[M]` for a 2-D A, else `[..., M, 1]`) or per column of B (`[N]` or `[..., 1, N]`).
 use super::matmul::plan;
 use crate::broadcast::broadcast_strides;
-use crate::cpu::{self, CpuKernel};
+use super::qmatmul_packed::{self, PackedIntMatMul};
+use crate::cpu::{self, CpuKernel, SharedPtr};
+use crate::linalg::int8_kernel::CH;
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
-use crate::{Arg, Op, OpError, Registry, Result, TensorType, TuneValues};
+use crate::{Arg, Op, OpError, Registry, Result, TensorType, TuneParam, TuneValues};
 use kiln_graph::{DType, Tensor};
 
 const DTYPES: [DType; 2] = [DType::I8, DType::U8];
@@ -134,6 +136,65 @@ impl CpuKernel for MatMulInteger {
         let ops = IntOperands { a: cpu::input(inputs, 0)?, b: cpu::input(inputs, 1)?, za: opt(2), zb: opt(3), za_input: 2, zb_input: 3 };
         int_product(&ops, outputs[0].as_mut_slice::<i32>()?)
     }
+
+    /// The instruction set of the packed integer kernel ([`PackedIntMatMul`]).
+    fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        match packable(inputs) {
+            Some((da, b, zb)) => qmatmul_packed::params(qmatmul_packed::quads_ok(da, b.dtype(), &zb)),
+            None => vec![],
+        }
+    }
+
+    /// Packs a constant 2-D B (with constant zero points) once for the fast kernel.
+    fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
+        let Some((da, b, zb)) = packable(inputs) else { return Ok(None) };
+        Ok(Some(Box::new(PackedMatMulInteger { packed: PackedIntMatMul::new(da, b, false, &zb, tune)? })))
+    }
+}
+
+/// A's dtype, B and its zero points, when B is a constant matrix whose zero points are
+/// constant (one, or one per column) and A has at least one dim.
+fn packable<'a>(inputs: &[Option<Arg<'a>>]) -> Option<(DType, &'a Tensor, Vec<i32>)> {
+    let (a, b) = (inputs.first().copied().flatten()?, inputs.get(1).copied().flatten()?);
+    let zb = match inputs.get(3).copied().flatten() {
+        Some(z) if z.ty.len() == 1 || z.dims() == [b.dims().get(1).copied().unwrap_or(0)] => crate::quant::qlinear::ints(z.value?).ok()?,
+        Some(_) => return None,
+        None => vec![0],
+    };
+    (b.dims().len() == 2 && !a.dims().is_empty()).then_some((a.dtype(), b.value?, zb))
+}
+
+/// MatMulInteger with B packed once per plan: A's rows (every leading dim flattened)
+/// through [`PackedIntMatMul`]; A's zero point must be one value (a per-row one runs
+/// the general product).
+struct PackedMatMulInteger {
+    packed: PackedIntMatMul,
+}
+
+impl CpuKernel for PackedMatMulInteger {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let a = cpu::input(inputs, 0)?;
+        let za = match inputs.get(2).copied().flatten() {
+            None => 0,
+            Some(z) if z.len() == 1 => crate::quant::qlinear::zero_point(inputs, 2)?,
+            Some(_) => return MatMulInteger.run(inputs, outputs),
+        };
+        let n = self.packed.n();
+        let rows = a.len() / a.dims().last().copied().unwrap_or(1).max(1);
+        let y = &mut outputs[0];
+        if y.len() != rows * n {
+            return Err(OpError::invalid(format!("output of {} elements for {rows} rows of {n}", y.len())));
+        }
+        let out = SharedPtr(y.as_mut_slice::<i32>()?.as_mut_ptr());
+        self.packed.run(a.bytes(), rows, za, |r0, count, c0, cols, c| {
+            for j in 0..count {
+                for l in 0..cols {
+                    // SAFETY: element (r0 + j, c0 + l) belongs to this tile alone.
+                    unsafe { *out.get().add((r0 + j) * n + c0 + l) = c[j * CH + l] };
+                }
+            }
+        })
+    }
 }
 
 /// The WGSL integer product: one invocation per output element sums `s` (i32) over K,
@@ -235,5 +296,47 @@ mod tests {
         let b = Tensor::from_f64(DType::I8, &[2, 1], &[5., 6.]).unwrap();
         let y = run(op.as_ref(), &as_inputs(&[Some(&a), Some(&b)], &[]), &[]).unwrap().remove(0);
         assert_eq!((y.dims().to_vec(), y.to_f64_vec()), (vec![2, 1, 1], vec![-1., 39.]));
+    }
+
+    /// With a constant B, every CPU variant (the general product, B packed for each
+    /// instruction set, the portable quads layout) gives the same int32 sums: batched
+    /// and 1-D A, shapes off the tile, per-column and scalar zero points, a per-row A
+    /// zero point (the packed kernel hands it back to the general product).
+    #[test]
+    fn packed_variants_equal_the_general_product() {
+        let mut seed = 5u64;
+        let mut bytes = |dtype: DType, dims: &[usize]| {
+            let n: usize = dims.iter().product();
+            let v: Vec<u8> = (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (seed >> 56) as u8
+                })
+                .collect();
+            Tensor::from_bytes(dtype, dims, &v).unwrap()
+        };
+        let u8s = |v: &[f64]| Tensor::from_f64(DType::U8, &[v.len()], v).unwrap();
+        let i8s = |v: &[f64]| Tensor::from_f64(DType::I8, &[v.len()], v).unwrap();
+        for (n, (a_dims, (k, cols), da, za, zb)) in [
+            (vec![2, 5, 37], (37, 21), DType::U8, Some(u8s(&[131.])), Some(i8s(&(0..21).map(|i| (i % 5) as f64 - 2.).collect::<Vec<_>>()))),
+            (vec![37], (37, 40), DType::U8, Some(u8s(&[7.])), None),
+            (vec![7, 64], (64, 16), DType::I8, Some(i8s(&[-3.])), Some(i8s(&[2.]))),
+            (vec![3, 9], (9, 33), DType::U8, Some(u8s(&[1., 200., 3.])), None),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let a = bytes(da, &a_dims);
+            let b = bytes(DType::I8, &[k, cols]);
+            let zb = zb.unwrap_or_else(|| i8s(&[0.]));
+            let za = za.unwrap();
+            let za = if za.len() > 1 { Tensor::from_f64(DType::U8, &[za.len()], &za.to_f64_vec()).unwrap() } else { Tensor::from_f64(da, &[], &za.to_f64_vec()).unwrap() };
+            let op = make("MatMulInteger", 10, &[], 4, 1).unwrap();
+            let variants = run_cpu_variants(op.as_ref(), &as_inputs(&[Some(&a), Some(&b), Some(&za), Some(&zb)], &[1, 3])).unwrap();
+            assert!(variants.iter().any(|(name, _)| name.starts_with("isa=")), "case {n}: no packed variant");
+            for (name, outs) in &variants[1..] {
+                assert_eq!(outs[0].to_f64_vec(), variants[0].1[0].to_f64_vec(), "case {n}: variant {name}");
+            }
+        }
     }
 }
