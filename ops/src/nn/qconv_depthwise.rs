@@ -6,7 +6,7 @@
 //! ([`super::qconv_packed::epilogue_params`]): ConvInteger stores the sums, QLinearConv
 //! requantizes `(acc + B) * (sx * sw[m] / sy)` in f32, rounded half to even.
 use super::conv_cpu::ConvProblem;
-use super::qconv_packed::{epilogue_params, Epilogue};
+use super::qconv_packed::{check_sizes, epilogue_params, Epilogue};
 use crate::cpu::{self, CpuKernel, SharedPtr};
 use crate::quant::qlinear;
 use crate::{OpError, Result};
@@ -177,6 +177,7 @@ impl CpuKernel for DepthwiseIntConv {
         };
         let p = &self.p;
         let y = &mut outputs[0];
+        check_sizes(p, x, y)?;
         let (mult, (lo, hi, zy), bias) = epilogue_params(self.epilogue, inputs, p.out_channels, y.dtype())?;
         let shape = Shape::of(p);
         let mg = p.out_per_group();

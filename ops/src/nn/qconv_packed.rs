@@ -169,6 +169,7 @@ impl CpuKernel for PackedIntConv {
         };
         let p = &self.p;
         let y = &mut outputs[0];
+        check_sizes(p, x, y)?;
         let (mult, bounds, bias) = epilogue_params(self.epilogue, inputs, p.out_channels, y.dtype())?;
         let fold = self.layout == Layout::Quads;
         let shift: Vec<i32> = (0..p.out_channels).map(|m| bias[m].wrapping_sub(if fold { zx.wrapping_mul(self.row_sums[m]) } else { 0 })).collect();
@@ -313,6 +314,16 @@ impl PackedIntConv {
             }
         }
     }
+}
+
+/// That x and y have the sizes the kernel was planned for (a prepared kernel indexes
+/// them by the plan's geometry).
+pub(super) fn check_sizes(p: &ConvProblem, x: &Tensor, y: &Tensor) -> Result<()> {
+    let (xn, yn) = (p.batch * p.in_channels * p.geo.input_size(), p.batch * p.out_channels * p.geo.output_size());
+    if x.len() != xn || y.len() != yn {
+        return Err(OpError::input(0, format!("x of shape {:?} (output {:?}) differs from the planned convolution's {xn} input and {yn} output elements", x.dims(), y.dims())));
+    }
+    Ok(())
 }
 
 /// The per-run epilogue inputs: per output channel the requantization multiplier
