@@ -214,10 +214,7 @@ impl CpuKernel for QGemm {
 
     /// The instruction set of the packed integer kernel ([`PackedIntMatMul`]).
     fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
-        match packable(inputs) {
-            Some((da, b, zb)) => qmatmul_packed::params(qmatmul_packed::quads_ok(da, b.dtype(), &zb)),
-            None => vec![],
-        }
+        qmatmul_packed::params(packable(inputs))
     }
 
     /// Packs a constant B once for the fast integer kernel.

@@ -31,9 +31,13 @@ pub(crate) fn quads_ok(a: DType, b: DType, zb: &[i32]) -> bool {
     a == DType::U8 && b == DType::I8 && zb.iter().all(|&z| z == 0)
 }
 
-/// The instruction-set parameter ([`int8_kernel::isa_param`]).
-pub(crate) fn params(quads_ok: bool) -> Vec<TuneParam> {
-    vec![int8_kernel::isa_param(quads_ok)]
+/// The instruction-set parameter ([`int8_kernel::isa_param`]) of a product whose
+/// constant operand was found (A's dtype, B, B's zero points); none otherwise.
+pub(crate) fn params(found: Option<(DType, &Tensor, Vec<i32>)>) -> Vec<TuneParam> {
+    match found {
+        Some((a, b, zb)) => vec![int8_kernel::isa_param(quads_ok(a, b.dtype(), &zb))],
+        None => vec![],
+    }
 }
 
 impl PackedIntMatMul {
