@@ -3,10 +3,10 @@
 //! widened once into a zero-padded i32 plane of `x - zx` (so padding reads 0), and each
 //! filter tap adds `(w - zw) * x` along whole output rows, a loop the compiler
 //! vectorises. Sums are exact in int32; the epilogue is the packed kernel's
-//! ([`super::qconv_packed::epilogue_params`]): ConvInteger stores the sums, QLinearConv
+//! ([`super::qconv_packed::run_params`]): ConvInteger stores the sums, QLinearConv
 //! requantizes `(acc + B) * (sx * sw[m] / sy)` in f32, rounded half to even.
 use super::conv_cpu::ConvProblem;
-use super::qconv_packed::{check_sizes, epilogue_params, Epilogue};
+use super::qconv_packed::{run_params, Epilogue};
 use crate::cpu::{self, CpuKernel, SharedPtr};
 use crate::quant::qlinear;
 use crate::{OpError, Result};
@@ -171,14 +171,9 @@ impl DepthwiseIntConv {
 impl CpuKernel for DepthwiseIntConv {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let x = cpu::input(inputs, 0)?;
-        let zx = match inputs.get(2).copied().flatten() {
-            Some(z) => qlinear::ints(z)?.first().copied().ok_or_else(|| OpError::input(2, "zero point has no element"))?,
-            None => 0,
-        };
         let p = &self.p;
         let y = &mut outputs[0];
-        check_sizes(p, x, y)?;
-        let (mult, (lo, hi, zy), bias) = epilogue_params(self.epilogue, inputs, p.out_channels, y.dtype())?;
+        let (zx, mult, (lo, hi, zy), bias) = run_params(p, self.epilogue, inputs, x, y)?;
         let shape = Shape::of(p);
         let mg = p.out_per_group();
         let plane_in = shape.ih * shape.iw;

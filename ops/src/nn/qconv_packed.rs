@@ -163,14 +163,9 @@ unsafe impl Sync for Run<'_> {}
 impl CpuKernel for PackedIntConv {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let x = cpu::input(inputs, 0)?;
-        let zx = match inputs.get(2).copied().flatten() {
-            Some(z) => qlinear::ints(z)?.first().copied().ok_or_else(|| OpError::input(2, "zero point has no element"))?,
-            None => 0,
-        };
         let p = &self.p;
         let y = &mut outputs[0];
-        check_sizes(p, x, y)?;
-        let (mult, bounds, bias) = epilogue_params(self.epilogue, inputs, p.out_channels, y.dtype())?;
+        let (zx, mult, bounds, bias) = run_params(p, self.epilogue, inputs, x, y)?;
         let fold = self.layout == Layout::Quads;
         let shift: Vec<i32> = (0..p.out_channels).map(|m| bias[m].wrapping_sub(if fold { zx.wrapping_mul(self.row_sums[m]) } else { 0 })).collect();
 
@@ -316,20 +311,23 @@ impl PackedIntConv {
     }
 }
 
-/// That x and y have the sizes the kernel was planned for (a prepared kernel indexes
-/// them by the plan's geometry).
-pub(super) fn check_sizes(p: &ConvProblem, x: &Tensor, y: &Tensor) -> Result<()> {
+/// What a run of a prepared integer convolution (packed or depthwise) reads besides
+/// x, after checking that x and y have the sizes the kernel was planned for (it
+/// indexes them by the plan's geometry): x's zero point, then per output channel the
+/// requantization multiplier `sx * sw[m] / sy` (f32, as the reference computes it;
+/// none for ConvInteger), the output range less y's zero point with that zero point,
+/// and the int32 bias.
+#[allow(clippy::type_complexity)]
+pub(super) fn run_params(p: &ConvProblem, epilogue: Epilogue, inputs: &[Option<&Tensor>], x: &Tensor, y: &Tensor) -> Result<(i32, Vec<f32>, (f32, f32, i32), Vec<i32>)> {
     let (xn, yn) = (p.batch * p.in_channels * p.geo.input_size(), p.batch * p.out_channels * p.geo.output_size());
     if x.len() != xn || y.len() != yn {
         return Err(OpError::input(0, format!("x of shape {:?} (output {:?}) differs from the planned convolution's {xn} input and {yn} output elements", x.dims(), y.dims())));
     }
-    Ok(())
-}
-
-/// The per-run epilogue inputs: per output channel the requantization multiplier
-/// `sx * sw[m] / sy` (f32, as the reference computes it; none for ConvInteger), the
-/// output range less y's zero point with that zero point, and the int32 bias.
-pub(super) fn epilogue_params(epilogue: Epilogue, inputs: &[Option<&Tensor>], channels: usize, y: DType) -> Result<(Vec<f32>, (f32, f32, i32), Vec<i32>)> {
+    let zx = match inputs.get(2).copied().flatten() {
+        Some(z) => qlinear::ints(z)?.first().copied().ok_or_else(|| OpError::input(2, "zero point has no element"))?,
+        None => 0,
+    };
+    let channels = p.out_channels;
     let (mult, bounds) = match epilogue {
         Epilogue::Int32 => (vec![], (0.0, 0.0, 0)),
         Epilogue::Requantize => {
@@ -339,7 +337,7 @@ pub(super) fn epilogue_params(epilogue: Epilogue, inputs: &[Option<&Tensor>], ch
             if sw.len() != 1 && sw.len() != channels {
                 return Err(OpError::input(4, format!("{} scales for {channels} output channels", sw.len())));
             }
-            let (lo, hi) = crate::quant::range(y);
+            let (lo, hi) = crate::quant::range(y.dtype());
             let mult = (0..channels).map(|m| sx * sw[if sw.len() == 1 { 0 } else { m }] / sy).collect();
             (mult, (lo - zy, hi - zy, zy as i32))
         }
@@ -354,7 +352,7 @@ pub(super) fn epilogue_params(epilogue: Epilogue, inputs: &[Option<&Tensor>], ch
         }
         _ => vec![0; channels],
     };
-    Ok((mult, bounds, bias))
+    Ok((zx, mult, bounds, bias))
 }
 
 /// The tap offsets of output pixel tiles `t0..t1` into one image and group of the
