@@ -229,6 +229,9 @@ impl Requantize {
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::pack_pairs_avx2;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{CH, PX};
     use std::arch::x86_64::*;
@@ -272,6 +275,53 @@ mod x86 {
         for (i, v) in [c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51].into_iter().enumerate() {
             _mm256_storeu_si256(p.add(i), v);
         }
+    }
+
+    /// The pairs layout's repack of `planes` (one per input channel, each `n` pixels):
+    /// `dst[j * tw + k] = (planes[2k][j] - zx) | (planes[2k + 1][j] - zx) << 16` as i16
+    /// halves, 8 pixels x 8 words at a time through an 8 x 8 transpose. Covers the
+    /// pixels and words of whole blocks and returns how many of each, `(n / 8 * 8,
+    /// pairs / 8 * 8)`; the caller packs the rest.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn pack_pairs_avx2(planes: &[&[u8]], signed: bool, zx: i32, tw: usize, dst: &mut [u32]) -> (usize, usize) {
+        let n = planes.first().map_or(0, |p| p.len());
+        let (nv, kv) = (n / 8 * 8, (planes.len() / 2).min(tw) / 8 * 8);
+        assert!(dst.len() >= n * tw && planes.iter().all(|p| p.len() == n));
+        let z = _mm_set1_epi16(zx as i16);
+        macro_rules! widen {
+            ($p:expr, $j:expr) => {{
+                let v = _mm_loadl_epi64($p.as_ptr().add($j) as *const __m128i);
+                _mm_sub_epi16(if signed { _mm_cvtepi8_epi16(v) } else { _mm_cvtepu8_epi16(v) }, z)
+            }};
+        }
+        let out = dst.as_mut_ptr();
+        for j in (0..nv).step_by(8) {
+            for k0 in (0..kv).step_by(8) {
+                // r[i]: word k0 + i of pixels j..j + 8.
+                let mut r = [_mm256_setzero_si256(); 8];
+                for (i, ri) in r.iter_mut().enumerate() {
+                    let (a, b) = (widen!(planes[2 * (k0 + i)], j), widen!(planes[2 * (k0 + i) + 1], j));
+                    *ri = _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
+                }
+                let mut t = [_mm256_setzero_si256(); 8];
+                for h in 0..4 {
+                    t[2 * h] = _mm256_unpacklo_epi32(r[2 * h], r[2 * h + 1]);
+                    t[2 * h + 1] = _mm256_unpackhi_epi32(r[2 * h], r[2 * h + 1]);
+                }
+                // Columns q (low lane) and q + 4 (high lane) of rows 0..4 (lo) and 4..8 (hi).
+                for q in 0..4 {
+                    let (a, b, c, d) = (t[q / 2], t[q / 2 + 2], t[4 + q / 2], t[4 + q / 2 + 2]);
+                    let (lo, hi) = if q % 2 == 0 {
+                        (_mm256_unpacklo_epi64(a, b), _mm256_unpacklo_epi64(c, d))
+                    } else {
+                        (_mm256_unpackhi_epi64(a, b), _mm256_unpackhi_epi64(c, d))
+                    };
+                    _mm256_storeu_si256(out.add((j + q) * tw + k0) as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x20));
+                    _mm256_storeu_si256(out.add((j + q + 4) * tw + k0) as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x31));
+                }
+            }
+        }
+        (nv, kv)
     }
 
     /// [`super::Requantize::tile`] eight lanes at a time.

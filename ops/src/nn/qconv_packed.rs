@@ -49,9 +49,21 @@ const TILES_PER_CHUNK: usize = 8;
 /// (Unit tests take both paths: their larger cases exceed the test value.)
 const MAX_PLAN_OFFSETS: usize = if cfg!(test) { 4096 } else { 1 << 22 };
 
+/// Input channels per group below which the kernel's width is folded into the
+/// channels (see [`PackedIntConv::fold`]).
+const FOLD_BELOW_CHANNELS: usize = 8;
+
 /// Filters packed for one instruction set.
 pub(super) struct PackedIntConv {
     p: ConvProblem,
+    /// The geometry the kernel runs: `p.geo`, or with the kernel's width folded into the
+    /// channels, a `kd x kh x 1` window over an input `ow` pixels wide.
+    geo: Geometry,
+    /// Filter columns folded into the channels (1: none). A convolution with few input
+    /// channels (an RGB stem) would otherwise run one or two words per tap, so each
+    /// repacked pixel holds `[cg][kw]` values, the input row under every filter column
+    /// of one output column.
+    fold: usize,
     isa: Int8Isa,
     layout: Layout,
     epilogue: Epilogue,
@@ -101,29 +113,35 @@ impl PackedIntConv {
 
     /// Packs for a given instruction set and layout (the portable kernel runs both).
     fn with_isa(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], isa: Int8Isa, layout: Layout) -> Result<PackedIntConv> {
-        let (mg, cg, taps) = (p.out_per_group(), p.in_per_group(), p.geo.kernel_size());
+        let (mg, cg, all_taps) = (p.out_per_group(), p.in_per_group(), p.geo.kernel_size());
         let wv = qlinear::ints(w)?;
-        if wv.len() != p.out_channels * cg * taps || (zw.len() != 1 && zw.len() != p.out_channels) {
+        if wv.len() != p.out_channels * cg * all_taps || (zw.len() != 1 && zw.len() != p.out_channels) {
             return Err(OpError::Invalid(format!("filters of {} values and {} zero points for {} output channels", wv.len(), zw.len(), p.out_channels)));
         }
+        let fold = if cg < FOLD_BELOW_CHANNELS { p.geo.kernel[2] } else { 1 };
+        let geo = folded(&p.geo, fold);
+        // Per tap of the folded window, the values (channel, filter column).
+        let (taps, tap_len) = (all_taps / fold, fold * cg);
         let zero = |m: usize| zw[if zw.len() == 1 { 0 } else { m }];
         let mut packed = Vec::new();
         for g in 0..p.group {
             let m0 = g * mg;
-            packed.extend(pack_constant(layout, mg, taps, cg, |col, t, i| wv[((m0 + col) * cg + i) * taps + t], |col| zero(m0 + col)));
+            packed.extend(pack_constant(layout, mg, taps, tap_len, |col, t, i| wv[((m0 + col) * cg + i / fold) * all_taps + t * fold + i % fold], |col| zero(m0 + col)));
         }
-        let row_sums = wv.chunks(cg * taps).map(|r| r.iter().sum()).collect();
-        let tw = cg.div_ceil(layout.per_word());
-        if (p.geo.input_size() + 1) * tw > u32::MAX as usize {
+        let row_sums = wv.chunks(cg * all_taps).map(|r| r.iter().sum()).collect();
+        let tw = tap_len.div_ceil(layout.per_word());
+        if (geo.input_size() + 1) * tw > u32::MAX as usize {
             return Err(OpError::Unsupported(format!("an 8-bit convolution over {} input pixels of {cg} channels (at most 2^32 words per image)", p.geo.input_size())));
         }
-        let tiles = p.geo.output_size().div_ceil(PX);
+        let tiles = geo.output_size().div_ceil(PX);
         let offsets = (tiles * taps * PX <= MAX_PLAN_OFFSETS).then(|| {
             let mut o = vec![0; tiles * taps * PX];
-            tap_offsets(&p.geo, taps, tw, 0, tiles, &mut o);
+            tap_offsets(&geo, taps, tw, 0, tiles, &mut o);
             o
         });
         Ok(PackedIntConv {
+            geo,
+            fold,
             taps,
             tw,
             blocks: mg.div_ceil(CH),
@@ -194,7 +212,7 @@ impl CpuKernel for PackedIntConv {
                         None => {
                             if key != Some(t0) {
                                 local.resize((t1 - t0) * span, 0);
-                                tap_offsets(&self.p.geo, self.taps, self.tw, t0, t1, local);
+                                tap_offsets(&self.geo, self.taps, self.tw, t0, t1, local);
                                 key = Some(t0);
                             }
                             &local[..]
@@ -213,6 +231,9 @@ impl PackedIntConv {
     /// image and group the padding: pairs of `x - zx` (padding 0), or quads of raw bytes
     /// (padding `zx`).
     fn pack_input(&self, x: &[u8], zx: i32, buf: &mut Vec<u32>) {
+        if self.fold > 1 {
+            return self.pack_input_folded(x, zx, buf);
+        }
         let p = &self.p;
         let (img, tw, cg) = (p.geo.input_size(), self.tw, p.in_per_group());
         buf.resize(p.batch * p.group * (img + 1) * tw, 0);
@@ -231,22 +252,92 @@ impl PackedIntConv {
                 let (p0, p1) = (blk * BLOCK, ((blk + 1) * BLOCK).min(img));
                 // SAFETY: rows p0..p1 of image-and-group bg belong to this task alone.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((bg * (img + 1) + p0) * tw), (p1 - p0) * tw) };
-                let plane = |c: usize| -> Option<&[u8]> { (c < cg).then(|| &x[((b * p.in_channels + g * cg + c) * img + p0)..][..p1 - p0]) };
                 let n = p1 - p0;
+                let planes: Vec<&[u8]> = (0..cg).map(|c| &x[((b * p.in_channels + g * cg + c) * img + p0)..][..n]).collect();
+                // Whole blocks of 8 pixels x 8 words by vector transposes, the rest below.
+                let (nv, kv) = match self.isa {
+                    // SAFETY: the isa is available; dst holds n pixels of tw words.
+                    #[cfg(target_arch = "x86_64")]
+                    Int8Isa::Avx2 => unsafe { int8_kernel::pack_pairs_avx2(&planes, signed, zx, tw, dst) },
+                    _ => (0, 0),
+                };
                 let mut word = [0u32; BLOCK];
                 for k in 0..tw {
-                    word[..n].fill(0);
+                    let from = if k < kv { nv } else { 0 };
+                    let acc = &mut word[from..n];
+                    acc.fill(0);
                     for q in 0..per {
-                        let Some(r) = plane(k * per + q) else { continue };
-                        let acc = &mut word[..n];
+                        let Some(r) = planes.get(k * per + q).map(|r| &r[from..]) else { continue };
                         match (layout, signed) {
                             (Layout::Pairs, false) => acc.iter_mut().zip(r).for_each(|(a, &v)| *a |= ((v as i32 - zx) as u16 as u32) << (16 * q)),
                             (Layout::Pairs, true) => acc.iter_mut().zip(r).for_each(|(a, &v)| *a |= ((v as i8 as i32 - zx) as u16 as u32) << (16 * q)),
                             (Layout::Quads, _) => acc.iter_mut().zip(r).for_each(|(a, &v)| *a |= (v as u32) << (8 * q)),
                         }
                     }
-                    for (d, &w) in dst.chunks_exact_mut(tw).zip(&word[..n]) {
+                    for (d, &w) in dst.chunks_exact_mut(tw).zip(&word[..n]).skip(from) {
                         d[k] = w;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Repacks x (NCHW) for a kernel with its width folded ([`Self::fold`]): pixel
+    /// `(row, ox)` of image and group `bg` holds, for every channel `c` and folded filter
+    /// column `e` (in that order), `x[c][row][ox * stride + e * dilation - pad]`, or the
+    /// padding value where that column falls outside the input.
+    fn pack_input_folded(&self, x: &[u8], zx: i32, buf: &mut Vec<u32>) {
+        let p = &self.p;
+        let (img, tw, cg, fold) = (self.geo.input_size(), self.tw, p.in_per_group(), self.fold);
+        let (rows, ow, iw) = (self.geo.input[0] * self.geo.input[1], self.geo.input[2], p.geo.input[2]);
+        let (stride, pad_begin) = (p.geo.stride[2], p.geo.pad_begin[2]);
+        buf.resize(p.batch * p.group * (img + 1) * tw, 0);
+        let (layout, per, signed) = (self.layout, self.layout.per_word(), self.x_signed);
+        let pad = layout.word(std::iter::empty(), zx, zx);
+        for image in buf.chunks_exact_mut((img + 1) * tw) {
+            image[img * tw..].fill(pad);
+        }
+        // A row of the input, with its padding, covers every window of the row.
+        let dilation = p.geo.dilation[2];
+        let span = (ow - 1) * stride + (fold - 1) * dilation + 1;
+        let encode = move |v: u8| -> u32 {
+            let v = if signed { v as i8 as i32 } else { v as i32 };
+            match layout {
+                Layout::Pairs => (v - zx) as u16 as u32,
+                Layout::Quads => v as u8 as u32,
+            }
+        };
+        let pad_bits = match layout {
+            Layout::Pairs => 0,
+            Layout::Quads => zx as u8 as u32,
+        };
+        // Per value of a pixel (channel c, column e), then up to whole words: where it
+        // sits in the encoded rows; an extra row of padding stands for the values past
+        // the channels.
+        let (cf, bits) = (cg * fold, 32 / per);
+        let slots: Vec<usize> = (0..tw * per).map(|i| if i < cf { i / fold * span + i % fold * dilation } else { cg * span }).collect();
+        let out = SharedPtr(buf.as_mut_ptr());
+        cpu::par_ranges(p.batch * p.group * rows, ow * tw * per, |start, end| {
+            let mut enc = vec![pad_bits; (cg + 1) * span];
+            for u in start..end {
+                let (bg, r) = (u / rows, u % rows);
+                let (b, g) = (bg / p.group, bg % p.group);
+                for (c, e) in enc.chunks_exact_mut(span).take(cg).enumerate() {
+                    let src = &x[((b * p.in_channels + g * cg + c) * rows + r) * iw..][..iw];
+                    for (t, e) in e.iter_mut().enumerate() {
+                        let xx = t as i64 - pad_begin;
+                        *e = if (0..iw as i64).contains(&xx) { encode(src[xx as usize]) } else { pad_bits };
+                    }
+                }
+                // SAFETY: row r of image-and-group bg belongs to this task alone.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((bg * (img + 1) + r * ow) * tw), ow * tw) };
+                for (ox, words) in dst.chunks_exact_mut(tw).enumerate() {
+                    let at = &enc[ox * stride..];
+                    for (w, s) in words.iter_mut().zip(slots.chunks_exact(per)) {
+                        *w = match *s {
+                            [a, b] => at[a] | at[b] << 16,
+                            _ => s.iter().enumerate().fold(0, |acc, (q, &o)| acc | at[o] << (q * bits)),
+                        };
                     }
                 }
             }
@@ -262,7 +353,7 @@ impl PackedIntConv {
         let (taps, tw) = (self.taps, self.tw);
         let wblock = self.w[((g * self.blocks + blk) * taps * tw) * CH..].as_ptr();
         // SAFETY: the scratch holds batch * group images of (input pixels + 1) * tw words.
-        let image = unsafe { run.xs.add(bg * (p.geo.input_size() + 1) * tw) };
+        let image = unsafe { run.xs.add(bg * (self.geo.input_size() + 1) * tw) };
         let m0 = g * mg + blk * CH;
         let mcount = CH.min(mg - blk * CH);
         let mut c = [0i32; PX * CH];
@@ -353,6 +444,23 @@ pub(super) fn run_params(p: &ConvProblem, epilogue: Epilogue, inputs: &[Option<&
         _ => vec![0; channels],
     };
     Ok((zx, mult, bounds, bias))
+}
+
+/// `geo` with its `fold` innermost filter columns folded into the channels: a window
+/// one column wide, stride 1 and no padding along the width, over an input as wide as the
+/// output (each of its pixels holds the input under every folded column).
+fn folded(geo: &Geometry, fold: usize) -> Geometry {
+    if fold == 1 {
+        return geo.clone();
+    }
+    let mut g = geo.clone();
+    g.input[2] = geo.output[2];
+    g.kernel[2] = 1;
+    g.stride[2] = 1;
+    g.dilation[2] = 1;
+    g.pad_begin[2] = 0;
+    g.pad_end[2] = 0;
+    g
 }
 
 /// The tap offsets of output pixel tiles `t0..t1` into one image and group of the

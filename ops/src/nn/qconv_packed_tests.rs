@@ -47,12 +47,15 @@ fn cases() -> Vec<Case> {
     use DType::{I8, U8};
     vec![
         case(&[1, 3, 23, 21], &[16, 3, 7, 7], 1, 2, 1, [3, 3, 3, 3], U8, I8, false), // ResNet stem, 7x7 stride 2
+        case(&[1, 3, 12, 13], &[8, 3, 3, 3], 1, 1, 2, [2, 1, 0, 3], I8, I8, false),  // folded width: dilated, uneven pads, signed
+        case(&[2, 4, 9, 10], &[8, 2, 1, 5], 2, 3, 1, [0, 1, 0, 2], U8, U8, true),    // folded width: groups, stride 3, 1x5
         case(&[2, 13, 9, 11], &[18, 13, 3, 3], 1, 1, 1, [1, 1, 1, 1], U8, I8, false), // M and pixels off the tile
         case(&[1, 33, 7, 9], &[37, 33, 1, 1], 1, 1, 1, [0; 4], U8, I8, false),       // 1x1: the plain GEMM
         case(&[1, 20, 15, 14], &[24, 20, 1, 1], 1, 2, 1, [0; 4], U8, I8, false),     // strided 1x1 (downsample)
         case(&[2, 12, 15, 14], &[16, 6, 3, 3], 2, 2, 1, [1, 0, 2, 1], U8, I8, false), // groups, uneven pads
         case(&[1, 9, 17, 16], &[8, 9, 3, 3], 1, 1, 2, [2, 2, 2, 2], U8, I8, false),  // dilated
         case(&[1, 7, 10, 12], &[12, 7, 3, 3], 1, 1, 1, [1, 1, 1, 1], I8, I8, false), // signed activations
+        case(&[1, 18, 5, 7], &[8, 18, 3, 3], 1, 1, 1, [1, 1, 1, 1], I8, I8, false),  // signed activations, vector repack
         case(&[1, 6, 11, 9], &[9, 6, 3, 3], 1, 1, 1, [1, 1, 1, 1], U8, U8, true),    // unsigned filters, per-channel zero points
         case(&[1, 64, 7, 7], &[70, 64, 3, 3], 1, 1, 1, [1; 4], U8, I8, false),       // few pixels, long reduction
         case(&[1, 5, 8, 8], &[4, 5, 2, 2], 1, 1, 1, [0; 4], U8, I8, true),           // signed filters, per-channel zero points
