@@ -5,7 +5,8 @@
 #     $KILN_ONNX_TESTS (default .cache/onnx-node-tests);
 #   - the model zoo is expected at $KILN_ZOO (default ../shared/zoo);
 #   - onnxruntime, whose transformer optimizer writes bert_tiny and gpt2_tiny with its
-#     com.microsoft fused ops into $KILN_OPTIMIZED_ZOO (default .cache/optimized-zoo).
+#     com.microsoft fused ops, and whose quantization tool writes lstm_tagger with
+#     DynamicQuantizeLSTM, into $KILN_OPTIMIZED_ZOO (default .cache/optimized-zoo).
 # GPU tests fail (never skip) when no adapter is found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,7 @@ fi
 export KILN_OPTIMIZED_ZOO="${KILN_OPTIMIZED_ZOO:-$PWD/.cache/optimized-zoo}"
 if [ -d "$KILN_ZOO" ]; then
   python3 scripts/optimize_transformers.py "$KILN_OPTIMIZED_ZOO"
+  python3 scripts/quantize_lstm.py "$KILN_OPTIMIZED_ZOO"
   export KILN_EXACT_INT_ZOO="${KILN_EXACT_INT_ZOO:-$PWD/.cache/exact-int-zoo}"
   python3 scripts/qdq_int_reference.py --zoo "$KILN_ZOO" --write "$KILN_EXACT_INT_ZOO"
 fi

@@ -30,9 +30,13 @@ fn check_with(model: &str, compare: Compare) {
 
 /// Runs the model at `path` on the data sets of zoo model `model`.
 fn check_file(model: &str, path: &std::path::Path, compare: Compare) {
+    check_sets(model, path, &zoo().join(model), compare)
+}
+
+/// Runs the model at `path` on the data sets in `dir`.
+fn check_sets(model: &str, path: &std::path::Path, dir: &std::path::Path, compare: Compare) {
     gpu_env();
-    let dir = zoo().join(model);
-    let sets = data_sets(&dir);
+    let sets = data_sets(dir);
     assert!(!sets.is_empty(), "{model}: no data sets in {}", dir.display());
     let raw = kiln::compiler::onnx::import_file(path).unwrap_or_else(|e| panic!("{model}: import of {} failed: {e}", path.display()));
     // The passes each device kind gets (the CPU's include fuse-attention).
@@ -131,6 +135,17 @@ fn bert_tiny_ort_optimized() {
 #[test]
 fn gpt2_tiny_ort_optimized() {
     check_file("gpt2_tiny", &optimized_zoo_model("gpt2_tiny"), Compare::RelL2);
+}
+
+/// lstm_tagger with its LSTMs quantized by onnxruntime's `quantize_dynamic`
+/// (scripts/quantize_lstm.py: com.microsoft DynamicQuantizeLSTM with int8 W and R, scaled
+/// per direction or per column), against onnxruntime's outputs for those models.
+#[test]
+fn lstm_tagger_ort_quantized() {
+    for name in ["lstm_tagger_int8_dyn", "lstm_tagger_int8_dyn_per_channel"] {
+        let path = optimized_zoo_model(name);
+        check_sets(name, &path, path.parent().unwrap(), Compare::RelL2Within(1e-3));
+    }
 }
 
 #[test]

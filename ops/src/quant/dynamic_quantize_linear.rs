@@ -13,7 +13,7 @@ use kiln_graph::{DType, Tensor};
 pub struct DynamicQuantizeLinear;
 
 /// The scale and zero point of data whose range (zero included) is `lo..=hi`.
-fn params(lo: f32, hi: f32) -> (f32, f32) {
+pub(crate) fn dynamic_params(lo: f32, hi: f32) -> (f32, f32) {
     let scale = (hi - lo) / 255.0;
     if scale == 0.0 || !scale.is_finite() {
         return (scale, 0.0);
@@ -46,7 +46,7 @@ impl CpuKernel for DynamicQuantizeLinear {
         let x = cpu::input(inputs, 0)?.as_slice::<f32>()?;
         // The range, zero included (min and max ignore NaNs).
         let (lo, hi) = x.iter().fold((0f32, 0f32), |(a, b), &v| (a.min(v), b.max(v)));
-        let (scale, zp) = params(lo, hi);
+        let (scale, zp) = dynamic_params(lo, hi);
         let y = outputs[0].as_mut_slice::<u8>()?;
         if scale == 0.0 || !scale.is_finite() {
             y.fill(0);

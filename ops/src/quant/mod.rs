@@ -10,7 +10,7 @@ use crate::{Arg, OpError, Registry, Result};
 use kiln_graph::{DType, Tensor};
 
 mod dequantize_linear;
-mod dynamic_quantize_linear;
+pub(crate) mod dynamic_quantize_linear;
 pub(crate) mod qlinear;
 mod qlinear_add;
 mod qlinear_average_pool;
@@ -22,7 +22,7 @@ mod qlinear_leaky_relu;
 mod qlinear_lookup;
 mod qlinear_mul;
 mod qlinear_sigmoid;
-mod quantize_linear;
+pub(crate) mod quantize_linear;
 
 pub(crate) fn register(r: &mut Registry) {
     quantize_linear::register(r);

@@ -87,7 +87,7 @@ fn quantize(x: f32, scale: f32, zp: f32, (lo, hi): (f32, f32)) -> f32 {
 }
 
 /// An integer output element.
-pub(super) trait QOut: Copy + Send + Sync + bytemuck::Pod {
+pub(crate) trait QOut: Copy + Send + Sync + bytemuck::Pod {
     fn from_f32(v: f32) -> Self;
 }
 
@@ -103,7 +103,7 @@ q_out!(u8, i8, u16, i16);
 
 /// A run of elements with one scale and zero point (vectorised: compiled for AVX2
 /// where the CPU has it, so that the rounding is one instruction).
-pub(super) fn run_const<T: QOut>(x: &[f32], y: &mut [T], scale: f32, zp: f32, bounds: (f32, f32)) {
+pub(crate) fn run_const<T: QOut>(x: &[f32], y: &mut [T], scale: f32, zp: f32, bounds: (f32, f32)) {
     #[inline(always)]
     fn body<T: QOut>(x: &[f32], y: &mut [T], scale: f32, zp: f32, bounds: (f32, f32)) {
         for (o, &v) in y.iter_mut().zip(x) {

@@ -418,6 +418,8 @@ pub(crate) struct Recurrent<C: Cell> {
     pub cell: C,
     pub attrs: RnnAttrs,
     pub n_outputs: usize,
+    /// com.microsoft DynamicQuantizeLSTM: 8-bit W and R ([`super::quantized`]).
+    pub quantized: bool,
 }
 
 impl<C: Cell> Recurrent<C> {
@@ -428,19 +430,33 @@ impl<C: Cell> Recurrent<C> {
         if n_outputs > C::SPEC.max_outputs {
             return Err(OpError::invalid(format!("{} has at most {} outputs, the node has {n_outputs}", C::SPEC.name, C::SPEC.max_outputs)));
         }
-        Ok(Recurrent { cell, attrs, n_outputs })
+        Ok(Recurrent { cell, attrs, n_outputs, quantized: false })
     }
 
     /// The sizes of these inputs.
     pub fn dims(&self, inputs: &[Option<Arg>]) -> Result<Dims> {
         let shapes: Vec<Option<(&[usize], DType)>> = inputs.iter().map(|a| a.map(|a| (a.dims(), a.dtype()))).collect();
-        check_inputs(&C::SPEC, &self.attrs, &shapes)
+        self.check(&shapes)
+    }
+
+    /// [`check_inputs`] of these shapes (a quantized op's read as LSTM's).
+    pub fn check(&self, shapes: &[Option<(&[usize], DType)>]) -> Result<Dims> {
+        if !self.quantized {
+            return check_inputs(&C::SPEC, &self.attrs, shapes);
+        }
+        let owned = super::quantized::as_lstm_shapes(shapes)?;
+        let view: Vec<Option<(&[usize], DType)>> = owned.iter().map(|s| s.as_ref().map(|(d, t)| (d.as_slice(), *t))).collect();
+        check_inputs(&C::SPEC, &self.attrs, &view)
     }
 }
 
 impl<C: Cell> Op for Recurrent<C> {
     fn name(&self) -> &str {
-        C::SPEC.name
+        if self.quantized {
+            "DynamicQuantizeLSTM"
+        } else {
+            C::SPEC.name
+        }
     }
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
@@ -464,7 +480,9 @@ impl<C: Cell> Op for Recurrent<C> {
     }
 
     fn wgsl(&self) -> Option<&dyn WgslKernel> {
-        Some(self)
+        // The quantized op's per-step requantization has no WGSL version yet: GPU
+        // sessions run it on the CPU.
+        (!self.quantized).then_some(self as &dyn WgslKernel)
     }
 
     fn overwrites_outputs(&self) -> bool {

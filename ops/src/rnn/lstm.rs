@@ -91,6 +91,10 @@ pub(crate) fn register(r: &mut Registry) {
         let cell = LstmCell { input_forget: spec.int("input_forget", 0)? != 0 };
         Ok(Box::new(Recurrent::parse(spec, cell)?))
     });
+    r.register("com.microsoft", "DynamicQuantizeLSTM", |spec| {
+        let cell = LstmCell { input_forget: spec.int("input_forget", 0)? != 0 };
+        Ok(Box::new(Recurrent { quantized: true, ..Recurrent::parse(spec, cell)? }))
+    });
 }
 
 #[cfg(test)]

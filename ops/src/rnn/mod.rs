@@ -9,6 +9,7 @@ use crate::Registry;
 mod common;
 mod gru;
 mod lstm;
+mod quantized;
 mod recurrence_cpu;
 mod recurrence_wgsl;
 #[cfg(test)]

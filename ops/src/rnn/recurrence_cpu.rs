@@ -4,7 +4,8 @@
 //! every batch row at once and the cell's gates ([`Cell::step`]). f32 accumulates in
 //! f32 as onnxruntime does; f64 runs the same code in f64 (the widened reference of the
 //! cross-device tests); f16 and bf16 go through f32.
-use super::common::{check_inputs, sequence_lengths, Activation, Cell, Dims, Recurrent, B, INITIAL_C, INITIAL_H, P, R, SEQ_LENS, W, X};
+use super::common::{sequence_lengths, Activation, Cell, Dims, Recurrent, B, INITIAL_C, INITIAL_H, P, R, SEQ_LENS, W, X};
+use super::quantized::{self, QuantMatrix};
 use crate::cpu;
 use crate::elementwise::UnaryKind;
 use crate::linalg::product::{BatchedProduct, Layout};
@@ -22,6 +23,9 @@ pub(crate) trait Real: Element + Default + PartialOrd + Add<Output = Self> + Sub
     fn product(p: &BatchedProduct, a: &[Self], b: &[Self], out: &mut [Self]) -> Result<()>;
     /// Lends `f` a buffer of `len` elements (contents unspecified).
     fn with_scratch<Out>(len: usize, f: impl FnOnce(&mut [Self]) -> Out) -> Out;
+    /// The f32 slice of an f32 buffer (None for other types).
+    fn as_f32(xs: &[Self]) -> Option<&[f32]>;
+    fn as_f32_mut(xs: &mut [Self]) -> Option<&mut [f32]>;
 }
 
 impl Real for f32 {
@@ -36,6 +40,12 @@ impl Real for f32 {
     }
     fn with_scratch<Out>(len: usize, f: impl FnOnce(&mut [f32]) -> Out) -> Out {
         cpu::with_scratch(len, f)
+    }
+    fn as_f32(xs: &[f32]) -> Option<&[f32]> {
+        Some(xs)
+    }
+    fn as_f32_mut(xs: &mut [f32]) -> Option<&mut [f32]> {
+        Some(xs)
     }
 }
 
@@ -52,6 +62,12 @@ impl Real for f64 {
     fn with_scratch<Out>(len: usize, f: impl FnOnce(&mut [f64]) -> Out) -> Out {
         f(&mut vec![0.0; len])
     }
+    fn as_f32(_: &[f64]) -> Option<&[f32]> {
+        None
+    }
+    fn as_f32_mut(_: &mut [f64]) -> Option<&mut [f32]> {
+        None
+    }
 }
 
 /// What a cell's step reads: the sizes, this direction's weights and projection, and
@@ -64,8 +80,10 @@ pub(crate) struct StepCtx<'a, T> {
     /// This direction's input projection `[rows of X, gates * hidden]`, with `Wb` and
     /// every `Rb` not added inside the cell ([`Cell::rb_inside`]) folded in.
     pub xw: &'a [T],
-    /// `R[d]`: `[gates * hidden, hidden]`.
+    /// `R[d]`: `[gates * hidden, hidden]` (empty when quantized).
     pub r: &'a [T],
+    /// DynamicQuantizeLSTM's `R[d]`, `[hidden, gates * hidden]` in 8 bits.
+    pub rq: Option<&'a QuantMatrix>,
     /// `Rb[d]` (zeros without B).
     pub rb: &'a [T],
     /// `P[d]`: `[3 * hidden]` (LSTM's peepholes).
@@ -81,6 +99,13 @@ impl<T: Real> StepCtx<'_, T> {
     pub fn recurrent(&self, src: &[T], g0: usize, g1: usize, out: &mut [T]) -> Result<()> {
         let h = self.dims.hidden;
         let n = (g1 - g0) * h;
+        if let Some(q) = self.rq {
+            let (Some(a), Some(out)) = (T::as_f32(src), T::as_f32_mut(out)) else {
+                return Err(OpError::Unsupported("DynamicQuantizeLSTM in f64".into()));
+            };
+            q.product(&a[..self.dims.batch * h], g0 * h, n, &mut out[..self.dims.batch * n]);
+            return Ok(());
+        }
         let p = BatchedProduct {
             batch: vec![],
             a_batch_strides: vec![],
@@ -162,11 +187,13 @@ pub(crate) fn run<C: Cell>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], output
 fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
     let name = C::SPEC.name;
     let shapes: Vec<Option<(&[usize], DType)>> = inputs.iter().map(|t| t.map(|t| (t.dims(), t.dtype()))).collect();
-    let dims = check_inputs(&C::SPEC, &op.attrs, &shapes)?;
+    let dims = op.check(&shapes)?;
     let get = |i: usize| inputs.get(i).copied().flatten();
     let lens = sequence_lengths(name, get(SEQ_LENS), &dims)?;
     let slice = |i: usize| get(i).map(|t| t.as_slice::<T>()).transpose();
-    let (x, w, r) = (cpu::input(inputs, X)?.as_slice::<T>()?, cpu::input(inputs, W)?.as_slice::<T>()?, cpu::input(inputs, R)?.as_slice::<T>()?);
+    let x = cpu::input(inputs, X)?.as_slice::<T>()?;
+    let (w, r) = if op.quantized { (&[][..], &[][..]) } else { (cpu::input(inputs, W)?.as_slice::<T>()?, cpu::input(inputs, R)?.as_slice::<T>()?) };
+    let quantized = if op.quantized { Some((quantized::matrices(inputs, W, &dims)?, quantized::matrices(inputs, R, &dims)?)) } else { None };
     let (bias, h0, c0, peep) = (slice(B)?, slice(INITIAL_H)?, slice(INITIAL_C)?, slice(P)?);
     let Dims { seq, batch, input, hidden, dirs, .. } = dims;
     let gh = dims.gh();
@@ -195,7 +222,15 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
             a: Layout::row_major(input),
             b: Layout { rs: 1, cs: input },
         };
-        T::product(&p, x, w, xw)?;
+        match (&quantized, T::as_f32(x), T::as_f32_mut(xw)) {
+            (None, ..) => T::product(&p, x, w, xw)?,
+            (Some((wq, _)), Some(x), Some(xw)) => {
+                for (d, wd) in wq.iter().enumerate() {
+                    wd.product(x, 0, gh, &mut xw[d * rows * gh..(d + 1) * rows * gh]);
+                }
+            }
+            _ => return Err(OpError::Unsupported(format!("{name} in f64"))),
+        }
         rb.fill(T::default());
         if let Some(bias) = bias {
             for d in 0..dirs {
@@ -250,7 +285,8 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
                         dims,
                         rows: &step_rows,
                         xw: &xw[d * rows * gh..(d + 1) * rows * gh],
-                        r: &r[d * gh * hidden..(d + 1) * gh * hidden],
+                        r: if op.quantized { r } else { &r[d * gh * hidden..(d + 1) * gh * hidden] },
+                        rq: quantized.as_ref().map(|(_, rq)| &rq[d]),
                         rb: &rb[d * gh..(d + 1) * gh],
                         p: peep.map(|p| &p[d * 3 * hidden..(d + 1) * 3 * hidden]),
                         acts: &op.attrs.activations[d * per_dir..(d + 1) * per_dir],
