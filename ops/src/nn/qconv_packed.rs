@@ -515,9 +515,10 @@ fn constant_filters<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg<'a
 }
 
 /// The tuning parameters of an integer convolution's fast kernel (inputs x, w, zw at
-/// `idx`): the packed kernel's instruction set; none for the depthwise kernel.
+/// `idx`): the packed or the depthwise kernel's instruction set.
 pub(super) fn tune_params(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3]) -> Vec<TuneParam> {
     match constant_filters(conv, inputs, idx) {
+        Some((p, ..)) if DepthwiseIntConv::eligible(&p) => DepthwiseIntConv::params(),
         Some((p, dx, w, zw)) if eligible(&p) => params(quads_ok(dx, w, &zw)),
         _ => vec![],
     }
@@ -529,7 +530,7 @@ pub(super) fn tune_params(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>
 pub(super) fn prepare(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], epilogue: Epilogue, tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
     let Some((p, dx, w, zw)) = constant_filters(conv, inputs, idx) else { return Ok(None) };
     if DepthwiseIntConv::eligible(&p) {
-        return Ok(Some(Box::new(DepthwiseIntConv::new(p, epilogue, dx, w, &zw)?)));
+        return Ok(Some(Box::new(DepthwiseIntConv::new(p, epilogue, dx, w, &zw, tune)?)));
     }
     Ok(PackedIntConv::new(p, epilogue, dx, w, &zw, tune)?.map(|k| Box::new(k) as Box<dyn CpuKernel>))
 }

@@ -99,14 +99,12 @@ fn names(v: &[(String, Vec<Tensor>)]) -> Vec<String> {
     v.iter().map(|(n, _)| n.clone()).collect()
 }
 
-/// The instruction sets the packed kernel must offer for these operands (none for a
-/// depthwise convolution, which has its own kernel).
+/// The instruction sets the packed kernel (or the depthwise one, without the quads
+/// layout) must offer for these operands.
 fn expected_isas(c: &Case) -> Vec<String> {
-    if c.w[1] == 1 && c.group > 1 {
-        return vec![];
-    }
+    let depthwise = c.w[1] == 1 && c.group > 1;
     let (dx, dw, per_channel_zw) = (c.dx, c.dw, c.per_channel_zw);
-    let quads = dx == DType::U8 && dw == DType::I8 && !per_channel_zw;
+    let quads = !depthwise && dx == DType::U8 && dw == DType::I8 && !per_channel_zw;
     let mut isas: Vec<u32> = Int8Isa::available().into_iter().filter(|i| quads || *i != Int8Isa::Avx512Vnni).map(|i| i.code()).collect();
     if quads {
         isas.push(crate::linalg::int8_kernel::PORTABLE_QUADS);
