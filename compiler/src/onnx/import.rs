@@ -419,7 +419,7 @@ impl Builder {
 /// The tensor type a type is or holds, and which kind of value it is: a tensor, a
 /// sequence of tensors, an optional tensor or sequence. `None` for other types (maps,
 /// sequences of sequences, ...).
-fn tensor_type_of(t: &TypeProto) -> Option<(&TypeProtoTensor, ValueKind)> {
+pub(crate) fn tensor_type_of(t: &TypeProto) -> Option<(&TypeProtoTensor, ValueKind)> {
     if let Some(tt) = &t.tensor_type {
         return Some((tt, ValueKind::Tensor));
     }
@@ -431,4 +431,22 @@ fn tensor_type_of(t: &TypeProto) -> Option<(&TypeProtoTensor, ValueKind)> {
         (tt, ValueKind::Sequence) => Some((tt, ValueKind::OptionalSequence)),
         _ => None,
     }
+}
+
+/// A type written in an attribute (TYPE_PROTO): a tensor, sequence or optional type whose
+/// dims are sizes or symbols (`?` where neither is given).
+pub(crate) fn type_of(t: &TypeProto) -> Result<ValueType, String> {
+    let (tt, kind) = tensor_type_of(t).ok_or("only tensor, sequence and optional types are supported")?;
+    let dtype = super::tensor::dtype_of(tt.elem_type)?;
+    let dims = tt.shape.as_ref().map_or_else(Vec::new, |s| {
+        s.dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(DimensionValue::DimValue(n)) if *n >= 0 => Dim::Fixed(*n as usize),
+                Some(DimensionValue::DimParam(p)) if !p.is_empty() => Dim::Sym(p.clone()),
+                _ => Dim::Sym("?".into()),
+            })
+            .collect()
+    });
+    Ok(ValueType::container(kind, dtype, Shape(dims)))
 }

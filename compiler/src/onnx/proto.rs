@@ -128,6 +128,8 @@ pub struct AttributeProto {
     pub tensors: Vec<TensorProto>,
     #[prost(message, repeated, tag = "11")]
     pub graphs: Vec<GraphProto>,
+    #[prost(message, optional, tag = "14")]
+    pub tp: Option<TypeProto>,
     /// An [`attribute_type`] code.
     #[prost(int32, tag = "20")]
     pub r#type: i32,

@@ -1,19 +1,27 @@
-//! Optional: an optional holding its input (a tensor or a sequence). Without an input,
-//! an empty optional of the type the `type` attribute names, which Kiln's importer
-//! does not read yet: such a node is refused when created.
+//! Optional: an optional holding its input (a tensor or a sequence); without an input,
+//! an empty optional of the type its `type` attribute names (a tensor or a sequence
+//! type).
 use super::{input_type, HostOp};
 use crate::{Arg, NodeSpec, OpError, Result, TensorType};
-use kiln_graph::{Tensor, Value};
+use kiln_graph::{Attr, DType, Tensor, Value, ValueKind};
 
 #[derive(Debug)]
-pub struct Optional;
+pub struct Optional {
+    /// The element kind and dtype of an Optional without an input.
+    empty: Option<(ValueKind, DType)>,
+}
 
 impl Optional {
     pub fn parse(spec: &NodeSpec) -> Result<Optional> {
-        if !spec.has_input(0) {
-            return Err(OpError::Unsupported("an Optional without an input (an empty optional of the type its 'type' attribute names; Kiln does not read TypeProto attributes)".into()));
+        if spec.has_input(0) {
+            return Ok(Optional { empty: None });
         }
-        Ok(Optional)
+        match spec.node.attrs.get("type") {
+            Some(Attr::Type(t)) if !t.kind.is_optional() => Ok(Optional { empty: Some((t.kind, t.dtype)) }),
+            Some(Attr::Type(t)) => Err(spec.bad("type", format!("an optional holds a tensor or a sequence, not {t}"))),
+            Some(other) => Err(spec.bad("type", format!("expected a type, found {}", other.kind()))),
+            None => Err(spec.bad("type", "required when the input is omitted (the type of the empty optional's element)")),
+        }
     }
 }
 
@@ -23,6 +31,9 @@ impl HostOp for Optional {
     }
 
     fn types(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        if let Some((kind, dtype)) = self.empty {
+            return Ok(vec![TensorType::container(kind.optional(), dtype)]);
+        }
         let t = input_type(inputs, 0)?;
         if t.kind.is_optional() {
             return Err(OpError::input(0, format!("expected a tensor or a sequence, got {t}")));
@@ -31,6 +42,9 @@ impl HostOp for Optional {
     }
 
     fn compute(&self, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+        if let Some((kind, dtype)) = self.empty {
+            return Ok(vec![Tensor::from_value(Value::none(kind, dtype))]);
+        }
         let v = super::value(inputs, 0)?;
         if v.kind().is_optional() {
             return Err(OpError::input(0, format!("expected a tensor or a sequence, got {}", v.describe())));

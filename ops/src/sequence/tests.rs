@@ -129,7 +129,10 @@ fn optionals_wrap_report_and_unwrap() {
     assert_eq!(tensors(&Case::new("OptionalGetElement").constant(opt_seq[0].clone()).run_cpu().unwrap()[0]).len(), 2);
     let empty = Case::new("OptionalGetElement").constant(none).run_cpu();
     assert!(matches!(empty, Err(OpError::Input { index: 0, ref what }) if what.contains("empty")), "{empty:?}");
-    assert!(matches!(Case::new("Optional").omitted().op(), Err(OpError::Unsupported(_))));
+    assert!(matches!(Case::new("Optional").omitted().op(), Err(OpError::Attr { .. })), "without an input, `type` is required");
+    let ty = ValueType::container(ValueKind::Sequence, DType::I64, Shape::default());
+    let nothing = Case::new("Optional").attr("type", Attr::Type(ty)).omitted().run_cpu().unwrap();
+    assert_eq!(Value::from(nothing[0].clone()), Value::none(ValueKind::Sequence, DType::I64));
 }
 
 #[test]

@@ -246,5 +246,6 @@ fn attr_text(a: &Attr) -> String {
         Attr::Floats(v) => format!("{v:?}"),
         Attr::Strings(v) => format!("{v:?}"),
         Attr::Graph(g) => format!("graph '{}' ({} nodes)", g.name, g.nodes.len()),
+        Attr::Type(t) => t.to_string(),
     }
 }
