@@ -15,6 +15,7 @@ fn tensor_vi(name: &str, elem: DType, dims: &[Dimension]) -> ValueInfoProto {
                 elem_type: elem.onnx_code(),
                 shape: Some(TensorShapeProto { dim: dims.to_vec() }),
             }),
+            ..Default::default()
         }),
     }
 }
@@ -604,13 +605,14 @@ fn unsupported_input_types() {
         name: "x".into(),
         r#type: Some(TypeProto {
             tensor_type: Some(TypeProtoTensor { elem_type: 8, shape: Some(TensorShapeProto { dim: vec![d(2)] }) }),
+            ..Default::default()
         }),
     }];
     let e = import(m).unwrap_err().to_string();
     assert!(e.contains("graph input 'x'") && e.contains("STRING"), "{e}");
     // A non-tensor type (or an unknown rank) leaves the type unknown.
     let mut m = M::new(vec![node("Relu", "r", &["x"], &["y"])]);
-    m.inputs = vec![ValueInfoProto { name: "x".into(), r#type: Some(TypeProto { tensor_type: None }) }];
+    m.inputs = vec![ValueInfoProto { name: "x".into(), r#type: Some(TypeProto::default()) }];
     let g = import(m).unwrap();
     assert_eq!(g.values[g.inputs[0]].ty, None);
 }

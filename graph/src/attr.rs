@@ -1,4 +1,4 @@
-use crate::{Graph, Tensor};
+use crate::{Graph, Tensor, ValueType};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -18,6 +18,8 @@ pub enum Attr {
     /// by the node's last inputs, in the same order (the ONNX importer makes them so;
     /// all subgraphs of a node take the same outer values).
     Graph(Arc<Graph>),
+    /// A value type (ONNX TYPE_PROTO attributes, such as Optional's `type`).
+    Type(ValueType),
 }
 
 impl Attr {
@@ -31,6 +33,7 @@ impl Attr {
             Attr::Floats(_) => "floats",
             Attr::Strings(_) => "strings",
             Attr::Graph(_) => "graph",
+            Attr::Type(_) => "type",
         }
     }
 }

@@ -30,7 +30,14 @@ impl GraphBuilder {
 
     /// Declares a graph input.
     pub fn input(&mut self, name: &str, dtype: DType, shape: impl Into<Shape>) -> ValueId {
-        let v = self.graph.add_value(name, Some(ValueType { dtype, shape: shape.into() }));
+        let v = self.graph.add_value(name, Some(ValueType::new(dtype, shape)));
+        self.graph.inputs.push(v);
+        v
+    }
+
+    /// Declares a graph input of any type (a sequence or an optional too).
+    pub fn input_typed(&mut self, name: &str, ty: ValueType) -> ValueId {
+        let v = self.graph.add_value(name, Some(ty));
         self.graph.inputs.push(v);
         v
     }

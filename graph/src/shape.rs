@@ -98,22 +98,85 @@ impl fmt::Display for Shape {
     }
 }
 
-/// Type of a value: its element type and its (possibly symbolic) shape.
+/// Which kind of value a graph value is: a tensor, or one of ONNX's host-side
+/// containers of tensors (a sequence, an optional tensor, an optional sequence).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ValueKind {
+    #[default]
+    Tensor,
+    Sequence,
+    OptionalTensor,
+    OptionalSequence,
+}
+
+impl ValueKind {
+    pub fn is_tensor(self) -> bool {
+        self == ValueKind::Tensor
+    }
+
+    pub fn is_optional(self) -> bool {
+        matches!(self, ValueKind::OptionalTensor | ValueKind::OptionalSequence)
+    }
+
+    /// The kind an optional holds (a tensor or a sequence); other kinds are themselves.
+    pub fn element(self) -> ValueKind {
+        match self {
+            ValueKind::OptionalTensor => ValueKind::Tensor,
+            ValueKind::OptionalSequence => ValueKind::Sequence,
+            k => k,
+        }
+    }
+
+    /// The optional of this kind (an optional stays itself).
+    pub fn optional(self) -> ValueKind {
+        match self {
+            ValueKind::Tensor | ValueKind::OptionalTensor => ValueKind::OptionalTensor,
+            ValueKind::Sequence | ValueKind::OptionalSequence => ValueKind::OptionalSequence,
+        }
+    }
+
+    /// `ty` written as this kind's type: `f32[2,3]`, `seq(f32[2,3])`, `optional(...)`.
+    pub fn describe(self, ty: &str) -> String {
+        match self {
+            ValueKind::Tensor => ty.to_string(),
+            ValueKind::Sequence => format!("seq({ty})"),
+            ValueKind::OptionalTensor => format!("optional({ty})"),
+            ValueKind::OptionalSequence => format!("optional(seq({ty}))"),
+        }
+    }
+}
+
+/// Type of a value: its element type and its (possibly symbolic) shape. For a sequence
+/// or an optional (`kind`), the dtype and shape are those of the tensors it holds (the
+/// shape has a symbol for each dim the elements do not share, and is empty when even
+/// their rank is unknown).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ValueType {
     pub dtype: DType,
     pub shape: Shape,
+    #[serde(default, skip_serializing_if = "is_tensor_kind")]
+    pub kind: ValueKind,
+}
+
+fn is_tensor_kind(k: &ValueKind) -> bool {
+    k.is_tensor()
 }
 
 impl ValueType {
+    /// A tensor type.
     pub fn new(dtype: DType, shape: impl Into<Shape>) -> Self {
-        ValueType { dtype, shape: shape.into() }
+        ValueType { dtype, shape: shape.into(), kind: ValueKind::Tensor }
+    }
+
+    /// A sequence or optional whose tensors are of `dtype` and `shape`.
+    pub fn container(kind: ValueKind, dtype: DType, shape: impl Into<Shape>) -> Self {
+        ValueType { dtype, shape: shape.into(), kind }
     }
 }
 
 impl fmt::Display for ValueType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}", self.dtype, self.shape)
+        f.write_str(&self.kind.describe(&format!("{}{}", self.dtype, self.shape)))
     }
 }
 

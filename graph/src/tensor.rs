@@ -5,7 +5,7 @@
 //! constructors check sizes that come from elsewhere, so `len`, `bytes` and the strides
 //! of an existing tensor never overflow.
 
-use crate::{size, DType, Element, GraphError, Result, WordMemory};
+use crate::{size, DType, Element, GraphError, Result, Value, ValueKind, WordMemory};
 use std::fmt;
 use std::sync::Arc;
 
@@ -31,6 +31,8 @@ enum Storage {
     Arena { arena: Arc<dyn WordMemory>, offset: usize, owner: bool },
     /// Bytes `offset..` of read-only memory owned elsewhere (a mapped file); writes copy first.
     Shared { bytes: Arc<dyn AsRef<[u8]> + Send + Sync>, offset: usize },
+    /// No bytes: a sequence or an optional ([`Tensor::from_value`]).
+    Composite(Arc<Value>),
 }
 
 impl Clone for Tensor {
@@ -39,6 +41,7 @@ impl Clone for Tensor {
             Storage::Heap(v) => Storage::Heap(v.clone()),
             Storage::Arena { .. } => Storage::Heap(Arc::new(self.copied_words())),
             Storage::Shared { bytes, offset } => Storage::Shared { bytes: bytes.clone(), offset: *offset },
+            Storage::Composite(v) => Storage::Composite(v.clone()),
         };
         Tensor { dtype: self.dtype, dims: self.dims.clone(), data, len_bytes: self.len_bytes }
     }
@@ -161,6 +164,39 @@ impl Tensor {
         matches!(self.data, Storage::Arena { .. })
     }
 
+    /// `value` as a tensor: a tensor is itself; a sequence or an optional becomes a
+    /// composite tensor, which holds no bytes (dims `[0]`, the dtype of its elements)
+    /// and carries the value through interfaces that pass tensors (kernel arguments,
+    /// folded constants, session inputs and outputs). Only ops that declare they take
+    /// such values see them ([`Tensor::composite`]).
+    pub fn from_value(value: Value) -> Tensor {
+        match value {
+            Value::Tensor(t) => t,
+            v => Tensor { dtype: v.dtype(), dims: vec![0], data: Storage::Composite(Arc::new(v)), len_bytes: 0 },
+        }
+    }
+
+    /// The sequence or optional this tensor carries; `None` for a tensor.
+    pub fn composite(&self) -> Option<&Value> {
+        match &self.data {
+            Storage::Composite(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The kind of value this is.
+    pub fn kind(&self) -> ValueKind {
+        self.composite().map_or(ValueKind::Tensor, Value::kind)
+    }
+
+    /// The value this tensor is (itself, or the sequence or optional it carries).
+    pub fn to_value(&self) -> Value {
+        match self.composite() {
+            Some(v) => v.clone(),
+            None => Value::Tensor(self.clone()),
+        }
+    }
+
     fn copied_words(&self) -> Vec<u64> {
         words_of(self.bytes())
     }
@@ -193,6 +229,7 @@ impl Tensor {
             // contract keeps writers of overlapping ranges away while `self` lives.
             Storage::Arena { arena, offset, .. } => unsafe { std::slice::from_raw_parts(arena.word_ptr(*offset) as *const u8, self.len_bytes) },
             Storage::Shared { bytes, offset } => &(**bytes).as_ref()[*offset..*offset + self.len_bytes],
+            Storage::Composite(_) => &[],
         }
     }
 
@@ -206,6 +243,7 @@ impl Tensor {
             // SAFETY: as in `bytes`; only the range's owner gets here, through `&mut self`.
             Storage::Arena { arena, offset, .. } => unsafe { std::slice::from_raw_parts_mut(arena.word_ptr(*offset) as *mut u8, n) },
             Storage::Shared { .. } => unreachable!("shared bytes were copied above"),
+            Storage::Composite(_) => &mut [],
         }
     }
 
@@ -218,6 +256,7 @@ impl Tensor {
             Storage::Heap(v) => Storage::Heap(v.clone()),
             Storage::Arena { arena, offset, .. } => Storage::Arena { arena: arena.clone(), offset: *offset, owner: false },
             Storage::Shared { bytes, offset } => Storage::Shared { bytes: bytes.clone(), offset: *offset },
+            Storage::Composite(v) => Storage::Composite(v.clone()),
         };
         Ok(Tensor { dtype: self.dtype, dims: dims.to_vec(), data, len_bytes: self.len_bytes })
     }
@@ -331,6 +370,9 @@ impl Tensor {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(v) = self.composite() {
+            return write!(f, "Tensor<{v:?}>");
+        }
         write!(f, "Tensor<{}{:?}>", self.dtype, self.dims)?;
         if self.len() <= 8 {
             write!(f, "{:?}", self.to_f64_vec())?;
@@ -346,12 +388,13 @@ impl std::hash::Hash for Tensor {
         self.dtype.hash(state);
         self.dims.hash(state);
         self.bytes().hash(state);
+        self.composite().hash(state);
     }
 }
 
 impl PartialEq for Tensor {
     fn eq(&self, other: &Self) -> bool {
-        self.dtype == other.dtype && self.dims == other.dims && self.bytes() == other.bytes()
+        self.dtype == other.dtype && self.dims == other.dims && self.bytes() == other.bytes() && self.composite() == other.composite()
     }
 }
 

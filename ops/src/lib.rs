@@ -29,6 +29,7 @@ mod nn;
 mod quant;
 mod reduce;
 mod rnn;
+mod sequence;
 mod random;
 mod signal;
 mod tensor;

@@ -1,18 +1,35 @@
 use crate::{CpuKernel, OpError, Result, WgslKernel};
-use kiln_graph::{DType, Tensor};
+use kiln_graph::{DType, Tensor, ValueKind};
 use std::fmt;
 
 /// A concrete tensor type: dtype and dims (no symbols: sessions specialize shapes
-/// before kernels are chosen).
+/// before kernels are chosen). A sequence or an optional (`kind`, see
+/// [`TensorType::container`]) has the dtype of its tensors and dims `[0]`: it holds no
+/// tensor memory, as the composite tensor that carries it ([`Tensor::from_value`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
     pub dtype: DType,
     pub dims: Vec<usize>,
+    pub kind: ValueKind,
 }
 
 impl TensorType {
     pub fn new(dtype: DType, dims: impl Into<Vec<usize>>) -> TensorType {
-        TensorType { dtype, dims: dims.into() }
+        TensorType { dtype, dims: dims.into(), kind: ValueKind::Tensor }
+    }
+
+    /// The type of a sequence or optional (`kind`) of tensors of `dtype`.
+    pub fn container(kind: ValueKind, dtype: DType) -> TensorType {
+        TensorType { dtype, dims: vec![0], kind }
+    }
+
+    /// The type of a value (a tensor, or the sequence or optional it carries).
+    pub fn of(t: &Tensor) -> TensorType {
+        TensorType { dtype: t.dtype(), dims: t.dims().to_vec(), kind: t.kind() }
+    }
+
+    pub fn is_tensor(&self) -> bool {
+        self.kind.is_tensor()
     }
     pub fn len(&self) -> usize {
         self.dims.iter().product()
@@ -38,7 +55,10 @@ impl TensorType {
 
 impl fmt::Display for TensorType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{:?}", self.dtype, self.dims)
+        match self.kind {
+            ValueKind::Tensor => write!(f, "{}{:?}", self.dtype, self.dims),
+            k => f.write_str(&k.describe(&self.dtype.to_string())),
+        }
     }
 }
 
@@ -121,6 +141,15 @@ pub trait Op: Send + Sync + fmt::Debug {
     /// elements alone (relying on zeroed outputs) keeps the default `false` and gets its
     /// outputs zeroed first.
     fn overwrites_outputs(&self) -> bool {
+        false
+    }
+
+    /// True when the op takes or produces sequences or optionals (`TensorType::kind`):
+    /// the sequence ops, Identity, If and Loop. Inference refuses such values for every
+    /// other op, naming the input; a node that sees one runs on the host only, folded
+    /// once its inputs are known (a session evaluates it between stages), never as a
+    /// device step.
+    fn handles_containers(&self) -> bool {
         false
     }
 

@@ -50,6 +50,7 @@ impl Registry {
             crate::quant::register(&mut r);
             crate::reduce::register(&mut r);
             crate::rnn::register(&mut r);
+            crate::sequence::register(&mut r);
             crate::random::register(&mut r);
             crate::signal::register(&mut r);
             crate::tensor::register(&mut r);

@@ -117,6 +117,8 @@ enum AttrRecord {
     Strings(Vec<String>),
     /// A subgraph (If/Loop/Scan bodies), with its weights in the header. Format 5.
     Graph(Box<SubgraphRecord>),
+    /// A value type (Optional's `type`).
+    Type(kiln_graph::ValueType),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -154,6 +156,7 @@ fn attr_record(a: &Attr) -> AttrRecord {
         Attr::Ints(v) => AttrRecord::Ints(v.clone()),
         Attr::Floats(v) => AttrRecord::Floats(v.clone()),
         Attr::Strings(v) => AttrRecord::Strings(v.clone()),
+        Attr::Type(t) => AttrRecord::Type(t.clone()),
         Attr::Graph(g) => {
             let mut ids: Vec<usize> = g.initializers.keys().copied().collect();
             ids.sort_unstable();
@@ -232,6 +235,7 @@ fn attr(r: AttrRecord) -> std::result::Result<Attr, String> {
         AttrRecord::Ints(v) => Attr::Ints(v),
         AttrRecord::Floats(v) => Attr::Floats(v),
         AttrRecord::Strings(v) => Attr::Strings(v),
+        AttrRecord::Type(t) => Attr::Type(t),
         AttrRecord::Graph(g) => Attr::Graph(Arc::new(subgraph(*g)?)),
     })
 }

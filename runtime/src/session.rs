@@ -8,7 +8,7 @@ use crate::plan::Plan;
 use crate::threads::{self, ThreadConfig};
 use crate::tune::{self, Choices, StepDevice, TuneOptions, TuneProgress, TuneReport, Tuning};
 use crate::{DeviceChoice, DeviceKind, Result, RuntimeError};
-use kiln_graph::{Dim, Graph, NodeId, Tensor, ValueId};
+use kiln_graph::{Dim, Graph, NodeId, Tensor, Value, ValueId};
 use kiln_ops::infer::{self, specialize, Limits, SpecializeError, Specialized};
 use kiln_ops::{Op, Registry, TensorType};
 use std::collections::HashMap;
@@ -175,9 +175,14 @@ struct Next {
     barrier: NodeId,
     /// Where the next stage starts in the session's order.
     rest: usize,
-    /// The next stage per type of the values it reads.
-    stages: Mutex<HashMap<Vec<TensorType>, Arc<Staged>>>,
+    /// The next stage per type of the values it reads (and the sequences and
+    /// optionals among them, which it reads by value).
+    stages: Mutex<HashMap<StageKey, Arc<Staged>>>,
 }
+
+/// What a stage depends on: the types of the tensors it reads, and the sequences and
+/// optionals it reads (host values, which its nodes fold).
+type StageKey = (Vec<TensorType>, Vec<(ValueId, Tensor)>);
 
 /// What a specialisation depends on: input types, and the values of inputs bound by value.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -304,6 +309,19 @@ impl Session {
             let ty = self.graph.values[v].ty.as_ref().expect("checked in new");
             let t = bound[i].ok_or_else(|| RuntimeError::MissingInput { name: names[i].to_string(), ty: ty.to_string() })?;
             let mismatch = |what: String| RuntimeError::InputMismatch { name: names[i].to_string(), expected: ty.to_string(), got: what };
+            if t.kind() != ty.kind {
+                let got = t.composite().map_or_else(|| format!("a tensor {}{:?}", t.dtype(), t.dims()), |v| format!("a {}", v.describe()));
+                return Err(mismatch(got));
+            }
+            if !ty.kind.is_tensor() {
+                // A sequence or an optional: its tensors' dtype (their shapes may differ).
+                if t.dtype() != ty.dtype {
+                    return Err(mismatch(format!("a {}", t.to_value().describe())));
+                }
+                out.push(t);
+                types.push(TensorType::of(t));
+                continue;
+            }
             if t.dtype() != ty.dtype {
                 return Err(mismatch(format!("dtype {}", t.dtype())));
             }
@@ -329,7 +347,7 @@ impl Session {
                 }
             }
             out.push(t);
-            types.push(TensorType::new(t.dtype(), t.dims()));
+            types.push(TensorType::of(t));
         }
         Ok((out, types))
     }
@@ -448,13 +466,17 @@ impl Session {
             reads.extend(self.graph.outputs.iter().copied().filter(|v| env.contains_key(v)));
             reads.sort_unstable();
             reads.dedup();
-            let known: Vec<(ValueId, TensorType)> = reads.iter().map(|v| (*v, TensorType::new(env[v].dtype(), env[v].dims()))).collect();
-            let key: Vec<TensorType> = known.iter().map(|(_, t)| t.clone()).collect();
+            // Sequences and optionals are read by value (their nodes fold on the host).
+            let (hosted, tensors): (Vec<ValueId>, Vec<ValueId>) = reads.iter().partition(|v| env[*v].composite().is_some());
+            let known: Vec<(ValueId, TensorType)> = tensors.iter().map(|v| (*v, TensorType::of(&env[v]))).collect();
+            let values: Vec<(ValueId, Tensor)> = hosted.iter().map(|v| (*v, env[v].clone())).collect();
+            let key: StageKey = (known.iter().map(|(_, t)| t.clone()).collect(), values.clone());
             let cached = next.stages.lock().map_err(|_| poisoned())?.get(&key).cloned();
             let following = match cached {
                 Some(s) => s,
                 None => {
-                    let built = Arc::new(self.workers.run(|| self.build_stage(next.rest, &known, &HashMap::new()))?);
+                    let values: HashMap<ValueId, Tensor> = values.into_iter().collect();
+                    let built = Arc::new(self.workers.run(|| self.build_stage(next.rest, &known, &values))?);
                     next.stages.lock().map_err(|_| poisoned())?.entry(key).or_insert(built).clone()
                 }
             };
@@ -468,9 +490,20 @@ impl Session {
         RuntimeError::Unsupported { node: self.graph.values[v].name.clone(), what: "the value is needed before it is computed (staged run)".into() }
     }
 
-    /// Runs the model. Inputs by name; outputs in the model's output order.
+    /// Runs the model. Inputs by name; outputs in the model's output order. A sequence or
+    /// optional, in or out, is a composite tensor (`Tensor::from_value`; see [`Session::run_values`]).
     pub fn run(&self, inputs: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
         Ok(self.run_with_stats(inputs)?.0)
+    }
+
+    /// Runs a model whose inputs or outputs may be sequences or optionals
+    /// (`kiln_graph::Value`). Inputs by name; outputs in the model's output order.
+    /// Tensor values run as in [`Session::run`]; sequences and optionals live on the
+    /// host, and the nodes that read them run there, in GPU sessions too.
+    pub fn run_values(&self, inputs: &[(&str, &Value)]) -> Result<Vec<Value>> {
+        let tensors: Vec<(&str, Tensor)> = inputs.iter().map(|(n, v)| (*n, Tensor::from_value((*v).clone()))).collect();
+        let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
+        Ok(self.run(&refs)?.into_iter().map(Value::from).collect())
     }
 
     /// Like [`Session::run`], also reporting what the run did.

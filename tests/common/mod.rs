@@ -88,20 +88,29 @@ fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
 
 /// Data sets of a test/model folder (test_data_set_*), sorted.
 pub fn data_sets(dir: &Path) -> Vec<DataSet> {
+    data_sets_of(dir, &[], &[])
+}
+
+/// Reads value file `p` of the declared type `ty` (a tensor when undeclared).
+fn read_value(p: &Path, ty: Option<&kiln::graph::ValueType>) -> (String, Tensor) {
+    let read = match ty {
+        Some(ty) => kiln::compiler::onnx::read_value_pb(p, ty),
+        None => kiln::compiler::onnx::read_tensor_pb(p),
+    };
+    read.unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Like [`data_sets`], with the declared types of the inputs and outputs: sequences and
+/// optionals are read from SequenceProto and OptionalProto files.
+pub fn data_sets_of(dir: &Path, inputs: &[kiln::graph::ValueType], outputs: &[Option<kiln::graph::ValueType>]) -> Vec<DataSet> {
     let mut sets: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_"))).collect())
         .unwrap_or_default();
     sets.sort();
     sets.into_iter()
         .map(|d| {
-            let inputs = numbered(&d, "input_")
-                .iter()
-                .map(|p| kiln::compiler::onnx::read_tensor_pb(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-                .collect();
-            let outputs = numbered(&d, "output_")
-                .iter()
-                .map(|p| kiln::compiler::onnx::read_tensor_pb(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).1)
-                .collect();
+            let inputs = numbered(&d, "input_").iter().enumerate().map(|(i, p)| read_value(p, inputs.get(i))).collect();
+            let outputs = numbered(&d, "output_").iter().enumerate().map(|(i, p)| read_value(p, outputs.get(i).and_then(Option::as_ref)).1).collect();
             DataSet { dir: d, inputs, outputs }
         })
         .collect()
@@ -129,6 +138,27 @@ pub fn allclose(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// [`allclose`] for values that may be sequences or optionals: the same kind, and
+/// their tensors compared in order.
+pub fn allclose_value(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
+    use kiln::graph::Value;
+    match (Value::from(got.clone()), Value::from(want.clone())) {
+        (Value::Tensor(g), Value::Tensor(w)) => allclose(&g, &w, rtol, atol),
+        (Value::Sequence { dtype: gd, tensors: g }, Value::Sequence { dtype: wd, tensors: w }) => {
+            if gd != wd || g.len() != w.len() {
+                return Err(format!("a sequence of {} {gd} tensors, expected {} of {wd}", g.len(), w.len()));
+            }
+            g.iter().zip(&w).enumerate().try_for_each(|(i, (g, w))| allclose(g, w, rtol, atol).map_err(|e| format!("tensor {i}: {e}")))
+        }
+        (Value::Optional { value: g, .. }, Value::Optional { value: w, .. }) => match (g, w) {
+            (None, None) => Ok(()),
+            (Some(g), Some(w)) => allclose_value(&Tensor::from_value(*g), &Tensor::from_value(*w), rtol, atol),
+            (g, w) => Err(format!("optional {}, expected {}", if g.is_some() { "holds a value" } else { "is empty" }, if w.is_some() { "a value" } else { "empty" })),
+        },
+        (g, w) => Err(format!("a {}, expected a {}", g.describe(), w.describe())),
+    }
 }
 
 /// Quiets Mesa's warning about XDG_RUNTIME_DIR.

@@ -60,6 +60,10 @@ pub(crate) fn convert_attr(a: &AttributeProto, ext: &mut ExternalFiles) -> Resul
             let t = a.t.as_ref().ok_or_else(|| format!("attribute '{name}' is a TENSOR but holds none"))?;
             Attr::Tensor(convert(t, ext).map_err(|e| format!("attribute '{name}': {e}"))?)
         }
+        at::TYPE_PROTO => {
+            let tp = a.tp.as_ref().ok_or_else(|| format!("attribute '{name}' is a TYPE_PROTO but holds none"))?;
+            Attr::Type(super::import::type_of(tp).map_err(|e| format!("attribute '{name}': {e}"))?)
+        }
         // Subgraphs (GRAPH) are read by the importer, which makes them closed graphs.
         at::GRAPH => return Err(format!("attribute '{name}' is a subgraph, which only the importer reads")),
         at::GRAPHS => return Err(format!("attribute '{name}' is a list of subgraphs (GRAPHS), which Kiln does not support")),

@@ -7,10 +7,10 @@ use super::attrs::{constant_value, convert_attr};
 use super::check::check_nodes;
 use super::error::{ImportError, NodeProblem};
 use super::schema::{check_model, node_problems};
-use super::proto::{DimensionValue, ModelProto, NodeProto, ValueInfoProto};
+use super::proto::{DimensionValue, ModelProto, NodeProto, TypeProto, TypeProtoTensor, ValueInfoProto};
 use super::tensor::{convert, ExternalFiles};
 use bytes::Bytes;
-use kiln_graph::{Attributes, DType, Dim, GraphError, Graph, Node, NodeId, Shape, ValueId, ValueType};
+use kiln_graph::{Attributes, DType, Dim, GraphError, Graph, Node, NodeId, Shape, ValueId, ValueKind, ValueType};
 use kiln_ops::{canonical_domain, Registry};
 use prost::Message;
 use std::collections::{HashMap, HashSet};
@@ -340,7 +340,7 @@ impl Builder {
 
     fn reserve_symbols<'v>(&mut self, infos: impl Iterator<Item = &'v ValueInfoProto>) {
         for vi in infos {
-            let shape = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()).and_then(|t| t.shape.as_ref());
+            let shape = vi.r#type.as_ref().and_then(|t| tensor_type_of(t).map(|(tt, _)| tt)).and_then(|t| t.shape.as_ref());
             for d in shape.map(|s| s.dim.as_slice()).unwrap_or_default() {
                 if let Some(DimensionValue::DimParam(p)) = &d.value {
                     self.symbols.insert(p.clone());
@@ -372,14 +372,17 @@ impl Builder {
     /// The declared type: `None` if the type or the rank is unknown, an error message if
     /// the element type is one Kiln does not support.
     fn value_type(&mut self, vi: &ValueInfoProto) -> Result<Option<ValueType>, String> {
-        let Some(tt) = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()) else {
-            return Ok(None);
-        };
+        let Some(ty) = vi.r#type.as_ref() else { return Ok(None) };
+        // Maps and nested sequences stay undeclared (the ops that read them are missing).
+        let Some((tt, kind)) = tensor_type_of(ty) else { return Ok(None) };
         if tt.elem_type == 0 {
             return Ok(None);
         }
         let dtype: DType = super::tensor::dtype_of(tt.elem_type)?;
-        let Some(shape) = &tt.shape else { return Ok(None) };
+        let Some(shape) = &tt.shape else {
+            // A sequence's elements may differ in rank: its type is known without it.
+            return Ok((!kind.is_tensor()).then(|| ValueType::container(kind, dtype, Shape::default())));
+        };
         let dims = shape
             .dim
             .iter()
@@ -390,7 +393,7 @@ impl Builder {
                 _ => self.fresh_symbol(),
             })
             .collect();
-        Ok(Some(ValueType { dtype, shape: Shape(dims) }))
+        Ok(Some(ValueType::container(kind, dtype, Shape(dims))))
     }
 
     fn fold_constant(&mut self, np: &NodeProto, name: &str, t: kiln_graph::Tensor) -> Result<(), ImportError> {
@@ -411,4 +414,39 @@ impl Builder {
         self.graph.initializers.insert(v, t);
         Ok(())
     }
+}
+
+/// The tensor type a type is or holds, and which kind of value it is: a tensor, a
+/// sequence of tensors, an optional tensor or sequence. `None` for other types (maps,
+/// sequences of sequences, ...).
+pub(crate) fn tensor_type_of(t: &TypeProto) -> Option<(&TypeProtoTensor, ValueKind)> {
+    if let Some(tt) = &t.tensor_type {
+        return Some((tt, ValueKind::Tensor));
+    }
+    if let Some(s) = &t.sequence_type {
+        return Some((s.elem_type.as_deref()?.tensor_type.as_ref()?, ValueKind::Sequence));
+    }
+    match tensor_type_of(t.optional_type.as_ref()?.elem_type.as_deref()?)? {
+        (tt, ValueKind::Tensor) => Some((tt, ValueKind::OptionalTensor)),
+        (tt, ValueKind::Sequence) => Some((tt, ValueKind::OptionalSequence)),
+        _ => None,
+    }
+}
+
+/// A type written in an attribute (TYPE_PROTO): a tensor, sequence or optional type whose
+/// dims are sizes or symbols (`?` where neither is given).
+pub(crate) fn type_of(t: &TypeProto) -> Result<ValueType, String> {
+    let (tt, kind) = tensor_type_of(t).ok_or("only tensor, sequence and optional types are supported")?;
+    let dtype = super::tensor::dtype_of(tt.elem_type)?;
+    let dims = tt.shape.as_ref().map_or_else(Vec::new, |s| {
+        s.dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(DimensionValue::DimValue(n)) if *n >= 0 => Dim::Fixed(*n as usize),
+                Some(DimensionValue::DimParam(p)) if !p.is_empty() => Dim::Sym(p.clone()),
+                _ => Dim::Sym("?".into()),
+            })
+            .collect()
+    });
+    Ok(ValueType::container(kind, dtype, Shape(dims)))
 }

@@ -26,4 +26,4 @@ pub use import::{
     build, decode_model, import_bytes, import_bytes_with, import_file, import_file_unchecked, import_file_with,
     ImportOptions,
 };
-pub use tensor::{read_tensor_pb, tensor_from_proto, tensor_to_proto, write_tensor_pb};
+pub use tensor::{read_tensor_pb, read_value_pb, tensor_from_proto, tensor_to_proto, write_tensor_pb};

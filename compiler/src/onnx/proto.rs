@@ -128,6 +128,8 @@ pub struct AttributeProto {
     pub tensors: Vec<TensorProto>,
     #[prost(message, repeated, tag = "11")]
     pub graphs: Vec<GraphProto>,
+    #[prost(message, optional, tag = "14")]
+    pub tp: Option<TypeProto>,
     /// An [`attribute_type`] code.
     #[prost(int32, tag = "20")]
     pub r#type: i32,
@@ -220,12 +222,53 @@ pub struct ValueInfoProto {
     pub r#type: Option<TypeProto>,
 }
 
-/// A value's type. Only tensor types are declared; sequences, maps and optionals
-/// decode as a `TypeProto` without `tensor_type`.
+/// A value's type: a tensor, a sequence or an optional (maps and sparse tensors decode
+/// as a `TypeProto` with none of these).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct TypeProto {
     #[prost(message, optional, tag = "1")]
     pub tensor_type: Option<TypeProtoTensor>,
+    #[prost(message, optional, boxed, tag = "4")]
+    pub sequence_type: Option<Box<TypeProtoElement>>,
+    #[prost(message, optional, boxed, tag = "9")]
+    pub optional_type: Option<Box<TypeProtoElement>>,
+}
+
+/// TypeProto.Sequence and TypeProto.Optional: the type of what they hold.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TypeProtoElement {
+    #[prost(message, optional, boxed, tag = "1")]
+    pub elem_type: Option<Box<TypeProto>>,
+}
+
+/// SequenceProto / OptionalProto `elem_type`: what the value holds.
+pub const ELEM_TENSOR: i32 = 1;
+pub const ELEM_SEQUENCE: i32 = 3;
+
+/// A sequence value (test data files): tensors or, nested, sequences.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SequenceProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(int32, tag = "2")]
+    pub elem_type: i32,
+    #[prost(message, repeated, tag = "3")]
+    pub tensor_values: Vec<TensorProto>,
+    #[prost(message, repeated, tag = "5")]
+    pub sequence_values: Vec<SequenceProto>,
+}
+
+/// An optional value (test data files): a tensor, a sequence, or nothing.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct OptionalProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(int32, tag = "2")]
+    pub elem_type: i32,
+    #[prost(message, optional, tag = "3")]
+    pub tensor_value: Option<TensorProto>,
+    #[prost(message, optional, tag = "5")]
+    pub sequence_value: Option<SequenceProto>,
 }
 
 /// TypeProto.Tensor.

@@ -4,9 +4,9 @@
 //! TensorProto files (`input_0.pb`) of the ONNX test-data layout.
 
 use super::error::ImportError;
-use super::proto::{data_type_name, StringStringEntryProto, TensorProto, DATA_LOCATION_EXTERNAL};
+use super::proto::{data_type_name, OptionalProto, SequenceProto, StringStringEntryProto, TensorProto, DATA_LOCATION_EXTERNAL, ELEM_SEQUENCE, ELEM_TENSOR};
 use bytes::Bytes;
-use kiln_graph::{narrow, size, DType, Tensor};
+use kiln_graph::{narrow, size, DType, Tensor, Value, ValueKind, ValueType};
 use prost::Message;
 use std::collections::HashMap;
 use std::fs::File;
@@ -254,6 +254,47 @@ pub fn read_tensor_pb(path: impl AsRef<Path>) -> Result<(String, Tensor), Import
     })?;
     let t = tensor_from_proto(&p, path.parent())?;
     Ok((p.name, t))
+}
+
+/// Reads a serialized value file of the declared type `ty`: a TensorProto for a tensor,
+/// a SequenceProto or an OptionalProto (of tensors) for a sequence or an optional,
+/// whose value comes back as a composite tensor ([`Tensor::from_value`]). Its name
+/// field and its value.
+pub fn read_value_pb(path: impl AsRef<Path>, ty: &ValueType) -> Result<(String, Tensor), ImportError> {
+    let path = path.as_ref();
+    if ty.kind.is_tensor() {
+        return read_tensor_pb(path);
+    }
+    let bytes = super::file::read_regular(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let decode = |what: &'static str, error| ImportError::Decode { source_name: path.display().to_string(), what, error };
+    let mut ext = ExternalFiles::new(path.parent());
+    if ty.kind == ValueKind::Sequence {
+        let p = SequenceProto::decode(Bytes::from(bytes)).map_err(|e| decode("sequence", e))?;
+        return Ok((p.name.clone(), Tensor::from_value(sequence_from_proto(&p, ty.dtype, &mut ext)?)));
+    }
+    let p = OptionalProto::decode(Bytes::from(bytes)).map_err(|e| decode("optional", e))?;
+    let bad = |what: String| ImportError::Tensor { name: p.name.clone(), what };
+    let element = ty.kind.element();
+    let value = match (&p.tensor_value, &p.sequence_value) {
+        (Some(t), None) if element.is_tensor() && p.elem_type == ELEM_TENSOR => Value::some(Value::Tensor(convert(t, &mut ext)?)),
+        (None, Some(s)) if !element.is_tensor() && p.elem_type == ELEM_SEQUENCE => Value::some(sequence_from_proto(s, ty.dtype, &mut ext)?),
+        (None, None) => Value::none(element, ty.dtype),
+        _ => return Err(bad(format!("an optional of elem_type {} does not hold the declared {ty}", p.elem_type))),
+    };
+    Ok((p.name.clone(), Tensor::from_value(value)))
+}
+
+/// A SequenceProto of tensors of `dtype` (the declared one: an empty sequence has none).
+fn sequence_from_proto(p: &SequenceProto, dtype: DType, ext: &mut ExternalFiles) -> Result<Value, ImportError> {
+    let bad = |what: String| ImportError::Tensor { name: p.name.clone(), what };
+    if !p.sequence_values.is_empty() || (p.elem_type != ELEM_TENSOR && !p.tensor_values.is_empty()) {
+        return Err(bad(format!("a sequence of elem_type {}: only sequences of tensors are supported", p.elem_type)));
+    }
+    let tensors: Vec<Tensor> = p.tensor_values.iter().map(|t| convert(t, ext)).collect::<Result<_, _>>()?;
+    if let Some(t) = tensors.iter().find(|t| t.dtype() != dtype) {
+        return Err(bad(format!("holds a tensor of {}, declared a sequence of {dtype}", t.dtype())));
+    }
+    Ok(Value::sequence(dtype, tensors))
 }
 
 /// Writes `t` as a serialized TensorProto named `name` (raw_data encoding).

@@ -23,6 +23,10 @@ fn evaluate(g: &Graph, n: usize, types: &[Option<kiln_graph::ValueType>], regist
     // Types of the inputs: from the weights, else fully fixed inferred types.
     let fixed = |v: usize| -> Option<TensorType> {
         let t = types.get(v)?.as_ref()?;
+        // Sequences and optionals are never weights: a node that reads one stays.
+        if !t.kind.is_tensor() {
+            return None;
+        }
         Some(TensorType::new(t.dtype, t.shape.as_fixed()?))
     };
     let in_types: Vec<Option<TensorType>> = node
@@ -31,7 +35,7 @@ fn evaluate(g: &Graph, n: usize, types: &[Option<kiln_graph::ValueType>], regist
         .zip(&values)
         .map(|(v, t)| match (v, t) {
             (None, _) => Some(None),
-            (_, Some(t)) => Some(Some(TensorType::new(t.dtype(), t.dims()))),
+            (_, Some(t)) => Some(Some(TensorType::of(t))),
             (Some(v), None) => fixed(*v).map(Some),
         })
         .collect::<Option<_>>()?;
@@ -40,6 +44,9 @@ fn evaluate(g: &Graph, n: usize, types: &[Option<kiln_graph::ValueType>], regist
     let out_types = op.infer(&args).ok()?;
     if out_types.len() < node.outputs.len() || out_types.iter().any(|t| t.checked_len().is_none_or(|n| n > MAX_FOLDED_ELEMENTS)) {
         return None;
+    }
+    if out_types.iter().any(|t| !t.is_tensor()) {
+        return None; // not a weight either
     }
     if let Some(r) = op.eval_from_types(&args) {
         return r.ok();

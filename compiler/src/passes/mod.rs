@@ -283,6 +283,7 @@ fn attr_text(a: &kiln_graph::Attr) -> String {
         Attr::Strings(v) => format!("{v:?}"),
         Attr::Tensor(t) => format!("tensor {}{:?}", t.dtype(), t.dims()),
         Attr::Graph(g) => format!("graph '{}' ({} nodes)", g.name, g.nodes.len()),
+        Attr::Type(t) => format!("type {t}"),
     }
 }
 

@@ -556,6 +556,7 @@ fn mutate_graph_io(g: &mut GraphProto, rng: &mut Rng) {
                     elem_type: 1,
                     shape: Some(TensorShapeProto { dim: vec![Dimension { value: Some(DimensionValue::DimParam("n".into())) }] }),
                 }),
+                ..Default::default()
             };
             g.input.push(ValueInfoProto { name, r#type: Some(ty) });
         }

@@ -66,7 +66,7 @@ impl Op for If {
             return Err(OpError::input(0, format!("the condition must hold one element, got {}", cond.ty)));
         }
         if let Some(values) = all_values(inputs) {
-            return Ok(self.run_known(&values)?.iter().map(|t| TensorType::new(t.dtype(), t.dims())).collect());
+            return Ok(self.run_known(&values)?.iter().map(|t| TensorType::of(t)).collect());
         }
         let outer: Vec<(TensorType, Option<&Tensor>)> = inputs[1..]
             .iter()
@@ -87,6 +87,11 @@ impl Op for If {
 
     fn eval_from_types(&self, inputs: &[Option<Arg>]) -> Option<Result<Vec<Tensor>>> {
         all_values(inputs).map(|v| self.run_known(&v))
+    }
+
+    /// Bodies may take and return sequences and optionals (run on the host anyway).
+    fn handles_containers(&self) -> bool {
+        true
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {

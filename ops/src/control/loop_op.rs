@@ -103,7 +103,7 @@ impl Loop {
         let mut args: Vec<(TensorType, Option<&Tensor>)> = vec![(TensorType::new(DType::I64, vec![]), None), (TensorType::new(DType::Bool, vec![]), None)];
         for t in inputs[2..].iter() {
             let t = t.ok_or_else(|| OpError::invalid("an input of Loop is missing"))?;
-            args.push((TensorType::new(t.dtype(), t.dims()), Some(t)));
+            args.push((TensorType::of(t), Some(t)));
         }
         let types = self.body.infer(&args, 0)?;
         let t = &types[1 + self.carried + k];
@@ -124,7 +124,7 @@ impl Op for Loop {
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
         if let Some(values) = all_values(inputs) {
-            return Ok(self.run_known(&values)?.iter().map(|t| TensorType::new(t.dtype(), t.dims())).collect());
+            return Ok(self.run_known(&values)?.iter().map(|t| TensorType::of(t)).collect());
         }
         let unknown = first_unknown(inputs);
         let needs = || OpError::NeedsValue { index: unknown, what: "the inputs of Loop (its scan outputs' lengths or its carried values' shapes depend on them)".into() };
@@ -147,6 +147,11 @@ impl Op for Loop {
 
     fn eval_from_types(&self, inputs: &[Option<Arg>]) -> Option<Result<Vec<Tensor>>> {
         all_values(inputs).map(|v| self.run_known(&v))
+    }
+
+    /// Bodies may take and return sequences and optionals (run on the host anyway).
+    fn handles_containers(&self) -> bool {
+        true
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {

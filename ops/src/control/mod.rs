@@ -86,7 +86,7 @@ impl Body {
     /// Runs the subgraph on known inputs (every node on the host).
     pub fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         self.check_count(inputs.len())?;
-        let types: Vec<TensorType> = inputs.iter().map(|t| TensorType::new(t.dtype(), t.dims())).collect();
+        let types: Vec<TensorType> = inputs.iter().map(|t| TensorType::of(t)).collect();
         let values: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
         let s = infer::specialize(&self.graph, &self.ops, &self.order, &types, &values, Limits::default()).map_err(|e| self.error(e.into_error()))?;
         if let Some(step) = s.steps.first() {
@@ -159,8 +159,14 @@ impl Memo {
     }
 }
 
-/// Writes `src` into a planned output of the same type (the CPU plan owns outputs).
+/// Writes `src` into a planned output of the same type (the CPU plan owns outputs); a
+/// sequence or optional replaces the output.
 pub(crate) fn store(out: &mut Tensor, src: &Tensor, what: &str) -> Result<()> {
+    if src.composite().is_some() {
+        // A sequence or optional is a value of the host, not bytes of a planned buffer.
+        *out = src.clone();
+        return Ok(());
+    }
     if out.dtype() != src.dtype() || out.dims() != src.dims() {
         return Err(OpError::invalid(format!("{what} is {}{:?}, but its planned type is {}{:?}", src.dtype(), src.dims(), out.dtype(), out.dims())));
     }

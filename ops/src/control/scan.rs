@@ -136,7 +136,7 @@ impl Scan {
             }
         }
         let mut result = state;
-        let types = if len == 0 { Some(self.types(&all.iter().map(|t| (TensorType::new(t.dtype(), t.dims()), Some(*t))).collect::<Vec<_>>())?) } else { None };
+        let types = if len == 0 { Some(self.types(&all.iter().map(|t| (TensorType::of(*t), Some(*t))).collect::<Vec<_>>())?) } else { None };
         for (k, mut parts) in elems.into_iter().enumerate() {
             if let Some(types) = &types {
                 let ty = &types[self.states + k];

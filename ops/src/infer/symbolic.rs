@@ -194,7 +194,10 @@ fn probe(graph: &Graph, ops: &[Box<dyn Op>], order: &[NodeId]) -> Option<(Vec<St
                 Dim::Fixed(n) => *n,
                 Dim::Sym(s) => p[names.iter().position(|x| x == s).expect("collected above")] as usize,
             });
-            types.push(TensorType::new(ty.dtype, dims.collect::<Vec<_>>()));
+            types.push(match ty.kind {
+                kiln_graph::ValueKind::Tensor => TensorType::new(ty.dtype, dims.collect::<Vec<_>>()),
+                kind => TensorType::container(kind, ty.dtype),
+            });
         }
         let mut walk = Walk::new(graph, &types, &vec![None; types.len()], Limits::default());
         failures.push(walk.run(graph, ops, order).err());
@@ -266,9 +269,13 @@ impl ProbeSet<'_> {
 
     /// Value `v`'s dtype and fitted shape (unknown dims as `?`).
     fn value_type(&self, v: ValueId) -> Option<kiln_graph::ValueType> {
-        let dtype = self.walks.first()?.types[v].as_ref()?.dtype;
+        let ty = self.walks.first()?.types[v].as_ref()?;
+        let dtype = ty.dtype;
+        if !ty.is_tensor() {
+            return Some(kiln_graph::ValueType::container(ty.kind, dtype, Shape::default()));
+        }
         let dims = self.shape(v)?;
-        Some(kiln_graph::ValueType { dtype, shape: Shape(dims.into_iter().map(|d| d.map_or(Dim::Sym("?".into()), |e| self.dim(&e))).collect()) })
+        Some(kiln_graph::ValueType { kind: kiln_graph::ValueKind::Tensor, dtype, shape: Shape(dims.into_iter().map(|d| d.map_or(Dim::Sym("?".into()), |e| self.dim(&e))).collect()) })
     }
 
     /// Fitted dims of value `v` (None per dim that does not fit; None if untyped).
@@ -282,6 +289,9 @@ impl ProbeSet<'_> {
     }
 
     fn input(&self, v: ValueId) -> Option<SymInput> {
+        if !self.walks.first()?.types[v].as_ref()?.is_tensor() {
+            return None;
+        }
         let dims: Vec<SymExpr> = self.shape(v)?.into_iter().collect::<Option<_>>()?;
         let dtype = self.walks[0].types[v].as_ref()?.dtype;
         let values: Vec<Option<&Tensor>> = self.walks.iter().map(|w| w.constants.get(&v)).collect();

@@ -112,7 +112,7 @@ impl Walk {
         let mut types: Vec<Option<TensorType>> = vec![None; graph.values.len()];
         let mut constants: HashMap<ValueId, Tensor> = HashMap::new();
         for (&v, t) in &graph.initializers {
-            types[v] = Some(TensorType::new(t.dtype(), t.dims()));
+            types[v] = Some(TensorType::of(t));
             constants.insert(v, t.clone());
         }
         for (&v, t) in graph.inputs.iter().zip(input_types) {
@@ -134,7 +134,7 @@ impl Walk {
             walk.types[*v] = Some(t.clone());
         }
         for (v, t) in values {
-            walk.types[*v] = Some(TensorType::new(t.dtype(), t.dims()));
+            walk.types[*v] = Some(TensorType::of(t));
             walk.constants.insert(*v, t.clone());
         }
         walk
@@ -179,6 +179,12 @@ impl Walk {
             let what = format!("dtype {} is supported only by Cast, CastLike, QuantizeLinear, DequantizeLinear and reshapes (cast it first)", a.dtype());
             return Err(InferError::node(node, OpError::input(i, what)).into());
         }
+        if !op.handles_containers() {
+            if let Some((i, a)) = args.iter().enumerate().find_map(|(i, a)| a.filter(|a| !a.ty.is_tensor()).map(|a| (i, a))) {
+                let what = format!("{} is not a tensor, and {} takes tensors only", a.ty, node.op_type);
+                return Err(InferError::node(node, OpError::input(i, what)).into());
+            }
+        }
         let out_types = match op.infer(&args) {
             Ok(t) => t,
             Err(OpError::NeedsValue { index, what }) => {
@@ -202,6 +208,19 @@ impl Walk {
             out_bytes += bytes.unwrap_or(0);
         }
         let all_const = node.inputs.iter().flatten().all(|v| constants.contains_key(v));
+        // Sequences and optionals live on the host: a node that sees one is folded once
+        // its inputs are known (sessions evaluate it between stages), never a device step.
+        let containers = args.iter().flatten().any(|a| !a.ty.is_tensor()) || out_types.iter().any(|t| !t.is_tensor());
+        if containers && !all_const {
+            let index = node.inputs.iter().position(|v| v.is_some_and(|v| !constants.contains_key(&v))).unwrap_or(0);
+            let what = format!("the value of input {index} (a node over sequences or optionals runs on the host, from known inputs)");
+            let error = InferError::node(node, OpError::NeedsValue { index, what });
+            let inputs = node.inputs.get(index).copied().flatten().map(|v| unknown_sources(graph, constants, v)).unwrap_or_default();
+            return Err(SpecializeError::NeedsValue { inputs, error });
+        }
+        if containers && (op.cpu().is_none() || op.varies_between_runs()) {
+            return Err(InferError::node(node, OpError::Unsupported("a node over sequences or optionals needs a CPU kernel that gives the same outputs on every run (it runs on the host)".into())).into());
+        }
         let mut values: Option<Vec<Tensor>> = match op.eval_from_types(&args) {
             Some(r) => Some(r.map_err(|e| InferError::node(node, e))?),
             None => None,

@@ -30,6 +30,19 @@ impl Op for Identity {
     fn is_view(&self) -> bool {
         true
     }
+
+    /// Passes sequences and optionals through too (on the host).
+    fn handles_containers(&self) -> bool {
+        true
+    }
+
+    fn eval_from_types(&self, inputs: &[Option<Arg>]) -> Option<Result<Vec<Tensor>>> {
+        let x = inputs.first().copied().flatten()?;
+        if x.ty.is_tensor() {
+            return None;
+        }
+        Some(x.value.map(|v| vec![v.clone()]).ok_or_else(|| OpError::NeedsValue { index: 0, what: "the sequence or optional".into() }))
+    }
 }
 
 /// Dropout at inference: output = input; the mask output (if wanted) is all true.

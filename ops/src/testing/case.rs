@@ -181,7 +181,10 @@ impl Case {
                 Input::Data(t) => {
                     let name = format!("x{i}");
                     feeds.push((name.clone(), t.clone()));
-                    Some(b.input(&name, t.dtype(), t.dims()))
+                    Some(match t.kind() {
+                        kiln_graph::ValueKind::Tensor => b.input(&name, t.dtype(), t.dims()),
+                        kind => b.input_typed(&name, kiln_graph::ValueType::container(kind, t.dtype(), kiln_graph::Shape::default())),
+                    })
                 }
                 Input::Const(t) => Some(b.constant(&format!("c{i}"), t.clone())),
                 Input::Omitted => None,
@@ -243,5 +246,6 @@ fn attr_text(a: &Attr) -> String {
         Attr::Floats(v) => format!("{v:?}"),
         Attr::Strings(v) => format!("{v:?}"),
         Attr::Graph(g) => format!("graph '{}' ({} nodes)", g.name, g.nodes.len()),
+        Attr::Type(t) => t.to_string(),
     }
 }

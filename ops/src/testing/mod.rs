@@ -34,7 +34,7 @@ pub fn make(op_type: &str, opset: i64, attrs: &[(&str, Attr)], n_in: usize, n_ou
 /// `tunes` (an op without a WGSL kernel, or refusing these inputs with
 /// `OpError::Unsupported`, is left to the CPU). Returns the CPU outputs.
 pub fn run(op: &dyn Op, inputs: &[Input], tunes: &[TuneValues]) -> Result<Vec<Tensor>> {
-    let types: Vec<Option<TensorType>> = inputs.iter().map(|x| x.tensor().map(|t| TensorType::new(t.dtype(), t.dims()))).collect();
+    let types: Vec<Option<TensorType>> = inputs.iter().map(|x| x.tensor().map(|t| TensorType::of(t))).collect();
     let args: Vec<Option<Arg>> =
         types.iter().zip(inputs).map(|(ty, x)| ty.as_ref().map(|ty| Arg { ty, value: x.known_value() })).collect();
     let out_types = op.infer(&args)?;
@@ -42,7 +42,7 @@ pub fn run(op: &dyn Op, inputs: &[Input], tunes: &[TuneValues]) -> Result<Vec<Te
     let mut outs: Vec<Tensor> = out_types.iter().map(|t| Tensor::zeros(t.dtype, &t.dims)).collect();
     op.cpu().ok_or_else(|| OpError::Unsupported(format!("{} has no CPU kernel", op.name())))?.run(&tensors, &mut outs)?;
     for (k, (o, t)) in outs.iter().zip(&out_types).enumerate() {
-        assert_eq!((o.dtype(), o.dims()), (t.dtype, t.dims.as_slice()), "{} output {k}: the CPU kernel's type differs from the inferred one", op.name());
+        assert_eq!((o.dtype(), o.dims(), o.kind()), (t.dtype, t.dims.as_slice(), t.kind), "{} output {k}: the CPU kernel's type differs from the inferred one", op.name());
     }
     if let Some(k) = op.wgsl() {
         for tune in std::iter::once(&TuneValues::default()).chain(tunes) {
@@ -61,7 +61,7 @@ pub fn run(op: &dyn Op, inputs: &[Input], tunes: &[TuneValues]) -> Result<Vec<Te
 /// entry, one at a time (the others at their defaults). Returns `(variant name,
 /// outputs)` pairs; the candidate name is `param=value`.
 pub fn run_cpu_variants(op: &dyn Op, inputs: &[Input]) -> Result<Vec<(String, Vec<Tensor>)>> {
-    let types: Vec<Option<TensorType>> = inputs.iter().map(|x| x.tensor().map(|t| TensorType::new(t.dtype(), t.dims()))).collect();
+    let types: Vec<Option<TensorType>> = inputs.iter().map(|x| x.tensor().map(|t| TensorType::of(t))).collect();
     let args: Vec<Option<Arg>> =
         types.iter().zip(inputs).map(|(ty, x)| ty.as_ref().map(|ty| Arg { ty, value: x.known_value() })).collect();
     let out_types = op.infer(&args)?;

@@ -113,6 +113,7 @@ pub fn attrs_text(node: &Node) -> String {
             Attr::Floats(v) => write!(s, "{k}=[{}]", v.iter().map(|f| format!("{:08x}f", f.to_bits())).collect::<Vec<_>>().join(",")),
             Attr::Strings(v) => write!(s, "{k}={v:?}"),
             Attr::Graph(g) => write!(s, "{k}=graph#{}", hash::hex(format!("{g:?}").as_bytes())),
+            Attr::Type(t) => write!(s, "{k}=type({t})"),
         };
     }
     s
