@@ -229,7 +229,7 @@ impl Requantize {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::pack_pairs_avx2;
+pub(crate) use x86::{pack_pairs_avx2, store_tile_avx2};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -322,6 +322,49 @@ mod x86 {
             }
         }
         (nv, kv)
+    }
+
+    /// Stores a requantized full tile (`vals[j][l]`: pixel j, channel l, each within
+    /// the 8-bit output's range) into an NCHW output: 6 bytes at `dst + l * plane` for
+    /// each channel `l < channels`, through byte packs and an 8 x 16 byte transpose.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn store_tile_avx2(vals: &[[i32; CH]; PX], signed: bool, dst: *mut u8, plane: usize, channels: usize) {
+        let mut rows = [_mm_setzero_si128(); 8];
+        for (j, row) in rows.iter_mut().enumerate().take(PX) {
+            let p = vals[j].as_ptr() as *const __m256i;
+            // i16 of channels 0-3, 8-11 | 4-7, 12-15, put in order.
+            let w = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1))), 0b11_01_10_00);
+            let (lo, hi) = (_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+            *row = if signed { _mm_packs_epi16(lo, hi) } else { _mm_packus_epi16(lo, hi) };
+        }
+        // t: channel-interleaved pixel pairs; u: 4 pixels per channel; w: 8 per channel.
+        let t: [__m128i; 8] = [
+            _mm_unpacklo_epi8(rows[0], rows[1]),
+            _mm_unpackhi_epi8(rows[0], rows[1]),
+            _mm_unpacklo_epi8(rows[2], rows[3]),
+            _mm_unpackhi_epi8(rows[2], rows[3]),
+            _mm_unpacklo_epi8(rows[4], rows[5]),
+            _mm_unpackhi_epi8(rows[4], rows[5]),
+            _mm_unpacklo_epi8(rows[6], rows[7]),
+            _mm_unpackhi_epi8(rows[6], rows[7]),
+        ];
+        // u[h][q]: pixels 4h..4h + 4 of channels 4q..4q + 4.
+        let u = |h: usize| {
+            let (a, b, c, d) = (t[4 * h], t[4 * h + 2], t[4 * h + 1], t[4 * h + 3]);
+            [_mm_unpacklo_epi16(a, b), _mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(c, d), _mm_unpackhi_epi16(c, d)]
+        };
+        let (u0, u1) = (u(0), u(1));
+        for q in 0..4 {
+            for (half, w) in [_mm_unpacklo_epi32(u0[q], u1[q]), _mm_unpackhi_epi32(u0[q], u1[q])].into_iter().enumerate() {
+                for k in 0..2 {
+                    let l = 4 * q + 2 * half + k;
+                    if l < channels {
+                        let bytes = (if k == 0 { _mm_cvtsi128_si64(w) } else { _mm_extract_epi64(w, 1) } as u64).to_le_bytes();
+                        std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.add(l * plane), PX);
+                    }
+                }
+            }
+        }
     }
 
     /// [`super::Requantize::tile`] eight lanes at a time.

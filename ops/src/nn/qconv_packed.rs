@@ -174,6 +174,8 @@ struct Run<'a> {
     /// The output range less y's zero point, and y's zero point.
     bounds: (f32, f32, i32),
     out: SharedPtr<u8>,
+    /// Whether the 8-bit output is signed.
+    y_signed: bool,
 }
 unsafe impl Send for Run<'_> {}
 unsafe impl Sync for Run<'_> {}
@@ -189,7 +191,8 @@ impl CpuKernel for PackedIntConv {
 
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.pack_input(x.bytes(), zx, &mut scratch);
-        let run = Run { xs: scratch.as_ptr(), shift: &shift, mult: &mult, bounds, out: SharedPtr(y.bytes_mut().as_mut_ptr()) };
+        let y_signed = y.dtype() == DType::I8;
+        let run = Run { xs: scratch.as_ptr(), shift: &shift, mult: &mult, bounds, out: SharedPtr(y.bytes_mut().as_mut_ptr()), y_signed };
 
         let tiles = p.geo.output_size().div_ceil(PX);
         let chunks = tiles.div_ceil(TILES_PER_CHUNK);
@@ -390,6 +393,11 @@ impl PackedIntConv {
                     Some(r) => {
                         r.tile(self.isa, &c, &mut vals);
                         let dst = run.out.get();
+                        #[cfg(target_arch = "x86_64")]
+                        if count == PX && self.isa != Int8Isa::Portable {
+                            int8_kernel::store_tile_avx2(&vals, run.y_signed, dst.add(at), plane, mcount);
+                            continue;
+                        }
                         for l in 0..mcount {
                             for (j, row) in vals.iter().enumerate().take(count) {
                                 *dst.add(at + l * plane + j) = row[l] as u8;

@@ -119,8 +119,15 @@ fn qlinear_conv_variants_equal_the_exact_reference() {
         let (acc, x, w, zx, zw) = c.sums(10 + n as u64);
         let bias: Vec<i32> = (0..m as i32).map(|i| (i * 7919) % 2001 - 1000).collect();
         let sw: Vec<f32> = (0..m).map(|i| 0.0021 + 0.0003 * i as f32).collect();
-        let (sx, sy, zy) = (0.0371f32, 0.0213f32, if n % 2 == 0 { 0u8 } else { 128 });
-        let dy = DType::U8;
+        // Unsigned outputs, and every third case signed.
+        let dy = if n % 3 == 2 { DType::I8 } else { DType::U8 };
+        let zy: i32 = match (dy, n % 2) {
+            (DType::U8, 0) | (_, 0) => 0,
+            (DType::U8, _) => 128,
+            _ => -5,
+        };
+        let (lo, hi) = if dy == DType::I8 { (-128.0, 127.0) } else { (0.0, 255.0) };
+        let (sx, sy) = (0.0371f32, 0.0213f32);
         let plane: usize = c.out().iter().product();
         let want: Vec<f64> = acc
             .iter()
@@ -128,7 +135,7 @@ fn qlinear_conv_variants_equal_the_exact_reference() {
             .map(|(i, &a)| {
                 let ch = (i / plane) % m;
                 let v = ((a as i32 + bias[ch]) as f32 * (sx * sw[ch] / sy)).round_ties_even() + zy as f32;
-                v.clamp(0.0, 255.0) as f64
+                v.clamp(lo, hi) as f64
             })
             .collect();
         let op = make("QLinearConv", 10, &c.attrs(), 9, 1).unwrap();
@@ -140,7 +147,7 @@ fn qlinear_conv_variants_equal_the_exact_reference() {
             Tensor::from_vec(&[m], sw).unwrap(),
             zw,
             Tensor::scalar(sy),
-            Tensor::from_bytes(dy, &[], &[zy]).unwrap(),
+            Tensor::from_f64(dy, &[], &[zy as f64]).unwrap(),
             Tensor::from_vec(&[m], bias).unwrap(),
         ];
         let refs: Vec<Option<&Tensor>> = t.iter().map(Some).collect();
