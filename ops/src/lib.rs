@@ -32,6 +32,7 @@ mod rnn;
 mod random;
 mod signal;
 mod tensor;
+mod text;
 mod training;
 
 pub use cpu::CpuKernel;
