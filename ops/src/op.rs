@@ -116,8 +116,9 @@ pub trait Op: Send + Sync + fmt::Debug {
         self.is_view()
     }
 
-    /// True when the op takes string inputs (`DType::String`): the string ops, Equal,
-    /// Cast, CastLike, Shape, Size and the views. Inference refuses string inputs for
+    /// True when the op takes string inputs (`DType::String`): the string ops,
+    /// LabelEncoder, ArrayFeatureExtractor, TfIdfVectorizer (with `pool_strings`), Equal,
+    /// Cast, CastLike, Concat, Shape, Size and the views. Inference refuses string inputs for
     /// every other op, naming it. Steps that touch strings run on the host.
     fn handles_strings(&self) -> bool {
         self.is_view()

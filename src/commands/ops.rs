@@ -20,7 +20,7 @@ fn dtypes(json: bool) -> Result<()> {
             (d, if d.is_narrow() {
                 "Cast, CastLike, QuantizeLinear, DequantizeLinear, reshapes"
             } else if d.is_string() {
-                "string ops, LabelEncoder, Equal, Cast, CastLike, Shape, Size, reshapes (on the host)"
+                "string ops, LabelEncoder, ArrayFeatureExtractor, TfIdfVectorizer, Equal, Cast, CastLike, Concat, Shape, Size, reshapes (on the host)"
             } else {
                 "every op that takes the type"
             })
