@@ -639,17 +639,28 @@ fn unsupported_input_types() {
 #[test]
 fn constant_that_cannot_fold_is_reported() {
     let m = M::new(vec![
-        with_attrs(node("Constant", "c", &[], &["c"]), vec![attr_s("value_string", "hello")]),
+        with_attrs(node("Constant", "c", &[], &["c"]), vec![attr_s("value_string", "hello"), attr_f("value_float", 1.0)]),
         node("Add", "a", &["x", "c"], &["y"]),
     ]);
     let e = import_unchecked(m).unwrap();
     assert_eq!(e.nodes[0].op_type, "Constant", "kept as a node when unchecked");
     let m = M::new(vec![
-        with_attrs(node("Constant", "c", &[], &["c"]), vec![attr_s("value_string", "hello")]),
+        with_attrs(node("Constant", "c", &[], &["c"]), vec![attr_s("value_string", "hello"), attr_f("value_float", 1.0)]),
         node("Add", "a", &["x", "c"], &["y"]),
     ]);
     let e = import(m).unwrap_err().to_string();
     assert!(e.contains("Constant"), "{e}");
+}
+
+#[test]
+fn string_constants_fold() {
+    let m = M::new(vec![
+        with_attrs(node("Constant", "c", &[], &["c"]), vec![attr_s("value_string", "hello")]),
+        node("Identity", "i", &["c"], &["y"]),
+    ]);
+    let g = import(m).unwrap();
+    let c = &g.initializers[&g.find_value("c").unwrap()];
+    assert_eq!((c.dims(), c.as_strings().unwrap()), (&[][..], &["hello".to_string()][..]));
 }
 
 /// A subgraph attribute named `name` whose graph computes `nodes` and returns `outputs`.
