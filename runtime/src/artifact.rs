@@ -418,6 +418,22 @@ mod tests {
     }
 
     #[test]
+    fn string_tensors_are_refused_by_name() {
+        let strings = || Tensor::from_strings(&[1], vec!["a".into()]).unwrap();
+        let mut g = graph();
+        let w = g.find_value("w").unwrap();
+        g.initializers.insert(w, strings());
+        let p = tmp("strings.kiln");
+        let e = save(&p, &g, &ArtifactInfo::default()).unwrap_err().to_string();
+        assert!(e.contains("constant 'w'") && e.contains("string tensor"), "{e}");
+        let mut g = graph();
+        g.nodes[0].attrs.insert("note".into(), Attr::Tensor(strings()));
+        let e = save(&p, &g, &ArtifactInfo::default()).unwrap_err().to_string();
+        assert!(e.contains("attribute 'note'") && e.contains("string tensor"), "{e}");
+        assert!(!p.exists());
+    }
+
+    #[test]
     fn round_trip_keeps_the_graph() {
         let g = graph();
         let p = tmp("rt.kiln");
