@@ -144,6 +144,11 @@ fn input_dims(ty: &ValueType, dims: &HashMap<String, usize>) -> Vec<usize> {
 pub fn random_tensor(dtype: DType, shape: &[usize], seed: u64) -> Result<Tensor> {
     let mut t = Tensor::try_zeros(dtype, shape)?;
     let mut rng = Rng::new(seed);
+    if dtype == DType::String {
+        // Strings of the integers 0..10 (what a string input holds is the model's business).
+        let v: Vec<String> = (0..t.len()).map(|_| (((rng.next_f32() as f64 + 1.0) * 5.0).floor() as i64).to_string()).collect();
+        return Ok(Tensor::from_strings(shape, v)?);
+    }
     let mut next = move || {
         let r = rng.next_f32() as f64;
         if dtype.is_float() || dtype.is_narrow_float() {
@@ -208,6 +213,10 @@ pub fn complete_inputs(session: &Session, given: Vec<(String, Tensor)>, dims: &H
 
 /// A short summary of a tensor's values.
 pub fn summary(t: &Tensor) -> String {
+    if let Ok(s) = t.as_strings() {
+        let head: Vec<String> = s.iter().take(5).map(|x| format!("{x:?}")).collect();
+        return format!("[{}{}]", head.join(", "), if s.len() > 5 { ", ..." } else { "" });
+    }
     let v = t.to_f64_vec();
     if v.is_empty() {
         return "(empty)".into();
@@ -261,7 +270,8 @@ mod tests {
 
     #[test]
     fn random_tensors_of_every_dtype() {
-        for dtype in DType::ALL {
+        assert_eq!(summary(&random_tensor(DType::String, &[7], 3).unwrap()).matches(',').count(), 5);
+        for dtype in DType::ALL.into_iter().chain([DType::String]) {
             let t = random_tensor(dtype, &[3, 4], 7).unwrap();
             assert_eq!((t.dtype(), t.dims()), (dtype, &[3usize, 4][..]));
             assert_eq!(t, random_tensor(dtype, &[3, 4], 7).unwrap());

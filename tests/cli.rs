@@ -323,4 +323,6 @@ fn ops_lists_operators_and_dtypes() {
     let f8 = list.as_array().unwrap().iter().find(|d| d["dtype"] == "f8e4m3fn").expect("float8 listed");
     assert_eq!(f8["onnx"], 17);
     assert!(f8["ops"].as_str().unwrap().contains("QuantizeLinear"));
+    let st = list.as_array().unwrap().iter().find(|d| d["dtype"] == "string").expect("string listed");
+    assert_eq!(st["onnx"], 8);
 }

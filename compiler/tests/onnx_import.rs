@@ -268,6 +268,7 @@ fn initializers_of_every_dtype() {
             DType::F4E2M1 | DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
                 typed.int32_data = kiln_graph::narrow::pack(dtype, b).iter().map(|&v| v as i32).collect()
             }
+            DType::String => unreachable!("DType::ALL holds the byte dtypes"),
         }
         for proto in [raw("w", &t), typed] {
             let mut m = M::new(vec![node("Relu", "r", &["x"], &["y"])]);
@@ -286,6 +287,19 @@ fn initializers_of_every_dtype() {
     assert!(onnx::tensor_from_proto(&short, None).unwrap_err().to_string().contains("packs into 2"));
 }
 
+/// STRING tensors: string_data, one UTF-8 string per element, round trip.
+#[test]
+fn string_initializers() {
+    let p = TensorProto { name: "s".into(), dims: vec![2], data_type: 8, string_data: vec![b"a".to_vec(), "é".as_bytes().to_vec()], ..Default::default() };
+    let t = onnx::tensor_from_proto(&p, None).unwrap();
+    assert_eq!((t.dtype(), t.as_strings().unwrap()), (DType::String, &["a".to_string(), "é".to_string()][..]));
+    assert_eq!(onnx::tensor_to_proto("s", &t), p);
+    let mut m = M::new(vec![node("Identity", "i", &["s"], &["y"])]);
+    m.inits.push(p);
+    let g = import(m).unwrap();
+    assert_eq!(g.initializers[&g.find_value("s").unwrap()], t);
+}
+
 #[test]
 fn bad_initializers() {
     let bad = |p: TensorProto| {
@@ -294,7 +308,11 @@ fn bad_initializers() {
         import(m).unwrap_err().to_string()
     };
     let e = bad(TensorProto { name: "s".into(), dims: vec![1], data_type: 8, ..Default::default() });
-    assert!(e.contains("'s'") && e.contains("string tensors"), "{e}");
+    assert!(e.contains("'s'") && e.contains("string_data has 0 values"), "{e}");
+    let e = bad(TensorProto { name: "s".into(), dims: vec![1], data_type: 8, string_data: vec![vec![0xff]], ..Default::default() });
+    assert!(e.contains("'s'") && e.contains("not valid UTF-8"), "{e}");
+    let e = bad(TensorProto { name: "s".into(), dims: vec![1], data_type: 8, raw_data: vec![b'a'].into(), ..Default::default() });
+    assert!(e.contains("string_data, not in raw"), "{e}");
     let e = bad(TensorProto { name: "c".into(), dims: vec![1], data_type: 14, ..Default::default() });
     assert!(e.contains("COMPLEX64"), "{e}");
     let e = bad(TensorProto { name: "f".into(), dims: vec![4], data_type: 1, float_data: vec![1.0], ..Default::default() });
@@ -600,16 +618,18 @@ fn missing_file() {
 
 #[test]
 fn unsupported_input_types() {
-    let mut m = M::new(vec![node("Relu", "r", &["x"], &["y"])]);
-    m.inputs = vec![ValueInfoProto {
-        name: "x".into(),
-        r#type: Some(TypeProto {
-            tensor_type: Some(TypeProtoTensor { elem_type: 8, shape: Some(TensorShapeProto { dim: vec![d(2)] }) }),
-            ..Default::default()
-        }),
-    }];
-    let e = import(m).unwrap_err().to_string();
-    assert!(e.contains("graph input 'x'") && e.contains("STRING"), "{e}");
+    let model = |elem_type: i32| {
+        let mut m = M::new(vec![node("Identity", "r", &["x"], &["y"])]);
+        m.inputs = vec![ValueInfoProto {
+            name: "x".into(),
+            r#type: Some(TypeProto { tensor_type: Some(TypeProtoTensor { elem_type, shape: Some(TensorShapeProto { dim: vec![d(2)] }) }), ..Default::default() }),
+        }];
+        m
+    };
+    let g = import(model(8)).unwrap();
+    assert_eq!(g.values[g.inputs[0]].ty.as_ref().map(|t| t.dtype), Some(DType::String));
+    let e = import(model(14)).unwrap_err().to_string();
+    assert!(e.contains("graph input 'x'") && e.contains("COMPLEX64"), "{e}");
     // A non-tensor type (or an unknown rank) leaves the type unknown.
     let mut m = M::new(vec![node("Relu", "r", &["x"], &["y"])]);
     m.inputs = vec![ValueInfoProto { name: "x".into(), r#type: Some(TypeProto::default()) }];
@@ -620,17 +640,28 @@ fn unsupported_input_types() {
 #[test]
 fn constant_that_cannot_fold_is_reported() {
     let m = M::new(vec![
-        with_attrs(node("Constant", "c", &[], &["c"]), vec![attr_s("value_string", "hello")]),
+        with_attrs(node("Constant", "c", &[], &["c"]), vec![attr_s("value_string", "hello"), attr_f("value_float", 1.0)]),
         node("Add", "a", &["x", "c"], &["y"]),
     ]);
     let e = import_unchecked(m).unwrap();
     assert_eq!(e.nodes[0].op_type, "Constant", "kept as a node when unchecked");
     let m = M::new(vec![
-        with_attrs(node("Constant", "c", &[], &["c"]), vec![attr_s("value_string", "hello")]),
+        with_attrs(node("Constant", "c", &[], &["c"]), vec![attr_s("value_string", "hello"), attr_f("value_float", 1.0)]),
         node("Add", "a", &["x", "c"], &["y"]),
     ]);
     let e = import(m).unwrap_err().to_string();
     assert!(e.contains("Constant"), "{e}");
+}
+
+#[test]
+fn string_constants_fold() {
+    let m = M::new(vec![
+        with_attrs(node("Constant", "c", &[], &["c"]), vec![attr_s("value_string", "hello")]),
+        node("Identity", "i", &["c"], &["y"]),
+    ]);
+    let g = import(m).unwrap();
+    let c = &g.initializers[&g.find_value("c").unwrap()];
+    assert_eq!((c.dims(), c.as_strings().unwrap()), (&[][..], &["hello".to_string()][..]));
 }
 
 /// A subgraph attribute named `name` whose graph computes `nodes` and returns `outputs`.

@@ -40,9 +40,14 @@ pub enum DType {
     I2,
     /// 2-bit unsigned integer (one byte per element).
     U2,
+    /// UTF-8 strings. Not bytes: a string tensor holds Rust `String`s (see
+    /// [`crate::Tensor::as_strings`]), lives on the host and never in an arena or a GPU
+    /// buffer; only the ops that say so take it (`Op::handles_strings`).
+    String,
 }
 
 impl DType {
+    /// The dtypes stored as bytes (every dtype but [`DType::String`]).
     pub const ALL: [DType; 23] = [
         DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::I16, DType::I32,
         DType::I64, DType::U8, DType::U16, DType::U32, DType::U64, DType::Bool,
@@ -66,7 +71,15 @@ impl DType {
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
+            // Nominal (a handle per element): what memory plans and limits count; the
+            // characters live on the heap.
+            DType::String => 8,
         }
+    }
+
+    /// True for [`DType::String`], the one dtype whose elements are not bytes.
+    pub fn is_string(self) -> bool {
+        self == DType::String
     }
 
     pub fn is_float(self) -> bool {
@@ -127,12 +140,13 @@ impl DType {
             DType::F8E8M0 => 24,
             DType::U2 => 25,
             DType::I2 => 26,
+            DType::String => 8,
         }
     }
 
     /// The dtype for an ONNX TensorProto.DataType code, if Kiln supports it.
     pub fn from_onnx_code(code: i32) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.onnx_code() == code)
+        DType::ALL.into_iter().chain([DType::String]).find(|d| d.onnx_code() == code)
     }
 
     /// Short lowercase name, as in `f32`, `i64`, `bool`.
@@ -161,6 +175,7 @@ impl DType {
             DType::U4 => "u4",
             DType::I2 => "i2",
             DType::U2 => "u2",
+            DType::String => "string",
         }
     }
 

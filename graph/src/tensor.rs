@@ -14,6 +14,9 @@ use std::sync::Arc;
 ///
 /// Bytes live in 8-byte aligned storage so that they can be viewed as any element
 /// type without copying. Bool tensors hold one byte (0 or 1) per element.
+/// String tensors ([`DType::String`]) hold `String`s instead, always on the heap:
+/// they have no bytes ([`Tensor::bytes`] is empty), are read through
+/// [`Tensor::as_strings`], and cannot be placed in an arena or read as numbers.
 /// Cloning is cheap (the storage is shared, copy-on-write), except for tensors placed
 /// in a memory plan's arena ([`WordMemory`]), whose clones copy their bytes out.
 pub struct Tensor {
@@ -33,6 +36,8 @@ enum Storage {
     Shared { bytes: Arc<dyn AsRef<[u8]> + Send + Sync>, offset: usize },
     /// No bytes: a sequence or an optional ([`Tensor::from_value`]).
     Composite(Arc<Value>),
+    /// The elements of a string tensor, shared copy-on-write between clones and views.
+    Strings(Arc<Vec<String>>),
 }
 
 impl Clone for Tensor {
@@ -42,6 +47,7 @@ impl Clone for Tensor {
             Storage::Arena { .. } => Storage::Heap(Arc::new(self.copied_words())),
             Storage::Shared { bytes, offset } => Storage::Shared { bytes: bytes.clone(), offset: *offset },
             Storage::Composite(v) => Storage::Composite(v.clone()),
+            Storage::Strings(v) => Storage::Strings(v.clone()),
         };
         Tensor { dtype: self.dtype, dims: self.dims.clone(), data, len_bytes: self.len_bytes }
     }
@@ -74,8 +80,13 @@ impl Tensor {
     /// A tensor of zeros; an error naming the dims and dtype when its size overflows.
     /// (Whether the memory is available is the caller's limit to check: this only
     /// guarantees that the size is computed without wrapping.)
+    /// A string tensor holds empty strings.
     pub fn try_zeros(dtype: DType, dims: &[usize]) -> Result<Tensor> {
         let len_bytes = size::bytes(dtype, dims)?;
+        if dtype == DType::String {
+            let n = len_bytes / dtype.size();
+            return Ok(Tensor { dtype, dims: dims.to_vec(), data: Storage::Strings(Arc::new(vec![String::new(); n])), len_bytes });
+        }
         Ok(Tensor { dtype, dims: dims.to_vec(), data: Storage::Heap(Arc::new(vec![0u64; words(len_bytes)])), len_bytes })
     }
 
@@ -99,8 +110,39 @@ impl Tensor {
         Tensor::from_bytes(DType::Bool, dims, &bytes)
     }
 
-    /// A tensor from little-endian raw bytes.
+    /// A string tensor ([`DType::String`]) from its elements in row-major order.
+    pub fn from_strings(dims: &[usize], values: Vec<String>) -> Result<Tensor> {
+        let len_bytes = size::bytes(DType::String, dims)?;
+        if len_bytes / DType::String.size() != values.len() {
+            return Err(GraphError::BadTensor {
+                name: String::new(),
+                what: format!("{} strings given for a string tensor of shape {dims:?}", values.len()),
+            });
+        }
+        Ok(Tensor { dtype: DType::String, dims: dims.to_vec(), data: Storage::Strings(Arc::new(values)), len_bytes })
+    }
+
+    /// The elements of a string tensor; an error for other dtypes.
+    pub fn as_strings(&self) -> Result<&[String]> {
+        match &self.data {
+            Storage::Strings(v) => Ok(v),
+            _ => Err(GraphError::BadTensor { name: String::new(), what: format!("a {} tensor was read as strings", self.dtype) }),
+        }
+    }
+
+    /// The elements of a string tensor, writable (copied first when shared).
+    pub fn as_strings_mut(&mut self) -> Result<&mut [String]> {
+        match &mut self.data {
+            Storage::Strings(v) => Ok(Arc::make_mut(v).as_mut_slice()),
+            _ => Err(GraphError::BadTensor { name: String::new(), what: format!("a {} tensor was written as strings", self.dtype) }),
+        }
+    }
+
+    /// A tensor from little-endian raw bytes (not for strings, which have no bytes).
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor> {
+        if dtype == DType::String {
+            return Err(GraphError::BadTensor { name: String::new(), what: "a string tensor cannot be made from bytes".into() });
+        }
         let expected = size::bytes(dtype, dims).ok();
         if expected != Some(bytes.len()) {
             return Err(GraphError::BadTensor {
@@ -123,6 +165,9 @@ impl Tensor {
     /// Until this tensor and every view made from it are dropped, no other tensor may
     /// be placed on an overlapping range of `arena`.
     pub unsafe fn in_arena<A: WordMemory + 'static>(dtype: DType, dims: &[usize], arena: &Arc<A>, offset: usize) -> Result<Tensor> {
+        if dtype == DType::String {
+            return Err(GraphError::BadTensor { name: String::new(), what: "string tensors live on the heap, never in an arena".into() });
+        }
         let len_bytes = size::bytes(dtype, dims).ok();
         match len_bytes {
             Some(n) if offset.checked_add(words(n)).is_some_and(|end| end <= arena.words()) => {
@@ -139,6 +184,9 @@ impl Tensor {
     /// memory-mapped file); a write copies them first. Bytes that are not 8-byte aligned
     /// in memory are copied at once.
     pub fn from_shared(dtype: DType, dims: &[usize], bytes: Arc<dyn AsRef<[u8]> + Send + Sync>, offset: usize) -> Result<Tensor> {
+        if dtype == DType::String {
+            return Err(GraphError::BadTensor { name: String::new(), what: "a string tensor cannot be read from shared bytes".into() });
+        }
         let n = size::bytes(dtype, dims).ok();
         let all = (*bytes).as_ref();
         let Some(part) = n.and_then(|n| all.get(offset..offset.checked_add(n)?)) else {
@@ -222,6 +270,7 @@ impl Tensor {
         self.len() == 0
     }
 
+    /// The elements' bytes; empty for a string tensor (see [`Tensor::as_strings`]).
     pub fn bytes(&self) -> &[u8] {
         match &self.data {
             Storage::Heap(v) => &bytemuck::cast_slice::<u64, u8>(v)[..self.len_bytes],
@@ -230,6 +279,7 @@ impl Tensor {
             Storage::Arena { arena, offset, .. } => unsafe { std::slice::from_raw_parts(arena.word_ptr(*offset) as *const u8, self.len_bytes) },
             Storage::Shared { bytes, offset } => &(**bytes).as_ref()[*offset..*offset + self.len_bytes],
             Storage::Composite(_) => &[],
+            Storage::Strings(_) => &[],
         }
     }
 
@@ -239,6 +289,7 @@ impl Tensor {
         }
         let n = self.len_bytes;
         match &mut self.data {
+            Storage::Strings(_) => &mut [],
             Storage::Heap(v) => &mut bytemuck::cast_slice_mut::<u64, u8>(Arc::make_mut(v).as_mut_slice())[..n],
             // SAFETY: as in `bytes`; only the range's owner gets here, through `&mut self`.
             Storage::Arena { arena, offset, .. } => unsafe { std::slice::from_raw_parts_mut(arena.word_ptr(*offset) as *mut u8, n) },
@@ -257,6 +308,7 @@ impl Tensor {
             Storage::Arena { arena, offset, .. } => Storage::Arena { arena: arena.clone(), offset: *offset, owner: false },
             Storage::Shared { bytes, offset } => Storage::Shared { bytes: bytes.clone(), offset: *offset },
             Storage::Composite(v) => Storage::Composite(v.clone()),
+            Storage::Strings(v) => Storage::Strings(v.clone()),
         };
         Ok(Tensor { dtype: self.dtype, dims: dims.to_vec(), data, len_bytes: self.len_bytes })
     }
@@ -281,10 +333,12 @@ impl Tensor {
         }
     }
 
-    /// Elements converted to f64 (any dtype); for references and comparisons.
+    /// Elements converted to f64 (any dtype; strings parse as numbers, else NaN); for
+    /// references and comparisons.
     pub fn to_f64_vec(&self) -> Vec<f64> {
         let b = self.bytes();
         match self.dtype {
+            DType::String => self.as_strings().unwrap_or(&[]).iter().map(|s| s.trim().parse().unwrap_or(f64::NAN)).collect(),
             DType::F32 => bytemuck::cast_slice::<u8, f32>(b).iter().map(|&v| v as f64).collect(),
             DType::F64 => bytemuck::cast_slice::<u8, f64>(b).to_vec(),
             DType::F16 => bytemuck::cast_slice::<u8, half::f16>(b).iter().map(|v| v.to_f64()).collect(),
@@ -321,6 +375,7 @@ impl Tensor {
 
     /// A tensor of `dtype` from f64 values (rounding/casting like a C cast; bool is v != 0;
     /// narrow floats round to nearest even and saturate, narrow integers wrap).
+    /// Not for strings (an error: formatting numbers is Cast's business).
     pub fn from_f64(dtype: DType, dims: &[usize], values: &[f64]) -> Result<Tensor> {
         macro_rules! conv {
             ($t:ty, $f:expr) => {{
@@ -342,6 +397,7 @@ impl Tensor {
             DType::U32 => conv!(u32, |&v| v as u32),
             DType::U64 => conv!(u64, |&v| v as u64),
             DType::Bool => conv!(u8, |&v| (v != 0.0) as u8),
+            DType::String => Err(GraphError::BadTensor { name: String::new(), what: "a string tensor cannot be made from numbers".into() }),
             DType::F8E8M0 => conv!(u8, |&v| crate::narrow::e8m0_encode(v as f32, true, crate::narrow::E8M0Round::Nearest)),
             d => match (crate::narrow::MiniFloat::of(d), crate::narrow::narrow_int(d)) {
                 (Some(f), _) => conv!(u8, |&v| f.encode(v, true)),
@@ -374,7 +430,11 @@ impl fmt::Debug for Tensor {
             return write!(f, "Tensor<{v:?}>");
         }
         write!(f, "Tensor<{}{:?}>", self.dtype, self.dims)?;
-        if self.len() <= 8 {
+        if let Ok(s) = self.as_strings() {
+            if s.len() <= 8 {
+                write!(f, "{s:?}")?;
+            }
+        } else if self.len() <= 8 {
             write!(f, "{:?}", self.to_f64_vec())?;
         }
         Ok(())
@@ -389,12 +449,15 @@ impl std::hash::Hash for Tensor {
         self.dims.hash(state);
         self.bytes().hash(state);
         self.composite().hash(state);
+        if let Ok(s) = self.as_strings() {
+            s.hash(state);
+        }
     }
 }
 
 impl PartialEq for Tensor {
     fn eq(&self, other: &Self) -> bool {
-        self.dtype == other.dtype && self.dims == other.dims && self.bytes() == other.bytes() && self.composite() == other.composite()
+        self.dtype == other.dtype && self.dims == other.dims && self.bytes() == other.bytes() && self.composite() == other.composite() && self.as_strings().ok() == other.as_strings().ok()
     }
 }
 
@@ -496,6 +559,27 @@ mod tests {
     #[should_panic(expected = "overflows")]
     fn zeros_panics_instead_of_wrapping() {
         Tensor::zeros(DType::F32, &[1 << 32, 1 << 32]);
+    }
+
+    #[test]
+    fn string_tensors_hold_strings_not_bytes() {
+        let t = Tensor::from_strings(&[2], vec!["a".into(), "b".into()]).unwrap();
+        assert_eq!((t.dtype(), t.len(), t.bytes().len()), (DType::String, 2, 0));
+        assert_eq!(t.as_strings().unwrap(), ["a", "b"]);
+        assert!(Tensor::from_strings(&[3], vec!["a".into()]).is_err());
+        let mut c = t.reshaped(&[1, 2]).unwrap();
+        c.as_strings_mut().unwrap()[0] = "z".into();
+        assert_eq!(t.as_strings().unwrap()[0], "a", "views are copy-on-write");
+        assert_ne!(t, c);
+        assert_eq!(t, t.clone());
+        assert_eq!(Tensor::zeros(DType::String, &[3]).as_strings().unwrap(), ["", "", ""]);
+        assert!(t.as_slice::<u8>().is_err() && t.to_i64_vec().is_err());
+        assert!(Tensor::from_bytes(DType::String, &[0], &[]).is_err() && Tensor::from_f64(DType::String, &[1], &[1.0]).is_err());
+        assert!(Tensor::from_f64(DType::F32, &[1], &[1.0]).unwrap().as_strings().is_err());
+        let arena = Arc::new(TestArena((0..8).map(|_| std::cell::UnsafeCell::new(0)).collect()));
+        // SAFETY: refused before anything is placed.
+        assert!(unsafe { Tensor::in_arena(DType::String, &[1], &arena, 0) }.is_err());
+        assert_eq!(DType::from_onnx_code(8), Some(DType::String));
     }
 
     #[test]

@@ -33,6 +33,7 @@ mod sequence;
 mod random;
 mod signal;
 mod tensor;
+mod text;
 mod training;
 
 pub use cpu::CpuKernel;

@@ -1,5 +1,5 @@
 //! Malformed and unusual inputs never panic: each op of the signal, random, ml and
-//! training families and of onnxruntime's attention contrib ops is run from a valid
+//! training families, of the string ops and of onnxruntime's attention contrib ops is run from a valid
 //! case with one thing changed at a time (an input of another rank, dtype or shape,
 //! empty, omitted, constant, filled with extreme values; an attribute missing, of
 //! another type or out of range), and must give outputs or an error, never a panic.
@@ -61,6 +61,16 @@ fn valid_cases() -> Vec<Case> {
         ("tree_roots", ints(&[0])),
     ]);
     cases.push(tree.input(Tensor::from_slice(&[3, 2], &[1.2f64, 3.4, -0.12, 1.66, 4.14, 1.77]).unwrap()));
+    let words = |v: &[&str]| Attr::Strings(v.iter().map(|s| s.to_string()).collect());
+    let text = rand(DType::String, &[2, 3], 4);
+    cases.push(Case::new("StringConcat").opset(20).input(text.clone()).input(rand(DType::String, &[3], 5)));
+    cases.push(Case::new("StringSplit").opset(20).outputs(2).constant(text.clone()).attrs(&[("delimiter", string(" ")), ("maxsplit", Attr::Int(1))]));
+    cases.push(Case::new("RegexFullMatch").opset(20).input(text.clone()).attr("pattern", string(r"\w+( \w)?")));
+    cases.push(Case::new("StringNormalizer").opset(10).constant(rand(DType::String, &[1, 6], 6)).attrs(&[("case_change_action", string("UPPER")), ("stopwords", words(&["monday"]))]));
+    cases.push(Case::new("Equal").opset(19).input(text.clone()).input(rand(DType::String, &[1, 3], 7)));
+    cases.push(Case::new("Cast").opset(21).input(text.clone()).attr("to", Attr::Int(1)));
+    cases.push(Case::new("Cast").opset(21).input(rand(DType::F32, &[2, 3], 8)).attr("to", Attr::Int(8)));
+    cases.push(ml("LabelEncoder").opset(4).input(text).attrs(&[("keys_strings", words(&["a", "Monday"])), ("values_int64s", ints(&[1, 2])), ("default_int64", Attr::Int(7))]));
     let train = |op: &str, outputs: usize| Case::new(op).domain("ai.onnx.preview.training").opset(1).outputs(outputs).input(Tensor::scalar(0.1f32)).input(Tensor::scalar(2i64));
     let two = || f32s(&[2], &[1.2, 2.8]);
     cases.push(train("Adagrad", 2).attrs(&[("decay_factor", Attr::Float(0.1)), ("epsilon", Attr::Float(1e-5))]).input(two()).input(two()).input(two()));
@@ -72,6 +82,9 @@ fn valid_cases() -> Vec<Case> {
 /// Tensors of `dims` filled with `v` in `dtype`.
 fn filled(dtype: DType, dims: &[usize], v: f64) -> Tensor {
     let n: usize = dims.iter().product();
+    if dtype == DType::String {
+        return Tensor::from_strings(dims, vec![v.to_string(); n]).unwrap();
+    }
     Tensor::from_f64(dtype, dims, &vec![v; n]).unwrap()
 }
 
@@ -91,7 +104,7 @@ fn input_variants(t: &Tensor) -> Vec<Tensor> {
         }
     }
     let mut out: Vec<Tensor> = shapes.iter().map(|s| rand(t.dtype(), s, 11)).collect();
-    for other in [DType::F32, DType::F64, DType::F16, DType::I64, DType::I32, DType::U8, DType::Bool] {
+    for other in [DType::F32, DType::F64, DType::F16, DType::I64, DType::I32, DType::U8, DType::Bool, DType::String] {
         if other != t.dtype() {
             out.push(rand(other, &d, 12));
         }

@@ -136,6 +136,14 @@ pub trait Op: Send + Sync + fmt::Debug {
         self.is_view()
     }
 
+    /// True when the op takes string inputs (`DType::String`): the string ops,
+    /// LabelEncoder, ArrayFeatureExtractor, TfIdfVectorizer (with `pool_strings`), Equal,
+    /// Cast, CastLike, Concat, Shape, Size and the views. Inference refuses string inputs for
+    /// every other op, naming it. Steps that touch strings run on the host.
+    fn handles_strings(&self) -> bool {
+        self.is_view()
+    }
+
     /// True when the CPU kernel writes every element of every output. The CPU memory
     /// plan hands out recycled buffers with stale contents; an op that leaves some
     /// elements alone (relying on zeroed outputs) keeps the default `false` and gets its

@@ -54,6 +54,7 @@ impl Registry {
             crate::random::register(&mut r);
             crate::signal::register(&mut r);
             crate::tensor::register(&mut r);
+            crate::text::register(&mut r);
             crate::training::register(&mut r);
             crate::fused::register(&mut r);
             r

@@ -97,6 +97,14 @@ impl<'a> NodeSpec<'a> {
         }
     }
 
+    pub fn strings_opt(&self, name: &str) -> Result<Option<Vec<String>>> {
+        match self.node.attrs.get(name) {
+            None => Ok(None),
+            Some(Attr::Strings(v)) => Ok(Some(v.clone())),
+            Some(a) => Err(wrong(name, "a list of strings", a)),
+        }
+    }
+
     pub fn string(&self, name: &str, default: &str) -> Result<String> {
         Ok(self.string_opt(name)?.unwrap_or_else(|| default.to_string()))
     }

@@ -147,6 +147,21 @@ fn bad(path: &Path, what: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Artifact(format!("{}: {what}", path.display()))
 }
 
+/// The first string tensor of `graph` (an initializer or a node's attribute, subgraphs
+/// included), named.
+fn string_tensor(graph: &Graph) -> Option<String> {
+    if let Some((&v, _)) = graph.initializers.iter().find(|(_, t)| t.dtype().is_string()) {
+        return Some(format!("constant '{}'", graph.values[v].name));
+    }
+    graph.nodes.iter().find_map(|n| {
+        n.attrs.iter().find_map(|(k, a)| match a {
+            Attr::Tensor(t) if t.dtype().is_string() => Some(format!("attribute '{k}' of node '{}'", n.name)),
+            Attr::Graph(g) => string_tensor(g),
+            _ => None,
+        })
+    })
+}
+
 fn attr_record(a: &Attr) -> AttrRecord {
     match a {
         Attr::Int(v) => AttrRecord::Int(*v),
@@ -241,7 +256,11 @@ fn attr(r: AttrRecord) -> std::result::Result<Attr, String> {
 }
 
 /// Writes `graph` (and `info`) as a `.kiln` artifact.
+/// String tensors (constants, attributes) have no bytes to map: such graphs are refused.
 pub fn save(path: &Path, graph: &Graph, info: &ArtifactInfo) -> Result<()> {
+    if let Some(what) = string_tensor(graph) {
+        return Err(bad(path, format!("{what} is a string tensor; artifacts hold byte weights only (run the .onnx model instead)")));
+    }
     let mut ids: Vec<usize> = graph.initializers.keys().copied().collect();
     ids.sort_unstable();
     let mut blob: Vec<u8> = vec![];
@@ -400,6 +419,22 @@ mod tests {
 
     fn tmp(name: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("kiln-artifact-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn string_tensors_are_refused_by_name() {
+        let strings = || Tensor::from_strings(&[1], vec!["a".into()]).unwrap();
+        let mut g = graph();
+        let w = g.find_value("w").unwrap();
+        g.initializers.insert(w, strings());
+        let p = tmp("strings.kiln");
+        let e = save(&p, &g, &ArtifactInfo::default()).unwrap_err().to_string();
+        assert!(e.contains("constant 'w'") && e.contains("string tensor"), "{e}");
+        let mut g = graph();
+        g.nodes[0].attrs.insert("note".into(), Attr::Tensor(strings()));
+        let e = save(&p, &g, &ArtifactInfo::default()).unwrap_err().to_string();
+        assert!(e.contains("attribute 'note'") && e.contains("string tensor"), "{e}");
+        assert!(!p.exists());
     }
 
     #[test]

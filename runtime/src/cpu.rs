@@ -13,6 +13,8 @@
 //! Recycled ranges hold stale data: ops that do not overwrite every output element
 //! (`Op::overwrites_outputs` false) get zeroed outputs. `KILN_POISON_BUFFERS=1` fills
 //! recycled ranges with NaN instead of stale data, to catch ops that claim otherwise.
+//! String temps (`DType::String`) have no bytes: they get no arena range, never run in
+//! place or inside a Concat, and each run hands their step fresh heap tensors.
 use crate::arena::{place, Arena, MemoryPlan, Span};
 use kiln_ops::infer::Specialized;
 use crate::error::poisoned;
@@ -119,14 +121,15 @@ impl CpuPlan {
                 _ => None,
             };
             let kernel = prepared.as_deref().or(op.cpu());
+            let touches_strings = s.inputs.iter().flatten().chain(&s.outputs).any(|&v| spec.ty(v).dtype.is_string());
             let in_place_candidates = match kernel {
-                Some(k) if s.outputs.len() == 1 && op.overwrites_outputs() => {
+                Some(k) if s.outputs.len() == 1 && op.overwrites_outputs() && !touches_strings => {
                     let types: Vec<Option<&kiln_ops::TensorType>> = s.inputs.iter().map(|v| v.map(|v| spec.ty(v))).collect();
                     k.in_place_inputs(&types, spec.ty(s.outputs[0]))
                 }
                 _ => vec![],
             };
-            let concat_parts = if node.op_type == "Concat" && node.domain.is_empty() && s.outputs.len() == 1 { back_to_back(spec, &s.inputs, s.outputs[0]) } else { None };
+            let concat_parts = if node.op_type == "Concat" && node.domain.is_empty() && s.outputs.len() == 1 && !touches_strings { back_to_back(spec, &s.inputs, s.outputs[0]) } else { None };
             steps.push(CpuStep { node: s.node, inputs, outputs, view: op.is_view(), in_place_candidates, in_place: None, prepared, concat_parts, concat_in_place: false });
         }
         let outputs: Vec<Slot> = graph.outputs.iter().map(|&o| slot(o, &mut slot_of, &mut consts)).collect();
@@ -162,10 +165,13 @@ impl CpuPlan {
         result
     }
 
-    /// The tensor owning temp `t`'s arena range.
+    /// The tensor owning temp `t`'s arena range (a fresh heap tensor for strings).
     fn owner(&self, t: usize, arena: &Arc<Arena>) -> std::result::Result<Tensor, kiln_graph::GraphError> {
-        let offset = self.offset_of[t].expect("non-view temps have a range");
         let (dtype, dims) = &self.temps[t];
+        if dtype.is_string() {
+            return Tensor::try_zeros(*dtype, dims);
+        }
+        let offset = self.offset_of[t].expect("non-view temps have a range");
         // SAFETY: the plan gives temps alive at the same step disjoint ranges, and
         // `run_with` drops every tensor of a range after its last reader.
         unsafe { Tensor::in_arena(*dtype, dims, arena, offset) }
@@ -254,7 +260,7 @@ impl CpuPlan {
             // input): its bytes move into the output's own range, so that nothing
             // outlives the range it reads.
             if !s.view {
-                for &o in &s.outputs {
+                for &o in s.outputs.iter().filter(|&&o| !self.temps[o].0.is_string()) {
                     let offset = self.offset_of[o].expect("non-view temps have a range");
                     if !temps[o].owns_arena_range(arena, offset) {
                         let mut t = self.owner(o, arena).map_err(|e| RuntimeError::node(node, e.into()))?;
@@ -309,6 +315,10 @@ fn fill_nan(t: &mut Tensor) {
 fn plan_memory(temps: &[(kiln_graph::DType, Vec<usize>)], steps: &mut [CpuStep], outputs: &[Slot]) -> (Vec<Option<usize>>, usize, Vec<Vec<usize>>, MemoryPlan) {
     let words = |t: usize| -> usize {
         let (d, dims) = &temps[t];
+        // String temps live on the heap; their word of the arena is never read.
+        if d.is_string() {
+            return 1;
+        }
         (dims.iter().product::<usize>() * d.size()).div_ceil(8).max(1)
     };
     // Views alias the range of their source (a temp, or a constant/input: no range).

@@ -159,7 +159,9 @@ fn read_exactly(r: &mut impl Read, buf: &mut [u8], what: &str) -> Result<()> {
 
 /// Encodes a tensor as a .npy file (version 1.0, or 2.0 for very long headers).
 /// numpy has no narrow dtypes: float8/float4 tensors are written as f32, 4- and 2-bit
-/// integers as i8/u8, which hold their values exactly.
+/// integers as i8/u8, which hold their values exactly. String tensors are written as
+/// numpy's fixed-width unicode arrays (`<U` + the longest string's length in code
+/// points, UTF-32, padded with zeros); reading them back is not supported.
 pub fn encode(t: &Tensor) -> Vec<u8> {
     let widened;
     let t = match t.dtype() {
@@ -175,12 +177,25 @@ pub fn encode(t: &Tensor) -> Vec<u8> {
         [d] => format!("({d},)"),
         ds => format!("({})", ds.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
     };
-    let dict = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}", t.dtype().numpy_descr().expect("compute dtypes have a numpy name"));
+    let (descr, data) = match t.as_strings() {
+        Ok(s) => {
+            let width = s.iter().map(|s| s.chars().count()).max().unwrap_or(0).max(1);
+            let mut utf32 = Vec::with_capacity(s.len() * width * 4);
+            for s in s {
+                let n = s.chars().count();
+                s.chars().for_each(|c| utf32.extend_from_slice(&(c as u32).to_le_bytes()));
+                utf32.resize(utf32.len() + (width - n) * 4, 0);
+            }
+            (format!("<U{width}"), std::borrow::Cow::Owned(utf32))
+        }
+        Err(_) => (t.dtype().numpy_descr().expect("compute dtypes have a numpy name").to_string(), std::borrow::Cow::Borrowed(t.bytes())),
+    };
+    let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
     let (version, len_size) = if dict.len() + 1 + 10 < 65536 { (1u8, 2) } else { (2u8, 4) };
     let prefix = MAGIC.len() + 2 + len_size;
     let total = (prefix + dict.len() + 1).div_ceil(64) * 64;
     let header_len = total - prefix;
-    let mut out = Vec::with_capacity(total + t.bytes().len());
+    let mut out = Vec::with_capacity(total + data.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[version, 0]);
     if version == 1 {
@@ -191,7 +206,7 @@ pub fn encode(t: &Tensor) -> Vec<u8> {
     out.extend_from_slice(dict.as_bytes());
     out.resize(total - 1, b' ');
     out.push(b'\n');
-    out.write_all(t.bytes()).expect("writing to a Vec cannot fail");
+    out.write_all(&data).expect("writing to a Vec cannot fail");
     out
 }
 
@@ -360,6 +375,9 @@ fn dtype_of_descr(descr: &str) -> Result<DType> {
             "big-endian data ('{descr}'); convert it with arr.astype(arr.dtype.newbyteorder('<'))"
         )));
     }
+    if descr.trim_start_matches(['<', '|', '=']).starts_with(['U', 'S', 'O']) {
+        return Err(NpyError::Unsupported(format!("string arrays ('{descr}'); give string inputs as ONNX TensorProto .pb files")));
+    }
     let supported: Vec<&str> = DType::ALL.iter().filter_map(|d| d.numpy_descr()).collect();
     Err(NpyError::Unsupported(format!("dtype '{descr}' (supported: {})", supported.join(" "))))
 }
@@ -393,6 +411,18 @@ mod tests {
         let vals: Vec<f64> = (0..n).map(|i| if dtype == DType::Bool { (i % 3 == 0) as u8 as f64 } else { i as f64 * 1.5 - 3.0 }).collect();
         let vals: Vec<f64> = if dtype.is_signed() { vals } else { vals.iter().map(|v| v.abs()).collect() };
         Tensor::from_f64(dtype, dims, &vals).unwrap()
+    }
+
+    #[test]
+    fn strings_are_written_as_unicode_arrays() {
+        let t = Tensor::from_strings(&[2], vec!["ab".into(), "é".into()]).unwrap();
+        let bytes = encode(&t);
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.contains("'descr': '<U2'") && text.contains("'shape': (2,)"), "{text}");
+        let data = &bytes[bytes.len() - 16..];
+        assert_eq!(data, [b'a', 0, 0, 0, b'b', 0, 0, 0, 0xe9, 0, 0, 0, 0, 0, 0, 0]);
+        let e = decode(&bytes).unwrap_err().to_string();
+        assert!(e.contains("string arrays") && e.contains(".pb"), "{e}");
     }
 
     #[test]

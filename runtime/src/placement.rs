@@ -129,8 +129,10 @@ pub(crate) fn place(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, on: 
         let op = &ops[s.node];
         let ruled = on.rules.iter().zip(on.rule_devs).rev().find(|(r, _)| r.pattern == node.name || r.pattern == node.op_type).map(|(_, d)| *d);
         let wanted_on_gpu = on.has_main_gpu && ruled.is_none_or(|d| d != Dev::Cpu) || matches!(ruled, Some(Dev::Gpu(_)));
-        let program = if wanted_on_gpu && !op.is_view() { crate::gpu::generate(op.as_ref(), spec, s).ok().flatten() } else { None };
-        let gpu_ok = op.is_view() || program.is_some();
+        // String tensors never enter GPU buffers: steps that touch one run on the host.
+        let strings = s.inputs.iter().flatten().chain(&s.outputs).any(|&v| spec.ty(v).dtype.is_string());
+        let program = if wanted_on_gpu && !op.is_view() && !strings { crate::gpu::generate(op.as_ref(), spec, s).ok().flatten() } else { None };
+        let gpu_ok = (op.is_view() && !strings) || program.is_some();
         let cpu_ok = op.is_view() || op.cpu().is_some();
         let pinned = ruled.or(if !gpu_ok || !on.has_main_gpu { Some(Dev::Cpu) } else if !cpu_ok { Some(Dev::Gpu(0)) } else { None });
         fixed.push(pinned);
@@ -153,8 +155,9 @@ pub(crate) fn place(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized, on: 
             let node = &graph.nodes[s.node];
             match device {
                 Dev::Gpu(_) if !gpu_ok => Err(RuntimeError::Placement(format!(
-                    "node '{}' ({}) is placed on a GPU, but it has no GPU kernel for these inputs",
-                    node.name, node.op_type
+                    "node '{}' ({}) is placed on a GPU, but it has no GPU kernel for these inputs{}",
+                    node.name, node.op_type,
+                    if s.inputs.iter().flatten().chain(&s.outputs).any(|&v| spec.ty(v).dtype.is_string()) { " (string tensors stay on the host)" } else { "" }
                 ))),
                 Dev::Cpu if !cpu_ok => Err(RuntimeError::Placement(format!(
                     "node '{}' ({}) is placed on the CPU, but it has no CPU kernel",

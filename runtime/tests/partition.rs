@@ -168,3 +168,48 @@ fn the_cost_model_measures_devices_and_keeps_work_off_a_software_gpu() {
     o.auto_place = true;
     assert!(Session::new(graph(), o).err().expect("an error").to_string().contains("no GPU"));
 }
+
+/// String tensors stay on the host: in a GPU session, the steps that read or write one
+/// (here RegexFullMatch, a Reshape of strings and Equal) run on the CPU and the bool
+/// result continues on the GPU; a rule that puts a string step on a GPU is an error.
+#[test]
+fn string_steps_run_on_the_host_in_gpu_sessions() {
+    gpu_env();
+    let graph = || {
+        let mut b = GraphBuilder::new("strings");
+        let s = b.input("s", DType::String, [4usize]);
+        let m = b.node("RegexFullMatch", &[s], &[("pattern", kiln_graph::Attr::String("[a-z]+".into()))]);
+        let shape = b.constant("shape", Tensor::from_slice(&[2], &[2i64, 2]).unwrap());
+        let r = b.node("Reshape", &[s, shape], &[]);
+        let k = b.constant("k", Tensor::from_strings(&[2], vec!["ab".into(), "Cd".into()]).unwrap());
+        let e = b.node("Equal", &[r, k], &[]);
+        let me = b.node("Cast", &[m], &[("to", kiln_graph::Attr::Int(1))]);
+        let ee = b.node("Cast", &[e], &[("to", kiln_graph::Attr::Int(1))]);
+        let four = b.constant("four", Tensor::from_slice(&[1], &[4i64]).unwrap());
+        let flat = b.node("Reshape", &[ee, four], &[]);
+        let y = b.node("Add", &[me, flat], &[]);
+        b.rename(y, "y");
+        b.output(y);
+        b.rename(r, "r");
+        b.output(r);
+        let mut g = b.finish().unwrap();
+        g.opsets.insert(String::new(), 20);
+        g
+    };
+    let s = Tensor::from_strings(&[4], ["ab", "Cd", "x1", "Cd"].map(String::from).to_vec()).unwrap();
+    let want = [1.0 + 1.0, 0.0 + 1.0, 0.0, 0.0 + 1.0];
+    for device in [DeviceChoice::Cpu, DeviceChoice::Gpu] {
+        let session = Session::new(graph(), SessionOptions { device: device.clone(), ..Default::default() }).unwrap();
+        let got = session.run(&[("s", &s)]).unwrap();
+        assert_eq!(got[0].to_f64_vec(), want, "{device:?}");
+        assert_eq!(got[1].as_strings().unwrap(), s.as_strings().unwrap(), "{device:?}");
+        assert_eq!(got[1].dims(), &[2, 2]);
+        let placed: Vec<(String, String)> = session.report(&[("s", &s)]).unwrap().iter().map(|r| (r.op.clone(), r.device.clone().unwrap_or_default())).collect();
+        for op in ["RegexFullMatch", "Equal"] {
+            assert!(placed.iter().any(|(o, d)| o == op && d.starts_with("cpu")), "{op} not on the CPU: {placed:?}");
+        }
+    }
+    let session = Session::new(graph(), SessionOptions { device: DeviceChoice::Gpu, placement: vec!["Equal=gpu".parse().unwrap()], ..Default::default() }).unwrap();
+    let e = session.run(&[("s", &s)]).unwrap_err().to_string();
+    assert!(e.contains("Equal") && e.contains("string tensors stay on the host"), "{e}");
+}

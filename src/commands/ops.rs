@@ -15,7 +15,16 @@ pub struct Args {
 fn dtypes(json: bool) -> Result<()> {
     let rows: Vec<(DType, &str)> = DType::ALL
         .iter()
-        .map(|&d| (d, if d.is_narrow() { "Cast, CastLike, QuantizeLinear, DequantizeLinear, reshapes" } else { "every op that takes the type" }))
+        .chain(&[DType::String])
+        .map(|&d| {
+            (d, if d.is_narrow() {
+                "Cast, CastLike, QuantizeLinear, DequantizeLinear, reshapes"
+            } else if d.is_string() {
+                "string ops, LabelEncoder, ArrayFeatureExtractor, TfIdfVectorizer, Equal, Cast, CastLike, Concat, Shape, Size, reshapes (on the host)"
+            } else {
+                "every op that takes the type"
+            })
+        })
         .collect();
     if json {
         let list: Vec<serde_json::Value> = rows.iter().map(|(d, ops)| serde_json::json!({"dtype": d.name(), "onnx": d.onnx_code(), "ops": ops})).collect();

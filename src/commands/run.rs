@@ -35,6 +35,10 @@ pub fn main(args: Args) -> Result<()> {
             .iter()
             .zip(&outputs)
             .map(|((n, symbolic), t)| {
+                if let Ok(s) = t.as_strings() {
+                    return serde_json::json!({"name": n, "dtype": t.dtype().name(), "shape": t.dims(),
+                        "symbolic_shape": symbolic.as_ref().map(|s| s.to_string()), "first": &s[..s.len().min(5)]});
+                }
                 let v = t.to_f64_vec();
                 serde_json::json!({"name": n, "dtype": t.dtype().name(), "shape": t.dims(),
                     "symbolic_shape": symbolic.as_ref().map(|s| s.to_string()),

@@ -121,14 +121,21 @@ pub fn rel_l2(got: &Tensor, want: &Tensor) -> f64 {
     got.rel_l2_error(want)
 }
 
-/// numpy.allclose-style comparison (NaNs equal); returns a description of the first
-/// mismatch.
+/// numpy.allclose-style comparison (NaNs equal; strings exactly); returns a
+/// description of the first mismatch.
 pub fn allclose(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
     if got.dims() != want.dims() {
         return Err(format!("shape {:?}, expected {:?}", got.dims(), want.dims()));
     }
     if got.dtype() != want.dtype() {
         return Err(format!("dtype {}, expected {}", got.dtype(), want.dtype()));
+    }
+    // Strings compare exactly.
+    if let (Ok(g), Ok(w)) = (got.as_strings(), want.as_strings()) {
+        return match g.iter().zip(w).position(|(a, b)| a != b) {
+            Some(i) => Err(format!("element {i}: {:?} vs expected {:?}", g[i], w[i])),
+            None => Ok(()),
+        };
     }
     let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
     for (i, (a, b)) in g.iter().zip(&w).enumerate() {

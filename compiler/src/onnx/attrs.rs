@@ -87,7 +87,11 @@ pub(crate) fn constant_value(attrs: &[AttributeProto], ext: &mut ExternalFiles) 
         // An empty list has no set field, so its kind reads as INT.
         ("value_floats", Attr::Int(0)) => Ok(Tensor::zeros(kiln_graph::DType::F32, &[0])),
         ("value_ints", Attr::Int(0)) => Ok(Tensor::zeros(kiln_graph::DType::I64, &[0])),
-        ("value_string" | "value_strings", _) => Err("string constants are not supported".into()),
+        ("value_string", Attr::String(v)) => Ok(Tensor::from_strings(&[], vec![v]).map_err(|e| e.to_string())?),
+        ("value_strings", Attr::Strings(v)) => Tensor::from_strings(&[v.len()], v).map_err(|e| e.to_string()),
+        ("value_strings", Attr::Int(0)) => Ok(Tensor::zeros(kiln_graph::DType::String, &[0])),
+        ("value_string", _) => Err(wrong("a string")),
+        ("value_strings", _) => Err(wrong("a list of strings")),
         ("sparse_value", _) => Err("sparse constants are not supported".into()),
         ("value", _) => Err(wrong("a tensor")),
         ("value_float", _) => Err(wrong("a float")),

@@ -189,6 +189,9 @@ pub struct TensorProto {
     /// int32, and the 8/16-bit types (f16 and bf16 as their bit patterns), one per entry.
     #[prost(int32, repeated, tag = "5")]
     pub int32_data: Vec<i32>,
+    /// STRING tensors: one UTF-8 byte string per element.
+    #[prost(bytes = "vec", repeated, tag = "6")]
+    pub string_data: Vec<Vec<u8>>,
     #[prost(int64, repeated, tag = "7")]
     pub int64_data: Vec<i64>,
     #[prost(string, tag = "8")]

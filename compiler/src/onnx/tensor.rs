@@ -118,7 +118,6 @@ fn normalize_bools(bytes: &mut [u8]) {
 pub(crate) fn dtype_of(code: i32) -> Result<DType, String> {
     DType::from_onnx_code(code).ok_or_else(|| match code {
         0 => "has no data type (UNDEFINED)".to_string(),
-        8 => "is a STRING tensor; Kiln does not support string tensors".to_string(),
         c => format!("has data type {} ({c}), which Kiln does not support", data_type_name(c)),
     })
 }
@@ -134,6 +133,9 @@ pub(crate) fn convert(p: &TensorProto, ext: &mut ExternalFiles) -> Result<Tensor
     let dims = size::dims_from_i64(dtype, &p.dims).map_err(|e| bad(e.to_string()))?;
     let n_bytes = size::bytes(dtype, &dims).map_err(|e| bad(e.to_string()))?;
     let n = n_bytes / dtype.size();
+    if dtype == DType::String {
+        return strings(p, &dims, n).map_err(bad);
+    }
 
     // 4- and 2-bit types are packed in files, low bits first; Kiln holds a byte each.
     let per_byte = narrow::per_byte(dtype);
@@ -226,12 +228,40 @@ pub(crate) fn convert(p: &TensorProto, ext: &mut ExternalFiles) -> Result<Tensor
             Tensor::from_bytes(dtype, &dims, &v)
         }
         DType::F4E2M1 | DType::I4 | DType::U4 | DType::I2 | DType::U2 => unreachable!("packed dtypes were read above"),
+        DType::String => unreachable!("string tensors were read above"),
     };
     built.map_err(|e| bad(e.to_string()))
 }
 
-/// A TensorProto holding `t` as raw_data (4- and 2-bit types packed).
+/// A STRING tensor from `string_data` (the only place ONNX keeps strings), each
+/// element valid UTF-8.
+fn strings(p: &TensorProto, dims: &[usize], n: usize) -> Result<Tensor, String> {
+    if p.data_location == DATA_LOCATION_EXTERNAL || !p.raw_data.is_empty() {
+        return Err("a STRING tensor keeps its elements in string_data, not in raw or external data".into());
+    }
+    if p.string_data.len() != n {
+        return Err(format!("string_data has {} values; a tensor of shape {dims:?} needs {n}", p.string_data.len()));
+    }
+    let values = p
+        .string_data
+        .iter()
+        .enumerate()
+        .map(|(i, s)| String::from_utf8(s.clone()).map_err(|_| format!("string_data[{i}] is not valid UTF-8")))
+        .collect::<Result<Vec<String>, String>>()?;
+    Tensor::from_strings(dims, values).map_err(|e| e.to_string())
+}
+
+/// A TensorProto holding `t` as raw_data (4- and 2-bit types packed; strings in string_data).
 pub fn tensor_to_proto(name: &str, t: &Tensor) -> TensorProto {
+    if let Ok(s) = t.as_strings() {
+        return TensorProto {
+            dims: t.dims().iter().map(|&d| d as i64).collect(),
+            data_type: t.dtype().onnx_code(),
+            name: name.to_string(),
+            string_data: s.iter().map(|s| s.as_bytes().to_vec()).collect(),
+            ..Default::default()
+        };
+    }
     let raw = if narrow::per_byte(t.dtype()) > 1 { Bytes::from(narrow::pack(t.dtype(), t.bytes())) } else { Bytes::copy_from_slice(t.bytes()) };
     TensorProto {
         dims: t.dims().iter().map(|&d| d as i64).collect(),

@@ -29,6 +29,9 @@ impl Op for Binary {
         if n == 0 || (!self.kind.variadic() && n != 2) {
             return Err(OpError::invalid(format!("{} takes {} inputs, got {n}", self.name(), if self.kind.variadic() { "1 or more" } else { "2" })));
         }
+        if self.kind == BinaryKind::Equal && required(inputs, 0)?.dtype() == DType::String {
+            return super::equal_string::infer(inputs);
+        }
         let dtype = expect_dtype(inputs, 0, self.kind.dtypes())?;
         let mut shapes = vec![];
         for i in 0..n {
@@ -52,6 +55,10 @@ impl Op for Binary {
 
     fn wgsl(&self) -> Option<&dyn WgslKernel> {
         Some(self)
+    }
+
+    fn handles_strings(&self) -> bool {
+        self.kind == BinaryKind::Equal
     }
 }
 
@@ -230,6 +237,9 @@ impl CpuKernel for Binary {
         if n == 0 || (!kind.variadic() && n != 2) {
             return Err(OpError::invalid(format!("{} takes {} inputs, got {n}", self.name(), if kind.variadic() { "1 or more" } else { "2" })));
         }
+        if kind == BinaryKind::Equal && n == 2 && cpu::input(inputs, 0)?.dtype() == DType::String {
+            return super::equal_string::run(cpu::input(inputs, 0)?, cpu::input(inputs, 1)?, out);
+        }
         let mut acc = cpu::input(inputs, 0)?.clone();
         if n == 1 {
             // Variadic op of one input: a copy (Mean of one is itself).
@@ -266,6 +276,9 @@ impl CpuKernel for Binary {
 impl WgslKernel for Binary {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let out = &outputs[0];
+        if required(inputs, 0)?.dtype() == DType::String {
+            return Err(OpError::Unsupported("string tensors stay on the host".into()));
+        }
         let in_ty = wgsl::elem(required(inputs, 0)?.dtype());
         let out_ty = wgsl::elem(out.dtype);
         let wg = tune.get(&wgsl::workgroup_param());

@@ -8,6 +8,7 @@
 use crate::Registry;
 
 mod epilogue;
+mod equal_string;
 mod gelu_msft;
 mod binary;
 mod binary_op;

@@ -185,6 +185,10 @@ impl Walk {
                 return Err(InferError::node(node, OpError::input(i, what)).into());
             }
         }
+        if let Some(i) = args.iter().position(|a| a.is_some_and(|a| a.dtype().is_string()) && !op.handles_strings()) {
+            let what = format!("dtype string is not supported by op {} (string tensors reach only the string ops, LabelEncoder, ArrayFeatureExtractor, TfIdfVectorizer, Equal, Cast, CastLike, Concat, Shape, Size and reshapes)", node.op_type);
+            return Err(InferError::node(node, OpError::input(i, what)).into());
+        }
         let out_types = match op.infer(&args) {
             Ok(t) => t,
             Err(OpError::NeedsValue { index, what }) => {

@@ -1,7 +1,8 @@
 //! ArrayFeatureExtractor (ai.onnx.ml 1): selects elements of the last axis of `X` by
 //! the int64 `Y` indices (all of them, flattened): `[..., N]` -> `[..., count]`, and a
 //! 1-D `X` gives `[1, count]` (as onnxruntime). An index outside `[0, N)` is an error
-//! (onnxruntime's rule; negative indices do not count from the end).
+//! (onnxruntime's rule; negative indices do not count from the end). String `X` runs on
+//! the CPU only.
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
@@ -50,6 +51,10 @@ impl Op for ArrayFeatureExtractor {
     fn wgsl(&self) -> Option<&dyn WgslKernel> {
         Some(self)
     }
+
+    fn handles_strings(&self) -> bool {
+        true
+    }
 }
 
 impl CpuKernel for ArrayFeatureExtractor {
@@ -59,6 +64,11 @@ impl CpuKernel for ArrayFeatureExtractor {
         let idx = cpu::input(inputs, 1)?.to_i64_vec()?;
         if let Some(bad) = idx.iter().find(|&&j| j < 0 || j >= n as i64) {
             return Err(OpError::input(1, format!("index {bad} is out of range for a last axis of {n}")));
+        }
+        if let Ok(s) = x.as_strings() {
+            let picked = (0..rows).flat_map(|r| idx.iter().map(move |&j| s[r * n + j as usize].clone())).collect();
+            outputs[0] = Tensor::from_strings(&out.dims, picked)?;
+            return Ok(());
         }
         let size = x.dtype().size();
         let src = x.bytes();
@@ -77,6 +87,9 @@ impl CpuKernel for ArrayFeatureExtractor {
 impl WgslKernel for ArrayFeatureExtractor {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (_, n, count, _) = Self::plan(inputs)?;
+        if outputs[0].dtype.is_string() {
+            return Err(OpError::Unsupported("string tensors stay on the host".into()));
+        }
         let ty = wgsl::elem(outputs[0].dtype);
         let body = format!(
             "let j = idx[i % {count}u];\n    if (j < 0 || j >= {n}i) {{ {} y[i] = {}; return; }}\n    y[i] = x[(i / {count}u) * {n}u + u32(j)];",
@@ -118,5 +131,7 @@ mod tests {
         assert_eq!((got[0].dims(), got[0].to_i64_vec().unwrap()), (&[1usize, 1][..], vec![7]));
         assert!(case(iota_f32(&[2, 3]), &[3]).run_cpu().is_err());
         assert!(case(iota_f32(&[2, 3]), &[-1]).run_cpu().is_err());
+        let got = case(strs(&[2, 2], &["a", "b", "c", "d"]), &[1, 1, 0]).run_cpu().unwrap();
+        assert_eq!((got[0].dims(), got[0].as_strings().unwrap()), (&[2usize, 3][..], &["b", "b", "a", "d", "d", "c"].map(String::from)[..]));
     }
 }

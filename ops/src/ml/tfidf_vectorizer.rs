@@ -1,6 +1,7 @@
 //! TfIdfVectorizer (opset 9), for integer tokens (int32/int64 `X`, `[C]` or
-//! `[B, C]`; string pools are not supported): counts, per row, the n-grams of the
-//! `pool_int64s` pool (the grams of size `s` are `pool[ngram_counts[s-1]..
+//! `[B, C]`) or string tokens (string `X` with `pool_strings`, on the CPU: each pool
+//! string becomes an integer id, tokens outside the pool match nothing): counts, per
+//! row, the n-grams of the `pool_int64s` pool (the grams of size `s` are `pool[ngram_counts[s-1]..
 //! ngram_counts[s]]` in runs of `s` tokens; gram `g` counts into output column
 //! `ngram_indexes[g]`) whose size lies in `[min_gram_length, max_gram_length]`.
 //! A gram of size `s` matches at start `t` with skip distance `d` (1 to
@@ -16,6 +17,7 @@ use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
 use kiln_graph::{DType, Tensor};
+use std::collections::HashMap;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
@@ -38,12 +40,14 @@ pub struct TfIdfVectorizer {
     skips: usize,
     mode: Mode,
     weights: Vec<f32>,
+    /// For `pool_strings`: each pool string's id (the tokens of `grams`).
+    vocabulary: Option<HashMap<String, i64>>,
 }
 
 impl TfIdfVectorizer {
     /// (rows, row length, output dims).
     fn dims(&self, inputs: &[Option<Arg>]) -> Result<(usize, usize, Vec<usize>)> {
-        expect_dtype(inputs, 0, &[DType::I32, DType::I64])?;
+        expect_dtype(inputs, 0, if self.vocabulary.is_some() { &[DType::String] } else { &[DType::I32, DType::I64] })?;
         match *required(inputs, 0)?.dims() {
             [] => Ok((1, 1, vec![self.columns])),
             [c] => Ok((1, c, vec![self.columns])),
@@ -94,12 +98,19 @@ impl Op for TfIdfVectorizer {
     fn wgsl(&self) -> Option<&dyn WgslKernel> {
         Some(self)
     }
+
+    fn handles_strings(&self) -> bool {
+        self.vocabulary.is_some()
+    }
 }
 
 impl CpuKernel for TfIdfVectorizer {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let (rows, len, dims) = crate::tensor::tensor_args(inputs, |a| self.dims(a))?;
-        let x = cpu::input(inputs, 0)?.to_i64_vec()?;
+        let x = match &self.vocabulary {
+            Some(ids) => cpu::input(inputs, 0)?.as_strings()?.iter().map(|s| ids.get(s).copied().unwrap_or(-1)).collect(),
+            None => cpu::input(inputs, 0)?.to_i64_vec()?,
+        };
         let mut y = vec![0.0; rows * self.columns];
         for r in 0..rows {
             let row = &x[r * len..(r + 1) * len];
@@ -119,6 +130,9 @@ impl CpuKernel for TfIdfVectorizer {
 impl WgslKernel for TfIdfVectorizer {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (_, len, _) = self.dims(inputs)?;
+        if self.vocabulary.is_some() {
+            return Err(OpError::Unsupported("TfIdfVectorizer over strings runs on the host".into()));
+        }
         let dists = |g: &Gram| if g.tokens.len() == 1 { 1 } else { self.skips.saturating_add(1).min(len.saturating_sub(1) / (g.tokens.len() - 1)) };
         let work = self.grams.iter().map(|g| dists(g).saturating_mul(len).saturating_mul(g.tokens.len())).fold(self.grams.len(), usize::saturating_add);
         if work > wgsl::MAX_LOOP_ITERATIONS {
@@ -181,9 +195,6 @@ impl WgslKernel for TfIdfVectorizer {
 }
 
 fn parse(spec: &NodeSpec) -> Result<TfIdfVectorizer> {
-    if spec.has("pool_strings") {
-        return Err(OpError::Unsupported("TfIdfVectorizer over strings (pool_strings): Kiln has no string tensors".into()));
-    }
     let int = |name: &str| -> Result<usize> {
         let v = spec.int_opt(name)?.ok_or_else(|| spec.bad(name, "the attribute is required"))?;
         usize::try_from(v).map_err(|_| spec.bad(name, format!("expected >= 0, found {v}")))
@@ -198,7 +209,17 @@ fn parse(spec: &NodeSpec) -> Result<TfIdfVectorizer> {
         "TFIDF" => Mode::TfIdf,
         m => return Err(spec.bad("mode", format!("expected TF, IDF or TFIDF, found {m:?}"))),
     };
-    let pool = spec.ints("pool_int64s", &[])?;
+    let (pool, vocabulary) = match spec.strings_opt("pool_strings")? {
+        Some(words) => {
+            let mut ids: HashMap<String, i64> = HashMap::new();
+            let pool = words.into_iter().map(|w| {
+                let next = ids.len() as i64;
+                *ids.entry(w).or_insert(next)
+            }).collect();
+            (pool, Some(ids))
+        }
+        None => (spec.ints("pool_int64s", &[])?, None),
+    };
     let counts = spec.ints("ngram_counts", &[])?;
     let indexes = spec.ints("ngram_indexes", &[])?;
     let columns = indexes.iter().map(|&i| i.saturating_add(1)).max().unwrap_or(0);
@@ -222,7 +243,7 @@ fn parse(spec: &NodeSpec) -> Result<TfIdfVectorizer> {
         }
     }
     let weights = spec.floats_opt("weights")?.unwrap_or_default();
-    Ok(TfIdfVectorizer { grams, columns: columns as usize, skips, mode, weights })
+    Ok(TfIdfVectorizer { grams, columns: columns as usize, skips, mode, weights, vocabulary })
 }
 
 pub(crate) fn register(r: &mut Registry) {
@@ -244,6 +265,28 @@ mod tests {
             ("ngram_indexes", ints(&[0, 1, 2, 3, 4, 5, 6])),
             ("pool_int64s", ints(&[2, 3, 5, 4, 5, 6, 7, 8, 6, 7])),
         ])
+    }
+
+    #[test]
+    fn string_tokens_count_like_integers() {
+        let words = |v: &[i64]| Attr::Strings(v.iter().map(|t| format!("w{t}")).collect());
+        let x: Vec<String> = [1i64, 1, 3, 3, 3, 7, 8, 6, 7, 5, 6, 8].iter().map(|t| format!("w{t}")).collect();
+        let x = Tensor::from_strings(&[2, 6], x).unwrap();
+        let got = Case::new("TfIdfVectorizer").opset(9).input(x).attrs(&[
+            ("min_gram_length", Attr::Int(1)),
+            ("max_gram_length", Attr::Int(2)),
+            ("max_skip_count", Attr::Int(5)),
+            ("mode", string("TF")),
+            ("ngram_counts", ints(&[0, 4])),
+            ("ngram_indexes", ints(&[0, 1, 2, 3, 4, 5, 6])),
+            ("pool_strings", words(&[2, 3, 5, 4, 5, 6, 7, 8, 6, 7])),
+        ]).run_cpu().unwrap();
+        assert_close(&got[0], &[0., 3., 0., 0., 0., 0., 0., 0., 0., 1., 0., 1., 1., 1.], 0.0, "uni and bigrams, skip 5");
+        let ints_x = Tensor::from_slice(&[2], &[1i64, 2]).unwrap();
+        assert!(Case::new("TfIdfVectorizer").opset(9).input(ints_x).attrs(&[
+            ("min_gram_length", Attr::Int(1)), ("max_gram_length", Attr::Int(1)), ("max_skip_count", Attr::Int(0)), ("mode", string("TF")),
+            ("ngram_counts", ints(&[0])), ("ngram_indexes", ints(&[0])), ("pool_strings", words(&[2])),
+        ]).run_cpu().is_err(), "integer tokens need an integer pool");
     }
 
     #[test]

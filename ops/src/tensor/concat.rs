@@ -1,4 +1,5 @@
 //! Concat: joins any number of inputs along `axis` (inputs may be empty along it).
+//! String tensors join on the CPU (the runtime keeps them off GPUs).
 use crate::cpu::{self, CpuKernel};
 use crate::op::required;
 use crate::wgsl::{self, Binding, Dispatch, WgslKernel, WgslProgram};
@@ -59,6 +60,27 @@ impl Op for Concat {
     fn wgsl(&self) -> Option<&dyn WgslKernel> {
         Some(self)
     }
+
+    fn handles_strings(&self) -> bool {
+        true
+    }
+}
+
+/// Concat of string tensors: `chunks[i]` elements of input `i` per outer row.
+fn concat_strings(xs: &[&Tensor], out: &mut Tensor, axis: usize) -> Result<()> {
+    let inner: usize = out.dims()[axis + 1..].iter().product();
+    let chunks: Vec<usize> = xs.iter().map(|x| x.dims().get(axis).copied().unwrap_or(0) * inner).collect();
+    let row: usize = chunks.iter().sum();
+    let rows = if row == 0 { 0 } else { out.len() / row };
+    let mut v = Vec::with_capacity(out.len());
+    for r in 0..rows {
+        for (x, &c) in xs.iter().zip(&chunks) {
+            let part = x.as_strings()?.get(r * c..(r + 1) * c).ok_or_else(|| OpError::invalid("Concat: input sizes do not match the output"))?;
+            v.extend_from_slice(part);
+        }
+    }
+    *out = Tensor::from_strings(out.dims(), v)?;
+    Ok(())
 }
 
 impl CpuKernel for Concat {
@@ -66,6 +88,9 @@ impl CpuKernel for Concat {
         let xs: Vec<&Tensor> = (0..inputs.len()).map(|i| cpu::input(inputs, i)).collect::<Result<_>>()?;
         let out = &mut outputs[0];
         let axis = norm_axis(self.axis, out.rank())?;
+        if out.dtype().is_string() {
+            return concat_strings(&xs, out, axis);
+        }
         let elem = out.dtype().size();
         let inner: usize = out.dims()[axis + 1..].iter().product::<usize>() * elem;
         // bytes each input contributes to one outer row
@@ -95,6 +120,9 @@ impl CpuKernel for Concat {
 impl WgslKernel for Concat {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (out, axis) = self.plan(inputs)?;
+        if out.dtype.is_string() {
+            return Err(OpError::Unsupported("string tensors stay on the host".into()));
+        }
         let ty = wgsl::elem(out.dtype);
         let wg = tune.get(&wgsl::workgroup_param());
         let inner: usize = out.dims[axis + 1..].iter().product();
@@ -160,5 +188,9 @@ mod tests {
         assert!(err.contains("cannot be concatenated"), "{err}");
         let op5 = make("Concat", 13, &[("axis", Attr::Int(5))], 1, 1).unwrap();
         assert!(run(op5.as_ref(), &as_inputs(&[Some(&a)], &[]), &[]).unwrap_err().to_string().contains("out of range"));
+        let (s, t) = (strs(&[2, 1], &["a", "b"]), strs(&[2, 2], &["c", "d", "e", ""]));
+        let got = run(op1.as_ref(), &as_inputs(&[Some(&s), Some(&t)], &[]), &[]).unwrap();
+        assert_eq!((got[0].dims(), got[0].as_strings().unwrap()), (&[2usize, 3][..], &["a", "c", "d", "b", "e", ""].map(String::from)[..]));
+        assert!(run(op1.as_ref(), &as_inputs(&[Some(&s), Some(&p)], &[]), &[]).is_err());
     }
 }

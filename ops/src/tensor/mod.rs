@@ -17,6 +17,7 @@ pub(crate) use numeric::{from_i64, write_i64};
 pub(crate) use common::tensor_args;
 
 pub(crate) mod cast;
+mod cast_string;
 mod center_crop_pad;
 mod concat;
 mod constant;

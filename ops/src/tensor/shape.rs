@@ -56,6 +56,10 @@ impl Op for ShapeOf {
         Some(self)
     }
 
+    fn handles_strings(&self) -> bool {
+        true
+    }
+
     fn eval_from_types(&self, inputs: &[Option<Arg>]) -> Option<Result<Vec<Tensor>>> {
         Some(required(inputs, 0).and_then(|x| {
             let (dims, v) = self.values(x.dims());

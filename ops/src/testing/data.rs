@@ -16,9 +16,15 @@ pub fn rand_values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 /// A seeded pseudo-random tensor: floats in [-1, 1), signed integers in [-5, 5],
-/// unsigned integers in [0, 10], bools about half true. Same seed, same tensor.
+/// unsigned integers in [0, 10], bools about half true, strings of short words
+/// (some empty, some with spaces). Same seed, same tensor.
 pub fn rand(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
     let u = rand_values(dims.iter().product(), seed);
+    if dtype == DType::String {
+        const WORDS: [&str; 8] = ["", "a", "Monday", "b c", "Ünï", "x-y", "  ", "tuesday"];
+        let v = u.iter().map(|&x| WORDS[((x + 1.0) * 4.0).clamp(0.0, 7.0) as usize].to_string()).collect();
+        return Tensor::from_strings(dims, v).expect("dims and values agree");
+    }
     let v: Vec<f64> = u
         .iter()
         .map(|&x| {
@@ -58,6 +64,11 @@ pub fn i64s(dims: &[usize], v: &[i64]) -> Tensor {
 /// A rank-1 i64 tensor (shapes, axes, pads, starts).
 pub fn i64_vec(v: &[i64]) -> Tensor {
     i64s(&[v.len()], v)
+}
+
+/// A string tensor from literal values.
+pub fn strs(dims: &[usize], v: &[&str]) -> Tensor {
+    Tensor::from_strings(dims, v.iter().map(|s| s.to_string()).collect()).expect("dims and values agree")
 }
 
 /// A bool tensor from literal values.

@@ -15,7 +15,7 @@ mod ort_cases;
 pub use case::{Case, Input, DEFAULT_OPSET};
 pub use compare::{assert_close, compare, compare_values, Tolerance};
 pub use ort_cases::{all_ort_cases, check_ort_cases, creation_error, ort_cases, OrtCase, A as OrtAttr, V as OrtValue};
-pub use data::{bools, cast, f32s, i64_vec, i64s, ints, iota_f32, iota_i64, rand, rand_f32, rand_f32_map, rand_values, string};
+pub use data::{bools, cast, f32s, i64_vec, i64s, ints, iota_f32, iota_i64, rand, rand_f32, rand_f32_map, rand_values, string, strs};
 
 use crate::{Arg, Op, OpError, Result, TensorType, TuneValues};
 use kiln_graph::{Attr, Tensor};

@@ -53,11 +53,20 @@ pub(crate) fn to_gpu(t: &Tensor, what: &str) -> Result<Vec<u8>> {
             let v: Vec<f32> = t.to_f64_vec().into_iter().map(|x| x as f32).collect();
             bytemuck::cast_slice(&v).to_vec()
         }
+        DType::String => return Err(not_on_gpu(what)),
     })
+}
+
+/// The error for a string tensor sent to a GPU (placement keeps them on the host).
+fn not_on_gpu(what: &str) -> RuntimeError {
+    RuntimeError::Gpu(format!("{what} is a string tensor, which a GPU buffer cannot hold; string tensors stay on the host"))
 }
 
 /// A tensor of `dtype` and `dims` from downloaded 4-byte elements.
 pub(crate) fn from_gpu(bytes: &[u8], dtype: DType, dims: &[usize]) -> Result<Tensor> {
+    if dtype.is_string() {
+        return Err(not_on_gpu("a downloaded buffer"));
+    }
     let n: usize = dims.iter().product();
     let b = &bytes[..n * 4];
     Ok(match dtype {
@@ -90,5 +99,6 @@ pub(crate) fn from_gpu(bytes: &[u8], dtype: DType, dims: &[usize]) -> Result<Ten
             let v: Vec<f64> = bytemuck::cast_slice::<u8, u32>(b).iter().map(|&x| x as f64).collect();
             Tensor::from_f64(dtype, dims, &v)?
         }
+        DType::String => unreachable!("refused above"),
     })
 }

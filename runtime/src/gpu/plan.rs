@@ -254,6 +254,9 @@ fn output_bytes(o: &OutputSource) -> Option<u64> {
 /// op has no WGSL kernel, an error when the kernel cannot be generated for these inputs.
 pub(crate) fn generate(op: &dyn Op, spec: &Specialized, step: &Step) -> std::result::Result<Option<WgslProgram>, OpError> {
     let Some(kernel) = op.wgsl() else { return Ok(None) };
+    if step.inputs.iter().flatten().chain(&step.outputs).any(|&v| spec.ty(v).dtype.is_string()) {
+        return Err(OpError::Unsupported("string tensors stay on the host".into()));
+    }
     let out_types: Vec<TensorType> = step.outputs.iter().map(|&o| spec.ty(o).clone()).collect();
     kernel.generate(&spec.args(&step.inputs), &out_types, &TuneValues::default()).map(Some)
 }
@@ -285,6 +288,11 @@ impl GpuPlan {
             }
             Ok(())
         };
+        // String tensors have no bytes: placement keeps every step that touches one on
+        // the host, so a GPU plan never sees one (a value here would be a placement bug).
+        if let Some(&v) = graph.inputs.iter().chain(&graph.outputs).chain(spec.steps.iter().flat_map(|s| s.inputs.iter().flatten().chain(&s.outputs))).find(|&&v| spec.ty(v).dtype.is_string()) {
+            return Err(RuntimeError::Gpu(format!("value '{}' is a string tensor, which a GPU buffer cannot hold; string tensors stay on the host", graph.values[v].name)));
+        }
         let mut inputs = vec![];
         let mut dispatches = vec![];
         for (i, &v) in graph.inputs.iter().enumerate() {
