@@ -142,12 +142,12 @@ impl DepthwiseIntConv {
                     for k in 0..pairs {
                         let row = &words[(oy * s.sy + 2 * k * s.dy) * pw..];
                         for (kx, &start) in tap_cols.iter().enumerate() {
-                            let run = &row[start + j..];
+                            let run = &row[start + j..][..n];
                             let v = if n == 8 {
                                 _mm256_loadu_si256(run.as_ptr() as *const __m256i)
                             } else {
                                 let mut tail = [0i32; 8];
-                                tail[..n].copy_from_slice(&run[..n]);
+                                tail[..n].copy_from_slice(run);
                                 _mm256_loadu_si256(tail.as_ptr() as *const __m256i)
                             };
                             a = _mm256_add_epi32(a, _mm256_madd_epi16(v, _mm256_set1_epi32(wpairs[k * s.kw + kx])));
