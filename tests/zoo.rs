@@ -139,12 +139,15 @@ fn gpt2_tiny_ort_optimized() {
 
 /// lstm_tagger with its LSTMs quantized by onnxruntime's `quantize_dynamic`
 /// (scripts/quantize_lstm.py: com.microsoft DynamicQuantizeLSTM with int8 W and R, scaled
-/// per direction or per column), against onnxruntime's outputs for those models.
+/// per direction or per column), and one bidirectional DynamicQuantizeLSTM with
+/// sequence_lens and initial states, against onnxruntime's outputs for those models.
 #[test]
 fn lstm_tagger_ort_quantized() {
-    for name in ["lstm_tagger_int8_dyn", "lstm_tagger_int8_dyn_per_channel"] {
+    // One node over a short sequence agrees to f32 rounding; lstm_tagger's long
+    // sequences let a rare quantization tie drift further (6.8e-5 measured).
+    for (name, limit) in [("lstm_tagger_int8_dyn", 1e-3), ("lstm_tagger_int8_dyn_per_channel", 1e-3), ("dq_lstm_sequence_lens", 1e-5)] {
         let path = optimized_zoo_model(name);
-        check_sets(name, &path, path.parent().unwrap(), Compare::RelL2Within(1e-3));
+        check_sets(name, &path, path.parent().unwrap(), Compare::RelL2Within(limit));
     }
 }
 

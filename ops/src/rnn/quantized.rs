@@ -5,7 +5,9 @@
 //! onnxruntime does: X once for every step, the hidden state at each step, each to
 //! uint8 with the scale and zero point of its own range (zero included, as
 //! DynamicQuantizeLinear); the int32 sums of `(a - za)(w - zw)` are exact and scaled by
-//! `a_scale * w_scale[column]` in f32. The gates then run as LSTM's.
+//! `a_scale * w_scale[column]` in f32. The gates then run as LSTM's. With
+//! sequence_lens, the hidden state of a row whose sequence ended before the previous
+//! step enters the recurrent product's quantization as zeros, as onnxruntime's does.
 use super::common::{Dims, P, R, W, X};
 use crate::quant::dynamic_quantize_linear::dynamic_params;
 use crate::quant::quantize_linear::run_const;

@@ -84,6 +84,10 @@ pub(crate) struct StepCtx<'a, T> {
     pub r: &'a [T],
     /// DynamicQuantizeLSTM's `R[d]`, `[hidden, gates * hidden]` in 8 bits.
     pub rq: Option<&'a QuantMatrix>,
+    /// Per batch row, whether its hidden state is quantized as it is (else as zeros):
+    /// onnxruntime's recurrent operand holds zeros for rows whose sequence ended before
+    /// the previous step, and the quantization range is taken over that operand.
+    pub rq_rows: &'a [bool],
     /// `Rb[d]` (zeros without B).
     pub rb: &'a [T],
     /// `P[d]`: `[3 * hidden]` (LSTM's peepholes).
@@ -103,7 +107,13 @@ impl<T: Real> StepCtx<'_, T> {
             let (Some(a), Some(out)) = (T::as_f32(src), T::as_f32_mut(out)) else {
                 return Err(OpError::Unsupported("DynamicQuantizeLSTM in f64".into()));
             };
-            q.product(&a[..self.dims.batch * h], g0 * h, n, &mut out[..self.dims.batch * n]);
+            let a = &a[..self.dims.batch * h];
+            if self.rq_rows.iter().all(|&r| r) {
+                q.product(a, g0 * h, n, &mut out[..self.dims.batch * n]);
+            } else {
+                let masked: Vec<f32> = a.chunks_exact(h).zip(self.rq_rows).flat_map(|(row, &keep)| row.iter().map(move |&v| if keep { v } else { 0.0 })).collect();
+                q.product(&masked, g0 * h, n, &mut out[..self.dims.batch * n]);
+            }
             return Ok(());
         }
         let p = BatchedProduct {
@@ -269,7 +279,11 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
         let per_dir = op.attrs.activations.len() / dirs;
         let mut step_rows: Vec<Option<usize>> = vec![None; batch];
         let mut times = vec![0usize; batch];
+        let mut rq_rows = vec![true; batch];
         for s in 0..seq {
+            for (b, keep) in rq_rows.iter_mut().enumerate() {
+                *keep = s <= lens[b];
+            }
             for d in 0..dirs {
                 let forward = op.attrs.direction.is_forward(d);
                 for b in 0..batch {
@@ -287,6 +301,7 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
                         xw: &xw[d * rows * gh..(d + 1) * rows * gh],
                         r: if op.quantized { r } else { &r[d * gh * hidden..(d + 1) * gh * hidden] },
                         rq: quantized.as_ref().map(|(_, rq)| &rq[d]),
+                        rq_rows: &rq_rows,
                         rb: &rb[d * gh..(d + 1) * gh],
                         p: peep.map(|p| &p[d * 3 * hidden..(d + 1) * 3 * hidden]),
                         acts: &op.attrs.activations[d * per_dir..(d + 1) * per_dir],
