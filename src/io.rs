@@ -213,6 +213,9 @@ pub fn complete_inputs(session: &Session, given: Vec<(String, Tensor)>, dims: &H
 
 /// A short summary of a tensor's values.
 pub fn summary(t: &Tensor) -> String {
+    if let Some(v) = t.composite() {
+        return format!("{v:?}");
+    }
     if let Ok(s) = t.as_strings() {
         let head: Vec<String> = s.iter().take(5).map(|x| format!("{x:?}")).collect();
         return format!("[{}{}]", head.join(", "), if s.len() > 5 { ", ..." } else { "" });

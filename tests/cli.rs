@@ -326,3 +326,18 @@ fn ops_lists_operators_and_dtypes() {
     let st = list.as_array().unwrap().iter().find(|d| d["dtype"] == "string").expect("string listed");
     assert_eq!(st["onnx"], 8);
 }
+
+/// A sequence output prints its tensors and refuses a .npy file by name, without a panic.
+#[test]
+fn run_prints_a_sequence_output_and_refuses_to_write_it_as_npy() {
+    let dir = onnx_tests().join("test_split_to_sequence_1");
+    let (m, set) = (dir.join("model.onnx"), dir.join("test_data_set_0"));
+    let (data, split) = (format!("data={}", set.join("input_0.pb").display()), format!("split={}", set.join("input_1.pb").display()));
+    let base = ["run", m.to_str().unwrap(), "--device", "cpu", "-i", &data, "-i", &split];
+    let o = kiln(&base);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("Sequence<f32>[Tensor<f32[3, 2]>"), "{}", String::from_utf8_lossy(&o.stdout));
+    let out = tmp("seq-out");
+    let o = kiln(&[&base[..], &["--output-dir", out.to_str().unwrap()]].concat());
+    assert_clean_error(&o, "the output is a Sequence, not a tensor");
+}

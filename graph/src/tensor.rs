@@ -278,8 +278,8 @@ impl Tensor {
             // contract keeps writers of overlapping ranges away while `self` lives.
             Storage::Arena { arena, offset, .. } => unsafe { std::slice::from_raw_parts(arena.word_ptr(*offset) as *const u8, self.len_bytes) },
             Storage::Shared { bytes, offset } => &(**bytes).as_ref()[*offset..*offset + self.len_bytes],
-            Storage::Composite(_) => &[],
-            Storage::Strings(_) => &[],
+            // An empty view aligned for every element type, so typed casts of it succeed.
+            Storage::Composite(_) | Storage::Strings(_) => bytemuck::cast_slice::<u64, u8>(&[]),
         }
     }
 
@@ -289,12 +289,11 @@ impl Tensor {
         }
         let n = self.len_bytes;
         match &mut self.data {
-            Storage::Strings(_) => &mut [],
+            Storage::Strings(_) | Storage::Composite(_) => bytemuck::cast_slice_mut::<u64, u8>(&mut []),
             Storage::Heap(v) => &mut bytemuck::cast_slice_mut::<u64, u8>(Arc::make_mut(v).as_mut_slice())[..n],
             // SAFETY: as in `bytes`; only the range's owner gets here, through `&mut self`.
             Storage::Arena { arena, offset, .. } => unsafe { std::slice::from_raw_parts_mut(arena.word_ptr(*offset) as *mut u8, n) },
             Storage::Shared { .. } => unreachable!("shared bytes were copied above"),
-            Storage::Composite(_) => &mut [],
         }
     }
 

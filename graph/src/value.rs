@@ -105,6 +105,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_composite_reads_as_empty_elements_of_any_type() {
+        let seq = Tensor::from_value(Value::sequence(DType::F32, vec![Tensor::from_slice(&[1], &[1f32]).unwrap()]));
+        assert!(seq.to_f64_vec().is_empty());
+        assert!(seq.as_slice::<f32>().unwrap().is_empty());
+    }
+
+    #[test]
     fn composite_tensors_carry_values_and_hold_no_bytes() {
         let a = Tensor::from_slice(&[2], &[1f32, 2.0]).unwrap();
         let seq = Tensor::from_value(Value::sequence(DType::F32, vec![a.clone(), a.clone()]));

@@ -46,6 +46,9 @@ pub fn read_file(path: impl AsRef<Path>) -> Result<Tensor> {
 /// Writes a .npy file.
 pub fn write_file(path: impl AsRef<Path>, t: &Tensor) -> Result<()> {
     let path = path.as_ref();
+    if let Some(v) = t.composite() {
+        return Err(NpyError::Unsupported(format!("{}: the output is a {:?}, not a tensor (a .npy file holds one array)", path.display(), v.kind())));
+    }
     std::fs::write(path, encode(t)).map_err(|source| NpyError::Io { path: path.to_path_buf(), source })
 }
 
