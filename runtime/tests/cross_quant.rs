@@ -54,6 +54,16 @@ fn matmul_integer_agrees() {
     // Batched A against a shared B, and a 1-D B.
     s.check(Case::new("MatMulInteger").opset(10).input(ints(DType::I8, &[2, 3, 4, 9], 7)).input(ints(DType::U8, &[9, 6], 8)), Tolerance::EXACT);
     s.check(Case::new("MatMulInteger").opset(10).input(ints(DType::I8, &[4, 9], 9)).input(ints(DType::I8, &[9], 10)), Tolerance::EXACT);
+    // Every pairing of signedness (the GPU's packed dot products shift an unsigned
+    // operand paired with a signed one), with per-row and per-column zero points; a
+    // broadcast A against batched B; K of 1 and of 4.
+    for (da, db) in [(DType::U8, DType::U8), (DType::I8, DType::I8), (DType::U8, DType::I8), (DType::I8, DType::U8)] {
+        let c = Case::new("MatMulInteger").opset(10).input(ints(da, &[6, 37], 20)).input(ints(db, &[37, 5], 21));
+        s.check(c.constant(ints(da, &[6], 22)).constant(ints(db, &[5], 23)), Tolerance::EXACT);
+        let c = Case::new("MatMulInteger").opset(10).input(ints(da, &[3, 4], 24)).input(ints(db, &[2, 4, 3], 25));
+        s.check(c.constant(ints(da, &[], 26)).constant(ints(db, &[], 27)), Tolerance::EXACT);
+    }
+    s.check(Case::new("MatMulInteger").opset(10).input(ints(DType::U8, &[3, 1], 28)).input(ints(DType::I8, &[1, 4], 29)), Tolerance::EXACT);
     // QLinearMatMul: per-tensor, then A per row and B per column.
     let scale = |dims: &[usize], seed| rand_f32_map(dims, seed, |v| v.abs() * 0.01 + 0.001);
     for (sa, za, sb, zb) in [
@@ -78,6 +88,14 @@ fn conv_integer_agrees() {
     s.check(c1.attr("dilations", Attr::Ints(vec![3])), Tolerance::EXACT);
     let c3 = Case::new("ConvInteger").opset(10).input(ints(DType::U8, &[1, 2, 4, 5, 6], 7)).constant(ints(DType::U8, &[3, 2, 2, 3, 2], 8));
     s.check(c3.attr("pads", Attr::Ints(vec![1, 1, 0, 0, 1, 1])), Tolerance::EXACT);
+    // Depthwise with padding and x's zero point in it, signed x with unsigned w, and
+    // the other way round with a 1x1 filter.
+    let dw = Case::new("ConvInteger").opset(10).input(ints(DType::U8, &[1, 5, 7, 6], 16)).constant(ints(DType::I8, &[5, 1, 3, 3], 17));
+    s.check(dw.constant(ints(DType::U8, &[], 18)).constant(ints(DType::I8, &[5], 19)).attrs(&[("group", Attr::Int(5)), ("pads", Attr::Ints(vec![1, 1, 1, 1]))]), Tolerance::EXACT);
+    let mixed = Case::new("ConvInteger").opset(10).input(ints(DType::I8, &[2, 3, 5, 5], 20)).constant(ints(DType::U8, &[4, 3, 2, 2], 21));
+    s.check(mixed.constant(ints(DType::I8, &[], 22)).constant(ints(DType::U8, &[], 23)).attr("pads", Attr::Ints(vec![1, 0, 0, 1])), Tolerance::EXACT);
+    let one = Case::new("ConvInteger").opset(10).input(ints(DType::U8, &[1, 6, 4, 3], 24)).constant(ints(DType::I8, &[7, 6, 1, 1], 25));
+    s.check(one.constant(ints(DType::U8, &[], 26)), Tolerance::EXACT);
     // QLinearConv with w's scale and zero point per output channel, and a bias.
     let scale = |dims: &[usize], seed| rand_f32_map(dims, seed, |v| v.abs() * 0.01 + 0.001);
     let q = Case::new("QLinearConv").opset(10).input(ints(DType::U8, &[2, 6, 9, 7], 9)).constant(scale(&[], 10)).constant(ints(DType::U8, &[], 11));

@@ -5,15 +5,16 @@
 //! scale, 0, 255))`, each element `clamp(round(a / scale) + zero_point)`; then the
 //! product and its scaling are MatMulIntegerToFloat's with `a_scale = scale`
 //! ([`scale_and_bias`]). On the GPU one workgroup finds the range and the parameters,
-//! then the product quantizes A's elements as it reads them.
+//! then the product quantizes A's elements as it packs them.
 use super::matmul::plan;
-use super::matmul_integer::{full, int_product, zero_point_dims, IntOperands};
+use super::matmul_integer::{full, int_product, strided_operand, zero_point_dims, IntOperands};
 use super::matmul_integer_to_float::{infer_float_product, scale_and_bias, BInputs};
 use super::product::BatchedProduct;
-use super::qproduct_wgsl::IntProduct;
+use super::qproduct_wgsl::{Buffer, IntOperand, IntProduct};
 use crate::broadcast::broadcast_strides;
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
+use crate::quant::dynamic_quantize_linear::{wgsl_range, RANGE_DECL, RANGE_LANES};
 use crate::quant::qlinear::{self, MS_DOMAIN};
 use crate::wgsl::{self, Binding, Dispatch, WgslKernel, WgslProgram};
 use crate::{Arg, Cost, Op, OpError, Registry, Result, TensorType, TuneValues};
@@ -74,31 +75,21 @@ impl CpuKernel for DynamicQuantizeMatMul {
     }
 }
 
-/// Lanes of the workgroup that finds A's range.
-const LANES: usize = 256;
-
 impl WgslKernel for DynamicQuantizeMatMul {
     fn generate(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (a, b) = (required(inputs, 0)?, required(inputs, 1)?);
         let len = a.ty.len();
-        if len.div_ceil(LANES) > wgsl::MAX_LOOP_ITERATIONS {
-            return Err(OpError::Unsupported(format!("DynamicQuantizeMatMul of an A of {len} elements on the GPU (at most {})", LANES * wgsl::MAX_LOOP_ITERATIONS)));
+        if len.div_ceil(RANGE_LANES) > wgsl::MAX_LOOP_ITERATIONS {
+            return Err(OpError::Unsupported(format!("DynamicQuantizeMatMul of an A of {len} elements on the GPU (at most {})", RANGE_LANES * wgsl::MAX_LOOP_ITERATIONS)));
         }
         // 1. A's range and quantization parameters into scratch: [scale, zero point].
         let range = format!(
-            "{}var<workgroup> lo: array<f32, {LANES}>;\nvar<workgroup> hi: array<f32, {LANES}>;\n\
-             @compute @workgroup_size({LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n\
-             \x20   let l = lid.x;\n    var a = 0.0;\n    var b = 0.0;\n\
-             \x20   for (var i = l; i < {len}u; i += {LANES}u) {{ a = min(a, x[i]); b = max(b, x[i]); }}\n\
-             \x20   lo[l] = a;\n    hi[l] = b;\n    workgroupBarrier();\n\
-             \x20   for (var s = {}u; s > 0u; s = s >> 1u) {{\n\
-             \x20       if (l < s) {{ lo[l] = min(lo[l], lo[l + s]); hi[l] = max(hi[l], hi[l + s]); }}\n\
-             \x20       workgroupBarrier();\n    }}\n\
+            "{}{RANGE_DECL}@compute @workgroup_size({RANGE_LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n{}\
              \x20   if (l == 0u) {{\n\
              \x20       let scale = select((hi[0] - lo[0]) / 255.0, 1.0, hi[0] == lo[0]);\n\
              \x20       params[0] = scale;\n        params[1] = round(clamp(0.0 - lo[0] / scale, 0.0, 255.0));\n    }}\n}}\n",
             wgsl::declare(&[("x", "f32", true), ("params", "f32", false)]),
-            LANES / 2
+            wgsl_range("x[e]", &format!("{len}u"))
         );
         let first = Dispatch { label: "DynamicQuantizeMatMul range".into(), source: range, entry_point: "main".into(), workgroups: [1, 1, 1], bindings: vec![Binding::Input(0), Binding::Scratch(0)] };
         // 2. The product, quantizing A's elements as it reads them.
@@ -107,9 +98,8 @@ impl WgslKernel for DynamicQuantizeMatMul {
         let (p, _): (BatchedProduct, _) = plan(ad, bd)?;
         let mut dims = p.batch.clone();
         dims.extend([p.m, p.n]);
-        let mut buffers = vec![("xa".to_string(), "f32", true), ("xb".to_string(), wgsl::elem(b.dtype()), true), ("params".to_string(), "f32", false)];
-        let mut bindings = vec![Binding::Input(0), Binding::Input(1), Binding::Scratch(0)];
-        let mut helpers = qlinear::WGSL_REQUANTIZE.to_string();
+        let mut buffers: Vec<Buffer> = vec![("params".into(), "f32", Binding::Scratch(0))];
+        let mut helpers = String::new();
         // B's per-column tensors, each with its offset function over the output.
         let mut per_column = |name: &str, i: usize| -> Result<()> {
             let t = required(inputs, i)?;
@@ -117,8 +107,7 @@ impl WgslKernel for DynamicQuantizeMatMul {
             let mut padded = vec![1; dims.len().saturating_sub(zd.len())];
             padded.extend(&zd);
             helpers += &wgsl::offset_fn(&format!("{name}_at"), &dims, &broadcast_strides(&padded, &dims));
-            buffers.push((name.to_string(), wgsl::elem(t.dtype()), true));
-            bindings.push(Binding::Input(i));
+            buffers.push((name.to_string(), wgsl::elem(t.dtype()), Binding::Input(i)));
             Ok(())
         };
         per_column("sb", INPUTS.scale)?;
@@ -134,21 +123,42 @@ impl WgslKernel for DynamicQuantizeMatMul {
         } else {
             ""
         };
-        buffers.push(("y".into(), "f32", false));
-        bindings.push(Binding::Output(0));
+        buffers.push(("y".into(), "f32", Binding::Output(0)));
+        // A, quantized to uint8 as it is packed.
+        let (batches, batch_of) = IntOperand::batching(p.batch_count(), &p.a_batch_strides);
+        let a = IntOperand {
+            rows: p.m,
+            batches,
+            batch_of,
+            buffers: vec![("xa".into(), "f32", Binding::Input(0)), ("params".into(), "f32", Binding::Scratch(0))],
+            helpers: format!(
+                "{}{}fn raw(pb: u32, r: u32, k: u32) -> i32 {{ return clamp(q_round(xa[xa_batch(pb) + r * {}u + k * {}u] / params[0]) + i32(params[1]), 0i, 255i); }}\n",
+                qlinear::WGSL_REQUANTIZE,
+                wgsl::offset_fn("xa_batch", &p.batch, &p.a_batch_strides),
+                p.a.rs,
+                p.a.cs
+            ),
+            signed: false,
+            zero: "i32(params[1])".into(),
+        };
         let product = IntProduct {
             label: "DynamicQuantizeMatMul",
-            p: &p,
+            batch: p.batch_count(),
+            m: p.m,
+            n: p.n,
+            k: p.k,
+            a,
+            b: strided_operand("xb", 1, b.dtype(), &p, false, zb.into()),
             buffers,
-            bindings,
             helpers,
-            prelude: format!("let scale = params[0]; let za = i32(params[1]); let zb = {zb};"),
-            a_elem: "clamp(q_round(xa[ia] / scale), -za, 255i - za)".into(),
-            b_elem: "i32(xb[ib]) - zb".into(),
-            epilogue: format!("y[i] = f32(s) * (scale * sb[sb_at(i)]){bias};"),
+            prelude: String::new(),
+            epilogue: format!("y[i] = f32(s) * (params[0] * sb[sb_at(i)]){bias};"),
+            scratch: 1,
         };
-        let second = product.dispatch(tune.get(&wgsl::workgroup_param()))?;
-        Ok(WgslProgram { dispatches: vec![first, second], scratch_bytes: vec![8] })
+        let (mut dispatches, mut scratch_bytes) = product.program(tune.get(&wgsl::workgroup_param()))?;
+        dispatches.insert(0, first);
+        scratch_bytes.insert(0, 8);
+        Ok(WgslProgram { dispatches, scratch_bytes })
     }
 }
 

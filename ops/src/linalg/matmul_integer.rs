@@ -7,6 +7,8 @@ use super::qmatmul_packed::{self, PackedIntMatMul};
 use crate::cpu::{self, CpuKernel, SharedPtr};
 use crate::linalg::int8_kernel::CH;
 use crate::op::{expect_dtype, required};
+use super::product::BatchedProduct;
+use super::qproduct_wgsl::{strided_raw, Buffer, IntOperand, IntProduct};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{Arg, Op, OpError, Registry, Result, TensorType, TuneParam, TuneValues};
 use kiln_graph::{DType, Tensor};
@@ -194,11 +196,12 @@ impl CpuKernel for PackedMatMulInteger {
     }
 }
 
-/// The WGSL integer product: one invocation per output element sums `s` (i32) over K,
+/// The WGSL integer product ([`IntProduct`]): the exact int32 sum `s` of output `i`,
 /// then `epilogue` stores it. Inputs `a`, `b` and zero points `za`/`zb` (input indices,
 /// `None` when absent); `extra` buffers (name, input index, and for a per-row or
 /// per-column tensor whether it is A's) are bound after them, each shaped one with a
 /// function `{name}_at(i)` giving its element for output `i`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn int_product_wgsl(
     label: &str,
     inputs: &[Option<Arg>],
@@ -209,24 +212,14 @@ pub(super) fn int_product_wgsl(
     epilogue: &str,
     tune: &TuneValues,
 ) -> Result<WgslProgram> {
-    let (ad, bd) = (required(inputs, ai)?.dims(), required(inputs, bi)?.dims());
-    let (fa, fb) = full(ad, bd);
-    let (p, _) = plan(ad, bd)?;
-    let (m, n, k) = (p.m, p.n, p.k);
-    if k > wgsl::MAX_LOOP_ITERATIONS {
-        return Err(OpError::Unsupported(format!("{label} with K = {k} on the GPU (at most {})", wgsl::MAX_LOOP_ITERATIONS)));
-    }
-    // Output [batch..., m, n]: where each operand's row or column starts.
+    let (a, b) = (required(inputs, ai)?, required(inputs, bi)?);
+    let (fa, fb) = full(a.dims(), b.dims());
+    let (p, _) = plan(a.dims(), b.dims())?;
+    // Output [batch..., m, n]: where each per-row or per-column tensor's element is.
     let mut dims = p.batch.clone();
-    dims.extend([m, n]);
-    let mut sa = p.a_batch_strides.clone();
-    sa.extend([k, 0]);
-    let mut sb = p.b_batch_strides.clone();
-    sb.extend([0, 1]);
-    let mut helpers = wgsl::offset_fn("a_at", &dims, &sa) + &wgsl::offset_fn("b_at", &dims, &sb);
-    let mut buffers = vec![("a", wgsl::elem(required(inputs, ai)?.dtype()), true), ("b", wgsl::elem(required(inputs, bi)?.dtype()), true)];
-    let mut bindings = vec![Binding::Input(ai), Binding::Input(bi)];
-    // A per-row (A's) or per-column (B's) tensor: its offset function over the output.
+    dims.extend([p.m, p.n]);
+    let mut helpers = String::new();
+    let mut buffers: Vec<Buffer> = vec![];
     let mut per = |name: &str, zi: usize, operand: &[usize], of_a: bool| -> Result<()> {
         let z = required(inputs, zi)?;
         let zd = zero_point_dims(zi, of_a, z.dims(), operand)?;
@@ -236,10 +229,9 @@ pub(super) fn int_product_wgsl(
         Ok(())
     };
     let mut zero = |zi: Option<usize>, operand: &[usize], name: &'static str, of_a: bool| -> Result<String> {
-        let Some(zi) = zi.filter(|&i| inputs.get(i).copied().flatten().is_some()) else { return Ok("0".into()) };
+        let Some(zi) = zi.filter(|&i| inputs.get(i).copied().flatten().is_some()) else { return Ok("0i".into()) };
         per(name, zi, operand, of_a)?;
-        buffers.push((name, wgsl::elem(required(inputs, zi)?.dtype()), true));
-        bindings.push(Binding::Input(zi));
+        buffers.push((name.into(), wgsl::elem(required(inputs, zi)?.dtype()), Binding::Input(zi)));
         Ok(format!("i32({name}[{name}_at(i)])"))
     };
     let za = zero(za_i, &fa, "za", true)?;
@@ -248,16 +240,43 @@ pub(super) fn int_product_wgsl(
         if let Some(of_a) = shape {
             per(name, input, if of_a { &fa } else { &fb }, of_a)?;
         }
-        buffers.push((name, wgsl::elem(required(inputs, input)?.dtype()), true));
-        bindings.push(Binding::Input(input));
+        buffers.push((name.into(), wgsl::elem(required(inputs, input)?.dtype()), Binding::Input(input)));
     }
-    buffers.push(("y", wgsl::elem(out.dtype), false));
-    bindings.push(Binding::Output(0));
-    let body = format!(
-        "let ab = a_at(i);\n    let bb = b_at(i);\n    let za = {za};\n    let zb = {zb};\n    var s = 0i;\n\
-         \x20   for (var kk = 0u; kk < {k}u; kk++) {{ s += (i32(a[ab + kk]) - za) * (i32(b[bb + kk * {n}u]) - zb); }}\n    {epilogue}"
-    );
-    Ok(WgslProgram::single(wgsl::simple_kernel(label, out.len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, &helpers, &body)))
+    buffers.push(("y".into(), wgsl::elem(out.dtype), Binding::Output(0)));
+    let product = IntProduct {
+        label,
+        batch: p.batch_count(),
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        a: strided_operand("a", ai, a.dtype(), &p, true, za),
+        b: strided_operand("b", bi, b.dtype(), &p, false, zb),
+        buffers,
+        helpers,
+        prelude: String::new(),
+        epilogue: epilogue.to_string(),
+        scratch: 0,
+    };
+    let (dispatches, scratch_bytes) = product.program(tune.get(&wgsl::workgroup_param()))?;
+    Ok(WgslProgram { dispatches, scratch_bytes })
+}
+
+/// Operand A (`of_a`) or B of product `p`, read from input `input` (bound as `name`)
+/// through its layout and batch strides.
+pub(super) fn strided_operand(name: &str, input: usize, dtype: DType, p: &BatchedProduct, of_a: bool, zero: String) -> IntOperand {
+    let (layout, strides, rows) = if of_a { (p.a, &p.a_batch_strides, p.m) } else { (p.b, &p.b_batch_strides, p.n) };
+    // A's rows run along its row stride; B's "rows" (the packed columns) along its column stride.
+    let (rs, ks) = if of_a { (layout.rs, layout.cs) } else { (layout.cs, layout.rs) };
+    let (batches, batch_of) = IntOperand::batching(p.batch_count(), strides);
+    IntOperand {
+        rows,
+        batches,
+        batch_of,
+        buffers: vec![(name.into(), wgsl::elem(dtype), Binding::Input(input))],
+        helpers: wgsl::offset_fn(&format!("{name}_batch"), &p.batch, strides) + &strided_raw(name, rs, ks),
+        signed: dtype == DType::I8,
+        zero,
+    }
 }
 
 impl WgslKernel for MatMulInteger {

@@ -17,7 +17,7 @@ mod matmul_nbits;
 mod qgemm;
 mod qlinear_matmul;
 mod qmatmul_packed;
-mod qproduct_wgsl;
+pub(crate) mod qproduct_wgsl;
 pub mod microkernel;
 pub mod packed;
 pub(crate) mod product;

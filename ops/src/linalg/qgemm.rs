@@ -5,11 +5,11 @@
 //! (f32, in that order; b's scale and zero point per tensor or per column) and, when
 //! `y_scale` is given, divided by it and requantized around `y_zero_point` (MLAS's
 //! rounding half to even, saturated); else the output is that f32 value.
-use super::matmul_integer::{int_product, IntOperands};
+use super::matmul_integer::{int_product, strided_operand, IntOperands};
 use super::product::{BatchedProduct, Layout};
 use super::qmatmul_packed::{self, PackedIntMatMul};
 use crate::linalg::int8_kernel::CH;
-use super::qproduct_wgsl::IntProduct;
+use super::qproduct_wgsl::{Buffer, IntProduct};
 use crate::cpu::{self, CpuKernel, SharedPtr};
 use crate::op::{expect_dtype, required};
 use crate::quant::qlinear::{self, check_scalar, MS_DOMAIN, Q8, SCALE};
@@ -278,11 +278,9 @@ impl WgslKernel for QGemm {
         let b = if self.trans_b { Layout { rs: 1, cs: k } } else { Layout::row_major(n) };
         let p = BatchedProduct { batch: vec![], a_batch_strides: vec![], b_batch_strides: vec![], m, n, k, a, b };
         let input = |i: usize| inputs.get(i).copied().flatten();
-        let mut buffers = vec![("xa".to_string(), wgsl::elem(required(inputs, 0)?.dtype()), true), ("xb".to_string(), wgsl::elem(required(inputs, 3)?.dtype()), true)];
-        let mut bindings = vec![Binding::Input(0), Binding::Input(3)];
+        let mut buffers: Vec<Buffer> = vec![];
         let mut bind = |name: &str, i: usize| -> Result<()> {
-            buffers.push((name.to_string(), wgsl::elem(required(inputs, i)?.dtype()), true));
-            bindings.push(Binding::Input(i));
+            buffers.push((name.to_string(), wgsl::elem(required(inputs, i)?.dtype()), Binding::Input(i)));
             Ok(())
         };
         let per_column = |i: usize| input(i).is_some_and(|t| t.ty.len() != 1);
@@ -317,20 +315,23 @@ impl WgslKernel for QGemm {
                 wgsl::elem(out.dtype)
             )
         };
-        buffers.push(("y".into(), wgsl::elem(out.dtype), false));
-        bindings.push(Binding::Output(0));
+        buffers.push(("y".into(), wgsl::elem(out.dtype), Binding::Output(0)));
         let product = IntProduct {
             label: "QGemm",
-            p: &p,
+            batch: 1,
+            m,
+            n,
+            k,
+            a: strided_operand("xa", 0, required(inputs, 0)?.dtype(), &p, true, za.into()),
+            b: strided_operand("xb", 3, required(inputs, 3)?.dtype(), &p, false, zb.into()),
             buffers,
-            bindings,
             helpers: qlinear::WGSL_REQUANTIZE.to_string(),
-            prelude: format!("let za = {za}; let zb = {zb};"),
-            a_elem: "i32(xa[ia]) - za".into(),
-            b_elem: "i32(xb[ib]) - zb".into(),
+            prelude: String::new(),
             epilogue,
+            scratch: 0,
         };
-        Ok(WgslProgram::single(product.dispatch(tune.get(&wgsl::workgroup_param()))?))
+        let (dispatches, scratch_bytes) = product.program(tune.get(&wgsl::workgroup_param()))?;
+        Ok(WgslProgram { dispatches, scratch_bytes })
     }
 }
 

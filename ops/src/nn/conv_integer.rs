@@ -8,6 +8,7 @@ use super::conv::Conv;
 use super::conv_cpu;
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
+use crate::linalg::qproduct_wgsl::{Buffer, IntOperand, IntProduct};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use super::qconv_packed::{self, Epilogue};
 use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneParam, TuneValues};
@@ -96,10 +97,11 @@ impl CpuKernel for ConvInteger {
     }
 }
 
-/// The WGSL integer convolution: one invocation per output element sums `s` (i32) over
-/// its window, then `epilogue` stores it (`m` is the output channel). Inputs: x and w
-/// at `xi`, `wi`, their zero points at `zi` (`None` or absent: 0); `extra` buffers
-/// (name, input index) are bound after them.
+/// The WGSL integer convolution: a [`IntProduct`] of the filters (A, one matrix per
+/// group) with the input's windows (B, im2col, the padding holding x's zero point, so
+/// that it adds nothing), whose exact sum `s` of output `i` (channel `ch`) `epilogue`
+/// stores. Inputs: x and w at `xi`, `wi`, their zero points at `zi` (`None` or absent:
+/// 0); `extra` buffers (name, input index) are bound after them.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn int_conv_wgsl(
     label: &str,
@@ -112,79 +114,96 @@ pub(super) fn int_conv_wgsl(
     epilogue: &str,
     tune: &TuneValues,
 ) -> Result<WgslProgram> {
-    {
-        let (x, w) = (required(inputs, xi)?, required(inputs, wi)?);
-        let p = conv.problem(x.dims(), w.dims())?;
-        let g = &p.geo;
-        let (cg, mg) = (p.in_channels / p.group, p.out_channels / p.group);
-        let taps = cg * g.kernel.iter().product::<usize>();
-        if taps > wgsl::MAX_LOOP_ITERATIONS {
-            return Err(OpError::Unsupported(format!("{label} with {taps} taps per output on the GPU (at most {})", wgsl::MAX_LOOP_ITERATIONS)));
+    let (x, w) = (required(inputs, xi)?, required(inputs, wi)?);
+    let p = conv.problem(x.dims(), w.dims())?;
+    let g = &p.geo;
+    let (groups, cg, mg) = (p.group, p.in_channels / p.group, p.out_channels / p.group);
+    let window: usize = g.kernel.iter().product();
+    let taps = cg * window;
+    let present = |i: Option<usize>| i.and_then(|i| inputs.get(i).copied().flatten().map(|z| (i, z)));
+    let mut buffers: Vec<Buffer> = vec![];
+    // x's zero point is one value; w's one or one per output channel.
+    let zx = present(zxi).map(|(i, z)| (("zx".to_string(), wgsl::elem(z.dtype()), Binding::Input(i)), "i32(zx[0])"));
+    let zw = match present(zwi) {
+        None => "0i",
+        Some((i, z)) => {
+            buffers.push(("zw".into(), wgsl::elem(z.dtype()), Binding::Input(i)));
+            if z.ty.len() == 1 { "i32(zw[0])" } else { "i32(zw[ch])" }
         }
-        let mut buffers = vec![("x", wgsl::elem(x.dtype()), true), ("w", wgsl::elem(w.dtype()), true)];
-        let mut bindings = vec![Binding::Input(xi), Binding::Input(wi)];
-        let mut zero = |i: Option<usize>, name: &'static str, index: &str| -> Result<String> {
-            let Some((i, z)) = i.and_then(|i| inputs.get(i).copied().flatten().map(|z| (i, z))) else { return Ok("0".into()) };
-            buffers.push((name, wgsl::elem(z.dtype()), true));
-            bindings.push(Binding::Input(i));
-            Ok(if z.ty.len() == 1 { format!("i32({name}[0])") } else { format!("i32({name}[{index}])") })
-        };
-        let zx = zero(zxi, "zx", "0u")?;
-        let zw = zero(zwi, "zw", "m")?;
-        for &(name, i) in extra {
-            buffers.push((name, wgsl::elem(required(inputs, i)?.dtype()), true));
-            bindings.push(Binding::Input(i));
-        }
-        buffers.push(("y", wgsl::elem(out.dtype), false));
-        bindings.push(Binding::Output(0));
-        let [id, ih, iw] = g.input;
-        let [od, oh, ow] = g.output;
-        let [kd, kh, kw] = g.kernel;
-        let u = |v: usize| format!("{v}u");
-        let i = |v: i64| format!("{v}i");
-        let body = format!(
-            "let o3 = i % {opx}u;\n    let m = (i / {opx}u) % {m}u;\n    let b = i / ({opx}u * {m}u);\n\
-             \x20   let ox = i32(o3 % {ow}); let oy = i32((o3 / {ow}) % {oh}); let oz = i32(o3 / ({ow} * {oh}));\n\
-             \x20   let c0 = (m / {mg}u) * {cg}u;\n    let zx = {zx};\n    let zw = {zw};\n    var s = 0i;\n\
-             \x20   for (var c = 0u; c < {cg}u; c++) {{\n\
-             \x20     for (var a = 0u; a < {kd}u; a++) {{ let z = oz * {sd} - {pd} + i32(a) * {dd};\n\
-             \x20       if (z < 0i || z >= {idi}) {{ continue; }}\n\
-             \x20       for (var bb = 0u; bb < {kh}u; bb++) {{ let y = oy * {sh} - {ph} + i32(bb) * {dh};\n\
-             \x20         if (y < 0i || y >= {ihi}) {{ continue; }}\n\
-             \x20         for (var e = 0u; e < {kw}u; e++) {{ let xx = ox * {sw} - {pw} + i32(e) * {dw};\n\
-             \x20           if (xx < 0i || xx >= {iwi}) {{ continue; }}\n\
-             \x20           let xi = ((b * {cin}u + c0 + c) * {idu} + u32(z)) * {ihu} * {iwu} + u32(y) * {iwu} + u32(xx);\n\
-             \x20           let wi = (((m * {cg}u + c) * {kd}u + a) * {kh}u + bb) * {kw}u + e;\n\
-             \x20           s += (i32(x[xi]) - zx) * (i32(w[wi]) - zw);\n\
-             \x20         }}\n       }}\n     }}\n    }}\n    {epilogue}",
-            opx = od * oh * ow,
-            m = p.out_channels,
-            ow = u(ow),
-            oh = u(oh),
-            mg = mg,
-            cg = cg,
-            kd = kd,
-            kh = kh,
-            kw = kw,
-            sd = i(g.stride[0] as i64),
-            sh = i(g.stride[1] as i64),
-            sw = i(g.stride[2] as i64),
-            pd = i(g.pad_begin[0]),
-            ph = i(g.pad_begin[1]),
-            pw = i(g.pad_begin[2]),
-            dd = i(g.dilation[0] as i64),
-            dh = i(g.dilation[1] as i64),
-            dw = i(g.dilation[2] as i64),
-            idi = i(id as i64),
-            ihi = i(ih as i64),
-            iwi = i(iw as i64),
-            idu = u(id),
-            ihu = u(ih),
-            iwu = u(iw),
-            cin = p.in_channels,
-        );
-        Ok(WgslProgram::single(wgsl::simple_kernel(label, out.len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, "", &body)))
+    };
+    if let Some((buffer, _)) = &zx {
+        buffers.push(buffer.clone());
     }
+    let zx_value = zx.as_ref().map_or("0i", |z| z.1);
+    for &(name, i) in extra {
+        buffers.push((name.into(), wgsl::elem(required(inputs, i)?.dtype()), Binding::Input(i)));
+    }
+    buffers.push(("y".into(), wgsl::elem(out.dtype), Binding::Output(0)));
+    let filters = IntOperand {
+        rows: mg,
+        batches: groups,
+        batch_of: format!("bi % {groups}u"),
+        buffers: vec![("w".into(), wgsl::elem(w.dtype()), Binding::Input(wi))],
+        helpers: format!("fn raw(pb: u32, r: u32, k: u32) -> i32 {{ return i32(w[(pb * {mg}u + r) * {taps}u + k]); }}\n"),
+        signed: w.dtype() == DType::I8,
+        zero: zw.into(),
+    };
+    let [id, ih, iw] = g.input;
+    let [od, oh, ow] = g.output;
+    let [kd, kh, kw] = g.kernel;
+    let i = |v: i64| format!("{v}i");
+    let raw = format!(
+        "fn raw(pb: u32, r: u32, k: u32) -> i32 {{\n\
+         \x20   let e = k % {kw}u; let bb = (k / {kw}u) % {kh}u; let a = (k / {khw}u) % {kd}u; let c = k / {window}u;\n\
+         \x20   let ox = i32(r % {ow}u); let oy = i32((r / {ow}u) % {oh}u); let oz = i32(r / {ohw}u);\n\
+         \x20   let z = oz * {sd} - {pd} + i32(a) * {dd}; let y = oy * {sh} - {ph} + i32(bb) * {dh}; let xx = ox * {sw} - {pw} + i32(e) * {dw};\n\
+         \x20   if (z < 0i || z >= {idi} || y < 0i || y >= {ihi} || xx < 0i || xx >= {iwi}) {{ return {zx_value}; }}\n\
+         \x20   let plane = (pb / {groups}u) * {cin}u + (pb % {groups}u) * {cg}u + c;\n\
+         \x20   return i32(x[((plane * {id}u + u32(z)) * {ih}u + u32(y)) * {iw}u + u32(xx)]);\n}}\n",
+        khw = kh * kw,
+        ohw = oh * ow,
+        sd = i(g.stride[0] as i64),
+        sh = i(g.stride[1] as i64),
+        sw = i(g.stride[2] as i64),
+        pd = i(g.pad_begin[0]),
+        ph = i(g.pad_begin[1]),
+        pw = i(g.pad_begin[2]),
+        dd = i(g.dilation[0] as i64),
+        dh = i(g.dilation[1] as i64),
+        dw = i(g.dilation[2] as i64),
+        idi = i(id as i64),
+        ihi = i(ih as i64),
+        iwi = i(iw as i64),
+        cin = p.in_channels,
+    );
+    let mut window_buffers = vec![("x".to_string(), wgsl::elem(x.dtype()), Binding::Input(xi))];
+    window_buffers.extend(zx.map(|z| z.0));
+    let batch = x.dims()[0] * groups;
+    let windows = IntOperand {
+        rows: od * oh * ow,
+        batches: batch,
+        batch_of: "bi".into(),
+        buffers: window_buffers,
+        helpers: raw,
+        signed: x.dtype() == DType::I8,
+        zero: zx_value.into(),
+    };
+    let product = IntProduct {
+        label,
+        batch,
+        m: mg,
+        n: od * oh * ow,
+        k: taps,
+        a: filters,
+        b: windows,
+        buffers,
+        helpers: String::new(),
+        prelude: format!("let ch = (bi % {groups}u) * {mg}u + m;"),
+        epilogue: epilogue.to_string(),
+        scratch: 0,
+    };
+    let (dispatches, scratch_bytes) = product.program(tune.get(&wgsl::workgroup_param()))?;
+    Ok(WgslProgram { dispatches, scratch_bytes })
 }
 
 impl WgslKernel for ConvInteger {

@@ -106,11 +106,11 @@ impl WgslKernel for QLinearConv {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
         let (lo, hi) = range(outputs[0].dtype);
         let ye = wgsl::elem(outputs[0].dtype);
-        let sw = if required(inputs, 4)?.ty.len() == 1 { "sw[0]" } else { "sw[m]" };
+        let sw = if required(inputs, 4)?.ty.len() == 1 { "sw[0]" } else { "sw[ch]" };
         let mut extra = vec![("sx", 1), ("sw", 4), ("sy", 6), ("zy", 7)];
         let bias = if inputs.get(8).copied().flatten().is_some() {
             extra.push(("bias", 8));
-            "bias[m]"
+            "bias[ch]"
         } else {
             "0i"
         };

@@ -66,28 +66,42 @@ impl CpuKernel for DynamicQuantizeLinear {
     }
 }
 
+/// Lanes of the workgroup that finds a range on the GPU ([`wgsl_range`]).
+pub(crate) const RANGE_LANES: usize = 256;
+
+/// Module-scope declarations of [`wgsl_range`].
+pub(crate) const RANGE_DECL: &str = "var<workgroup> lo: array<f32, 256>;\nvar<workgroup> hi: array<f32, 256>;\n";
+
+/// WGSL statements for a workgroup of [`RANGE_LANES`] lanes (`lid` its local id)
+/// that leave in `lo[0]` and `hi[0]` the range, zero included, of the f32 expression
+/// `value` of `e` for `e` in `0..count` (a u32 expression).
+pub(crate) fn wgsl_range(value: &str, count: &str) -> String {
+    format!(
+        "    let l = lid.x;\n    var a = 0.0;\n    var b = 0.0;\n\
+         \x20   for (var e = l; e < {count}; e += {RANGE_LANES}u) {{ let v = {value}; a = min(a, v); b = max(b, v); }}\n\
+         \x20   lo[l] = a;\n    hi[l] = b;\n    workgroupBarrier();\n\
+         \x20   for (var s = {}u; s > 0u; s = s >> 1u) {{\n\
+         \x20       if (l < s) {{ lo[l] = min(lo[l], lo[l + s]); hi[l] = max(hi[l], hi[l + s]); }}\n\
+         \x20       workgroupBarrier();\n    }}\n",
+        RANGE_LANES / 2
+    )
+}
+
 impl WgslKernel for DynamicQuantizeLinear {
     fn generate(&self, _inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
-        const LANES: usize = 256;
         let n = outputs[0].len();
-        if n.div_ceil(LANES) > wgsl::MAX_LOOP_ITERATIONS {
-            return Err(OpError::Unsupported(format!("DynamicQuantizeLinear of {n} elements on the GPU (at most {})", LANES * wgsl::MAX_LOOP_ITERATIONS)));
+        if n.div_ceil(RANGE_LANES) > wgsl::MAX_LOOP_ITERATIONS {
+            return Err(OpError::Unsupported(format!("DynamicQuantizeLinear of {n} elements on the GPU (at most {})", RANGE_LANES * wgsl::MAX_LOOP_ITERATIONS)));
         }
         // One workgroup finds the range and writes the scale and zero point...
         let range = format!(
-            "{}var<workgroup> lo: array<f32, {LANES}>;\nvar<workgroup> hi: array<f32, {LANES}>;\n\
-             @compute @workgroup_size({LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n\
-             \x20   let l = lid.x;\n    var a = 0.0;\n    var b = 0.0;\n\
-             \x20   for (var i = l; i < {n}u; i += {LANES}u) {{ a = min(a, x[i]); b = max(b, x[i]); }}\n\
-             \x20   lo[l] = a;\n    hi[l] = b;\n    workgroupBarrier();\n\
-             \x20   for (var s = {}u; s > 0u; s = s >> 1u) {{\n\
-             \x20       if (l < s) {{ lo[l] = min(lo[l], lo[l + s]); hi[l] = max(hi[l], hi[l + s]); }}\n\
-             \x20       workgroupBarrier();\n    }}\n\
-             \x20   if (l == 0u) {{\n\
+            "{}{}@compute @workgroup_size({RANGE_LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n{}\
+             \x20   if (lid.x == 0u) {{\n\
              \x20       let scale = (hi[0] - lo[0]) / 255.0;\n        scale_out[0] = scale;\n\
              \x20       zp_out[0] = select(u32(round(clamp(-lo[0] / scale, 0.0, 255.0))), 0u, scale == 0.0);\n    }}\n}}\n",
             wgsl::declare(&[("x", "f32", true), ("scale_out", "f32", false), ("zp_out", "u32", false)]),
-            LANES / 2
+            RANGE_DECL,
+            wgsl_range("x[e]", &format!("{n}u"))
         );
         let first = Dispatch { label: "DynamicQuantizeLinear range".into(), source: range, entry_point: "main".into(), workgroups: [1, 1, 1], bindings: vec![Binding::Input(0), Binding::Output(1), Binding::Output(2)] };
         // ... then every element is quantized with them.

@@ -480,9 +480,7 @@ impl<C: Cell> Op for Recurrent<C> {
     }
 
     fn wgsl(&self) -> Option<&dyn WgslKernel> {
-        // The quantized op's per-step requantization has no WGSL version yet: GPU
-        // sessions run it on the CPU.
-        (!self.quantized).then_some(self as &dyn WgslKernel)
+        Some(self)
     }
 
     fn overwrites_outputs(&self) -> bool {

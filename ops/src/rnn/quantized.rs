@@ -9,9 +9,12 @@
 //! sequence_lens, the hidden state of a row whose sequence ended before the previous
 //! step enters the recurrent product's quantization as zeros, as onnxruntime's does.
 use super::common::{Dims, P, R, W, X};
-use crate::quant::dynamic_quantize_linear::dynamic_params;
+use crate::linalg::qproduct_wgsl::{IntOperand, IntProduct};
+use crate::op::required;
+use crate::quant::dynamic_quantize_linear::{dynamic_params, wgsl_range, RANGE_DECL, RANGE_LANES};
 use crate::quant::quantize_linear::run_const;
-use crate::{OpError, Result};
+use crate::wgsl::{self, Binding, Dispatch};
+use crate::{Arg, OpError, Result};
 use kiln_graph::{DType, Tensor};
 
 /// Input indices of the quantization parameters.
@@ -113,6 +116,103 @@ pub(crate) fn matrices(inputs: &[Option<&Tensor>], which: usize, dims: &Dims) ->
             QuantMatrix { k, n, w, scale: (0..n).map(|j| scales[at(j)]).collect() }
         })
         .collect())
+}
+
+/// Scratch buffers of the quantized op's WGSL program beyond the recurrence's two
+/// (`work`, the step counters): the quantization parameters (`qp`: X's scale and zero
+/// point, then each direction's hidden state's), then the packed operands of the
+/// input projection.
+pub(crate) const QP_SCRATCH: usize = 2;
+
+/// Bytes of the `qp` scratch.
+pub(crate) fn qp_bytes(dirs: usize) -> u64 {
+    (4 * (2 + 2 * dirs) as u64).next_multiple_of(16)
+}
+
+/// WGSL finishing a range reduction ([`wgsl_range`]) by lane 0: the scale and zero
+/// point of [`dynamic_params`] into `qp[at]`, `qp[at + 1]` (0 and 0 where the scale
+/// is 0 or not finite, which quantizes everything to 0 as the CPU does).
+pub(crate) fn wgsl_store_params(at: &str) -> String {
+    format!(
+        "    if (l == 0u) {{\n\
+         \x20       let scale = (hi[0] - lo[0]) / 255.0;\n\
+         \x20       let ok = scale > 0.0 && scale <= 3.4028235e38;\n\
+         \x20       qp[{at}] = scale;\n        qp[{at} + 1u] = select(0.0, round(clamp(-lo[0] / scale, 0.0, 255.0)), ok);\n    }}\n"
+    )
+}
+
+/// The WGSL quantized value (as i32, its zero point subtracted) of f32 `v` with the
+/// scale and zero point in `qp[at]`, `qp[at + 1]`.
+pub(crate) fn wgsl_quantized(v: &str, at: &str) -> String {
+    format!("q_value({v}, qp[{at}], qp[{at} + 1u])")
+}
+
+/// The WGSL function behind [`wgsl_quantized`].
+pub(crate) const WGSL_Q_VALUE: &str = "fn q_value(v: f32, scale: f32, zp: f32) -> i32 {\n\
+    \x20   if (!(scale > 0.0 && scale <= 3.4028235e38)) { return 0i; }\n\
+    \x20   return i32(clamp(round(v / scale) + zp, 0.0, 255.0)) - i32(zp);\n}\n";
+
+/// The input projection on the GPU: X's range and parameters into `qp[0..2]`, then
+/// `X W[d]` for every direction as an exact integer product ([`IntProduct`]), scaled
+/// into `work[(d * rows + row) * 4H + column]`.
+pub(crate) fn wgsl_projection(dims: &Dims, inputs: &[Option<Arg>], wg: u32) -> Result<(Vec<Dispatch>, Vec<u64>)> {
+    let len = dims.seq * dims.batch * dims.input;
+    if len.div_ceil(RANGE_LANES) > wgsl::MAX_LOOP_ITERATIONS {
+        return Err(OpError::Unsupported(format!("DynamicQuantizeLSTM with an X of {len} elements on the GPU (at most {})", RANGE_LANES * wgsl::MAX_LOOP_ITERATIONS)));
+    }
+    let qp = ("qp".to_string(), "f32", Binding::Scratch(QP_SCRATCH));
+    let range = format!(
+        "{}{RANGE_DECL}@compute @workgroup_size({RANGE_LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n{}{}}}\n",
+        wgsl::declare(&[("x", "f32", true), ("qp", "f32", false)]),
+        wgsl_range("x[e]", &format!("{len}u")),
+        wgsl_store_params("0u")
+    );
+    let range = Dispatch { label: "DynamicQuantizeLSTM X range".into(), source: range, entry_point: "main".into(), workgroups: [1, 1, 1], bindings: vec![Binding::Input(X), Binding::Scratch(QP_SCRATCH)] };
+    let (gh, input) = (dims.gh(), dims.input);
+    let per_column = |i: usize| required(inputs, i).map(|t| t.ty.len() != dims.dirs);
+    let at = |i: usize| -> Result<&str> { Ok(if per_column(i)? { "bi * GHu + n" } else { "bi" }) };
+    let (scale_at, zero_at) = (at(W_SCALE)?.replace("GH", &gh.to_string()), at(W_ZERO)?.replace("GH", &gh.to_string()));
+    let x = IntOperand {
+        rows: dims.seq * dims.batch,
+        batches: 1,
+        batch_of: "0u".into(),
+        buffers: vec![("x".into(), "f32", Binding::Input(X)), qp.clone()],
+        helpers: format!("{WGSL_Q_VALUE}fn raw(pb: u32, r: u32, k: u32) -> i32 {{ return {} + i32(qp[1]); }}\n", wgsl_quantized(&format!("x[r * {input}u + k]"), "0u")),
+        signed: false,
+        zero: "i32(qp[1])".into(),
+    };
+    let w_dtype = required(inputs, W)?.dtype();
+    let w = IntOperand {
+        rows: gh,
+        batches: dims.dirs,
+        batch_of: "bi".into(),
+        buffers: vec![("w".into(), wgsl::elem(w_dtype), Binding::Input(W))],
+        helpers: format!("fn raw(pb: u32, r: u32, k: u32) -> i32 {{ return i32(w[pb * {}u + k * {gh}u + r]); }}\n", input * gh),
+        signed: w_dtype == DType::I8,
+        zero: format!("i32(wz[{zero_at}])"),
+    };
+    let product = IntProduct {
+        label: "DynamicQuantizeLSTM input projection",
+        batch: dims.dirs,
+        m: dims.seq * dims.batch,
+        n: gh,
+        k: input,
+        a: x,
+        b: w,
+        buffers: vec![
+            qp,
+            ("ws".into(), "f32", Binding::Input(W_SCALE)),
+            ("wz".into(), wgsl::elem(required(inputs, W_ZERO)?.dtype()), Binding::Input(W_ZERO)),
+            ("work".into(), "f32", Binding::Scratch(0)),
+        ],
+        helpers: String::new(),
+        prelude: String::new(),
+        epilogue: format!("work[i] = f32(s) * (qp[0] * ws[{scale_at}]);"),
+        scratch: QP_SCRATCH + 1,
+    };
+    let (mut dispatches, sizes) = product.program(wg)?;
+    dispatches.insert(0, range);
+    Ok((dispatches, sizes))
 }
 
 #[cfg(test)]

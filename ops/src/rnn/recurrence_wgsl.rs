@@ -18,6 +18,9 @@
 use super::common::{Cell, Dims, Direction, Layout, Recurrent, B, INITIAL_C, INITIAL_H, P, R, SEQ_LENS, W, X};
 use crate::linalg::product::{BatchedProduct, Layout as MatLayout};
 use crate::linalg::product_wgsl::{self, Epilogue};
+use super::quantized;
+use crate::op::required;
+use crate::quant::dynamic_quantize_linear::{wgsl_range, RANGE_DECL, RANGE_LANES};
 use crate::wgsl::{self, Binding, Dispatch, TuneParam, WgslProgram};
 use crate::{Arg, OpError, Result, TensorType, TuneValues};
 use std::fmt::Write;
@@ -226,19 +229,27 @@ pub(crate) fn generate<C: Cell>(op: &Recurrent<C>, inputs: &[Option<Arg>], outpu
     let mut dispatches = vec![];
 
     // 1. X W^T for every direction into work[0..].
-    let p = BatchedProduct {
-        batch: vec![dirs],
-        a_batch_strides: vec![0],
-        b_batch_strides: vec![gh * input],
-        m: seq * batch,
-        n: gh,
-        k: input,
-        a: MatLayout::row_major(input),
-        b: MatLayout { rs: 1, cs: input },
-    };
-    let mut proj = product_wgsl::generate(&format!("{name} input projection"), &p, "f32", &Epilogue::NONE, tune)?.dispatches.remove(0);
-    proj.bindings = vec![Binding::Input(X), Binding::Input(W), Binding::Scratch(0)];
-    dispatches.push(proj);
+    let mut extra_scratch = vec![];
+    if op.quantized {
+        let (projection, sizes) = quantized::wgsl_projection(&dims, inputs, wg)?;
+        dispatches.extend(projection);
+        extra_scratch.push(quantized::qp_bytes(dirs));
+        extra_scratch.extend(sizes);
+    } else {
+        let p = BatchedProduct {
+            batch: vec![dirs],
+            a_batch_strides: vec![0],
+            b_batch_strides: vec![gh * input],
+            m: seq * batch,
+            n: gh,
+            k: input,
+            a: MatLayout::row_major(input),
+            b: MatLayout { rs: 1, cs: input },
+        };
+        let mut proj = product_wgsl::generate(&format!("{name} input projection"), &p, "f32", &Epilogue::NONE, tune)?.dispatches.remove(0);
+        proj.bindings = vec![Binding::Input(X), Binding::Input(W), Binding::Scratch(0)];
+        dispatches.push(proj);
+    }
 
     // 2. init.
     let optional = [(B, "bias_in", "f32"), (SEQ_LENS, "lens_in", "i32"), (INITIAL_H, "h0", "f32"), (INITIAL_C, "c0", "f32"), (P, "p_in", "f32")];
@@ -290,7 +301,11 @@ pub(crate) fn generate<C: Cell>(op: &Recurrent<C>, inputs: &[Option<Arg>], outpu
     let has_y = !outputs.is_empty();
     let phases = op.cell.phases(&w);
     let fns = functions(op);
-    let steps: Vec<Dispatch> = phases.iter().enumerate().map(|(k, ph)| phase_dispatch(op, &w, ph, k, k + 1 == phases.len(), has_y, wg, &fns)).collect::<Result<_>>()?;
+    let quant = if op.quantized { Some(QuantizedR::new(inputs, &dims)?) } else { None };
+    let mut steps: Vec<Dispatch> = phases.iter().enumerate().map(|(k, ph)| phase_dispatch(op, &w, ph, k, k + 1 == phases.len(), has_y, wg, &fns, quant.as_ref())).collect::<Result<_>>()?;
+    if quant.is_some() {
+        steps.insert(0, hidden_range(&w, phases.len())?);
+    }
     for _ in 0..seq {
         dispatches.extend(steps.iter().cloned());
     }
@@ -310,12 +325,68 @@ pub(crate) fn generate<C: Cell>(op: &Recurrent<C>, inputs: &[Option<Arg>], outpu
         dispatches.push(wgsl::simple_kernel(&format!("{name} final state"), units, wg, &buffers, bindings, "", &body));
     }
     let work_bytes = (w.len.max(1) as u64 * 4).next_multiple_of(16);
-    Ok(WgslProgram { dispatches, scratch_bytes: vec![work_bytes, 16] })
+    let mut scratch_bytes = vec![work_bytes, 16];
+    scratch_bytes.extend(extra_scratch);
+    Ok(WgslProgram { dispatches, scratch_bytes })
+}
+
+/// How the quantized op's R is read: per direction or per column scale and zero point
+/// (`d` the direction, `col` the gate column `g * hidden + j`).
+pub(crate) struct QuantizedR {
+    scale: String,
+    zero: String,
+    zero_type: &'static str,
+    r_type: &'static str,
+}
+
+impl QuantizedR {
+    fn new(inputs: &[Option<Arg>], dims: &Dims) -> Result<QuantizedR> {
+        let at = |i: usize| -> Result<String> {
+            Ok(if required(inputs, i)?.ty.len() != dims.dirs { format!("d * {}u + col", dims.gh()) } else { "d".into() })
+        };
+        Ok(QuantizedR { scale: at(quantized::R_SCALE)?, zero: at(quantized::R_ZERO)?, zero_type: wgsl::elem(required(inputs, quantized::R_ZERO)?.dtype()), r_type: wgsl::elem(required(inputs, R)?.dtype()) })
+    }
+}
+
+/// The quantized op's first dispatch of every step: one workgroup per direction finds
+/// the range of its hidden state (rows that ended before the previous step as zeros,
+/// as the CPU's) and stores its scale and zero point in `qp[2 + 2d..]`. Its step
+/// counter is `ctr[counter]`.
+fn hidden_range(w: &WgslCtx, counter: usize) -> Result<Dispatch> {
+    let Dims { batch, hidden, dirs, .. } = w.dims;
+    let count = batch * hidden;
+    if count.div_ceil(RANGE_LANES) > wgsl::MAX_LOOP_ITERATIONS || counter >= 4 {
+        return Err(OpError::Unsupported(format!("DynamicQuantizeLSTM with a hidden state of {count} values per direction on the GPU (at most {})", RANGE_LANES * wgsl::MAX_LOOP_ITERATIONS)));
+    }
+    let value = format!("select(0.0, work[hp + e], s <= row_len(e / {hidden}u))");
+    let source = format!(
+        "@group(0) @binding(0) var<storage, read_write> work: array<f32>;\n\
+         @group(0) @binding(1) var<storage, read_write> ctr: array<atomic<u32>>;\n\
+         @group(0) @binding(2) var<storage, read_write> qp: array<f32>;\n{RANGE_DECL}var<workgroup> kiln_step: u32;\n\
+         fn row_len(b: u32) -> u32 {{\n    {}    return len;\n}}\n\
+         @compute @workgroup_size({RANGE_LANES})\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20   if (lid.x == 0u) {{ kiln_step = atomicAdd(&ctr[{counter}], 1u) / {dirs}u; }}\n\
+         \x20   let s = workgroupUniformLoad(&kiln_step);\n    let d = wid.x;\n\
+         \x20   let hp = {}u + (s % 2u) * {}u + d * {count}u;\n{}{}}}\n",
+        w.len_code(),
+        w.h,
+        w.units(),
+        wgsl_range(&value, &format!("{count}u")),
+        quantized::wgsl_store_params("2u + 2u * d")
+    );
+    Ok(Dispatch {
+        label: "DynamicQuantizeLSTM step: hidden state range".into(),
+        source,
+        entry_point: "main".into(),
+        workgroups: [dirs as u32, 1, 1],
+        bindings: vec![Binding::Scratch(0), Binding::Scratch(1), Binding::Scratch(quantized::QP_SCRATCH)],
+    })
 }
 
 /// The dispatch of phase `k` of every step.
 #[allow(clippy::too_many_arguments)]
-fn phase_dispatch<C: Cell>(op: &Recurrent<C>, w: &WgslCtx, ph: &Phase, k: usize, last: bool, has_y: bool, wg: u32, fns: &str) -> Result<Dispatch> {
+fn phase_dispatch<C: Cell>(op: &Recurrent<C>, w: &WgslCtx, ph: &Phase, k: usize, last: bool, has_y: bool, wg: u32, fns: &str, quant: Option<&QuantizedR>) -> Result<Dispatch> {
     let Dims { seq, batch, hidden, .. } = w.dims;
     let gh = w.dims.gh();
     let units = w.units();
@@ -324,11 +395,22 @@ fn phase_dispatch<C: Cell>(op: &Recurrent<C>, w: &WgslCtx, ph: &Phase, k: usize,
     if groups * seq as u64 > u32::MAX as u64 {
         return Err(OpError::Unsupported(format!("{}: {seq} steps of {groups} workgroups overflow the step counter", C::SPEC.name)));
     }
-    let mut s = String::from("@group(0) @binding(0) var<storage, read_write> work: array<f32>;\n@group(0) @binding(1) var<storage, read> r: array<f32>;\n");
+    // R is f32, or 8-bit integers (their WGSL type) in the quantized op.
+    let r_type = quant.map_or("f32", |q| q.r_type);
+    let mut s = format!("@group(0) @binding(0) var<storage, read_write> work: array<f32>;\n@group(0) @binding(1) var<storage, read> r: array<{r_type}>;\n");
     s += "@group(0) @binding(2) var<storage, read_write> ctr: array<atomic<u32>>;\n";
     let mut bindings = vec![Binding::Scratch(0), Binding::Input(R), Binding::Scratch(1)];
+    if let Some(q) = quant {
+        let _ = writeln!(
+            s,
+            "@group(0) @binding(3) var<storage, read_write> qp: array<f32>;\n@group(0) @binding(4) var<storage, read> rs: array<f32>;\n@group(0) @binding(5) var<storage, read> rz: array<{}>;",
+            q.zero_type
+        );
+        bindings.extend([Binding::Scratch(quantized::QP_SCRATCH), Binding::Input(quantized::R_SCALE), Binding::Input(quantized::R_ZERO)]);
+        s += quantized::WGSL_Q_VALUE;
+    }
     if has_y && last {
-        s += "@group(0) @binding(3) var<storage, read_write> y: array<f32>;\n";
+        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read_write> y: array<f32>;", bindings.len());
         bindings.push(Binding::Output(0));
     }
     s += "var<workgroup> kiln_step: u32;\n\n";
@@ -363,10 +445,29 @@ fn phase_dispatch<C: Cell>(op: &Recurrent<C>, w: &WgslCtx, ph: &Phase, k: usize,
     if w.has_bias {
         let _ = writeln!(s, "    let bias = {}u + d * {}u + j;", w.bias, 2 * gh);
     }
-    for g in &ph.gates {
+    if let Some(q) = quant {
+        // acc{g}: the exact sum of (quantized h - its zero point) times (R - its zero
+        // point) over the unit's column of R (stored [hidden, 4*hidden] per direction),
+        // scaled by the two scales, as the CPU's.
+        let hq = quantized::wgsl_quantized("work[hp + k]", "2u + 2u * d");
+        for g in &ph.gates {
+            let col = format!("({}u + j)", g * hidden);
+            let _ = writeln!(s, "    var iacc{g} = 0i;\n    let rz{g} = i32(rz[{}]);", q.zero.replace("col", &col));
+        }
+        let _ = writeln!(s, "    let rbase = d * {}u + j;\n    for (var k = 0u; k < {hidden}u; k = k + 1u) {{\n        let hk = {hq};", gh * hidden);
+        for g in &ph.gates {
+            let _ = writeln!(s, "        iacc{g} += hk * (i32(r[rbase + k * {gh}u + {}u]) - rz{g});", g * hidden);
+        }
+        s += "    }\n";
+        for g in &ph.gates {
+            let col = format!("({}u + j)", g * hidden);
+            let _ = writeln!(s, "    let acc{g} = f32(iacc{g}) * (qp[2u + 2u * d] * rs[{}]);", q.scale.replace("col", &col));
+        }
+    }
+    for g in ph.gates.iter().filter(|_| quant.is_none()) {
         let _ = writeln!(s, "    var acc{g} = 0.0;");
     }
-    if !ph.gates.is_empty() {
+    if !ph.gates.is_empty() && quant.is_none() {
         let src = match ph.source {
             Source::Hidden => "hp".to_string(),
             Source::Extra(e) => format!("{}u + row", w.extra + e * units),

@@ -54,4 +54,5 @@ pub const NO_F64_REFERENCE: &[&str] = &[
     "MatMulIntegerToFloat",
     "DynamicQuantizeMatMul",
     "MatMulNBits",
+    "DynamicQuantizeLSTM",
 ];
