@@ -9,6 +9,7 @@
 
 pub mod broadcast;
 mod control;
+pub use control::{with_body_runner, BodyRunner};
 pub mod cpu;
 mod error;
 pub mod infer;

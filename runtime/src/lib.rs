@@ -8,6 +8,7 @@
 //! Invariant: only this crate links wgpu.
 
 mod arena;
+mod bodies;
 mod calibrate;
 pub mod artifact;
 pub mod cpu;

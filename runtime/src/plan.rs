@@ -6,6 +6,7 @@
 //! outputs are the values later segments (or the caller) read, so the CPU and GPU plans
 //! run unchanged.
 use crate::arena::MemoryPlan;
+use crate::bodies::{GpuBodies, RunBodies};
 use crate::cpu::CpuPlan;
 use crate::gpu::{self, GpuContext, GpuPlan};
 use crate::placement::{Dev, Placement};
@@ -57,6 +58,8 @@ pub(crate) struct Plan {
     /// Whether the whole run is too small to pay for handing it to the worker threads
     /// (it then stays on the calling thread, `threads::Workers::run_here`).
     pub serial: bool,
+    /// With a GPU, what runs the control-flow bodies of the run's host steps.
+    pub bodies: Option<Arc<GpuBodies>>,
 }
 
 /// A CPU run of fewer flops (and fewer than four times as many bytes) stays on the
@@ -151,11 +154,20 @@ impl Plan {
             segments.push(Segment { view, plan });
         }
         let constants = if whole { HashMap::new() } else { graph.outputs.iter().filter_map(|o| spec.constants.get(o).map(|t| (*o, t.clone()))).collect() };
-        Ok(Plan { segments, devices: step_devices, folded: spec.folded, constants, serial })
+        Ok(Plan { segments, devices: step_devices, folded: spec.folded, constants, serial, bodies: None })
     }
 
-    /// Runs every segment in order; returns the graph outputs, kernels and submits.
+    /// Runs every segment in order (control-flow bodies through `bodies`, when set);
+    /// returns the graph outputs, kernels and submits.
     pub fn run(&self, graph: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor]) -> Result<RunResult> {
+        let Some(b) = &self.bodies else { return self.run_segments(graph, ops, inputs) };
+        let runner = RunBodies::new(b);
+        let (result, kernels, submits) = runner.scope(|| self.run_segments(graph, ops, inputs));
+        let (outs, k, s) = result?;
+        Ok((outs, k + kernels, s + submits))
+    }
+
+    fn run_segments(&self, graph: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor]) -> Result<RunResult> {
         if let [only] = self.segments.as_slice() {
             return only.run(graph, ops, inputs);
         }

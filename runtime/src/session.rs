@@ -1,5 +1,6 @@
 //! Sessions: a graph bound to a device, run from many threads, specialised per input
 //! shape signature.
+use crate::bodies::{GpuBodies, RunBodies};
 use crate::calibrate::calibrate;
 use crate::error::poisoned;
 use crate::gpu::{self, GpuContext};
@@ -109,6 +110,8 @@ pub struct Session {
     workers: threads::Workers,
     /// Tuned kernel choices: lookups of the plans, and what `tune` measured.
     choices: Choices,
+    /// With a GPU, what runs control-flow bodies there.
+    bodies: Option<Arc<GpuBodies>>,
 }
 
 /// The plan of one input signature.
@@ -199,6 +202,20 @@ const MAX_FLOAT_VALUE_INPUT: usize = 16;
 impl Session {
     /// Validates the graph, creates its ops and opens the device.
     pub fn new(graph: Graph, options: SessionOptions) -> Result<Session> {
+        let main = match gpu::select(&options.device)? {
+            None => None,
+            Some(adapter) => Some(gpu::context_for(adapter)?),
+        };
+        Session::build(graph, options, main)
+    }
+
+    /// A session of a control-flow body on an open GPU context (its CPU steps on one
+    /// thread: the enclosing session's kernel is already on one of its workers).
+    pub(crate) fn on_context(graph: Graph, ctx: Arc<GpuContext>, registry: Option<Registry>) -> Result<Session> {
+        Session::build(graph, SessionOptions { registry, threads: Some(1), ..Default::default() }, Some(ctx))
+    }
+
+    fn build(graph: Graph, options: SessionOptions, main: Option<Arc<GpuContext>>) -> Result<Session> {
         let order = graph.validate()?;
         let registry = options.registry.as_ref().unwrap_or_else(|| Registry::builtin());
         let ops = infer::create_ops(&graph, registry)?;
@@ -215,10 +232,8 @@ impl Session {
         let symbolic = infer::check_symbolic(&graph, &ops, &order)?;
         let limits = options.memory_limit.map_or_else(Limits::default, |memory| Limits { memory });
         log::info!("checked the shapes of '{}' symbolically in {:.1} ms", graph.name, start.elapsed().as_secs_f64() * 1e3);
-        let (backend, main) = match gpu::select(&options.device)? {
-            None => (Backend::Cpu, None),
-            Some(adapter) => (Backend::Gpu, Some(gpu::context_for(adapter)?)),
-        };
+        let backend = if main.is_some() { Backend::Gpu } else { Backend::Cpu };
+        let bodies = main.as_ref().map(|ctx| Arc::new(GpuBodies::new(ctx.clone(), options.registry.clone())));
         let (contexts, rule_devs) = placement::resolve_rules(&graph, &options.placement, main)?;
         let gpus = contexts.into_iter().map(|c| (c, gpu::WeightCache::default())).collect();
         let auto_place = match (options.auto_place, &backend) {
@@ -245,6 +260,7 @@ impl Session {
             auto_place,
             workers,
             choices,
+            bodies,
         })
     }
 
@@ -456,7 +472,16 @@ impl Session {
             // The barrier, on the host, with every input known.
             let node = &self.graph.nodes[next.barrier];
             let known: HashMap<ValueId, Tensor> = node.inputs.iter().flatten().map(|v| env.get(v).cloned().map(|t| (*v, t)).ok_or_else(|| self.missing(*v))).collect::<Result<_>>()?;
-            let outs = infer::evaluate(&self.graph, &self.ops, next.barrier, &known, self.limits)?;
+            let evaluate = || infer::evaluate(&self.graph, &self.ops, next.barrier, &known, self.limits);
+            let outs = match &self.bodies {
+                Some(b) => {
+                    let (outs, k, s) = RunBodies::new(b).scope(evaluate);
+                    kernels += k;
+                    submits += s;
+                    outs
+                }
+                None => evaluate(),
+            }?;
             env.extend(node.outputs.iter().copied().zip(outs));
             // The next stage, for the types of the values it reads.
             let mut reads: Vec<ValueId> = vec![];
@@ -539,7 +564,8 @@ impl Session {
         let on = Devices { rules: &self.placement, rule_devs: &self.rule_devs, has_main_gpu: matches!(self.backend, Backend::Gpu), auto: self.auto_place };
         let placed = placement::place(graph, &self.ops, spec, &on)?;
         let on_cpu = placed.devices.iter().filter(|d| **d == Dev::Cpu).count();
-        let plan = Plan::build(graph, &self.ops, spec, placed, &self.gpus, self.limits, &self.choices)?;
+        let mut plan = Plan::build(graph, &self.ops, spec, placed, &self.gpus, self.limits, &self.choices)?;
+        plan.bodies = self.bodies.clone();
         if plan.segment_count() > 1 {
             log::info!(
                 "'{}' runs in {} segments: {} steps on the CPU, {} on GPUs",

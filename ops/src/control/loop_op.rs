@@ -4,11 +4,14 @@
 //! (iteration number, condition, N carried values, outer values) and returns (condition,
 //! N carried values, K scan outputs); the node returns the N final carried values and
 //! the K scan outputs stacked along a new first axis.
-use super::{all_values, first_unknown, stack, store, truth, Body, Memo};
+use super::{all_values, first_unknown, stack, store, truth, Body, Feed, Memo};
 use crate::cpu::CpuKernel;
 use crate::wgsl::WgslKernel;
 use crate::{Arg, NodeSpec, Op, OpError, Result, TensorType};
 use kiln_graph::{DType, Tensor};
+
+/// Most iterations of one chain.
+const CHAIN: usize = 16;
 
 #[derive(Debug)]
 pub struct Loop {
@@ -70,6 +73,31 @@ impl Loop {
         let outer: Vec<&Tensor> = inputs[2 + self.carried..].iter().map(|t| t.ok_or_else(|| OpError::invalid("an outer value of Loop is missing"))).collect::<Result<_>>()?;
         let mut scans: Vec<Vec<Tensor>> = vec![vec![]; self.scans];
         let mut i: i64 = 0;
+        // With a trip count and a condition the body does not change, the iterations
+        // run in chains of up to CHAIN (one piece of work each where a runner takes
+        // them; otherwise one by one below).
+        let chained = trips.filter(|_| cond_in.is_none() || self.body.keeps_condition());
+        while let Some(m) = chained.filter(|&m| cond && m - i >= 2) {
+            // The largest power of two that fits (a few chain lengths serve any count).
+            let left = CHAIN.min((m - i) as usize);
+            let k = 1usize << (usize::BITS - 1 - left.leading_zeros());
+            let i0 = Tensor::scalar(i);
+            let mut args: Vec<&Tensor> = vec![&i0];
+            args.extend(carried.iter());
+            args.extend(outer.iter().copied());
+            let feeds: Vec<Feed> = [Feed::Iteration, Feed::True].into_iter().chain((0..self.carried).map(Feed::Carried)).chain(outer.iter().map(|_| Feed::Shared)).collect();
+            let carried_out: Vec<usize> = (1..1 + self.carried).collect();
+            let emitted: Vec<usize> = (1 + self.carried..1 + self.carried + self.scans).collect();
+            let Some(outs) = self.body.run_chain(k, &feeds, &carried_out, &emitted, &args)? else { break };
+            let mut outs = outs.into_iter();
+            carried = outs.by_ref().take(self.carried).collect();
+            for _ in 0..k {
+                for s in scans.iter_mut() {
+                    s.push(outs.next().ok_or_else(|| OpError::invalid("a chain of Loop's body returned too few outputs"))?);
+                }
+            }
+            i += k as i64;
+        }
         while cond && trips.is_none_or(|m| i < m) {
             let iter = Tensor::scalar(i);
             let c = Tensor::from_bools(&[], &[cond])?;

@@ -1,10 +1,14 @@
 //! Control flow: If, Loop and Scan. Each holds its subgraphs as [`Body`]s (ops created
-//! once) and runs them on the host through the same specialisation every graph goes
-//! through: with every input known, a body folds to its outputs with the CPU kernels.
+//! once); the op's kernel drives the loop on the host and runs a body per iteration.
+//! A body runs through the [`BodyRunner`] its caller installed ([`with_body_runner`]:
+//! a GPU session runs bodies as GPU work), else on the host through the same
+//! specialisation every graph goes through: with every input known, a body folds to
+//! its outputs with the CPU kernels.
 //! Output types follow from the bodies' inference where they do not depend on values
 //! (If with branches of one type, Scan, a Loop without scan outputs whose carried
 //! values keep their types); otherwise the op needs its input values, and a session
 //! runs it once those are computed.
+mod chain;
 mod if_op;
 mod loop_op;
 mod scan;
@@ -12,7 +16,39 @@ mod scan;
 use crate::infer::{self, InferError, Limits, SpecializeError};
 use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType};
 use kiln_graph::{Attr, Graph, NodeId, Tensor};
+use chain::Feed;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// Runs control-flow bodies somewhere other than the host (a GPU session's device).
+/// The op keeps the loop's semantics; the runner computes one application of a body:
+/// `graph`'s outputs for its inputs (declared ones, then the enclosing graph's values
+/// it reads). `Ok(None)` leaves that application to the host (a body over sequences,
+/// say).
+pub trait BodyRunner: Sync {
+    fn run(&self, graph: &Arc<Graph>, inputs: &[&Tensor]) -> Result<Option<Vec<Tensor>>>;
+}
+
+thread_local! {
+    static RUNNER: std::cell::Cell<Option<&'static dyn BodyRunner>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with `runner` running the control-flow bodies that kernels on this thread
+/// execute (the previous runner, if any, is back afterwards, also on a panic).
+pub fn with_body_runner<R>(runner: &dyn BodyRunner, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<&'static dyn BodyRunner>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RUNNER.with(|r| r.set(self.0));
+        }
+    }
+    // SAFETY: the reference is only reachable through RUNNER while `f` runs, and
+    // `Restore` takes it out again before this function returns or unwinds, so it
+    // never outlives `runner`.
+    let runner: &'static dyn BodyRunner = unsafe { std::mem::transmute::<&dyn BodyRunner, &'static dyn BodyRunner>(runner) };
+    let _restore = Restore(RUNNER.with(|r| r.replace(Some(runner))));
+    f()
+}
 
 pub(crate) fn register(r: &mut Registry) {
     r.register("", "If", |s| Ok(Box::new(if_op::If::parse(s)?)));
@@ -27,6 +63,8 @@ pub(crate) struct Body {
     graph: Arc<Graph>,
     ops: Vec<Box<dyn Op>>,
     order: Vec<NodeId>,
+    /// Chains of this body by length (`None`: it cannot be chained), built on first use.
+    chains: Mutex<HashMap<usize, Option<Arc<Graph>>>>,
 }
 
 impl std::fmt::Debug for Body {
@@ -47,7 +85,7 @@ impl Body {
         let order = graph.validate().map_err(|e| bad(&e))?;
         let registry = spec.registry.unwrap_or_else(|| Registry::builtin());
         let ops = infer::create_ops(&graph, registry).map_err(|e| bad(&e))?;
-        Ok(Body { attr: attr.into(), graph, ops, order })
+        Ok(Body { attr: attr.into(), graph, ops, order, chains: Mutex::default() })
     }
 
     /// Inputs the subgraph's op declares (the rest are values of the enclosing graph).
@@ -83,9 +121,16 @@ impl Body {
         }
     }
 
-    /// Runs the subgraph on known inputs (every node on the host).
+    /// Runs the subgraph on known inputs: through this thread's [`BodyRunner`] if any,
+    /// else every node on the host.
     pub fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         self.check_count(inputs.len())?;
+        if let Some(runner) = RUNNER.with(|r| r.get()) {
+            let ran = runner.run(&self.graph, inputs).map_err(|e| OpError::invalid(format!("subgraph '{}' ('{}'): {e}", self.attr, self.graph.name)))?;
+            if let Some(outs) = ran {
+                return Ok(outs);
+            }
+        }
         let types: Vec<TensorType> = inputs.iter().map(|t| TensorType::of(t)).collect();
         let values: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
         let s = infer::specialize(&self.graph, &self.ops, &self.order, &types, &values, Limits::default()).map_err(|e| self.error(e.into_error()))?;
@@ -101,6 +146,35 @@ impl Body {
             .iter()
             .map(|o| s.constants.get(o).cloned().ok_or_else(|| OpError::invalid(format!("subgraph '{}': output {} was not computed", self.attr, self.graph.values[*o].name))))
             .collect()
+    }
+
+    /// Runs `k` applications as one [`chain::chain`] (see there for `feeds`,
+    /// `carried_out`, `emitted` and the order of `inputs` and outputs) through this
+    /// thread's [`BodyRunner`]. `None`: no runner, a body that cannot be chained, or
+    /// one the runner leaves to the host; the caller then runs the applications one by
+    /// one.
+    pub fn run_chain(&self, k: usize, feeds: &[Feed], carried_out: &[usize], emitted: &[usize], inputs: &[&Tensor]) -> Result<Option<Vec<Tensor>>> {
+        let Some(runner) = RUNNER.with(|r| r.get()) else { return Ok(None) };
+        let chain = {
+            let mut chains = self.chains.lock().map_err(|_| OpError::invalid("a body's chain cache was poisoned"))?;
+            chains.entry(k).or_insert_with(|| chain::chain(&self.graph, k, feeds, carried_out, emitted).map(Arc::new)).clone()
+        };
+        let Some(chain) = chain else { return Ok(None) };
+        runner.run(&chain, inputs).map_err(|e| OpError::invalid(format!("subgraph '{}' ('{}'), {k} iterations chained: {e}", self.attr, self.graph.name)))
+    }
+
+    /// Whether the body returns its condition input unchanged (directly, through
+    /// Identity, or a constant true), so that the loop's condition is not data-dependent.
+    pub fn keeps_condition(&self) -> bool {
+        let g = &self.graph;
+        let (Some(&cond_in), Some(&cond_out)) = (g.inputs.get(1), g.outputs.first()) else { return false };
+        if cond_out == cond_in {
+            return true;
+        }
+        if let Some(t) = g.initializers.get(&cond_out) {
+            return t.len() == 1 && t.to_f64_vec()[0] != 0.0;
+        }
+        g.nodes.iter().any(|n| n.op_type == "Identity" && n.domain.is_empty() && n.outputs.first() == Some(&cond_out) && n.inputs.first() == Some(&Some(cond_in)))
     }
 
     fn check_count(&self, n: usize) -> Result<()> {

@@ -1,0 +1,85 @@
+//! Control-flow bodies as GPU work. In a session with a GPU, the If, Loop and Scan
+//! kernels (which drive their loops on the host) run each body application through
+//! [`GpuBodies`]: a session of the body graph on the same GPU context, one per body
+//! and input signature, built on first use and cached. An application uploads the
+//! body's inputs, runs the body's plan (one submit where it is all GPU work) and reads
+//! back its outputs, among them a Loop's condition. Bodies over sequences, optionals
+//! or strings stay on the host (those values live there). A run's statistics count
+//! the kernels and submits of the bodies it ran ([`RunBodies`]).
+use crate::gpu::GpuContext;
+use crate::session::Session;
+use kiln_graph::{DType, Graph, Tensor, ValueType};
+use kiln_ops::{BodyRunner, OpError, Registry, TensorType};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A body graph (its address while `graph` keeps it alive) and input types.
+type Key = (usize, Vec<TensorType>);
+
+pub(crate) struct GpuBodies {
+    ctx: Arc<GpuContext>,
+    registry: Option<Registry>,
+    sessions: Mutex<HashMap<Key, Arc<(Arc<Graph>, Session)>>>,
+}
+
+impl GpuBodies {
+    pub fn new(ctx: Arc<GpuContext>, registry: Option<Registry>) -> GpuBodies {
+        GpuBodies { ctx, registry, sessions: Mutex::default() }
+    }
+
+    /// The session of `graph` for inputs of these types: its inputs typed as given.
+    fn session(&self, graph: &Arc<Graph>, types: Vec<TensorType>) -> crate::Result<Arc<(Arc<Graph>, Session)>> {
+        let key = (Arc::as_ptr(graph) as usize, types);
+        if let Some(s) = self.sessions.lock().map_err(|_| crate::error::poisoned())?.get(&key) {
+            return Ok(s.clone());
+        }
+        let mut g = (**graph).clone();
+        for (&v, t) in g.inputs.clone().iter().zip(&key.1) {
+            g.values[v].ty = Some(ValueType::new(t.dtype, kiln_graph::Shape::fixed(&t.dims)));
+        }
+        let session = Session::on_context(g, self.ctx.clone(), self.registry.clone())?;
+        let built = Arc::new((graph.clone(), session));
+        Ok(self.sessions.lock().map_err(|_| crate::error::poisoned())?.entry(key).or_insert(built).clone())
+    }
+}
+
+/// One run's use of [`GpuBodies`]: the kernels and submits its body applications
+/// launched, added to the run's own.
+pub(crate) struct RunBodies<'a> {
+    bodies: &'a GpuBodies,
+    pub kernels: AtomicUsize,
+    pub submits: AtomicUsize,
+}
+
+impl<'a> RunBodies<'a> {
+    pub fn new(bodies: &'a GpuBodies) -> RunBodies<'a> {
+        RunBodies { bodies, kernels: AtomicUsize::new(0), submits: AtomicUsize::new(0) }
+    }
+
+    /// Runs `f` with this runner installed; returns its result and the kernels and
+    /// submits of the bodies it ran.
+    pub fn scope<R>(&self, f: impl FnOnce() -> R) -> (R, usize, usize) {
+        let r = kiln_ops::with_body_runner(self, f);
+        (r, self.kernels.load(Ordering::Relaxed), self.submits.load(Ordering::Relaxed))
+    }
+}
+
+impl BodyRunner for RunBodies<'_> {
+    fn run(&self, graph: &Arc<Graph>, inputs: &[&Tensor]) -> kiln_ops::Result<Option<Vec<Tensor>>> {
+        if inputs.iter().any(|t| t.composite().is_some() || t.dtype() == DType::String) {
+            return Ok(None);
+        }
+        let b = self.bodies;
+
+        let types = inputs.iter().map(|t| TensorType::of(t)).collect();
+        let fail = |e: crate::RuntimeError| OpError::invalid(format!("on {}: {e}", b.ctx.info.name));
+        let s = b.session(graph, types).map_err(fail)?;
+        let names: Vec<&str> = graph.inputs.iter().map(|&v| graph.values[v].name.as_str()).collect();
+        let feeds: Vec<(&str, &Tensor)> = names.into_iter().zip(inputs.iter().copied()).collect();
+        let (outs, stats) = s.1.run_with_stats(&feeds).map_err(fail)?;
+        self.kernels.fetch_add(stats.kernels, Ordering::Relaxed);
+        self.submits.fetch_add(stats.submits, Ordering::Relaxed);
+        Ok(Some(outs))
+    }
+}
