@@ -1,46 +1,55 @@
 //! Control-flow bodies as GPU work. In a session with a GPU, the If, Loop and Scan
 //! kernels (which drive their loops on the host) run each body application through
-//! [`GpuBodies`]: a session of the body graph on the same GPU context, one per body
-//! and input signature, built on first use and cached. An application uploads the
+//! [`GpuBodies`]: the body graph compiled for the same GPU context (a session), one per
+//! body and input signature, built on first use and cached. An application uploads the
 //! body's inputs, runs the body's plan (one submit where it is all GPU work) and reads
 //! back its outputs, among them a Loop's condition. Bodies over sequences, optionals
 //! or strings stay on the host (those values live there). A run's statistics count
 //! the kernels and submits of the bodies it ran ([`RunBodies`]).
-use crate::gpu::GpuContext;
-use crate::session::Session;
 use kiln_graph::{DType, Graph, Tensor, ValueType};
 use kiln_ops::{BodyRunner, OpError, Registry, TensorType};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// A body graph (its address while `graph` keeps it alive) and input types.
+/// A body compiled for the device: runs on named inputs, returning its outputs and the
+/// kernels and submits it launched (a session, which `session` supplies, so that this
+/// module does not depend on it).
+pub(crate) trait CompiledBody: Send + Sync {
+    fn run(&self, feeds: &[(&str, &Tensor)]) -> crate::Result<(Vec<Tensor>, usize, usize)>;
+}
+
+/// Compiles a body graph (inputs typed) for the device.
+pub(crate) type Compile = Box<dyn Fn(Graph, Option<Registry>) -> crate::Result<Box<dyn CompiledBody>> + Send + Sync>;
+
+/// A body graph (its address while the entry keeps it alive) and input types.
 type Key = (usize, Vec<TensorType>);
 
 pub(crate) struct GpuBodies {
-    ctx: Arc<GpuContext>,
+    /// The device's name, for errors.
+    device: String,
+    compile: Compile,
     registry: Option<Registry>,
-    sessions: Mutex<HashMap<Key, Arc<(Arc<Graph>, Session)>>>,
+    compiled: Mutex<HashMap<Key, Arc<(Arc<Graph>, Box<dyn CompiledBody>)>>>,
 }
 
 impl GpuBodies {
-    pub fn new(ctx: Arc<GpuContext>, registry: Option<Registry>) -> GpuBodies {
-        GpuBodies { ctx, registry, sessions: Mutex::default() }
+    pub fn new(device: String, compile: Compile, registry: Option<Registry>) -> GpuBodies {
+        GpuBodies { device, compile, registry, compiled: Mutex::default() }
     }
 
-    /// The session of `graph` for inputs of these types: its inputs typed as given.
-    fn session(&self, graph: &Arc<Graph>, types: Vec<TensorType>) -> crate::Result<Arc<(Arc<Graph>, Session)>> {
+    /// `graph` compiled for inputs of these types: its inputs typed as given.
+    fn compiled(&self, graph: &Arc<Graph>, types: Vec<TensorType>) -> crate::Result<Arc<(Arc<Graph>, Box<dyn CompiledBody>)>> {
         let key = (Arc::as_ptr(graph) as usize, types);
-        if let Some(s) = self.sessions.lock().map_err(|_| crate::error::poisoned())?.get(&key) {
+        if let Some(s) = self.compiled.lock().map_err(|_| crate::error::poisoned())?.get(&key) {
             return Ok(s.clone());
         }
         let mut g = (**graph).clone();
         for (&v, t) in g.inputs.clone().iter().zip(&key.1) {
             g.values[v].ty = Some(ValueType::new(t.dtype, kiln_graph::Shape::fixed(&t.dims)));
         }
-        let session = Session::on_context(g, self.ctx.clone(), self.registry.clone())?;
-        let built = Arc::new((graph.clone(), session));
-        Ok(self.sessions.lock().map_err(|_| crate::error::poisoned())?.entry(key).or_insert(built).clone())
+        let built = Arc::new((graph.clone(), (self.compile)(g, self.registry.clone())?));
+        Ok(self.compiled.lock().map_err(|_| crate::error::poisoned())?.entry(key).or_insert(built).clone())
     }
 }
 
@@ -71,15 +80,14 @@ impl BodyRunner for RunBodies<'_> {
             return Ok(None);
         }
         let b = self.bodies;
-
         let types = inputs.iter().map(|t| TensorType::of(t)).collect();
-        let fail = |e: crate::RuntimeError| OpError::invalid(format!("on {}: {e}", b.ctx.info.name));
-        let s = b.session(graph, types).map_err(fail)?;
+        let fail = |e: crate::RuntimeError| OpError::invalid(format!("on {}: {e}", b.device));
+        let c = b.compiled(graph, types).map_err(fail)?;
         let names: Vec<&str> = graph.inputs.iter().map(|&v| graph.values[v].name.as_str()).collect();
         let feeds: Vec<(&str, &Tensor)> = names.into_iter().zip(inputs.iter().copied()).collect();
-        let (outs, stats) = s.1.run_with_stats(&feeds).map_err(fail)?;
-        self.kernels.fetch_add(stats.kernels, Ordering::Relaxed);
-        self.submits.fetch_add(stats.submits, Ordering::Relaxed);
+        let (outs, kernels, submits) = c.1.run(&feeds).map_err(fail)?;
+        self.kernels.fetch_add(kernels, Ordering::Relaxed);
+        self.submits.fetch_add(submits, Ordering::Relaxed);
         Ok(Some(outs))
     }
 }

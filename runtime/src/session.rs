@@ -1,6 +1,6 @@
 //! Sessions: a graph bound to a device, run from many threads, specialised per input
 //! shape signature.
-use crate::bodies::{GpuBodies, RunBodies};
+use crate::bodies::{Compile, CompiledBody, GpuBodies, RunBodies};
 use crate::calibrate::calibrate;
 use crate::error::poisoned;
 use crate::gpu::{self, GpuContext};
@@ -233,7 +233,11 @@ impl Session {
         let limits = options.memory_limit.map_or_else(Limits::default, |memory| Limits { memory });
         log::info!("checked the shapes of '{}' symbolically in {:.1} ms", graph.name, start.elapsed().as_secs_f64() * 1e3);
         let backend = if main.is_some() { Backend::Gpu } else { Backend::Cpu };
-        let bodies = main.as_ref().map(|ctx| Arc::new(GpuBodies::new(ctx.clone(), options.registry.clone())));
+        let bodies = main.as_ref().map(|ctx| {
+            let on = ctx.clone();
+            let compile: Compile = Box::new(move |g, registry| Ok(Box::new(Session::on_context(g, on.clone(), registry)?) as Box<dyn CompiledBody>));
+            Arc::new(GpuBodies::new(ctx.info.name.clone(), compile, options.registry.clone()))
+        });
         let (contexts, rule_devs) = placement::resolve_rules(&graph, &options.placement, main)?;
         let gpus = contexts.into_iter().map(|c| (c, gpu::WeightCache::default())).collect();
         let auto_place = match (options.auto_place, &backend) {
@@ -550,6 +554,14 @@ impl Session {
     /// The number of CPU worker threads the session's kernels run on.
     pub fn threads(&self) -> usize {
         self.workers.threads()
+    }
+}
+
+/// A session is what a control-flow body compiles to in a GPU session.
+impl CompiledBody for Session {
+    fn run(&self, feeds: &[(&str, &Tensor)]) -> Result<(Vec<Tensor>, usize, usize)> {
+        let (outs, stats) = self.run_with_stats(feeds)?;
+        Ok((outs, stats.kernels, stats.submits))
     }
 }
 

@@ -4,14 +4,11 @@
 //! (iteration number, condition, N carried values, outer values) and returns (condition,
 //! N carried values, K scan outputs); the node returns the N final carried values and
 //! the K scan outputs stacked along a new first axis.
-use super::{all_values, first_unknown, stack, store, truth, Body, Feed, Memo};
+use super::{all_values, chain_length, first_unknown, stack, store, truth, unchain, Body, Feed, Memo};
 use crate::cpu::CpuKernel;
 use crate::wgsl::WgslKernel;
 use crate::{Arg, NodeSpec, Op, OpError, Result, TensorType};
 use kiln_graph::{DType, Tensor};
-
-/// Most iterations of one chain.
-const CHAIN: usize = 16;
 
 #[derive(Debug)]
 pub struct Loop {
@@ -78,9 +75,7 @@ impl Loop {
         // them; otherwise one by one below).
         let chained = trips.filter(|_| cond_in.is_none() || self.body.keeps_condition());
         while let Some(m) = chained.filter(|&m| cond && m - i >= 2) {
-            // The largest power of two that fits (a few chain lengths serve any count).
-            let left = CHAIN.min((m - i) as usize);
-            let k = 1usize << (usize::BITS - 1 - left.leading_zeros());
+            let k = chain_length((m - i) as usize);
             let i0 = Tensor::scalar(i);
             let mut args: Vec<&Tensor> = vec![&i0];
             args.extend(carried.iter());
@@ -89,13 +84,7 @@ impl Loop {
             let carried_out: Vec<usize> = (1..1 + self.carried).collect();
             let emitted: Vec<usize> = (1 + self.carried..1 + self.carried + self.scans).collect();
             let Some(outs) = self.body.run_chain(k, &feeds, &carried_out, &emitted, &args)? else { break };
-            let mut outs = outs.into_iter();
-            carried = outs.by_ref().take(self.carried).collect();
-            for _ in 0..k {
-                for s in scans.iter_mut() {
-                    s.push(outs.next().ok_or_else(|| OpError::invalid("a chain of Loop's body returned too few outputs"))?);
-                }
-            }
+            carried = unchain(outs, self.carried, k, &mut scans, "Loop")?;
             i += k as i64;
         }
         while cond && trips.is_none_or(|m| i < m) {

@@ -20,6 +20,32 @@ use chain::Feed;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+/// Most iterations of a loop whose trip count is known that run as one chain.
+pub(crate) const CHAIN: usize = 16;
+
+/// The length of the next chain for `left` iterations: the largest power of two that
+/// fits, at most [`CHAIN`] (a few chain lengths serve any count).
+pub(crate) fn chain_length(left: usize) -> usize {
+    let left = CHAIN.min(left.max(1));
+    1usize << (usize::BITS - 1 - left.leading_zeros())
+}
+
+/// A chain's outputs ([`Body::run_chain`]): returns the carried values (the first
+/// `carried`) and appends each of the `k` applications' emitted values to `emitted`.
+pub(crate) fn unchain(outs: Vec<Tensor>, carried: usize, k: usize, emitted: &mut [Vec<Tensor>], op: &str) -> Result<Vec<Tensor>> {
+    if outs.len() != carried + k * emitted.len() {
+        return Err(OpError::invalid(format!("a chain of {k} applications of {op}'s body returned {} outputs, not {}", outs.len(), carried + k * emitted.len())));
+    }
+    let mut outs = outs.into_iter();
+    let state = outs.by_ref().take(carried).collect();
+    for _ in 0..k {
+        for (e, o) in emitted.iter_mut().zip(outs.by_ref()) {
+            e.push(o);
+        }
+    }
+    Ok(state)
+}
+
 /// Runs control-flow bodies somewhere other than the host (a GPU session's device).
 /// The op keeps the loop's semantics; the runner computes one application of a body:
 /// `graph`'s outputs for its inputs (declared ones, then the enclosing graph's values

@@ -6,7 +6,7 @@
 //! input and output are attributes. Opset 8's Scan has a leading batch axis on every
 //! state and scan input, scans axis 1, and takes `sequence_lens` first: it runs as one
 //! opset-9 scan per batch item (sequences of the full length only).
-use super::{stack, store, take, Body};
+use super::{chain_length, stack, store, take, unchain, Body, Feed};
 use crate::cpu::CpuKernel;
 use crate::op::norm_axis;
 use crate::wgsl::WgslKernel;
@@ -120,12 +120,27 @@ impl Scan {
         let (axes, len) = self.sequence(&scans.iter().map(|t| t.dims()).collect::<Vec<_>>())?;
         let mut state: Vec<Tensor> = states.iter().map(|t| (*t).clone()).collect();
         let mut elems: Vec<Vec<Tensor>> = vec![vec![]; self.scan_outputs];
-        for t in 0..len {
-            let slices: Vec<Tensor> = scans
-                .iter()
-                .enumerate()
-                .map(|(k, x)| take(x, axes[k], if self.input_reverse[k] { len - 1 - t } else { t }))
-                .collect::<Result<_>>()?;
+        let slice = |t: usize| -> Result<Vec<Tensor>> {
+            scans.iter().enumerate().map(|(k, x)| take(x, axes[k], if self.input_reverse[k] { len - 1 - t } else { t })).collect()
+        };
+        // The sequence length is known: iterations run in chains of up to CHAIN (one
+        // piece of work each where a runner takes them; otherwise one by one below).
+        let feeds: Vec<Feed> = (0..self.states).map(Feed::Carried).chain((0..self.scan_inputs).map(|_| Feed::PerApplication)).chain(outer.iter().map(|_| Feed::Shared)).collect();
+        let carried_out: Vec<usize> = (0..self.states).collect();
+        let emitted: Vec<usize> = (self.states..self.states + self.scan_outputs).collect();
+        let mut t = 0;
+        while len - t >= 2 {
+            let k = chain_length(len - t);
+            let slices: Vec<Tensor> = (t..t + k).map(&slice).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
+            let mut args: Vec<&Tensor> = state.iter().collect();
+            args.extend(slices.iter());
+            args.extend(outer.iter().copied());
+            let Some(outs) = self.body.run_chain(k, &feeds, &carried_out, &emitted, &args)? else { break };
+            state = unchain(outs, self.states, k, &mut elems, "Scan")?;
+            t += k;
+        }
+        for t in t..len {
+            let slices = slice(t)?;
             let mut args: Vec<&Tensor> = state.iter().collect();
             args.extend(slices.iter());
             args.extend(outer.iter().copied());
