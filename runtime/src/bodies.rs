@@ -1,13 +1,13 @@
 //! Control-flow bodies as GPU work. In a session with a GPU, the If, Loop and Scan
 //! kernels (which drive their loops on the host) run each body application through
-//! [`GpuBodies`]: the body graph compiled for the same GPU context (a session), one per
-//! body and input signature, built on first use and cached. An application uploads the
+//! [`GpuBodies`]: the body graph compiled for the same GPU context (a session, which
+//! plans each input signature), one per body and input ranks, built on first use. An application uploads the
 //! body's inputs, runs the body's plan (one submit where it is all GPU work) and reads
 //! back its outputs, among them a Loop's condition. Bodies over sequences, optionals
 //! or strings stay on the host (those values live there). A run's statistics count
 //! the kernels and submits of the bodies it ran ([`RunBodies`]).
-use kiln_graph::{DType, Graph, Tensor, ValueType};
-use kiln_ops::{BodyRunner, OpError, Registry, TensorType};
+use kiln_graph::{DType, Dim, Graph, Shape, Tensor, ValueType};
+use kiln_ops::{BodyRunner, OpError, Registry};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,8 +22,9 @@ pub(crate) trait CompiledBody: Send + Sync {
 /// Compiles a body graph (inputs typed) for the device.
 pub(crate) type Compile = Box<dyn Fn(Graph, Option<Registry>) -> crate::Result<Box<dyn CompiledBody>> + Send + Sync>;
 
-/// A body graph (its address while the entry keeps it alive) and input types.
-type Key = (usize, Vec<TensorType>);
+/// A body graph (its address while the entry keeps it alive) and its inputs' dtypes
+/// and ranks.
+type Key = (usize, Vec<(DType, usize)>);
 
 pub(crate) struct GpuBodies {
     /// The device's name, for errors.
@@ -38,15 +39,22 @@ impl GpuBodies {
         GpuBodies { device, compile, registry, compiled: Mutex::default() }
     }
 
-    /// `graph` compiled for inputs of these types: its inputs typed as given.
-    fn compiled(&self, graph: &Arc<Graph>, types: Vec<TensorType>) -> crate::Result<Arc<(Arc<Graph>, Box<dyn CompiledBody>)>> {
-        let key = (Arc::as_ptr(graph) as usize, types);
+    /// `graph` compiled for inputs of these dtypes and ranks. Inputs keep the body's
+    /// declared types where those agree; the others get symbolic dims, so one session
+    /// serves every shape (a loop whose carried values grow plans per shape inside it,
+    /// as any session does, instead of opening a session per iteration).
+    fn compiled(&self, graph: &Arc<Graph>, kinds: Vec<(DType, usize)>) -> crate::Result<Arc<(Arc<Graph>, Box<dyn CompiledBody>)>> {
+        let key = (Arc::as_ptr(graph) as usize, kinds);
         if let Some(s) = self.compiled.lock().map_err(|_| crate::error::poisoned())?.get(&key) {
             return Ok(s.clone());
         }
         let mut g = (**graph).clone();
-        for (&v, t) in g.inputs.clone().iter().zip(&key.1) {
-            g.values[v].ty = Some(ValueType::new(t.dtype, kiln_graph::Shape::fixed(&t.dims)));
+        for (j, (&v, &(dtype, rank))) in g.inputs.clone().iter().zip(&key.1).enumerate() {
+            let declared = g.values[v].ty.as_ref().is_some_and(|t| t.kind.is_tensor() && t.dtype == dtype && t.shape.rank() == rank);
+            if !declared {
+                let dims: Vec<Dim> = (0..rank).map(|a| Dim::Sym(format!("body_input{j}_{a}"))).collect();
+                g.values[v].ty = Some(ValueType::new(dtype, Shape(dims)));
+            }
         }
         let built = Arc::new((graph.clone(), (self.compile)(g, self.registry.clone())?));
         Ok(self.compiled.lock().map_err(|_| crate::error::poisoned())?.entry(key).or_insert(built).clone())
@@ -80,9 +88,9 @@ impl BodyRunner for RunBodies<'_> {
             return Ok(None);
         }
         let b = self.bodies;
-        let types = inputs.iter().map(|t| TensorType::of(t)).collect();
+        let kinds = inputs.iter().map(|t| (t.dtype(), t.rank())).collect();
         let fail = |e: crate::RuntimeError| OpError::invalid(format!("on {}: {e}", b.device));
-        let c = b.compiled(graph, types).map_err(fail)?;
+        let c = b.compiled(graph, kinds).map_err(fail)?;
         let names: Vec<&str> = graph.inputs.iter().map(|&v| graph.values[v].name.as_str()).collect();
         let feeds: Vec<(&str, &Tensor)> = names.into_iter().zip(inputs.iter().copied()).collect();
         let (outs, kernels, submits) = c.1.run(&feeds).map_err(fail)?;

@@ -225,3 +225,63 @@ fn scans_batch_rows_into_one_submit() {
         }
     }
 }
+
+/// steps: i64 scalar, x: f32[20] (more floats than sessions bind by value, so the Loop
+/// runs when the model runs). A Loop whose carried value grows by one element an
+/// iteration (h = Concat(h, [i * x[0]])), with its condition computed by the body
+/// (i < 20) when `computed_condition`, else a for-loop.
+fn growing(computed_condition: bool) -> Graph {
+    let mut b = GraphBuilder::new("growing");
+    let x = b.input("x", DType::F32, [20]);
+    let steps = b.input("steps", DType::I64, Shape::default());
+    let mut lb = GraphBuilder::new("grow_body");
+    let i = lb.input("i", DType::I64, Shape::default());
+    let cond = lb.input("cond_in", DType::Bool, Shape::default());
+    let h = lb.input("h_in", DType::F32, Shape(vec![kiln_graph::Dim::Sym("n".into())]));
+    let xb = lb.input("x", DType::F32, [20]);
+    let fi = lb.node("Cast", &[i], &[("to", Attr::Int(1))]);
+    let first = lb.constant("first", Tensor::from_slice(&[1], &[0i64]).unwrap());
+    let x0 = lb.node("Gather", &[xb, first], &[]);
+    let v = lb.node("Mul", &[x0, fi], &[]);
+    let h_out = lb.node("Concat", &[h, v], &[("axis", Attr::Int(0))]);
+    let cond_out = if computed_condition {
+        let limit = lb.constant("limit", Tensor::scalar(20i64));
+        lb.node("Less", &[i, limit], &[])
+    } else {
+        cond
+    };
+    lb.output(cond_out);
+    lb.output(h_out);
+    let yes = b.constant("yes", Tensor::from_bools(&[], &[true]).unwrap());
+    let h0 = b.constant("h0", Tensor::from_slice(&[1], &[1f32]).unwrap());
+    let out = b.node_multi("Loop", &[Some(steps), Some(yes), Some(h0), Some(x)], &[("body", body(lb, 1))], 1)[0];
+    b.rename(out, "h");
+    b.output(out);
+    let mut g = b.finish().unwrap();
+    g.opsets.insert(String::new(), 17);
+    g
+}
+
+/// Carried values whose shape changes every iteration: one body session serves them
+/// all (its plans per shape), with the condition read back or the iterations chained.
+#[test]
+fn carried_values_may_grow() {
+    let x: Vec<f32> = (0..20).map(|k| 0.5 + k as f32).collect();
+    let x = Tensor::from_slice(&[20], &x).unwrap();
+    for computed_condition in [true, false] {
+        let cpu = Session::new(growing(computed_condition), SessionOptions::device(kiln_runtime::DeviceChoice::Cpu)).unwrap();
+        for dev in devices().iter().filter(|d| !d.is_cpu()) {
+            let session = Session::new(growing(computed_condition), SessionOptions::device(dev.choice.clone())).unwrap();
+            for steps in [37i64, 5] {
+                let steps_t = Tensor::scalar(steps);
+                let feeds = [("x", &x), ("steps", &steps_t)];
+                let want = cpu.run(&feeds).unwrap();
+                let iterations = if computed_condition { steps.min(21) } else { steps } as usize;
+                assert_eq!(want[0].dims(), &[1 + iterations]);
+                let (got, stats) = session.run_with_stats(&feeds).unwrap_or_else(|e| panic!("{}: {e}", dev.label));
+                compare(&got[0], &want[0], 0.0).unwrap_or_else(|e| panic!("{} {steps} steps: {e}", dev.label));
+                assert!(stats.submits > 0, "{} {steps} steps: the loop ran on the host", dev.label);
+            }
+        }
+    }
+}
