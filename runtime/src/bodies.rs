@@ -39,10 +39,10 @@ impl GpuBodies {
         GpuBodies { device, compile, registry, compiled: Mutex::default() }
     }
 
-    /// `graph` compiled for inputs of these dtypes and ranks. Inputs keep the body's
-    /// declared types where those agree; the others get symbolic dims, so one session
-    /// serves every shape (a loop whose carried values grow plans per shape inside it,
-    /// as any session does, instead of opening a session per iteration).
+    /// `graph` compiled for inputs of these dtypes and ranks, every dim symbolic: one
+    /// session serves every shape (a loop whose carried values grow plans per shape
+    /// inside it, as any session does, instead of opening a session per iteration),
+    /// and shapes the body declares are not enforced, as on the host.
     fn compiled(&self, graph: &Arc<Graph>, kinds: Vec<(DType, usize)>) -> crate::Result<Arc<(Arc<Graph>, Box<dyn CompiledBody>)>> {
         let key = (Arc::as_ptr(graph) as usize, kinds);
         if let Some(s) = self.compiled.lock().map_err(|_| crate::error::poisoned())?.get(&key) {
@@ -50,11 +50,8 @@ impl GpuBodies {
         }
         let mut g = (**graph).clone();
         for (j, (&v, &(dtype, rank))) in g.inputs.clone().iter().zip(&key.1).enumerate() {
-            let declared = g.values[v].ty.as_ref().is_some_and(|t| t.kind.is_tensor() && t.dtype == dtype && t.shape.rank() == rank);
-            if !declared {
-                let dims: Vec<Dim> = (0..rank).map(|a| Dim::Sym(format!("body_input{j}_{a}"))).collect();
-                g.values[v].ty = Some(ValueType::new(dtype, Shape(dims)));
-            }
+            let dims: Vec<Dim> = (0..rank).map(|a| Dim::Sym(format!("body_input{j}_{a}"))).collect();
+            g.values[v].ty = Some(ValueType::new(dtype, Shape(dims)));
         }
         let built = Arc::new((graph.clone(), (self.compile)(g, self.registry.clone())?));
         Ok(self.compiled.lock().map_err(|_| crate::error::poisoned())?.entry(key).or_insert(built).clone())

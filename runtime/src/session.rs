@@ -206,16 +206,19 @@ impl Session {
             None => None,
             Some(adapter) => Some(gpu::context_for(adapter)?),
         };
-        Session::build(graph, options, main)
+        Session::build(graph, options, main, true)
     }
 
     /// A session of a control-flow body on an open GPU context (its CPU steps on one
-    /// thread: the enclosing session's kernel is already on one of its workers).
+    /// thread: the enclosing session's kernel is already on one of its workers). Its
+    /// inputs' dims are placeholders for whatever shapes the loop feeds, so the
+    /// symbolic check, which would read them as free sizes, is skipped: the body was
+    /// checked with the enclosing model, and each signature is specialised when run.
     pub(crate) fn on_context(graph: Graph, ctx: Arc<GpuContext>, registry: Option<Registry>) -> Result<Session> {
-        Session::build(graph, SessionOptions { registry, threads: Some(1), ..Default::default() }, Some(ctx))
+        Session::build(graph, SessionOptions { registry, threads: Some(1), ..Default::default() }, Some(ctx), false)
     }
 
-    fn build(graph: Graph, options: SessionOptions, main: Option<Arc<GpuContext>>) -> Result<Session> {
+    fn build(graph: Graph, options: SessionOptions, main: Option<Arc<GpuContext>>, symbolic_check: bool) -> Result<Session> {
         let order = graph.validate()?;
         let registry = options.registry.as_ref().unwrap_or_else(|| Registry::builtin());
         let ops = infer::create_ops(&graph, registry)?;
@@ -229,7 +232,7 @@ impl Session {
             }
         }
         let start = Instant::now();
-        let symbolic = infer::check_symbolic(&graph, &ops, &order)?;
+        let symbolic = if symbolic_check { infer::check_symbolic(&graph, &ops, &order)? } else { infer::SymbolicShapes::default() };
         let limits = options.memory_limit.map_or_else(Limits::default, |memory| Limits { memory });
         log::info!("checked the shapes of '{}' symbolically in {:.1} ms", graph.name, start.elapsed().as_secs_f64() * 1e3);
         let backend = if main.is_some() { Backend::Gpu } else { Backend::Cpu };
