@@ -1,9 +1,10 @@
 //! Control-flow bodies as GPU work. In a session with a GPU, the If, Loop and Scan
 //! kernels (which drive their loops on the host) run each body application through
 //! [`GpuBodies`]: the body graph compiled for the same GPU context (a session, which
-//! plans each input signature), one per body and input ranks, built on first use. An application uploads the
-//! body's inputs, runs the body's plan (one submit where it is all GPU work) and reads
-//! back its outputs, among them a Loop's condition. Bodies over sequences, optionals
+//! plans each input signature and keeps a bounded number of plans), one per body and
+//! input ranks, built on first use. An application uploads the body's inputs, runs
+//! the body's plan (one submit where it is all GPU work) and reads back its outputs,
+//! among them a Loop's condition. Bodies over sequences, optionals
 //! or strings stay on the host (those values live there). A run's statistics count
 //! the kernels and submits of the bodies it ran ([`RunBodies`]).
 use kiln_graph::{DType, Dim, Graph, Shape, Tensor, ValueType};

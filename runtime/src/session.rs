@@ -112,6 +112,8 @@ pub struct Session {
     choices: Choices,
     /// With a GPU, what runs control-flow bodies there.
     bodies: Option<Arc<GpuBodies>>,
+    /// The most plans kept (`None`: every signature's).
+    plan_limit: Option<usize>,
 }
 
 /// The plan of one input signature.
@@ -194,6 +196,9 @@ struct PlanKey {
     values: Vec<(usize, Tensor)>,
 }
 
+/// Plans a control-flow body's session keeps ([`Session::make_room`]).
+const BODY_PLANS: usize = 32;
+
 /// Largest integer graph input (elements) that is bound by value.
 const MAX_VALUE_INPUT: usize = 4096;
 /// Largest float graph input bound by value (scalars such as Range's start and delta).
@@ -206,7 +211,7 @@ impl Session {
             None => None,
             Some(adapter) => Some(gpu::context_for(adapter)?),
         };
-        Session::build(graph, options, main, true)
+        Session::build(graph, options, main, false)
     }
 
     /// A session of a control-flow body on an open GPU context (its CPU steps on one
@@ -215,10 +220,11 @@ impl Session {
     /// symbolic check, which would read them as free sizes, is skipped: the body was
     /// checked with the enclosing model, and each signature is specialised when run.
     pub(crate) fn on_context(graph: Graph, ctx: Arc<GpuContext>, registry: Option<Registry>) -> Result<Session> {
-        Session::build(graph, SessionOptions { registry, threads: Some(1), ..Default::default() }, Some(ctx), false)
+        Session::build(graph, SessionOptions { registry, threads: Some(1), ..Default::default() }, Some(ctx), true)
     }
 
-    fn build(graph: Graph, options: SessionOptions, main: Option<Arc<GpuContext>>, symbolic_check: bool) -> Result<Session> {
+    /// `body`: a control-flow body's session ([`Session::on_context`]).
+    fn build(graph: Graph, options: SessionOptions, main: Option<Arc<GpuContext>>, body: bool) -> Result<Session> {
         let order = graph.validate()?;
         let registry = options.registry.as_ref().unwrap_or_else(|| Registry::builtin());
         let ops = infer::create_ops(&graph, registry)?;
@@ -232,7 +238,7 @@ impl Session {
             }
         }
         let start = Instant::now();
-        let symbolic = if symbolic_check { infer::check_symbolic(&graph, &ops, &order)? } else { infer::SymbolicShapes::default() };
+        let symbolic = if body { infer::SymbolicShapes::default() } else { infer::check_symbolic(&graph, &ops, &order)? };
         let limits = options.memory_limit.map_or_else(Limits::default, |memory| Limits { memory });
         log::info!("checked the shapes of '{}' symbolically in {:.1} ms", graph.name, start.elapsed().as_secs_f64() * 1e3);
         let backend = if main.is_some() { Backend::Gpu } else { Backend::Cpu };
@@ -268,6 +274,7 @@ impl Session {
             workers,
             choices,
             bodies,
+            plan_limit: body.then_some(BODY_PLANS),
         })
     }
 
@@ -404,6 +411,7 @@ impl Session {
                         let consts: HashMap<ValueId, Tensor> = bound.iter().map(|&i| (self.graph.inputs[i], tensors[i].clone())).collect();
                         let staged = Planned::Staged(Arc::new(self.workers.run(|| self.build_stage(0, &known, &consts))?));
                         let mut plans = self.plans.lock().map_err(|_| poisoned())?;
+                        self.make_room(&mut plans);
                         let p = plans.entry(key).or_insert(staged).clone();
                         return Ok((p, true));
                     }
@@ -430,6 +438,7 @@ impl Session {
                 spec.folded
             );
             let mut plans = self.plans.lock().map_err(|_| poisoned())?;
+            self.make_room(&mut plans);
             let p = plans.entry(key).or_insert(Planned::Whole(plan)).clone();
             return Ok((p, true));
         }
@@ -591,6 +600,15 @@ impl Session {
             );
         }
         Ok(plan)
+    }
+
+    /// Drops the cached plans of a session that keeps a bounded number
+    /// ([`Session::on_context`]: a body whose iterations may each bring a signature of
+    /// their own, an iteration number bound by value say) when it holds that many.
+    fn make_room(&self, plans: &mut HashMap<PlanKey, Planned>) {
+        if self.plan_limit.is_some_and(|l| plans.len() >= l) {
+            plans.clear();
+        }
     }
 
     /// A device's name as reports show it.

@@ -285,3 +285,54 @@ fn carried_values_may_grow() {
         }
     }
 }
+
+/// x: f32[40], steps: i64 scalar. Loop while i < 38: acc = acc + Slice(x, i, i + 1):
+/// the body's iteration number sets a slice's bounds, so the body's session binds it
+/// by value, one plan per iteration, more than a body's session keeps.
+fn slicing() -> Graph {
+    let mut b = GraphBuilder::new("slicing");
+    let x = b.input("x", DType::F32, [40]);
+    let steps = b.input("steps", DType::I64, Shape::default());
+    let mut lb = GraphBuilder::new("slice_body");
+    let i = lb.input("i", DType::I64, Shape::default());
+    lb.input("cond_in", DType::Bool, Shape::default());
+    let acc = lb.input("acc_in", DType::F32, [1]);
+    let xb = lb.input("x", DType::F32, [40]);
+    let axes = lb.constant("axes", Tensor::from_slice(&[1], &[0i64]).unwrap());
+    let start = lb.node("Unsqueeze", &[i, axes], &[]);
+    let one = lb.constant("one", Tensor::from_slice(&[1], &[1i64]).unwrap());
+    let end = lb.node("Add", &[start, one], &[]);
+    let piece = lb.node("Slice", &[xb, start, end], &[]);
+    let acc_out = lb.node("Add", &[acc, piece], &[]);
+    let limit = lb.constant("limit", Tensor::scalar(38i64));
+    let cond = lb.node("Less", &[i, limit], &[]);
+    lb.output(cond);
+    lb.output(acc_out);
+    let yes = b.constant("yes", Tensor::from_bools(&[], &[true]).unwrap());
+    let acc0 = b.constant("acc0", Tensor::from_slice(&[1], &[0f32]).unwrap());
+    let out = b.node_multi("Loop", &[Some(steps), Some(yes), Some(acc0), Some(x)], &[("body", body(lb, 1))], 1)[0];
+    b.rename(out, "acc");
+    b.output(out);
+    let mut g = b.finish().unwrap();
+    g.opsets.insert(String::new(), 17);
+    g
+}
+
+/// More signatures than a body's session keeps plans for: the oldest are dropped and
+/// results stay right.
+#[test]
+fn bodies_that_specialise_per_iteration_stay_bounded_and_right() {
+    let x: Vec<f32> = (0..40).map(|k| k as f32 * 0.25).collect();
+    let x = Tensor::from_slice(&[40], &x).unwrap();
+    let steps = Tensor::scalar(100i64);
+    let feeds = [("x", &x), ("steps", &steps)];
+    let want = Session::new(slicing(), SessionOptions::device(kiln_runtime::DeviceChoice::Cpu)).unwrap().run(&feeds).unwrap();
+    // 39 iterations (i = 0..=38): the sum of x[0..39].
+    assert_eq!(want[0].as_slice::<f32>().unwrap(), &[(0..39).map(|k| k as f32 * 0.25).sum::<f32>()]);
+    for dev in devices().iter().filter(|d| !d.is_cpu()) {
+        let session = Session::new(slicing(), SessionOptions::device(dev.choice.clone())).unwrap();
+        let (got, stats) = session.run_with_stats(&feeds).unwrap_or_else(|e| panic!("{}: {e}", dev.label));
+        compare(&got[0], &want[0], 0.0).unwrap_or_else(|e| panic!("{}: {e}", dev.label));
+        assert!(stats.submits >= 39, "{}: {} submits", dev.label, stats.submits);
+    }
+}
