@@ -50,7 +50,7 @@ impl CellSpec {
 /// The shared code ([`recurrence_cpu`], [`recurrence_wgsl`]) does everything else:
 /// attributes, shapes, the input projection of every step at once, directions,
 /// sequence lengths, layouts, initial and final states.
-pub(crate) trait Cell: fmt::Debug + Send + Sync + 'static {
+pub(crate) trait Cell: fmt::Debug + Clone + Send + Sync + 'static {
     const SPEC: CellSpec;
 
     /// Whether gate `g`'s recurrence bias `Rb` is added inside the cell (GRU's `Rbh`
@@ -413,7 +413,7 @@ pub(crate) fn sequence_lengths(name: &str, lens: Option<&Tensor>, dims: &Dims) -
 }
 
 /// A recurrent op: its cell, the shared attributes, and how many outputs the node has.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Recurrent<C: Cell> {
     pub cell: C,
     pub attrs: RnnAttrs,
@@ -490,7 +490,32 @@ impl<C: Cell> Op for Recurrent<C> {
 
 impl<C: Cell> CpuKernel for Recurrent<C> {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        recurrence_cpu::run(self, inputs, outputs)
+        recurrence_cpu::run(self, inputs, outputs, None)
+    }
+
+    /// The quantized op's 8-bit W and R, zero points subtracted, built once per plan
+    /// when they and their scales and zero points are constants.
+    fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], _tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
+        use super::quantized::{matrices, R_SCALE, R_ZERO, W_SCALE, W_ZERO};
+        let known: Vec<Option<&Tensor>> = inputs.iter().map(|a| a.and_then(|a| a.value)).collect();
+        if !self.quantized || [W, R, W_SCALE, W_ZERO, R_SCALE, R_ZERO].iter().any(|&i| known.get(i).copied().flatten().is_none()) {
+            return Ok(None);
+        }
+        let dims = self.dims(inputs)?;
+        let weights = (matrices(&known, W, &dims)?, matrices(&known, R, &dims)?);
+        Ok(Some(Box::new(PreparedQuantized { op: self.clone(), weights })))
+    }
+}
+
+/// A quantized recurrent op with its weights prepared ([`Recurrent::prepare`]).
+struct PreparedQuantized<C: Cell> {
+    op: Recurrent<C>,
+    weights: (Vec<super::quantized::QuantMatrix>, Vec<super::quantized::QuantMatrix>),
+}
+
+impl<C: Cell> CpuKernel for PreparedQuantized<C> {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        recurrence_cpu::run(&self.op, inputs, outputs, Some((&self.weights.0, &self.weights.1)))
     }
 }
 

@@ -15,7 +15,7 @@ use super::recurrence_cpu::{add_into, Real, Step};
 use super::recurrence_wgsl::{Phase, Source, WgslCtx};
 use crate::{Registry, Result};
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct GruCell {
     pub linear_before_reset: bool,
 }

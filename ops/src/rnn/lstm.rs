@@ -15,7 +15,7 @@ use super::recurrence_cpu::{add_into, Real, Step};
 use super::recurrence_wgsl::{Phase, Source, WgslCtx};
 use crate::{Registry, Result};
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct LstmCell {
     /// Couples the forget gate to the input gate: `ft = 1 - it`.
     pub input_forget: bool,

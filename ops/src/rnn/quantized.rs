@@ -277,6 +277,26 @@ mod tests {
         }
     }
 
+    /// Weights prepared once per plan give the same bits as weights built per run.
+    #[test]
+    fn prepared_weights_equal_weights_built_per_run() {
+        for (per_column, dtype) in [(false, DType::I8), (true, DType::U8)] {
+            let (case, _) = quantized(per_column, dtype);
+            let op = case.op().unwrap();
+            // The weights are constants: the kernel prepares them.
+            let types: Vec<Option<crate::TensorType>> = case.inputs.iter().map(|x| x.tensor().map(|t| crate::TensorType::of(t))).collect();
+            let args: Vec<Option<crate::Arg>> = types.iter().zip(&case.inputs).map(|(t, x)| t.as_ref().map(|ty| crate::Arg { ty, value: x.known_value() })).collect();
+            let outs = op.infer(&args).unwrap();
+            assert!(op.cpu().unwrap().prepare(&args, &outs, &Default::default()).unwrap().is_some());
+            let runs = crate::testing::run_cpu_variants(op.as_ref(), &case.inputs).unwrap();
+            let (plain, prepared) = (&runs[0], &runs[1]);
+            assert_eq!((plain.0.as_str(), prepared.0.as_str()), ("plain", "defaults"));
+            for (a, b) in plain.1.iter().zip(&prepared.1) {
+                assert_eq!(a.bytes(), b.bytes(), "{per_column} {dtype}");
+            }
+        }
+    }
+
     #[test]
     fn bad_inputs_are_errors() {
         let (case, _) = quantized(true, DType::I8);

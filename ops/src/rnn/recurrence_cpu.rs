@@ -175,16 +175,16 @@ pub(crate) fn add_into<T: Real>(dst: &mut [T], src: &[T]) {
 }
 
 /// Runs a recurrent op on tensors of any of its dtypes.
-pub(crate) fn run<C: Cell>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+pub(crate) fn run<C: Cell>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor], prepared: Option<Prepared>) -> Result<()> {
     match cpu::input(inputs, X)?.dtype() {
-        DType::F32 => run_typed::<C, f32>(op, inputs, outputs),
-        DType::F64 => run_typed::<C, f64>(op, inputs, outputs),
+        DType::F32 => run_typed::<C, f32>(op, inputs, outputs, prepared),
+        DType::F64 => run_typed::<C, f64>(op, inputs, outputs, prepared),
         DType::F16 | DType::BF16 => {
             let widen = |t: &Tensor| if t.dtype().is_float() { Tensor::from_f64(DType::F32, t.dims(), &t.to_f64_vec()) } else { Ok(t.clone()) };
             let wide: Vec<Option<Tensor>> = inputs.iter().map(|t| t.map(widen).transpose()).collect::<std::result::Result<_, _>>()?;
             let refs: Vec<Option<&Tensor>> = wide.iter().map(Option::as_ref).collect();
             let mut outs: Vec<Tensor> = outputs.iter().map(|o| Tensor::try_zeros(DType::F32, o.dims())).collect::<std::result::Result<_, _>>()?;
-            run_typed::<C, f32>(op, &refs, &mut outs)?;
+            run_typed::<C, f32>(op, &refs, &mut outs, prepared)?;
             for (o, w) in outputs.iter_mut().zip(&outs) {
                 *o = Tensor::from_f64(o.dtype(), o.dims(), &w.to_f64_vec())?;
             }
@@ -194,7 +194,10 @@ pub(crate) fn run<C: Cell>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], output
     }
 }
 
-fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+/// The quantized op's W and R per direction, built once per plan.
+pub(crate) type Prepared<'a> = (&'a [QuantMatrix], &'a [QuantMatrix]);
+
+fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor], prepared: Option<Prepared>) -> Result<()> {
     let name = C::SPEC.name;
     let shapes: Vec<Option<(&[usize], DType)>> = inputs.iter().map(|t| t.map(|t| (t.dims(), t.dtype()))).collect();
     let dims = op.check(&shapes)?;
@@ -203,7 +206,15 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
     let slice = |i: usize| get(i).map(|t| t.as_slice::<T>()).transpose();
     let x = cpu::input(inputs, X)?.as_slice::<T>()?;
     let (w, r) = if op.quantized { (&[][..], &[][..]) } else { (cpu::input(inputs, W)?.as_slice::<T>()?, cpu::input(inputs, R)?.as_slice::<T>()?) };
-    let quantized = if op.quantized { Some((quantized::matrices(inputs, W, &dims)?, quantized::matrices(inputs, R, &dims)?)) } else { None };
+    let built;
+    let quantized: Option<Prepared> = match (op.quantized, prepared) {
+        (false, _) => None,
+        (true, Some(p)) => Some(p),
+        (true, None) => {
+            built = (quantized::matrices(inputs, W, &dims)?, quantized::matrices(inputs, R, &dims)?);
+            Some((&built.0, &built.1))
+        }
+    };
     let (bias, h0, c0, peep) = (slice(B)?, slice(INITIAL_H)?, slice(INITIAL_C)?, slice(P)?);
     let Dims { seq, batch, input, hidden, dirs, .. } = dims;
     let gh = dims.gh();
@@ -232,7 +243,7 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
             a: Layout::row_major(input),
             b: Layout { rs: 1, cs: input },
         };
-        match (&quantized, T::as_f32(x), T::as_f32_mut(xw)) {
+        match (quantized, T::as_f32(x), T::as_f32_mut(xw)) {
             (None, ..) => T::product(&p, x, w, xw)?,
             (Some((wq, _)), Some(x), Some(xw)) => {
                 for (d, wd) in wq.iter().enumerate() {
@@ -300,7 +311,7 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
                         rows: &step_rows,
                         xw: &xw[d * rows * gh..(d + 1) * rows * gh],
                         r: if op.quantized { r } else { &r[d * gh * hidden..(d + 1) * gh * hidden] },
-                        rq: quantized.as_ref().map(|(_, rq)| &rq[d]),
+                        rq: quantized.map(|(_, rq)| &rq[d]),
                         rq_rows: &rq_rows,
                         rb: &rb[d * gh..(d + 1) * gh],
                         p: peep.map(|p| &p[d * 3 * hidden..(d + 1) * 3 * hidden]),
