@@ -74,15 +74,15 @@ impl Loop {
         // run in chains of up to CHAIN (one piece of work each where a runner takes
         // them; otherwise one by one below).
         let chained = trips.filter(|_| cond_in.is_none() || self.body.keeps_condition());
+        let feeds: Vec<Feed> = [Feed::Iteration, Feed::True].into_iter().chain((0..self.carried).map(Feed::Carried)).chain(outer.iter().map(|_| Feed::Shared)).collect();
+        let carried_out: Vec<usize> = (1..1 + self.carried).collect();
+        let emitted: Vec<usize> = (1 + self.carried..1 + self.carried + self.scans).collect();
         while let Some(m) = chained.filter(|&m| cond && m - i >= 2) {
             let k = chain_length((m - i) as usize);
             let i0 = Tensor::scalar(i);
             let mut args: Vec<&Tensor> = vec![&i0];
             args.extend(carried.iter());
             args.extend(outer.iter().copied());
-            let feeds: Vec<Feed> = [Feed::Iteration, Feed::True].into_iter().chain((0..self.carried).map(Feed::Carried)).chain(outer.iter().map(|_| Feed::Shared)).collect();
-            let carried_out: Vec<usize> = (1..1 + self.carried).collect();
-            let emitted: Vec<usize> = (1 + self.carried..1 + self.carried + self.scans).collect();
             let Some(outs) = self.body.run_chain(k, &feeds, &carried_out, &emitted, &args)? else { break };
             carried = unchain(outs, self.carried, k, &mut scans, "Loop")?;
             i += k as i64;
