@@ -11,6 +11,14 @@ use crate::cpu;
 const COLS: usize = 64;
 
 /// Whether [`gemv`] handles these strides (one of them 1).
+/// The most rows of A that [`gemv`] takes one at a time: beyond this a blocked GEMM
+/// reuses each panel of B better.
+pub(crate) const MAX_ROWS: usize = 4;
+
+/// The most elements of B (1 MiB of f32) for which a few rows of A go through [`gemv`]
+/// one after the other, B staying in the cache between them.
+pub(crate) const CACHED_B: usize = 1 << 18;
+
 pub(crate) fn applies(rs: usize, cs: usize) -> bool {
     rs == 1 || cs == 1
 }
@@ -96,11 +104,15 @@ unsafe fn dots_avx2(x: &[f32], b: &[f32], cs: usize, alpha: f32, y: &mut [f32]) 
                 a[1] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(row.as_ptr().add(c + 8)), a[1]);
             }
         }
-        for (i, (a, row)) in acc.iter().zip(&rows).enumerate() {
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(a[0], a[1]));
+        // The four sums' lanes, reduced together: after two rounds of pairwise adds,
+        // lane i of each 128-bit half holds half of row i's sum.
+        let s: [__m256; R] = std::array::from_fn(|i| _mm256_add_ps(acc[i][0], acc[i][1]));
+        let h = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+        let mut sums = [0f32; R];
+        _mm_storeu_ps(sums.as_mut_ptr(), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h)));
+        for (i, (sum, row)) in sums.iter().zip(&rows).enumerate() {
             let tail: f32 = x[body..].iter().zip(&row[body..]).map(|(p, q)| p * q).sum();
-            y[g * R + i] = alpha * (lanes.iter().sum::<f32>() + tail);
+            y[g * R + i] = alpha * (sum + tail);
         }
     }
     dots(x, &b[groups * R * cs..], cs, alpha, &mut y[groups * R..]);

@@ -177,10 +177,14 @@ impl BatchedProduct {
                     epilogue(bi * m + i0, part);
                 });
             }
-        } else if count == 1 && m == 1 && self.a.cs == 1 && gemv::applies(self.b.rs, self.b.cs) {
-            // A matrix-vector product (batch-1 classifiers): bound by reading B once.
+        } else if count == 1 && (m == 1 || (m <= gemv::MAX_ROWS && k * n <= gemv::CACHED_B)) && self.a.cs == 1 && gemv::applies(self.b.rs, self.b.cs) {
+            // Matrix-vector products (batch-1 classifiers, recurrent steps): bound by
+            // reading B, which stays in cache from one row to the next.
             let (oa, ob) = self.offsets(0);
-            gemv::gemv(&a[oa..oa + k], &b[ob..], self.b.rs, self.b.cs, alpha, out);
+            for (i, row) in out.chunks_mut(n).enumerate() {
+                let x = &a[oa + i * self.a.rs..][..k];
+                gemv::gemv(x, &b[ob..], self.b.rs, self.b.cs, alpha, row);
+            }
             epilogue(0, out);
         } else {
             let par = if per_batch >= (1 << 15) && threads > 1 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };

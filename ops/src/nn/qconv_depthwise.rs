@@ -28,9 +28,13 @@ pub(super) struct DepthwiseIntConv {
 /// even in its low mantissa bits.
 const ROUND: f32 = 12582912.0;
 
+/// i32 lanes of one AVX2 register: the interleaved plane carries this many words of
+/// slack, so that a row's last run loads whole registers.
+const LANES: usize = 8;
+
 thread_local! {
-    /// Per thread: the padded plane, and one output row of sums (portable) or the
-    /// plane's interleaved row pairs (AVX2).
+    /// Per thread: the padded plane (i32, or i16 in its bytes for AVX2), and one
+    /// output row of sums (portable) or the plane's interleaved row pairs (AVX2).
     static SCRATCH: std::cell::RefCell<(Vec<i32>, Vec<i32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
@@ -102,70 +106,95 @@ struct Epi<'a> {
 }
 
 impl DepthwiseIntConv {
-    /// One input channel with AVX2: the padded plane's rows `r` and `r + dy` are
-    /// interleaved into i16 pairs (`words`), so that filter rows `2k` and `2k + 1` of a
-    /// column take one `vpmaddwd` per 8 output pixels against their two weights; the 8
-    /// sums stay in a register over all taps, then are requantized 8 at a time.
+    /// One input channel with AVX2: the plane is padded as i16, and its rows `r` and
+    /// `r + dy` are interleaved into i16 pairs (`words`), so that filter rows `2k` and
+    /// `2k + 1` of a column take one `vpmaddwd` per 8 output pixels against their two
+    /// weights; the 8 sums stay in a register over all taps, then are requantized 8 at
+    /// a time. `padded` and `words` carry [`LANES`] elements of slack past the plane.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn channel_avx2(&self, s: &Shape, src: &[u8], zx: i32, b: usize, ms: std::ops::Range<usize>, epi: &Epi, padded: &mut [i32], words: &mut [i32], out: SharedPtr<u8>) {
+    unsafe fn channel_avx2(&self, s: &Shape, src: &[u8], zx: i32, b: usize, ms: std::ops::Range<usize>, epi: &Epi, padded: &mut [i16], words: &mut [i32], out: SharedPtr<u8>) {
         use std::arch::x86_64::*;
         let pw = s.pw;
-        self.pad_plane(s, src, zx, padded);
+        let plane_len = s.rows * pw;
+        assert!(padded.len() >= plane_len + LANES && words.len() >= plane_len + LANES);
+        let signed = self.x_signed;
+        // SAFETY: this function runs only where the CPU has AVX2.
+        Self::pad_plane(s, src, &mut padded[..plane_len], |vals, step, dst| unsafe { Self::put_avx2(signed, zx as i16, vals, step, dst) });
+        padded[plane_len..].fill(0);
+        // Row r's pairs; a row's last register may spill into the next row's first
+        // words, which that row overwrites next (rows go in order), or into the slack.
         for r in 0..s.rows {
-            let (lo, hi) = (&padded[r * pw..][..pw], padded.get((r + s.dy) * pw..(r + s.dy + 1) * pw));
-            for (c, w) in words[r * pw..][..pw].iter_mut().enumerate() {
-                *w = ((lo[c] as u16 as u32) | ((hi.map_or(0, |h| h[c]) as u16 as u32) << 16)) as i32;
+            let lo = padded.as_ptr().add(r * pw);
+            let hi = (r + s.dy < s.rows).then(|| padded.as_ptr().add((r + s.dy) * pw));
+            let dst = words.as_mut_ptr().add(r * pw);
+            for c in (0..pw).step_by(LANES) {
+                let l = _mm_loadu_si128(lo.add(c) as *const __m128i);
+                let h = hi.map_or(_mm_setzero_si128(), |h| _mm_loadu_si128(h.add(c) as *const __m128i));
+                _mm_storeu_si128(dst.add(c) as *mut __m128i, _mm_unpacklo_epi16(l, h));
+                _mm_storeu_si128(dst.add(c + 4) as *mut __m128i, _mm_unpackhi_epi16(l, h));
             }
         }
         let plane = s.oh * s.ow;
         let tap_cols = Self::tap_cols(s);
         let pairs = s.kh.div_ceil(2);
-        let mut wpairs = vec![0i32; pairs * s.kw];
+        // The last register any tap loads ends within the plane's slack.
+        let last_row = ((s.oh - 1) * s.sy + 2 * (pairs - 1) * s.dy) * pw;
+        let last_col = tap_cols.iter().max().copied().unwrap_or(0) + (s.ow - 1) / LANES * LANES + LANES;
+        assert!(last_row + last_col <= words.len());
+        let mut wpairs = vec![_mm256_setzero_si256(); pairs * s.kw];
         let (round, bias_bits) = (_mm256_set1_ps(ROUND), _mm256_set1_epi32(epi.zy.wrapping_sub(ROUND.to_bits() as i32)));
         let (lo_v, hi_v) = (_mm256_set1_ps(epi.lo), _mm256_set1_ps(epi.hi));
+        // The low byte of each i16.
+        let low_bytes = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+        let base = words.as_ptr();
         for m in ms {
             let wm = &self.w[m * s.kh * s.kw..(m + 1) * s.kh * s.kw];
             for (i, wp) in wpairs.iter_mut().enumerate() {
                 let (k, kx) = (i / s.kw, i % s.kw);
                 let second = if 2 * k + 1 < s.kh { wm[(2 * k + 1) * s.kw + kx] } else { 0 };
-                *wp = ((wm[2 * k * s.kw + kx] as u16 as u32) | ((second as u16 as u32) << 16)) as i32;
+                *wp = _mm256_set1_epi32(((wm[2 * k * s.kw + kx] as u16 as u32) | ((second as u16 as u32) << 16)) as i32);
             }
             let at = (b * self.p.out_channels + m) * plane;
             let k_mult = _mm256_set1_ps(epi.mult.get(m).copied().unwrap_or(0.0));
+            let bias = _mm256_set1_epi32(epi.bias[m]);
             for oy in 0..s.oh {
                 let mut j = 0;
                 while j < s.ow {
-                    let n = (s.ow - j).min(8);
-                    let mut a = _mm256_set1_epi32(epi.bias[m]);
+                    let n = (s.ow - j).min(LANES);
+                    let mut a = bias;
                     for k in 0..pairs {
-                        let row = &words[(oy * s.sy + 2 * k * s.dy) * pw..];
+                        let row = base.add((oy * s.sy + 2 * k * s.dy) * pw + j);
                         for (kx, &start) in tap_cols.iter().enumerate() {
-                            let run = &row[start + j..][..n];
-                            let v = if n == 8 {
-                                _mm256_loadu_si256(run.as_ptr() as *const __m256i)
-                            } else {
-                                let mut tail = [0i32; 8];
-                                tail[..n].copy_from_slice(run);
-                                _mm256_loadu_si256(tail.as_ptr() as *const __m256i)
-                            };
-                            a = _mm256_add_epi32(a, _mm256_madd_epi16(v, _mm256_set1_epi32(wpairs[k * s.kw + kx])));
+                            let v = _mm256_loadu_si256(row.add(start) as *const __m256i);
+                            a = _mm256_add_epi32(a, _mm256_madd_epi16(v, wpairs[k * s.kw + kx]));
                         }
                     }
-                    let mut sums = [0i32; 8];
                     if epi.int32 {
-                        _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, a);
-                        let dst = std::slice::from_raw_parts_mut((out.get() as *mut i32).add(at + oy * s.ow + j), n);
-                        dst.copy_from_slice(&sums[..n]);
+                        let dst = (out.get() as *mut i32).add(at + oy * s.ow + j);
+                        if n == LANES {
+                            _mm256_storeu_si256(dst as *mut __m256i, a);
+                        } else {
+                            let mut sums = [0i32; LANES];
+                            _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, a);
+                            std::ptr::copy_nonoverlapping(sums.as_ptr(), dst, n);
+                        }
                     } else {
                         let v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a), k_mult), lo_v), hi_v);
                         // The low mantissa bits of v + 1.5 * 2^23 are v rounded half to even.
                         let q = _mm256_add_epi32(_mm256_castps_si256(_mm256_add_ps(v, round)), bias_bits);
-                        _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, q);
-                        let dst = std::slice::from_raw_parts_mut(out.get().add(at + oy * s.ow + j), n);
-                        for (d, &q) in dst.iter_mut().zip(&sums) {
-                            *d = q as u8;
+                        // Clamped to the output type's range, so i16 holds each exactly;
+                        // its low byte is the u8 or i8 bits.
+                        let q16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+                        let bytes = _mm_shuffle_epi8(q16, low_bytes);
+                        let dst = out.get().add(at + oy * s.ow + j);
+                        if n == LANES {
+                            _mm_storel_epi64(dst as *mut __m128i, bytes);
+                        } else {
+                            let mut tail = [0u8; 16];
+                            _mm_storeu_si128(tail.as_mut_ptr() as *mut __m128i, bytes);
+                            std::ptr::copy_nonoverlapping(tail.as_ptr(), dst, n);
                         }
                     }
                     j += n;
@@ -175,9 +204,11 @@ impl DepthwiseIntConv {
     }
 
     /// One input channel's plane as `x - zx`, zero-padded and split into stride phases.
-    fn pad_plane(&self, s: &Shape, src: &[u8], zx: i32, padded: &mut [i32]) {
+    /// `put(vals, step, dst)` writes every `step`-th value of `vals`, less `zx`, to
+    /// `dst` (as many as both allow).
+    fn pad_plane<T: Copy + Default>(s: &Shape, src: &[u8], padded: &mut [T], put: impl Fn(&[u8], usize, &mut [T])) {
         let (pw, phase_w) = (s.pw, s.pw / s.sx);
-        padded.fill(0);
+        padded.fill(T::default());
         for yy in 0..s.ih {
             let r = yy as i64 + s.top;
             if r < 0 || r >= s.rows as i64 {
@@ -195,14 +226,50 @@ impl DepthwiseIntConv {
                     continue;
                 }
                 let col = (first as i64 + s.left) as usize;
-                let dst = &mut row[phase * phase_w + col / s.sx..];
-                let vals = line[first..x1].iter().step_by(s.sx);
-                if self.x_signed {
-                    dst.iter_mut().zip(vals).for_each(|(d, &v)| *d = v as i8 as i32 - zx);
-                } else {
-                    dst.iter_mut().zip(vals).for_each(|(d, &v)| *d = v as i32 - zx);
-                }
+                put(&line[first..x1], s.sx, &mut row[phase * phase_w + col / s.sx..]);
             }
+        }
+    }
+
+    /// [`Self::pad_plane`]'s `put` in plain Rust.
+    fn put_scalar<T: From<i16>>(&self, zx: i16) -> impl Fn(&[u8], usize, &mut [T]) {
+        let signed = self.x_signed;
+        move |vals, step, dst| {
+            let vals = vals.iter().step_by(step);
+            if signed {
+                dst.iter_mut().zip(vals).for_each(|(d, &v)| *d = T::from(v as i8 as i16 - zx));
+            } else {
+                dst.iter_mut().zip(vals).for_each(|(d, &v)| *d = T::from(v as i16 - zx));
+            }
+        }
+    }
+
+    /// [`Self::pad_plane`]'s `put` into i16 with AVX2: 16 values per step for strides 1
+    /// and 2 (the even bytes of 32), the rest in plain Rust.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn put_avx2(signed: bool, zx: i16, vals: &[u8], step: usize, dst: &mut [i16]) {
+        use std::arch::x86_64::*;
+        let count = vals.len().div_ceil(step).min(dst.len());
+        let mut i = 0;
+        if step <= 2 {
+            let (z, evens) = (_mm256_set1_epi16(zx), _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1));
+            // 16 outputs read inputs i * step .. (i + 16) * step.
+            while i + 16 <= count && (i + 16) * step <= vals.len() {
+                let p = vals.as_ptr().add(i * step);
+                let bytes = if step == 1 {
+                    _mm_loadu_si128(p as *const __m128i)
+                } else {
+                    let (a, b) = (_mm_loadu_si128(p as *const __m128i), _mm_loadu_si128(p.add(16) as *const __m128i));
+                    _mm_unpacklo_epi64(_mm_shuffle_epi8(a, evens), _mm_shuffle_epi8(b, evens))
+                };
+                let wide = if signed { _mm256_cvtepi8_epi16(bytes) } else { _mm256_cvtepu8_epi16(bytes) };
+                _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, _mm256_sub_epi16(wide, z));
+                i += 16;
+            }
+        }
+        for (d, &v) in dst[i..count].iter_mut().zip(vals[i * step..].iter().step_by(step)) {
+            *d = if signed { v as i8 as i16 } else { v as i16 } - zx;
         }
     }
 
@@ -217,7 +284,7 @@ impl DepthwiseIntConv {
     #[allow(clippy::too_many_arguments)]
     fn channel(&self, s: &Shape, src: &[u8], zx: i32, b: usize, ms: std::ops::Range<usize>, epi: &Epi, padded: &mut [i32], acc: &mut [i32], out: SharedPtr<u8>) {
         let pw = s.pw;
-        self.pad_plane(s, src, zx, padded);
+        Self::pad_plane(s, src, padded, self.put_scalar(zx as i16));
         let plane = s.oh * s.ow;
         let tap_cols = Self::tap_cols(s);
         for m in ms {
@@ -269,9 +336,10 @@ impl CpuKernel for DepthwiseIntConv {
             SCRATCH.with(|cell| {
             let (padded, acc) = &mut *cell.borrow_mut();
             let plane = shape.rows * shape.pw;
-            padded.resize(plane, 0);
-            acc.resize(if self.avx2 { plane } else { shape.ow }, 0);
-            let (padded, acc) = (&mut padded[..plane], &mut acc[..if self.avx2 { plane } else { shape.ow }]);
+            padded.resize(plane + LANES, 0);
+            let acc_len = if self.avx2 { plane + LANES } else { shape.ow };
+            acc.resize(acc_len, 0);
+            let acc = &mut acc[..acc_len];
             for bg in start..end {
                 let (b, c) = (bg / p.group, bg % p.group);
                 let src = &x.bytes()[(b * p.in_channels + c) * plane_in..][..plane_in];
@@ -279,10 +347,12 @@ impl CpuKernel for DepthwiseIntConv {
                 #[cfg(target_arch = "x86_64")]
                 if self.avx2 {
                     // SAFETY: the tuning chose AVX2 among the available instruction sets.
-                    unsafe { self.channel_avx2(&shape, src, zx, b, ms, &epi, padded, acc, out) };
+                    // The i16 plane lives in the first half of the i32 one's bytes.
+                    let padded16: &mut [i16] = bytemuck::cast_slice_mut(&mut padded[..]);
+                    unsafe { self.channel_avx2(&shape, src, zx, b, ms, &epi, &mut padded16[..plane + LANES], acc, out) };
                     continue;
                 }
-                self.channel(&shape, src, zx, b, ms, &epi, padded, acc, out);
+                self.channel(&shape, src, zx, b, ms, &epi, &mut padded[..plane], acc, out);
             }
             })
         });

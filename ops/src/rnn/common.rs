@@ -490,32 +490,46 @@ impl<C: Cell> Op for Recurrent<C> {
 
 impl<C: Cell> CpuKernel for Recurrent<C> {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        recurrence_cpu::run(self, inputs, outputs, None)
+        recurrence_cpu::run(self, inputs, outputs, Default::default())
     }
 
-    /// The quantized op's 8-bit W and R, zero points subtracted, built once per plan
-    /// when they and their scales and zero points are constants.
+    /// Constant weights built once per plan: the quantized op's 8-bit W and R, zero
+    /// points subtracted (when they and their scales and zero points are constants),
+    /// or an f32 R transposed for the steps' products.
     fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], _tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
         use super::quantized::{matrices, R_SCALE, R_ZERO, W_SCALE, W_ZERO};
         let known: Vec<Option<&Tensor>> = inputs.iter().map(|a| a.and_then(|a| a.value)).collect();
-        if !self.quantized || [W, R, W_SCALE, W_ZERO, R_SCALE, R_ZERO].iter().any(|&i| known.get(i).copied().flatten().is_none()) {
-            return Ok(None);
+        let constant = |i: usize| known.get(i).copied().flatten();
+        if self.quantized {
+            if [W, R, W_SCALE, W_ZERO, R_SCALE, R_ZERO].iter().any(|&i| constant(i).is_none()) {
+                return Ok(None);
+            }
+            let dims = self.dims(inputs)?;
+            let quantized = (matrices(&known, W, &dims)?, matrices(&known, R, &dims)?);
+            return Ok(Some(Box::new(PreparedWeights { op: self.clone(), quantized: Some(quantized), r_rows: None })));
         }
+        let Some(r) = constant(R).filter(|r| r.dtype() == DType::F32) else { return Ok(None) };
         let dims = self.dims(inputs)?;
-        let weights = (matrices(&known, W, &dims)?, matrices(&known, R, &dims)?);
-        Ok(Some(Box::new(PreparedQuantized { op: self.clone(), weights })))
+        let r_rows = recurrence_cpu::transpose_r(r.as_slice::<f32>()?, dims.dirs, dims.gh(), dims.hidden);
+        Ok(Some(Box::new(PreparedWeights { op: self.clone(), quantized: None, r_rows: Some(r_rows) })))
     }
 }
 
-/// A quantized recurrent op with its weights prepared ([`Recurrent::prepare`]).
-struct PreparedQuantized<C: Cell> {
+/// A recurrent op with its constant weights prepared ([`Recurrent::prepare`]).
+struct PreparedWeights<C: Cell> {
     op: Recurrent<C>,
-    weights: (Vec<super::quantized::QuantMatrix>, Vec<super::quantized::QuantMatrix>),
+    quantized: Option<(Vec<super::quantized::QuantMatrix>, Vec<super::quantized::QuantMatrix>)>,
+    r_rows: Option<Vec<f32>>,
 }
 
-impl<C: Cell> CpuKernel for PreparedQuantized<C> {
+impl<C: Cell> CpuKernel for PreparedWeights<C> {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        recurrence_cpu::run(&self.op, inputs, outputs, Some((&self.weights.0, &self.weights.1)))
+        let prepared = recurrence_cpu::Prepared {
+            quantized: self.quantized.as_ref().map(|(w, r)| (&w[..], &r[..])),
+            // Only an f32 X runs the f32 steps that read it.
+            r_rows: self.r_rows.as_deref().filter(|_| inputs.first().copied().flatten().is_some_and(|x| x.dtype() == DType::F32)),
+        };
+        recurrence_cpu::run(&self.op, inputs, outputs, prepared)
     }
 }
 

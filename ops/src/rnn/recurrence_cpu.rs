@@ -82,6 +82,8 @@ pub(crate) struct StepCtx<'a, T> {
     pub xw: &'a [T],
     /// `R[d]`: `[gates * hidden, hidden]` (empty when quantized).
     pub r: &'a [T],
+    /// `R[d]` transposed, `[hidden, gates * hidden]`, where the plan prepared it (f32).
+    pub r_rows: Option<&'a [f32]>,
     /// DynamicQuantizeLSTM's `R[d]`, `[hidden, gates * hidden]` in 8 bits.
     pub rq: Option<&'a QuantMatrix>,
     /// Per batch row, whether its hidden state is quantized as it is (else as zeros):
@@ -116,7 +118,8 @@ impl<T: Real> StepCtx<'_, T> {
             }
             return Ok(());
         }
-        let p = BatchedProduct {
+        let gh = self.dims.gh();
+        let product = |b: Layout| BatchedProduct {
             batch: vec![],
             a_batch_strides: vec![],
             b_batch_strides: vec![],
@@ -124,9 +127,23 @@ impl<T: Real> StepCtx<'_, T> {
             n,
             k: h,
             a: Layout::row_major(h),
-            b: Layout { rs: 1, cs: h },
+            b,
         };
-        T::product(&p, src, &self.r[g0 * h * h..g1 * h * h], &mut out[..self.dims.batch * n])
+        let out = &mut out[..self.dims.batch * n];
+        let mut run = || match (self.r_rows, T::as_f32(src)) {
+            (Some(rows), Some(src)) => {
+                let out = T::as_f32_mut(out).expect("f32 like src");
+                f32::product(&product(Layout { rs: gh, cs: 1 }), src, &rows[g0 * h..], out)
+            }
+            _ => T::product(&product(Layout { rs: 1, cs: h }), src, &self.r[g0 * h * h..g1 * h * h], out),
+        };
+        // A step's product is a few microseconds at the usual sizes: waking the other
+        // threads for it costs as much as it saves.
+        if self.dims.batch * n * h <= SERIAL_STEP {
+            cpu::serial(run)
+        } else {
+            run()
+        }
     }
 
     /// Gate `g` (`hidden` values) of projection row `row`.
@@ -169,13 +186,16 @@ pub(crate) struct Step<'a, T> {
     pub extra: &'a mut [T],
 }
 
+/// The most multiply-adds of a recurrent step's product that run on one thread.
+const SERIAL_STEP: usize = 1 << 17;
+
 /// `dst[i] += src[i]`.
 pub(crate) fn add_into<T: Real>(dst: &mut [T], src: &[T]) {
     dst.iter_mut().zip(src).for_each(|(d, s)| *d = *d + *s);
 }
 
 /// Runs a recurrent op on tensors of any of its dtypes.
-pub(crate) fn run<C: Cell>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor], prepared: Option<Prepared>) -> Result<()> {
+pub(crate) fn run<C: Cell>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor], prepared: Prepared) -> Result<()> {
     match cpu::input(inputs, X)?.dtype() {
         DType::F32 => run_typed::<C, f32>(op, inputs, outputs, prepared),
         DType::F64 => run_typed::<C, f64>(op, inputs, outputs, prepared),
@@ -194,10 +214,32 @@ pub(crate) fn run<C: Cell>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], output
     }
 }
 
-/// The quantized op's W and R per direction, built once per plan.
-pub(crate) type Prepared<'a> = (&'a [QuantMatrix], &'a [QuantMatrix]);
+/// What a plan builds once for a recurrent op ([`super::common::Recurrent::prepare`]).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Prepared<'a> {
+    /// The quantized op's W and R per direction.
+    pub quantized: Option<(&'a [QuantMatrix], &'a [QuantMatrix])>,
+    /// An f32 R transposed: `[dirs][hidden][gates * hidden]`, so that a step's product
+    /// streams rows of it with its sums in registers.
+    pub r_rows: Option<&'a [f32]>,
+}
 
-fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor], prepared: Option<Prepared>) -> Result<()> {
+/// `R` (`[dirs, gates * hidden, hidden]`) transposed per direction into
+/// `[dirs][hidden][gates * hidden]`.
+pub(crate) fn transpose_r(r: &[f32], dirs: usize, gh: usize, hidden: usize) -> Vec<f32> {
+    let mut out = vec![0f32; dirs * gh * hidden];
+    for d in 0..dirs {
+        let (src, dst) = (&r[d * gh * hidden..][..gh * hidden], &mut out[d * gh * hidden..][..gh * hidden]);
+        for (j, row) in src.chunks_exact(hidden).enumerate() {
+            for (k, &v) in row.iter().enumerate() {
+                dst[k * gh + j] = v;
+            }
+        }
+    }
+    out
+}
+
+fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor], prepared: Prepared) -> Result<()> {
     let name = C::SPEC.name;
     let shapes: Vec<Option<(&[usize], DType)>> = inputs.iter().map(|t| t.map(|t| (t.dims(), t.dtype()))).collect();
     let dims = op.check(&shapes)?;
@@ -207,12 +249,12 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
     let x = cpu::input(inputs, X)?.as_slice::<T>()?;
     let (w, r) = if op.quantized { (&[][..], &[][..]) } else { (cpu::input(inputs, W)?.as_slice::<T>()?, cpu::input(inputs, R)?.as_slice::<T>()?) };
     let built;
-    let quantized: Option<Prepared> = match (op.quantized, prepared) {
+    let quantized: Option<(&[QuantMatrix], &[QuantMatrix])> = match (op.quantized, prepared.quantized) {
         (false, _) => None,
         (true, Some(p)) => Some(p),
         (true, None) => {
             built = (quantized::matrices(inputs, W, &dims)?, quantized::matrices(inputs, R, &dims)?);
-            Some((&built.0, &built.1))
+            Some((&built.0[..], &built.1[..]))
         }
     };
     let (bias, h0, c0, peep) = (slice(B)?, slice(INITIAL_H)?, slice(INITIAL_C)?, slice(P)?);
@@ -311,6 +353,7 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
                         rows: &step_rows,
                         xw: &xw[d * rows * gh..(d + 1) * rows * gh],
                         r: if op.quantized { r } else { &r[d * gh * hidden..(d + 1) * gh * hidden] },
+                        r_rows: prepared.r_rows.map(|rows| &rows[d * gh * hidden..(d + 1) * gh * hidden]),
                         rq: quantized.map(|(_, rq)| &rq[d]),
                         rq_rows: &rq_rows,
                         rb: &rb[d * gh..(d + 1) * gh],
