@@ -624,3 +624,73 @@ fn fuse_qdq_skips_quantize_nodes_without_outputs() {
     assert_eq!(passes::fuse_qdq(&mut g, &mut PassContext::builtin()), 0);
     assert!(g.nodes.iter().all(|n| n.domain.is_empty()), "nothing fused");
 }
+
+/// A dynamically quantized linear layer as onnxruntime's `quantize_dynamic` writes it:
+/// DynamicQuantizeLinear, MatMulInteger with per-column weight zero points, Cast, the
+/// product of the scales, the bias Add; and a second layer without a bias, whose
+/// per-tensor weight scale is the scales' Mul's first input. Both become
+/// MatMulIntegerToFloat, with the same output bits.
+#[test]
+fn fuse_matmul_integer() {
+    let mut b = GraphBuilder::new("matmul_integer");
+    let x = x_input(&mut b, &[3, 8]);
+    let q = b.node_multi("DynamicQuantizeLinear", &[Some(x)], &[], 3);
+    let (xq, xs, xz) = (q[0], q[1], q[2]);
+    let w: Vec<i8> = (0..8 * 6).map(|i| ((i * 53) % 255) as i8).collect();
+    let w = b.constant("w_q", Tensor::from_vec(&[8, 6], w).unwrap());
+    let wz = b.constant("w_zp", Tensor::from_vec(&[6], vec![0i8, 1, -2, 3, 0, -1]).unwrap());
+    let ws = b.constant("w_scale", Tensor::from_vec(&[6], vec![0.01f32, 0.02, 0.005, 0.03, 0.011, 0.007]).unwrap());
+    let s = b.node("Mul", &[xs, ws], &[]);
+    let acc = b.node("MatMulInteger", &[xq, w, xz, wz], &[]);
+    let f = b.node("Cast", &[acc], &[("to", Attr::Int(1))]);
+    let y = b.node("Mul", &[f, s], &[]);
+    let bias = b.constant("bias", Tensor::from_vec(&[6], vec![0.5f32, -1.0, 0.25, 2.0, -0.75, 0.0]).unwrap());
+    let y = b.node("Add", &[bias, y], &[]);
+    // Second layer: per-tensor weight scale first in the scales' Mul, no bias.
+    let q2 = b.node_multi("DynamicQuantizeLinear", &[Some(y)], &[], 3);
+    let w2: Vec<i8> = (0..6 * 4).map(|i| ((i * 29) % 255) as i8).collect();
+    let w2 = b.constant("w2_q", Tensor::from_vec(&[6, 4], w2).unwrap());
+    let ws2 = b.constant("w2_scale", Tensor::from_vec(&[], vec![0.013f32]).unwrap());
+    let s2 = b.node("Mul", &[ws2, q2[1]], &[]);
+    let acc2 = b.node("MatMulInteger", &[q2[0], w2, q2[2]], &[]);
+    let f2 = b.node("Cast", &[acc2], &[("to", Attr::Int(1))]);
+    let z = b.node("Mul", &[s2, f2], &[]);
+    let g = finish(b, &[(z, "z")]);
+    let x_t = t(&[2, 3, 8], 5);
+    let want = run(&g, &x_t);
+    let mut fused = g.clone();
+    assert_eq!(passes::fuse_matmul_integer(&mut fused, &mut PassContext::builtin()), 2);
+    assert_eq!(run(&fused, &x_t)[0].bytes(), want[0].bytes(), "the same f32 operations in the same order");
+    assert_eq!(golden("fuse_matmul_integer", g, passes::fuse_matmul_integer, &[2, 3, 8]), 2);
+}
+
+/// The integer product stays as it is when another node reads its int32 result, when
+/// the Cast is not to f32, or when neither scale is a single value.
+#[test]
+fn fuse_matmul_integer_keeps_what_it_cannot_fuse() {
+    let build = |cast_to: i64, wide_scale: bool, acc_output: bool| {
+        let mut b = GraphBuilder::new("matmul_integer_kept");
+        let x = x_input(&mut b, &[3, 8]);
+        let q = b.node_multi("DynamicQuantizeLinear", &[Some(x)], &[], 3);
+        let w = b.constant("w_q", Tensor::from_vec(&[8, 6], vec![3i8; 48]).unwrap());
+        let ws = b.constant("w_scale", Tensor::from_vec(&[6], vec![0.01f32; 6]).unwrap());
+        let six = b.constant("six", Tensor::from_vec(&[1], vec![6i64]).unwrap());
+        let xs = if wide_scale { b.node("Expand", &[q[1], six], &[]) } else { q[1] };
+        let s = b.node("Mul", &[xs, ws], &[]);
+        let acc = b.node("MatMulInteger", &[q[0], w, q[2]], &[]);
+        let f = b.node("Cast", &[acc], &[("to", Attr::Int(cast_to))]);
+        let s = if cast_to == 1 { s } else { b.node("Cast", &[s], &[("to", Attr::Int(cast_to))]) };
+        let y = b.node("Mul", &[f, s], &[]);
+        let mut outs = vec![(y, "y")];
+        if acc_output {
+            outs.push((acc, "acc"));
+        }
+        finish(b, &outs)
+    };
+    for (cast_to, wide, acc_output) in [(1, false, true), (11, false, false), (1, true, false)] {
+        let mut g = build(cast_to, wide, acc_output);
+        assert_eq!(passes::fuse_matmul_integer(&mut g, &mut PassContext::builtin()), 0, "{cast_to} {wide} {acc_output}");
+    }
+    // The same graph without those obstacles fuses.
+    assert_eq!(passes::fuse_matmul_integer(&mut build(1, false, false), &mut PassContext::builtin()), 1);
+}

@@ -14,6 +14,7 @@ mod fuse_bias;
 mod fuse_elementwise;
 mod fuse_gelu;
 mod fuse_layernorm;
+mod fuse_matmul_integer;
 mod fuse_qdq;
 mod fuse_residual;
 mod layout_nchwc;
@@ -31,6 +32,7 @@ pub use fuse_bias::fuse_bias;
 pub use fuse_elementwise::fuse_elementwise;
 pub use fuse_gelu::fuse_gelu;
 pub use fuse_layernorm::fuse_layernorm;
+pub use fuse_matmul_integer::fuse_matmul_integer;
 pub use fuse_qdq::fuse_qdq;
 pub use fuse_residual::{fuse_conv_residual, fuse_residual};
 pub use layout_nchwc::layout_nchwc;
@@ -55,6 +57,7 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "eliminate-dead", run: eliminate_dead },
     Pass { name: "fuse-layernorm", run: fuse_layernorm },
     Pass { name: "fuse-bias", run: fuse_bias },
+    Pass { name: "fuse-matmul-integer", run: fuse_matmul_integer },
     Pass { name: "fuse-gelu", run: fuse_gelu },
     Pass { name: "fuse-residual", run: fuse_residual },
     Pass { name: "fuse-conv-residual", run: fuse_conv_residual },

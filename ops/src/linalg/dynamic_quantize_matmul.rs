@@ -27,7 +27,7 @@ const INPUTS: BInputs = BInputs { b: 1, scale: 2, zero_point: 3, bias: 4 };
 
 /// onnxruntime's uint8 quantization parameters of data with range `lo..=hi`.
 pub(super) fn dynamic_params(data: &[f32]) -> (f32, i32) {
-    let (lo, hi) = data.iter().fold((0f32, 0f32), |(a, b), &v| (a.min(v), b.max(v)));
+    let (lo, hi) = crate::quant::dynamic_quantize_linear::range(data);
     let scale = if hi == lo { 1.0 } else { (hi - lo) / 255.0 };
     let zp = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even();
     (scale, zp as i32)

@@ -141,21 +141,22 @@ impl CpuKernel for MatMulInteger {
 
     /// The instruction set of the packed integer kernel ([`PackedIntMatMul`]).
     fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
-        qmatmul_packed::params(packable(inputs))
+        qmatmul_packed::params(packable(inputs, 3))
     }
 
     /// Packs a constant 2-D B (with constant zero points) once for the fast kernel.
     fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
-        let Some((da, b, zb)) = packable(inputs) else { return Ok(None) };
+        let Some((da, b, zb)) = packable(inputs, 3) else { return Ok(None) };
         Ok(Some(Box::new(PackedMatMulInteger { packed: PackedIntMatMul::new(da, b, false, &zb, tune)? })))
     }
 }
 
-/// A's dtype, B and its zero points, when B is a constant matrix whose zero points are
-/// constant (one, or one per column) and A has at least one dim.
-fn packable<'a>(inputs: &[Option<Arg<'a>>]) -> Option<(DType, &'a Tensor, Vec<i32>)> {
+/// A's dtype, B and its zero points (input `zb_input`), when B (input 1) is a constant
+/// matrix whose zero points are constant (one, or one per column) and A has at least
+/// one dim.
+pub(super) fn packable<'a>(inputs: &[Option<Arg<'a>>], zb_input: usize) -> Option<(DType, &'a Tensor, Vec<i32>)> {
     let (a, b) = (inputs.first().copied().flatten()?, inputs.get(1).copied().flatten()?);
-    let zb = match inputs.get(3).copied().flatten() {
+    let zb = match inputs.get(zb_input).copied().flatten() {
         Some(z) if z.ty.len() == 1 || z.dims() == [b.dims().get(1).copied().unwrap_or(0)] => crate::quant::qlinear::ints(z.value?).ok()?,
         Some(_) => return None,
         None => vec![0],

@@ -6,14 +6,17 @@
 //! addition). a's scale and zero point are per tensor; b's per tensor or per column;
 //! the bias has B's last dim. [`scale_and_bias`] is shared with DynamicQuantizeMatMul.
 use super::matmul::plan;
-use super::matmul_integer::{full, int_product, int_product_wgsl, zero_point_dims, IntOperands};
+use super::matmul_integer::{full, int_product, int_product_wgsl, packable, zero_point_dims, IntOperands};
+use super::qmatmul_packed::{self, PackedIntMatMul};
+use crate::cpu::SharedPtr;
+use crate::linalg::int8_kernel::CH;
 use super::qlinear_matmul::per_output;
 use crate::broadcast::for_each_offset;
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
 use crate::quant::qlinear::{check_scalar, scalar_f32, MS_DOMAIN, Q8, SCALE};
 use crate::wgsl::{WgslKernel, WgslProgram};
-use crate::{Arg, Cost, Op, OpError, Registry, Result, TensorType, TuneValues};
+use crate::{Arg, Cost, Op, OpError, Registry, Result, TensorType, TuneParam, TuneValues};
 use kiln_graph::{DType, Tensor};
 
 #[derive(Debug)]
@@ -134,6 +137,77 @@ impl CpuKernel for MatMulIntegerToFloat {
         int_product(&ops, &mut acc)?;
         scale_and_bias(&acc, scalar_f32(inputs, 2)?, inputs, INPUTS, a.dims(), outputs[0].as_mut_slice::<f32>()?)
     }
+
+    /// The instruction set of the packed integer kernel ([`PackedIntMatMul`]).
+    fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
+        qmatmul_packed::params(packable(inputs, INPUTS.zero_point))
+    }
+
+    /// Packs a constant 2-D B (with constant zero points) once for the fast kernel, whose
+    /// tiles are scaled (and biased) as they are stored.
+    fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
+        let Some((da, b, zb)) = packable(inputs, INPUTS.zero_point) else { return Ok(None) };
+        Ok(Some(Box::new(PackedToFloat { packed: PackedIntMatMul::new(da, b, false, &zb, tune)? })))
+    }
+}
+
+/// MatMulIntegerToFloat with B packed once per plan: A's rows (every leading dim
+/// flattened) through [`PackedIntMatMul`], each int32 tile stored as
+/// `f32(acc) * (a_scale * b_scale[n]) + bias[n]`. A per-row A zero point, or a B scale
+/// that is neither one value nor one per column, runs the general product.
+struct PackedToFloat {
+    packed: PackedIntMatMul,
+}
+
+impl CpuKernel for PackedToFloat {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let opt = |i: usize| inputs.get(i).copied().flatten();
+        let a = cpu::input(inputs, 0)?;
+        let n = self.packed.n();
+        let sb = cpu::input(inputs, INPUTS.scale)?;
+        let za = match opt(4) {
+            None => 0,
+            Some(z) if z.len() == 1 => crate::quant::qlinear::zero_point(inputs, 4)?,
+            Some(_) => return MatMulIntegerToFloat.run(inputs, outputs),
+        };
+        if sb.len() != 1 && sb.len() != n {
+            return MatMulIntegerToFloat.run(inputs, outputs);
+        }
+        let a_scale = scalar_f32(inputs, 2)?;
+        let sb = sb.as_slice::<f32>()?;
+        let multipliers: Vec<f32> = (0..n).map(|j| a_scale * sb[if sb.len() == 1 { 0 } else { j }]).collect();
+        let bias = match opt(INPUTS.bias) {
+            Some(t) if t.len() == n => Some(t.as_slice::<f32>()?),
+            Some(t) => return Err(OpError::input(INPUTS.bias, format!("bias must have {n} values, got {}", t.len()))),
+            None => None,
+        };
+        let rows = a.len() / a.dims().last().copied().unwrap_or(1).max(1);
+        let y = &mut outputs[0];
+        if y.len() != rows * n {
+            return Err(OpError::invalid(format!("output of {} elements for {rows} rows of {n}", y.len())));
+        }
+        let out = SharedPtr(y.as_mut_slice::<f32>()?.as_mut_ptr());
+        self.packed.run(a.bytes(), rows, za, |r0, count, c0, cols, c| {
+            let mult = &multipliers[c0..c0 + cols];
+            for j in 0..count {
+                // SAFETY: row r0 + j, columns c0..c0 + cols belong to this tile alone.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((r0 + j) * n + c0), cols) };
+                let acc = &c[j * CH..j * CH + cols];
+                match bias {
+                    Some(bias) => {
+                        for (((d, &s), &m), &b) in dst.iter_mut().zip(acc).zip(mult).zip(&bias[c0..c0 + cols]) {
+                            *d = s as f32 * m + b;
+                        }
+                    }
+                    None => {
+                        for ((d, &s), &m) in dst.iter_mut().zip(acc).zip(mult) {
+                            *d = s as f32 * m;
+                        }
+                    }
+                }
+            }
+        })
+    }
 }
 
 impl WgslKernel for MatMulIntegerToFloat {
@@ -173,6 +247,30 @@ mod tests {
         let a0 = u8s(&[2, 7], &a.as_slice::<u8>().unwrap()[..14]);
         let c = ms("MatMulIntegerToFloat").input(a0).input(u8s(&[7, 2], &[172, 61, 80, 189, 50, 172, 241, 175, 165, 118, 247, 56, 91, 164])).input(f(0.05)).input(f(0.013)).omitted().input(u8s(&[], &[128]));
         assert_eq!(bits(&c.run_cpu().unwrap()[0]), [0x41b478a1, 0x4061c361, 0x3fd25461, 0x4102dfa4]);
+    }
+
+    /// The packed kernel (every instruction set) stores the same bits as the general
+    /// product: per-column and per-tensor B scales, with and without a bias, batched A.
+    #[test]
+    fn packed_variants_equal_the_general_product() {
+        let (k, n) = (37, 21);
+        let a = u8s(&[2, 5, k], &(0..2 * 5 * k).map(|i| (i * 89 % 256) as u8).collect::<Vec<_>>());
+        let b = i8s(&[k, n], &(0..k * n).map(|i| (i * 53 % 255) as i8).collect::<Vec<_>>());
+        let zb = i8s(&[n], &(0..n).map(|i| (i % 5) as i8 - 2).collect::<Vec<_>>());
+        let bias = Tensor::from_vec(&[n], (0..n).map(|i| i as f32 * 0.37 - 3.0).collect()).unwrap();
+        for (per_column, with_bias) in [(true, true), (false, false), (true, false)] {
+            let sb = if per_column { Tensor::from_vec(&[n], (0..n).map(|i| 0.001 + i as f32 * 0.0007).collect()).unwrap() } else { f(0.013) };
+            let mut c = ms("MatMulIntegerToFloat").input(a.clone()).constant(b.clone()).input(f(0.021)).constant(sb).input(u8s(&[], &[129])).constant(zb.clone());
+            if with_bias {
+                c = c.constant(bias.clone());
+            }
+            let op = c.op().unwrap();
+            let variants = crate::testing::run_cpu_variants(op.as_ref(), &c.inputs).unwrap();
+            assert!(variants.iter().any(|(name, _)| name.starts_with("isa=")), "no packed variant");
+            for (name, outs) in &variants[1..] {
+                assert_eq!(bits(&outs[0]), bits(&variants[0].1[0]), "{per_column} {with_bias}: variant {name}");
+            }
+        }
     }
 
     #[test]

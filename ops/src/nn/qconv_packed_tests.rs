@@ -63,6 +63,8 @@ fn cases() -> Vec<Case> {
         case(&[2, 8, 13, 12], &[8, 1, 3, 3], 8, 1, 1, [1; 4], U8, I8, true),        // depthwise (its own kernel)
         case(&[1, 6, 15, 14], &[12, 1, 3, 3], 6, 2, 1, [1, 0, 2, 1], I8, I8, false), // depthwise, multiplier 2, stride 2, uneven pads
         case(&[1, 4, 11, 10], &[4, 1, 5, 5], 4, 1, 2, [4, 4, 4, 4], U8, U8, true),   // depthwise, dilated, unsigned filters
+        case(&[1, 3, 5, 41], &[3, 1, 3, 3], 3, 2, 1, [1, 2, 1, 0], U8, I8, true),   // depthwise, rows wide enough for 16-value pads, stride 2
+        case(&[1, 2, 4, 37], &[2, 1, 3, 3], 2, 1, 1, [1; 4], I8, I8, false),        // depthwise, wide rows, signed input, stride 1
     ]
 }
 

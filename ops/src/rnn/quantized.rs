@@ -39,7 +39,7 @@ impl QuantMatrix {
     /// quantized over all its values.
     pub fn product(&self, a: &[f32], col0: usize, out_cols: usize, out: &mut [f32]) {
         let m = a.len() / self.k;
-        let (lo, hi) = a.iter().fold((0f32, 0f32), |(l, h), &v| (l.min(v), h.max(v)));
+        let (lo, hi) = crate::quant::dynamic_quantize_linear::range(a);
         let (sa, za) = dynamic_params(lo, hi);
         let mut qa = vec![0u8; a.len()];
         if sa != 0.0 && sa.is_finite() {
