@@ -86,6 +86,19 @@ impl PackedIntMatMul {
                 let row = &a[r * self.k..(r + 1) * self.k];
                 // SAFETY: row r's words belong to this task alone.
                 let out = unsafe { std::slice::from_raw_parts_mut(dst.get().add(r * tw), tw) };
+                if layout == Layout::Pairs {
+                    // Pairs are A's values less za as consecutive i16 (a word's low
+                    // half first), an odd k's last half 0: a loop that vectorises.
+                    let halves: &mut [i16] = bytemuck::cast_slice_mut(out);
+                    let zero = za as i16;
+                    if signed {
+                        halves.iter_mut().zip(row).for_each(|(h, &v)| *h = v as i8 as i16 - zero);
+                    } else {
+                        halves.iter_mut().zip(row).for_each(|(h, &v)| *h = v as i16 - zero);
+                    }
+                    halves[self.k..].fill(0);
+                    continue;
+                }
                 for (i, o) in out.iter_mut().enumerate() {
                     let vals = row[i * per..((i + 1) * per).min(self.k)].iter().map(|&v| if signed { v as i8 as i32 } else { v as i32 });
                     *o = layout.word(vals, za, za);
