@@ -123,6 +123,41 @@ fn resnet18_int8_qdq_is_exact_integer_arithmetic() {
     }
 }
 
+/// fuse-matmul-integer turns every dynamically quantized linear layer of
+/// bert_tiny_int8_dyn into MatMulIntegerToFloat, and the CPU outputs stay the same bit
+/// for bit as with every other pass but that one.
+#[test]
+fn bert_tiny_int8_dyn_fused_products_are_bit_exact() {
+    use kiln::compiler::passes::{selected_passes, PassContext, Target};
+    let model = "bert_tiny_int8_dyn";
+    let g = kiln::compiler::onnx::import_file(&zoo().join(model).join("model.onnx")).unwrap();
+    let products = g.nodes.iter().filter(|n| n.op_type == "MatMulInteger").count();
+    assert!(products > 0);
+    let optimized = |skip: &str| {
+        let mut graph = g.clone();
+        let mut cx = PassContext::builtin();
+        for p in selected_passes(skip, "", Target::Cpu) {
+            (p.run)(&mut graph, &mut cx);
+        }
+        graph
+    };
+    let (fused, unfused) = (optimized(""), optimized("fuse-matmul-integer"));
+    let count = |g: &kiln::graph::Graph, op: &str| g.nodes.iter().filter(|n| n.op_type == op).count();
+    assert_eq!((count(&fused, "MatMulIntegerToFloat"), count(&fused, "MatMulInteger")), (products, 0));
+    assert_eq!(count(&unfused, "MatMulInteger"), products);
+    let run = |graph: kiln::graph::Graph| {
+        let session = Session::new(graph, SessionOptions::device(kiln::runtime::DeviceChoice::Cpu)).unwrap();
+        data_sets(&zoo().join(model))
+            .iter()
+            .map(|set| {
+                let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+                session.run(&inputs).unwrap().iter().map(|t| t.bytes().to_vec()).collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(run(fused) == run(unfused), "{model}: fused integer products changed the CPU outputs");
+}
+
 /// bert_tiny and gpt2_tiny as onnxruntime's transformer optimizer rewrites them
 /// (scripts/optimize_transformers.py: EmbedLayerNormalization, Attention,
 /// SkipLayerNormalization, BiasGelu; SkipLayerNormalization, FastGelu), against the
