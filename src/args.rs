@@ -17,9 +17,16 @@ pub struct SessionArgs {
     /// An input as NAME=FILE (.npy or ONNX TensorProto .pb); random values for the rest.
     #[arg(long = "input", short = 'i')]
     pub inputs: Vec<String>,
-    /// Size of a symbolic dim for random inputs, NAME=VALUE (default 1).
+    /// Size of a symbolic dim for random inputs, NAME=VALUE (default: what given inputs
+    /// bind, else 1).
     #[arg(long = "dim")]
     pub dims: Vec<String>,
+    /// Seed of the random inputs (the same seed gives the same values).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write every input the run uses, given or random, to DIR/NAME.npy.
+    #[arg(long, value_name = "DIR")]
+    pub save_inputs: Option<PathBuf>,
     /// Run the imported graph as is, without the graph passes (fusion, ...).
     #[arg(long)]
     pub no_passes: bool,

@@ -22,6 +22,9 @@ pub fn pass_target(device: &DeviceChoice) -> Result<Target> {
 pub fn load_model(model: &Path, no_passes: bool, target: Target) -> Result<(kiln::graph::Graph, Option<kiln::runtime::artifact::ArtifactInfo>)> {
     match model.extension().and_then(|e| e.to_str()) {
         Some("kiln") => {
+            if no_passes {
+                log::warn!("--no-passes has no effect on {}: a compiled artifact holds the graph its passes made", model.display());
+            }
             let (graph, info) = kiln::runtime::artifact::load(model)?;
             log::info!("loaded {} (compiled by kiln {} from {} for device '{}')", model.display(), info.kiln_version, info.source, info.device);
             Ok((graph, Some(info)))
@@ -29,9 +32,8 @@ pub fn load_model(model: &Path, no_passes: bool, target: Target) -> Result<(kiln
         Some("onnx") | None => {
             let mut graph = kiln::compiler::onnx::import_file(model).with_context(|| format!("cannot import {}", model.display()))?;
             if !no_passes {
-                for r in kiln::compiler::passes::optimize_for(&mut graph, target) {
-                    log::info!("pass {}: {} change(s)", r.name, r.changes);
-                }
+                // optimize_for logs each pass's changes.
+                kiln::compiler::passes::optimize_for(&mut graph, target);
             }
             Ok((graph, None))
         }
@@ -126,8 +128,7 @@ pub fn memory_limit(flag: Option<u64>) -> u64 {
     })
 }
 
-/// The concrete dims of a declared input type: symbolic dims take their `--dim`
-/// binding, else 1.
+/// The concrete dims of a declared input type: symbolic dims take their binding, else 1.
 fn input_dims(ty: &ValueType, dims: &HashMap<String, usize>) -> Vec<usize> {
     ty.shape
         .0
@@ -137,6 +138,44 @@ fn input_dims(ty: &ValueType, dims: &HashMap<String, usize>) -> Vec<usize> {
             Dim::Sym(s) => dims.get(s).copied().unwrap_or(1),
         })
         .collect()
+}
+
+/// The symbol bindings for random inputs: `--dim` values (every name must be a symbolic
+/// dim of some input), then the symbols that given inputs' shapes bind (a given input
+/// that contradicts a `--dim` is an error naming both).
+fn bind_symbols(declared: &[(String, ValueType)], given: &[(String, Tensor)], dims: &HashMap<String, usize>) -> Result<HashMap<String, usize>> {
+    let symbols: Vec<&str> = declared.iter().flat_map(|(_, ty)| ty.shape.symbols()).collect();
+    let mut names: Vec<&String> = dims.keys().collect();
+    names.sort();
+    for name in names {
+        if !symbols.contains(&name.as_str()) {
+            let mut known: Vec<&str> = symbols.clone();
+            known.sort_unstable();
+            known.dedup();
+            let known = if known.is_empty() { "none: every input dim is fixed".to_string() } else { known.join(", ") };
+            bail!("--dim {name}: no input of the model has a symbolic dim '{name}' (its symbols: {known})");
+        }
+    }
+    let mut bound = dims.clone();
+    for (name, t) in given {
+        let Some((_, ty)) = declared.iter().find(|(n, _)| n == name) else { continue };
+        if ty.shape.rank() != t.dims().len() {
+            continue; // The session reports the rank mismatch, naming the input.
+        }
+        for (d, &size) in ty.shape.0.iter().zip(t.dims()) {
+            let Dim::Sym(sym) = d else { continue };
+            match bound.get(sym) {
+                Some(&v) if v != size => {
+                    let by = if dims.contains_key(sym) { "--dim".to_string() } else { "another given input".to_string() };
+                    bail!("input '{name}' of shape {:?} binds '{sym}' to {size}, but {by} sets it to {v}", t.dims());
+                }
+                _ => {
+                    bound.insert(sym.clone(), size);
+                }
+            }
+        }
+    }
+    Ok(bound)
 }
 
 /// Deterministic random tensor of `dtype` and `shape`: floats uniform in [-1, 1),
@@ -186,17 +225,20 @@ pub fn random_tensor(dtype: DType, shape: &[usize], seed: u64) -> Result<Tensor>
     Ok(t)
 }
 
-/// All inputs of a session: given ones first, random for the rest. The sizes of the
+/// All inputs of a session: given ones first, random for the rest (seeded with `seed`;
+/// symbolic dims as `dims` and the given inputs bind them, else 1). The sizes of the
 /// random inputs are checked (no overflow, and all inputs together within `limit`
 /// bytes) before anything is allocated.
-pub fn complete_inputs(session: &Session, given: Vec<(String, Tensor)>, dims: &HashMap<String, usize>, limit: u64) -> Result<Vec<(String, Tensor)>> {
+pub fn complete_inputs(session: &Session, given: Vec<(String, Tensor)>, dims: &HashMap<String, usize>, limit: u64, seed: u64) -> Result<Vec<(String, Tensor)>> {
+    let declared = session.inputs();
+    let dims = bind_symbols(&declared, &given, dims)?;
     let mut used: u64 = given.iter().map(|(_, t)| t.bytes().len() as u64).sum();
     let mut all = given;
-    for (i, (name, ty)) in session.inputs().into_iter().enumerate() {
+    for (i, (name, ty)) in declared.into_iter().enumerate() {
         if all.iter().any(|(n, _)| *n == name) {
             continue;
         }
-        let shape = input_dims(&ty, dims);
+        let shape = input_dims(&ty, &dims);
         let bytes = size::bytes(ty.dtype, &shape).map_err(|e| anyhow!("random input '{name}': {e}"))? as u64;
         used = used.saturating_add(bytes);
         if used > limit {
@@ -205,10 +247,27 @@ pub fn complete_inputs(session: &Session, given: Vec<(String, Tensor)>, dims: &H
                 ty.dtype
             );
         }
-        log::info!("input '{name}' not given: using random values of type {ty}");
-        all.push((name, random_tensor(ty.dtype, &shape, 1 + i as u64)?));
+        log::info!("input '{name}' not given: using random values of type {ty}, shape {shape:?}");
+        all.push((name, random_tensor(ty.dtype, &shape, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1 + i as u64))?));
     }
     Ok(all)
+}
+
+/// The inputs of `kiln run` and `kiln bench`: `--input` files, random values for the
+/// rest (`--seed`, `--dim`), written to `--save-inputs DIR` as NAME.npy when asked.
+pub fn session_inputs(session: &Session, args: &SessionArgs) -> Result<Vec<(String, Tensor)>> {
+    let given = parse_inputs(&args.inputs)?;
+    let inputs = complete_inputs(session, given, &parse_dims(&args.dims)?, memory_limit(args.memory_limit), args.seed)?;
+    if let Some(dir) = &args.save_inputs {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let names: Vec<String> = inputs.iter().map(|(n, _)| n.clone()).collect();
+        for (file, (_, t)) in output_file_names(&names).iter().zip(&inputs) {
+            let path = dir.join(file);
+            kiln::runtime::npy::write_file(&path, t).with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        log::info!("inputs written to {}", dir.display());
+    }
+    Ok(inputs)
 }
 
 /// A short summary of a tensor's values.

@@ -71,7 +71,34 @@ fn main() {
         Command::Tune(a) => commands::tune::main(a),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", describe(&e));
         std::process::exit(1);
+    }
+}
+
+/// An error and its causes joined by ": ", each cause said once: errors whose message
+/// already includes their source's (as many library errors' do) are not repeated.
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn causes_are_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let e = anyhow::Error::new(io).context("cannot access 'x': No such file").context("cannot import x");
+        assert_eq!(super::describe(&e), "cannot import x: cannot access 'x': No such file");
     }
 }

@@ -341,3 +341,60 @@ fn run_prints_a_sequence_output_and_refuses_to_write_it_as_npy() {
     let o = kiln(&[&base[..], &["--output-dir", out.to_str().unwrap()]].concat());
     assert_clean_error(&o, "the output is a Sequence, not a tensor");
 }
+
+/// Random inputs take the symbols that given inputs bind (only input_ids given to
+/// bert_tiny: attention_mask follows its [1, 17]), come from `--seed`, and are written
+/// with the given ones by `--save-inputs`.
+#[test]
+fn random_inputs_follow_given_inputs_seed_and_are_saved() {
+    let dir = tmp("seed");
+    let ids = dir.join("ids.npy");
+    kiln::runtime::npy::write_file(&ids, &kiln::graph::Tensor::from_vec(&[1, 17], (0..17).map(|i| i as i64 * 7 % 50).collect::<Vec<i64>>()).unwrap()).unwrap();
+    let bert = model("bert_tiny");
+    let saved = |seed: &str, sub: &str| {
+        let out = dir.join(sub);
+        let o = kiln(&["run", bert.to_str().unwrap(), "--device", "cpu", "-i", &format!("input_ids={}", ids.display()), "--seed", seed, "--save-inputs", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let read = |n: &str| kiln::runtime::npy::read_file(out.join(format!("{n}.npy"))).unwrap();
+        (read("input_ids"), read("attention_mask"))
+    };
+    let (given, mask) = saved("5", "a");
+    assert_eq!(given, kiln::runtime::npy::read_file(&ids).unwrap());
+    assert_eq!(mask.dims(), [1, 17], "attention_mask follows input_ids' batch and sequence");
+    assert_eq!(saved("5", "b").1, mask, "the same seed gives the same values");
+    assert_ne!(saved("6", "c").1, mask, "another seed gives other values");
+    // A --dim that contradicts a given input names both.
+    let o = kiln(&["run", bert.to_str().unwrap(), "--device", "cpu", "-i", &format!("input_ids={}", ids.display()), "--dim", "sequence=9"]);
+    assert_clean_error(&o, "binds 'sequence' to 17, but --dim sets it to 9");
+}
+
+/// Options that would be ignored are errors or warnings, and an error's causes are
+/// said once.
+#[test]
+fn unknown_dims_are_errors_and_causes_are_said_once() {
+    let bert = model("bert_tiny");
+    assert_clean_error(&kiln(&["run", bert.to_str().unwrap(), "--device", "cpu", "--dim", "bogus=3"]), "no input of the model has a symbolic dim 'bogus' (its symbols: batch, sequence)");
+    let o = kiln(&["run", "/nonexistent.onnx"]);
+    assert_clean_error(&o, "No such file or directory");
+    assert_eq!(stderr(&o).matches("No such file or directory").count(), 1, "{}", stderr(&o));
+    let o = kiln(&["run", model("mlp").to_str().unwrap(), "--device", "cpu", "-i", "x=/nonexistent.npy"]);
+    assert_eq!(stderr(&o).matches("No such file or directory").count(), 1, "{}", stderr(&o));
+    // -v logs each pass once.
+    let o = kiln(&["-v", "run", model("mlp").to_str().unwrap(), "--device", "cpu"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o).matches("pass fuse-bias:").count(), 1, "{}", stderr(&o));
+}
+
+/// `inspect` starts with the model's inputs and outputs, symbolic dims and all.
+#[test]
+fn inspect_shows_the_signature() {
+    let bert = model("bert_tiny");
+    let o = kiln(&["inspect", bert.to_str().unwrap(), "--device", "cpu"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.starts_with("inputs:\n  input_ids: i64[batch,sequence]\n  attention_mask: i64[batch,sequence]\noutputs:\n  last_hidden_state: f32[batch,sequence,128]\n"), "{text}");
+    let o = kiln(&["inspect", bert.to_str().unwrap(), "--device", "cpu", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["inputs"][1], serde_json::json!({"name": "attention_mask", "type": "i64[batch,sequence]"}));
+    assert_eq!(v["outputs"][1], serde_json::json!({"name": "pooler_output", "type": "f32[batch,128]"}));
+}

@@ -5,8 +5,8 @@ use thiserror::Error;
 /// Errors from building or running a session.
 #[derive(Debug, Error)]
 pub enum RuntimeError {
-    #[error("node '{node}' ({op}): {source}")]
-    Node { node: String, op: String, source: OpError },
+    #[error("node '{node}' ({op}): {error}")]
+    Node { node: String, op: String, error: OpError },
     #[error("invalid graph: {0}")]
     Graph(#[from] GraphError),
     #[error("unknown input '{name}': the model's inputs are {expected}")]
@@ -37,7 +37,7 @@ impl From<kiln_ops::infer::InferError> for RuntimeError {
     fn from(e: kiln_ops::infer::InferError) -> Self {
         use kiln_ops::infer::InferError;
         match e {
-            InferError::Node { node, op, source } => RuntimeError::Node { node, op, source },
+            InferError::Node { node, op, error } => RuntimeError::Node { node, op, error },
             InferError::Graph(g) => RuntimeError::Graph(g),
             InferError::Unsupported { node, what } => RuntimeError::Unsupported { node, what },
             e @ InferError::TooLarge { .. } => RuntimeError::OutOfRange(e.to_string()),
@@ -52,6 +52,6 @@ pub(crate) fn poisoned() -> RuntimeError {
 
 impl RuntimeError {
     pub(crate) fn node(node: &kiln_graph::Node, source: OpError) -> RuntimeError {
-        RuntimeError::Node { node: node.name.clone(), op: node.op_type.clone(), source }
+        RuntimeError::Node { node: node.name.clone(), op: node.op_type.clone(), error: source }
     }
 }

@@ -21,10 +21,10 @@ const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
 #[derive(Debug, Error)]
 pub enum NpyError {
-    #[error("cannot access '{}': {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("'{}': {source}", path.display())]
-    InFile { path: PathBuf, source: Box<NpyError> },
+    #[error("cannot access '{}': {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
+    #[error("'{}': {error}", path.display())]
+    InFile { path: PathBuf, error: Box<NpyError> },
     #[error("I/O error: {0}")]
     Stream(#[from] std::io::Error),
     #[error("not a valid .npy file: {0}")]
@@ -38,9 +38,9 @@ type Result<T> = std::result::Result<T, NpyError>;
 /// Reads a .npy file (a regular file: FIFOs and devices are refused).
 pub fn read_file(path: impl AsRef<Path>) -> Result<Tensor> {
     let path = path.as_ref();
-    let file = crate::file::open_regular(path).map_err(|source| NpyError::Io { path: path.to_path_buf(), source })?;
-    let len = file.metadata().map_err(|source| NpyError::Io { path: path.to_path_buf(), source })?.len();
-    read_sized(std::io::BufReader::new(file), Some(len)).map_err(|e| NpyError::InFile { path: path.to_path_buf(), source: Box::new(e) })
+    let file = crate::file::open_regular(path).map_err(|source| NpyError::Io { path: path.to_path_buf(), error: source })?;
+    let len = file.metadata().map_err(|source| NpyError::Io { path: path.to_path_buf(), error: source })?.len();
+    read_sized(std::io::BufReader::new(file), Some(len)).map_err(|e| NpyError::InFile { path: path.to_path_buf(), error: Box::new(e) })
 }
 
 /// Writes a .npy file.
@@ -49,7 +49,7 @@ pub fn write_file(path: impl AsRef<Path>, t: &Tensor) -> Result<()> {
     if let Some(v) = t.composite() {
         return Err(NpyError::Unsupported(format!("{}: the output is a {:?}, not a tensor (a .npy file holds one array)", path.display(), v.kind())));
     }
-    std::fs::write(path, encode(t)).map_err(|source| NpyError::Io { path: path.to_path_buf(), source })
+    std::fs::write(path, encode(t)).map_err(|source| NpyError::Io { path: path.to_path_buf(), error: source })
 }
 
 /// Decodes a .npy file held in memory.

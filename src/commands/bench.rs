@@ -61,7 +61,7 @@ pub fn main(args: Args) -> Result<()> {
     let a = &args.session;
     let session = io::open_session(a)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let inputs = io::complete_inputs(&session, io::parse_inputs(&a.inputs)?, &io::parse_dims(&a.dims)?, io::memory_limit(a.memory_limit))?;
+    let inputs = io::session_inputs(&session, a)?;
     let (times, run, first_ms) = time_runs(&session, &inputs, args.warmup, args.iters)?;
     let s = stats(times);
     // Tuning keys of this model's kernels without a stored choice (defaults used).

@@ -82,7 +82,7 @@ pub fn main(args: Args) -> Result<()> {
         if !(args.budget.is_finite() && args.budget >= 0.0) {
             bail!("--budget must be a number of seconds, at least 0");
         }
-        let inputs = io::complete_inputs(&session, vec![], &fixed, io::memory_limit(None))?;
+        let inputs = io::complete_inputs(&session, vec![], &fixed, io::memory_limit(None), 0)?;
         let opts = kiln::runtime::TuneOptions { budget: std::time::Duration::from_secs_f64(args.budget), retune: false };
         let report = super::tune::tune_with_progress(&session, &inputs, &opts)?;
         log::info!("tuned {} of {} keys for {}", report.tuned(), report.keys.len(), session.device_name());
@@ -94,7 +94,7 @@ pub fn main(args: Args) -> Result<()> {
     // pipeline cache holds its kernels.
     let fixed_shapes = graph.inputs.iter().all(|&v| graph.values[v].ty.as_ref().is_some_and(|t| t.shape.is_fixed()));
     let kernels = if fixed_shapes && session.device_kind() == kiln::runtime::DeviceKind::Gpu {
-        let inputs = io::complete_inputs(&session, vec![], &Default::default(), io::memory_limit(None))?;
+        let inputs = io::complete_inputs(&session, vec![], &Default::default(), io::memory_limit(None), 0)?;
         let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         session.run(&refs).with_context(|| format!("{} does not run on '{}' with its fixed shapes", args.model.display(), args.device))?;
         session.kernel_records()?

@@ -89,7 +89,7 @@ pub fn main(args: Args) -> Result<()> {
     let types = kiln::ops::infer::value_types(&graph, kiln::ops::Registry::builtin());
     let session = Session::new(graph.clone(), SessionOptions::device(args.device.clone()))
         .with_context(|| format!("cannot prepare {} for device '{}'", args.model.display(), args.device))?;
-    let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?, io::memory_limit(None))?;
+    let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?, io::memory_limit(None), 0)?;
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let report = session.report(&refs)?;
     let (_, stats) = session.run_with_stats(&refs)?;
@@ -105,6 +105,10 @@ pub fn main(args: Args) -> Result<()> {
             (node.name.clone(), node.op_type.clone(), group(node), shape, r.cost.flops, r.cost.bytes)
         })
         .collect();
+    // The model's signature: input and output names with their (symbolic) types.
+    let signature = |values: Vec<(String, String)>| values.into_iter().map(|(name, ty)| serde_json::json!({"name": name, "type": ty})).collect::<Vec<_>>();
+    let input_sig: Vec<(String, String)> = session.inputs().into_iter().map(|(n, ty)| (n, ty.to_string())).collect();
+    let output_sig: Vec<(String, String)> = graph.outputs.iter().map(|&o| (graph.values[o].name.clone(), types[o].as_ref().map_or_else(|| "?".to_string(), |t| t.to_string()))).collect();
     if let Some(path) = &args.dot {
         std::fs::write(path, dot(&graph, &device)).with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -116,8 +120,15 @@ pub fn main(args: Args) -> Result<()> {
             .collect();
         let passes: Vec<serde_json::Value> = pass_report.iter().map(|(n, c, r, a)| serde_json::json!({"pass": n, "changes": c, "removed": r, "added": a})).collect();
         let memory = stats.memory.map(|m| serde_json::json!({"planned_bytes": m.planned, "lower_bound_bytes": m.lower_bound, "unshared_bytes": m.unshared, "in_place_steps": m.in_place}));
-        println!("{}", serde_json::json!({"model": args.model, "device": device, "nodes": nodes, "passes": passes, "kernels_per_run": stats.kernels, "memory": memory}));
+        println!("{}", serde_json::json!({"model": args.model, "device": device, "inputs": signature(input_sig), "outputs": signature(output_sig),
+            "nodes": nodes, "passes": passes, "kernels_per_run": stats.kernels, "memory": memory}));
         return Ok(());
+    }
+    for (title, sig) in [("inputs", &input_sig), ("outputs", &output_sig)] {
+        println!("{title}:");
+        for (name, ty) in sig {
+            println!("  {name}: {ty}");
+        }
     }
     if !pass_report.is_empty() {
         println!("passes:");

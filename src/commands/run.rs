@@ -16,8 +16,7 @@ pub struct Args {
 pub fn main(args: Args) -> Result<()> {
     let a = &args.session;
     let session = io::open_session(a)?;
-    let given = io::parse_inputs(&a.inputs)?;
-    let inputs = io::complete_inputs(&session, given, &io::parse_dims(&a.dims)?, io::memory_limit(a.memory_limit))?;
+    let inputs = io::session_inputs(&session, a)?;
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let start = std::time::Instant::now();
     let (outputs, stats) = session.run_with_stats(&refs)?;

@@ -163,7 +163,7 @@ pub fn main(args: Args) -> Result<()> {
         Session::new(graph.clone(), options).with_context(|| format!("cannot prepare {} for device '{}'", model.display(), args.device))
     };
     let session = open(tuning)?;
-    let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?, io::memory_limit(None))?;
+    let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?, io::memory_limit(None), 0)?;
     let untuned = open(Tuning::off())?;
     // One run of each now: what is left of the budget keeps time for the latency
     // comparison at the end (warm-up runs and about a second of runs).

@@ -9,8 +9,8 @@ use thiserror::Error;
 /// Why a model (or a tensor file) could not be imported.
 #[derive(Debug, Error)]
 pub enum ImportError {
-    #[error("cannot access '{}': {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot access '{}': {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("'{source_name}' is not a valid ONNX {what}: {error}")]
     Decode { source_name: String, what: &'static str, error: prost::DecodeError },
     #[error("'{0}' holds no graph (ModelProto.graph is missing)")]

@@ -55,7 +55,7 @@ pub fn import_file_unchecked(path: impl AsRef<Path>) -> Result<Graph, ImportErro
 
 pub fn import_file_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Graph, ImportError> {
     let path = path.as_ref();
-    let bytes = super::file::read_regular(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let bytes = super::file::read_regular(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), error: source })?;
     let source_name = path.display().to_string();
     // Decoding from `Bytes` slices raw_data out of the file buffer instead of copying it.
     let model = decode_model(Bytes::from(bytes), &source_name)?;

@@ -276,7 +276,7 @@ pub fn tensor_to_proto(name: &str, t: &Tensor) -> TensorProto {
 /// field and its tensor. External data is read relative to the file's directory.
 pub fn read_tensor_pb(path: impl AsRef<Path>) -> Result<(String, Tensor), ImportError> {
     let path = path.as_ref();
-    let bytes = super::file::read_regular(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let bytes = super::file::read_regular(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), error: source })?;
     let p = TensorProto::decode(Bytes::from(bytes)).map_err(|error| ImportError::Decode {
         source_name: path.display().to_string(),
         what: "tensor",
@@ -295,7 +295,7 @@ pub fn read_value_pb(path: impl AsRef<Path>, ty: &ValueType) -> Result<(String, 
     if ty.kind.is_tensor() {
         return read_tensor_pb(path);
     }
-    let bytes = super::file::read_regular(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let bytes = super::file::read_regular(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), error: source })?;
     let decode = |what: &'static str, error| ImportError::Decode { source_name: path.display().to_string(), what, error };
     let mut ext = ExternalFiles::new(path.parent());
     if ty.kind == ValueKind::Sequence {
@@ -331,5 +331,5 @@ fn sequence_from_proto(p: &SequenceProto, dtype: DType, ext: &mut ExternalFiles)
 pub fn write_tensor_pb(path: impl AsRef<Path>, name: &str, t: &Tensor) -> Result<(), ImportError> {
     let path = path.as_ref();
     std::fs::write(path, tensor_to_proto(name, t).encode_to_vec())
-        .map_err(|source| ImportError::Io { path: path.to_path_buf(), source })
+        .map_err(|source| ImportError::Io { path: path.to_path_buf(), error: source })
 }

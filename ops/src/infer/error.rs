@@ -6,8 +6,8 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum InferError {
-    #[error("node '{node}' ({op}): {source}")]
-    Node { node: String, op: String, source: OpError },
+    #[error("node '{node}' ({op}): {error}")]
+    Node { node: String, op: String, error: OpError },
     #[error("invalid graph: {0}")]
     Graph(#[from] GraphError),
     /// Ops that cannot be created (unknown op, bad attributes), all of them at once.
@@ -20,6 +20,6 @@ pub enum InferError {
 
 impl InferError {
     pub fn node(node: &kiln_graph::Node, source: OpError) -> InferError {
-        InferError::Node { node: node.name.clone(), op: node.op_type.clone(), source }
+        InferError::Node { node: node.name.clone(), op: node.op_type.clone(), error: source }
     }
 }

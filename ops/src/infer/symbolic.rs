@@ -367,7 +367,7 @@ impl ProbeSet<'_> {
             }
         }
         let source = match error {
-            InferError::Node { source, .. } => self.symbolize(&source.to_string()),
+            InferError::Node { error, .. } => self.symbolize(&error.to_string()),
             other => self.symbolize(&other.to_string()),
         };
         if works.is_empty() {
@@ -376,7 +376,7 @@ impl ProbeSet<'_> {
             } else {
                 format!("for every value of {}: {source}", symbols.iter().map(|&s| self.names[s].as_str()).collect::<Vec<_>>().join(", "))
             };
-            return Err(InferError::Node { node: n.name.clone(), op: n.op_type.clone(), source: OpError::invalid(what) });
+            return Err(InferError::Node { node: n.name.clone(), op: n.op_type.clone(), error: OpError::invalid(what) });
         }
         works.truncate(6);
         log::warn!(

@@ -159,16 +159,34 @@ impl DepthwiseIntConv {
             let at = (b * self.p.out_channels + m) * plane;
             let k_mult = _mm256_set1_ps(epi.mult.get(m).copied().unwrap_or(0.0));
             let bias = _mm256_set1_epi32(epi.bias[m]);
+            let w3x3: Option<[__m256i; 6]> = (s.kh == 3 && s.kw == 3).then(|| std::array::from_fn(|i| wpairs[i]));
             for oy in 0..s.oh {
                 let mut j = 0;
                 while j < s.ow {
                     let n = (s.ow - j).min(LANES);
                     let mut a = bias;
-                    for k in 0..pairs {
-                        let row = base.add((oy * s.sy + 2 * k * s.dy) * pw + j);
-                        for (kx, &start) in tap_cols.iter().enumerate() {
-                            let v = _mm256_loadu_si256(row.add(start) as *const __m256i);
-                            a = _mm256_add_epi32(a, _mm256_madd_epi16(v, wpairs[k * s.kw + kx]));
+                    if let Some([w0, w1, w2, w3, w4, w5]) = w3x3 {
+                        // 3x3: both row pairs and the three columns unrolled, the
+                        // weights in registers.
+                        let r0 = base.add((oy * s.sy) * pw + j);
+                        let r1 = r0.add(2 * s.dy * pw);
+                        macro_rules! ld {
+                            ($p:expr, $t:expr) => {
+                                _mm256_loadu_si256($p.add($t) as *const __m256i)
+                            };
+                        }
+                        let (t0, t1, t2) = (tap_cols[0], tap_cols[1], tap_cols[2]);
+                        let s0 = _mm256_add_epi32(_mm256_madd_epi16(ld!(r0, t0), w0), _mm256_madd_epi16(ld!(r0, t1), w1));
+                        let s1 = _mm256_add_epi32(_mm256_madd_epi16(ld!(r0, t2), w2), _mm256_madd_epi16(ld!(r1, t0), w3));
+                        let s2 = _mm256_add_epi32(_mm256_madd_epi16(ld!(r1, t1), w4), _mm256_madd_epi16(ld!(r1, t2), w5));
+                        a = _mm256_add_epi32(a, _mm256_add_epi32(s0, _mm256_add_epi32(s1, s2)));
+                    } else {
+                        for k in 0..pairs {
+                            let row = base.add((oy * s.sy + 2 * k * s.dy) * pw + j);
+                            for (kx, &start) in tap_cols.iter().enumerate() {
+                                let v = _mm256_loadu_si256(row.add(start) as *const __m256i);
+                                a = _mm256_add_epi32(a, _mm256_madd_epi16(v, wpairs[k * s.kw + kx]));
+                            }
                         }
                     }
                     if epi.int32 {

@@ -684,7 +684,7 @@ impl GpuPlan {
                     format!("index {value} is out of range for an axis of size {bound} (valid: -{bound} to {}; found by the GPU kernel)", bound - 1)
                 }
             };
-            return Ok(Some(RuntimeError::Node { node: node.clone(), op: op.clone(), source: kiln_ops::OpError::invalid(what) }));
+            return Ok(Some(RuntimeError::Node { node: node.clone(), op: op.clone(), error: kiln_ops::OpError::invalid(what) }));
         }
         Ok(None)
     }
