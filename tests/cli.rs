@@ -379,6 +379,10 @@ fn unknown_dims_are_errors_and_causes_are_said_once() {
     assert_eq!(stderr(&o).matches("No such file or directory").count(), 1, "{}", stderr(&o));
     let o = kiln(&["run", model("mlp").to_str().unwrap(), "--device", "cpu", "-i", "x=/nonexistent.npy"]);
     assert_eq!(stderr(&o).matches("No such file or directory").count(), 1, "{}", stderr(&o));
+    // --profile on a GPU session says so before any timed run.
+    let o = kiln(&["bench", model("mlp").to_str().unwrap(), "--device", "gpu", "--profile", "--json"]);
+    assert_clean_error(&o, "--profile times the nodes of CPU sessions only");
+    assert!(o.stdout.is_empty(), "no JSON before the error");
     // -v logs each pass once.
     let o = kiln(&["-v", "run", model("mlp").to_str().unwrap(), "--device", "cpu"]);
     assert!(o.status.success(), "{}", stderr(&o));
