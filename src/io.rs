@@ -44,11 +44,18 @@ pub fn load_model(model: &Path, no_passes: bool, target: Target) -> Result<(kiln
 /// Loads a model (see [`load_model`]; passes for the device's kind) and opens a session
 /// on its device, with placement overrides (`OP_OR_NODE=cpu|gpu`) and the memory limit.
 pub fn open_session(args: &SessionArgs) -> Result<Session> {
+    open_session_with(args, |_| {})
+}
+
+/// [`open_session`], with `edit` applied to the graph (after its passes) before the
+/// session is made.
+pub fn open_session_with(args: &SessionArgs, edit: impl FnOnce(&mut kiln::graph::Graph)) -> Result<Session> {
     let (model, device, no_passes, place) = (&args.model, &args.device, args.no_passes, &args.place);
     let t0 = std::time::Instant::now();
     // Passes for the device kind, unless rules place nodes on several devices.
     let target = if place.is_empty() { pass_target(device)? } else { Target::Any };
-    let (graph, info) = load_model(model, no_passes, target)?;
+    let (mut graph, info) = load_model(model, no_passes, target)?;
+    edit(&mut graph);
     let loaded = t0.elapsed();
     let auto_place = place.iter().any(|p| p == "auto");
     let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;

@@ -1,6 +1,7 @@
 //! The `kiln` command line: demo, devices, run, bench, compile, inspect, ops, tune.
 mod args;
 mod commands;
+mod data_set;
 mod io;
 mod progress;
 

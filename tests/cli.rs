@@ -402,3 +402,34 @@ fn inspect_shows_the_signature() {
     assert_eq!(v["inputs"][1], serde_json::json!({"name": "attention_mask", "type": "i64[batch,sequence]"}));
     assert_eq!(v["outputs"][1], serde_json::json!({"name": "pooler_output", "type": "f32[batch,128]"}));
 }
+
+/// `run --data-set` runs ONNX backend-test data sets and compares each output with its
+/// reference: exit code 0 within the tolerance, 1 naming the output outside it;
+/// `--dump-intermediates` writes every value of the graph that runs.
+#[test]
+fn data_sets_are_checked_and_intermediates_dumped() {
+    let mlp = model("mlp");
+    let m = mlp.to_str().unwrap();
+    let sets = zoo().join("mlp");
+    let o = kiln(&["run", m, "--device", "cpu", "--data-set", sets.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert!(v["outputs"].as_array().unwrap().iter().all(|c| c["ok"] == true && c["rel_l2"].as_f64().unwrap() < 1e-5), "{v}");
+    // No tolerance at all: float rounding differs from onnxruntime's somewhere.
+    let one = sets.join("test_data_set_0");
+    let o = kiln(&["run", m, "--device", "cpu", "--data-set", one.to_str().unwrap(), "--rtol", "0", "--atol", "0"]);
+    assert_clean_error(&o, "outputs differ from their data sets");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("MISMATCH"));
+    assert_clean_error(&kiln(&["run", m, "--data-set", one.to_str().unwrap(), "-i", "x=y.npy"]), "leave out --input");
+    assert_clean_error(&kiln(&["run", m, "--data-set", "/nonexistent"]), "/nonexistent");
+    // Every value of the model without its passes: the Gemm, the Relu, the logits.
+    let dir = tmp("dump");
+    let o = kiln(&["run", m, "--device", "cpu", "--no-passes", "--dump-intermediates", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let files: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    let g = kiln::compiler::onnx::import_file(&mlp).unwrap();
+    assert_eq!(files.len(), g.nodes.iter().map(|n| n.outputs.len()).sum::<usize>(), "{files:?}");
+    // The model's own output line is still the only one printed.
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with("  ")).count(), g.outputs.len());
+}
