@@ -1,46 +1,70 @@
-//! A one-line progress bar on stderr, redrawn in place; drawn only when stderr is a
-//! terminal (logs and pipes get nothing), so output meant for files stays clean.
-use std::io::{IsTerminal, Write};
+//! Progress on stderr (indicatif) for whatever can take more than a second: tuning,
+//! benchmark runs, a first run that specialises and compiles kernels. Drawn only when
+//! stdout and stderr are terminals and the command prints text (not `--json`), so
+//! output meant for files and pipes stays clean.
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
 use std::time::Duration;
 
 pub struct Progress {
-    enabled: bool,
-    drawn: bool,
+    bar: ProgressBar,
+}
+
+/// Whether progress is drawn for a command printing `json` or text.
+fn visible(json: bool) -> bool {
+    !json && std::io::stdout().is_terminal() && std::io::stderr().is_terminal()
+}
+
+fn target(json: bool) -> ProgressDrawTarget {
+    if visible(json) {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    }
 }
 
 impl Progress {
-    pub fn new() -> Progress {
-        Progress { enabled: std::io::stderr().is_terminal(), drawn: false }
+    /// A bar of `total` steps counted in `unit` ("runs", "keys"), with a message.
+    pub fn bar(total: u64, unit: &str, json: bool) -> Progress {
+        let bar = ProgressBar::with_draw_target(Some(total), target(json));
+        let template = format!("[{{bar:30}}] {{pos}}/{{len}} {unit} {{elapsed}} {{msg}}");
+        bar.set_style(ProgressStyle::with_template(&template).expect("a valid template").progress_chars("#>-"));
+        Progress { bar }
     }
 
-    /// Draws `done` of `total`, the time spent of `budget`, and what is being done.
-    pub fn draw(&mut self, done: usize, total: usize, elapsed: Duration, budget: Duration, what: &str) {
-        if !self.enabled {
-            return;
-        }
-        const WIDTH: usize = 30;
-        let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH).min(WIDTH);
-        let what: String = what.chars().take(60).collect();
-        let line = format!(
-            "\r[{}{}] {done}/{total} keys, {:.0}/{:.0} s {what}",
-            "#".repeat(filled),
-            "-".repeat(WIDTH - filled),
-            elapsed.as_secs_f64(),
-            budget.as_secs_f64()
-        );
-        let mut e = std::io::stderr();
-        let _ = write!(e, "{line:<120}");
-        let _ = e.flush();
-        self.drawn = true;
+    /// A spinner with a message, for a step of unknown length.
+    pub fn spinner(message: &str, json: bool) -> Progress {
+        let bar = ProgressBar::with_draw_target(None, target(json));
+        bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("a valid template"));
+        bar.set_message(message.to_string());
+        bar.enable_steady_tick(Duration::from_millis(120));
+        Progress { bar }
     }
 
-    /// Clears the line.
-    pub fn finish(&mut self) {
-        if self.drawn {
-            let mut e = std::io::stderr();
-            let _ = write!(e, "\r{:<120}\r", "");
-            let _ = e.flush();
-            self.drawn = false;
-        }
+    /// `done` steps of the total, and what is being done.
+    pub fn set(&self, done: u64, message: &str) {
+        self.bar.set_position(done);
+        self.bar.set_message(message.chars().take(60).collect::<String>());
+    }
+
+    /// `done` steps of the total (no new message: cheap enough for a timed loop).
+    pub fn position(&self, done: u64) {
+        self.bar.set_position(done);
+    }
+
+    /// Sets a new total (the tuner learns it as it goes).
+    pub fn set_total(&self, total: u64) {
+        self.bar.set_length(total);
+    }
+
+    /// Removes the bar.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
     }
 }

@@ -383,6 +383,9 @@ fn unknown_dims_are_errors_and_causes_are_said_once() {
     let o = kiln(&["bench", model("mlp").to_str().unwrap(), "--device", "gpu", "--profile", "--json"]);
     assert_clean_error(&o, "--profile times the nodes of CPU sessions only");
     assert!(o.stdout.is_empty(), "no JSON before the error");
+    // Progress is drawn on terminals only: a piped text bench leaves stderr empty.
+    let o = kiln(&["bench", model("mlp").to_str().unwrap(), "--device", "cpu", "--iters", "5"]);
+    assert!(o.status.success() && o.stderr.is_empty(), "{}", stderr(&o));
     // -v logs each pass once.
     let o = kiln(&["-v", "run", model("mlp").to_str().unwrap(), "--device", "cpu"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -1,6 +1,7 @@
 //! `kiln bench`: warm up, then time repeated runs and report latency statistics.
 use crate::args::SessionArgs;
 use crate::io;
+use crate::progress::Progress;
 use anyhow::{bail, Result};
 use kiln::runtime::Session;
 use std::time::Instant;
@@ -35,21 +36,31 @@ pub fn stats(mut ms: Vec<f64>) -> Stats {
 }
 
 /// Times `iters` runs after `warmup` runs; returns per-run milliseconds and the last stats.
-pub fn time_runs(session: &Session, inputs: &[(String, kiln::graph::Tensor)], warmup: usize, iters: usize) -> Result<(Vec<f64>, kiln::runtime::RunStats, f64)> {
+/// Progress is drawn unless `json` (see [`Progress`]).
+pub fn time_runs(session: &Session, inputs: &[(String, kiln::graph::Tensor)], warmup: usize, iters: usize, json: bool) -> Result<(Vec<f64>, kiln::runtime::RunStats, f64)> {
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let t0 = Instant::now();
+    let first = Progress::spinner("first run: specialising the model and compiling its kernels", json);
     let (_, mut last) = session.run_with_stats(&refs)?;
+    first.finish();
     let first_ms = t0.elapsed().as_secs_f64() * 1e3;
-    for _ in 1..warmup.max(1) {
+    let warm = warmup.max(1) - 1;
+    let bar = Progress::bar((warm + iters) as u64, "runs", json);
+    bar.set(0, "warm-up");
+    for i in 0..warm {
+        bar.position(i as u64);
         session.run(&refs)?;
     }
+    bar.set(warm as u64, "timed");
     let mut times = Vec::with_capacity(iters);
-    for _ in 0..iters {
+    for i in 0..iters {
+        bar.position((warm + i) as u64);
         let t = Instant::now();
         let (_, s) = session.run_with_stats(&refs)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
         last = s;
     }
+    bar.finish();
     Ok((times, last, first_ms))
 }
 
@@ -66,7 +77,7 @@ pub fn main(args: Args) -> Result<()> {
     }
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = io::session_inputs(&session, a)?;
-    let (times, run, first_ms) = time_runs(&session, &inputs, args.warmup, args.iters)?;
+    let (times, run, first_ms) = time_runs(&session, &inputs, args.warmup, args.iters, a.json)?;
     let s = stats(times);
     // Tuning keys of this model's kernels without a stored choice (defaults used).
     let untuned = session.untuned()?;

@@ -84,7 +84,7 @@ pub fn main(args: Args) -> Result<()> {
         }
         let inputs = io::complete_inputs(&session, vec![], &fixed, io::memory_limit(None), 0)?;
         let opts = kiln::runtime::TuneOptions { budget: std::time::Duration::from_secs_f64(args.budget), retune: false };
-        let report = super::tune::tune_with_progress(&session, &inputs, &opts)?;
+        let report = super::tune::tune_with_progress(&session, &inputs, &opts, args.json)?;
         log::info!("tuned {} of {} keys for {}", report.tuned(), report.keys.len(), session.device_name());
         report.entries()
     } else {

@@ -54,7 +54,7 @@ pub fn main(args: Args) -> Result<()> {
                 continue;
             }
         };
-        let result = super::bench::time_runs(&session, &inputs, 1, args.iters);
+        let result = super::bench::time_runs(&session, &inputs, 1, args.iters, true);
         let (times, stats, first_ms) = match result {
             Ok(r) => r,
             Err(e) => {

@@ -136,10 +136,13 @@ pub fn compare_latency(a: &Session, b: &Session, inputs: &[(String, kiln::graph:
 }
 
 /// Tunes `session` on `inputs` with a progress bar on stderr.
-pub fn tune_with_progress(session: &Session, inputs: &[(String, kiln::graph::Tensor)], opts: &TuneOptions) -> Result<TuneReport> {
+pub fn tune_with_progress(session: &Session, inputs: &[(String, kiln::graph::Tensor)], opts: &TuneOptions, json: bool) -> Result<TuneReport> {
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let mut bar = Progress::new();
-    let report = session.tune(&refs, opts, &mut |p| bar.draw(p.done, p.total, p.elapsed, p.budget, &p.current));
+    let bar = Progress::bar(0, "keys", json);
+    let report = session.tune(&refs, opts, &mut |p| {
+        bar.set_total(p.total as u64);
+        bar.set(p.done as u64, &format!("(budget {:.0} s) {}", p.budget.as_secs_f64(), p.current));
+    });
     bar.finish();
     Ok(report?)
 }
@@ -173,7 +176,7 @@ pub fn main(args: Args) -> Result<()> {
     let reserve = 1.5 + 8.0 * t.elapsed().as_secs_f64();
     let left = args.budget - started.elapsed().as_secs_f64() - reserve;
     let opts = TuneOptions { budget: Duration::from_secs_f64(left.max(0.0)), retune: args.retune };
-    let report = tune_with_progress(&session, &inputs, &opts)?;
+    let report = tune_with_progress(&session, &inputs, &opts, args.json)?;
     // Latency with every kernel at its defaults against tuned.
     let (before_ms, after_ms) = compare_latency(&untuned, &session, &inputs)?;
     let total_s = started.elapsed().as_secs_f64();
