@@ -386,6 +386,14 @@ fn unknown_dims_are_errors_and_causes_are_said_once() {
     // Progress is drawn on terminals only: a piped text bench leaves stderr empty.
     let o = kiln(&["bench", model("mlp").to_str().unwrap(), "--device", "cpu", "--iters", "5"]);
     assert!(o.status.success() && o.stderr.is_empty(), "{}", stderr(&o));
+    // --threads on every command that runs a model.
+    for cmd in [&["inspect"][..], &["tune", "--budget", "1", "--tuning-db", "/dev/null/none"][..]] {
+        let mut a: Vec<&str> = cmd.to_vec();
+        let m = model("mlp");
+        a.extend([m.to_str().unwrap(), "--device", "cpu", "--threads", "1", "--json"]);
+        let o = kiln(&a);
+        assert!(!stderr(&o).contains("unexpected argument"), "{cmd:?}: {}", stderr(&o));
+    }
     // -v logs each pass once.
     let o = kiln(&["-v", "run", model("mlp").to_str().unwrap(), "--device", "cpu"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -34,6 +34,9 @@ pub struct Args {
     /// The tuning database `--tune` reads and writes (default: the user's cache).
     #[arg(long, value_name = "FILE", requires = "tune")]
     tuning_db: Option<PathBuf>,
+    /// CPU worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -75,7 +78,7 @@ pub fn main(args: Args) -> Result<()> {
         (true, Some(p)) => kiln::runtime::Tuning::file(p),
         (true, None) => kiln::runtime::Tuning::user_cache(),
     };
-    let session = Session::new(graph.clone(), SessionOptions { device: args.device.clone(), tuning, ..Default::default() })
+    let session = Session::new(graph.clone(), SessionOptions { device: args.device.clone(), tuning, threads: args.threads, ..Default::default() })
         .with_context(|| format!("{} does not compile for device '{}'", args.model.display(), args.device))?;
     // Tuned choices first, so that the kernels compiled below are the tuned ones.
     let tuned = if args.tune {

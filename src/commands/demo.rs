@@ -15,6 +15,9 @@ pub struct Args {
     /// Timed runs per device.
     #[arg(long, default_value_t = 10)]
     iters: usize,
+    /// CPU worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -43,7 +46,7 @@ pub fn main(args: Args) -> Result<()> {
     let mut rows = vec![];
     let mut failed = false;
     for (id, choice) in devices {
-        let session = match Session::new(graph.clone(), SessionOptions::device(choice)) {
+        let session = match Session::new(graph.clone(), SessionOptions { threads: args.threads, ..SessionOptions::device(choice) }) {
             Ok(s) => s,
             Err(e) => {
                 if !args.json {

@@ -25,6 +25,9 @@ pub struct Args {
     /// Size of a symbolic dim for the FLOPs/bytes columns, NAME=VALUE (default 1).
     #[arg(long = "dim")]
     dims: Vec<String>,
+    /// CPU worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -87,7 +90,7 @@ pub fn main(args: Args) -> Result<()> {
         io::load_model(&args.model, false, io::pass_target(&args.device)?)?.0
     };
     let types = kiln::ops::infer::value_types(&graph, kiln::ops::Registry::builtin());
-    let session = Session::new(graph.clone(), SessionOptions::device(args.device.clone()))
+    let session = Session::new(graph.clone(), SessionOptions { threads: args.threads, ..SessionOptions::device(args.device.clone()) })
         .with_context(|| format!("cannot prepare {} for device '{}'", args.model.display(), args.device))?;
     let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?, io::memory_limit(None), 0)?;
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();

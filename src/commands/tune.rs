@@ -37,6 +37,9 @@ pub struct Args {
     /// Delete the database (every device's file under the cache directory, or --tuning-db).
     #[arg(long)]
     clear: bool,
+    /// CPU worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -162,7 +165,7 @@ pub fn main(args: Args) -> Result<()> {
     let (graph, info) = io::load_model(&model, false, io::pass_target(&args.device)?)?;
     let tuning = TuningArgs { no_tuning: false, tuning_db: args.tuning_db.clone() }.tuning(info.as_ref());
     let open = |tuning: Tuning| -> Result<Session> {
-        let options = SessionOptions { device: args.device.clone(), tuning, ..Default::default() };
+        let options = SessionOptions { device: args.device.clone(), tuning, threads: args.threads, ..Default::default() };
         Session::new(graph.clone(), options).with_context(|| format!("cannot prepare {} for device '{}'", model.display(), args.device))
     };
     let session = open(tuning)?;
