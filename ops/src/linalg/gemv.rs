@@ -45,6 +45,59 @@ pub(crate) fn gemv(x: &[f32], b: &[f32], rs: usize, cs: usize, alpha: f32, y: &m
     });
 }
 
+/// Columns a task sums for two rows at once ([`gemv2`]): two rows of four vectors of
+/// sums, with room left in the registers for the two broadcasts.
+const HALF: usize = COLS / 2;
+
+/// [`gemv`] for two rows of A against a row-major B (`cs == 1`): each row of B is read
+/// once for both (the steps of a recurrent layer with batch 2, and the like).
+pub(crate) fn gemv2(x: [&[f32]; 2], b: &[f32], rs: usize, alpha: f32, y: [&mut [f32]; 2]) {
+    let (n, k) = (y[0].len(), x[0].len());
+    assert!(y[1].len() == n && x[1].len() == k);
+    if n == 0 {
+        return;
+    }
+    let out = [cpu::SharedOut(y[0].as_mut_ptr()), cpu::SharedOut(y[1].as_mut_ptr())];
+    cpu::par_ranges(n.div_ceil(HALF), 4 * HALF * k, |p0, p1| {
+        for c in p0..p1 {
+            let (j, w) = (c * HALF, HALF.min(n - c * HALF));
+            // SAFETY: this task writes columns j..j + w of both rows only.
+            let (y0, y1) = unsafe { (std::slice::from_raw_parts_mut(out[0].ptr().add(j), w), std::slice::from_raw_parts_mut(out[1].ptr().add(j), w)) };
+            #[cfg(target_arch = "x86_64")]
+            if w == HALF && cpu::has_avx2() {
+                // SAFETY: the CPU has AVX2 and FMA.
+                unsafe { rows2_avx2(x, &b[j..], rs, alpha, [y0, y1]) };
+                continue;
+            }
+            dispatch_rows(x[0], &b[j..], rs, alpha, y0);
+            dispatch_rows(x[1], &b[j..], rs, alpha, y1);
+        }
+    });
+}
+
+/// [`HALF`] columns of two rows: eight vectors of sums in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows2_avx2(x: [&[f32]; 2], b: &[f32], rs: usize, alpha: f32, y: [&mut [f32]; 2]) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); HALF / 8]; 2];
+    for (kk, (&x0, &x1)) in x[0].iter().zip(x[1]).enumerate() {
+        let row = &b[kk * rs..][..HALF];
+        let (v0, v1) = (_mm256_set1_ps(x0), _mm256_set1_ps(x1));
+        for q in 0..HALF / 8 {
+            let bv = _mm256_loadu_ps(row.as_ptr().add(8 * q));
+            acc[0][q] = _mm256_fmadd_ps(v0, bv, acc[0][q]);
+            acc[1][q] = _mm256_fmadd_ps(v1, bv, acc[1][q]);
+        }
+    }
+    let al = _mm256_set1_ps(alpha);
+    for (r, ys) in y.into_iter().enumerate() {
+        for q in 0..HALF / 8 {
+            _mm256_storeu_ps(ys.as_mut_ptr().add(8 * q), _mm256_mul_ps(al, acc[r][q]));
+        }
+    }
+}
+
 fn dispatch_rows(x: &[f32], b: &[f32], rs: usize, alpha: f32, y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if cpu::has_avx2() {
@@ -169,7 +222,7 @@ mod tests {
 
     #[test]
     fn both_layouts_match_the_f64_reference() {
-        for &(k, n) in &[(1usize, 1usize), (7, 3), (33, 65), (1280, 1000), (100, 200)] {
+        for &(k, n) in &[(1usize, 1usize), (7, 3), (33, 65), (1280, 1000), (100, 200), (64, 256), (5, 96)] {
             let x: Vec<f32> = (0..k).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.1).collect();
             let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 13) as f32 - 6.0) * 0.1).collect();
             // b as [K, N] row-major, and the same values as [N, K] (transposed).
@@ -180,6 +233,16 @@ mod tests {
                 gemv(&x, data, rs, cs, 0.5, &mut y);
                 for (j, (&g, &w)) in y.iter().zip(&want).enumerate() {
                     assert!((g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()), "k {k} n {n} rs {rs} column {j}: {g} vs {w}");
+                }
+                if cs == 1 {
+                    // Two rows at once: the second row the first negated.
+                    let neg: Vec<f32> = x.iter().map(|v| -v).collect();
+                    let (mut y0, mut y1) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+                    gemv2([&x, &neg], data, rs, 0.5, [&mut y0, &mut y1]);
+                    for (j, ((&a, &b), &w)) in y0.iter().zip(&y1).zip(&want).enumerate() {
+                        assert!((a as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()), "gemv2 k {k} n {n} column {j}: {a} vs {w}");
+                        assert_eq!(a, -b, "gemv2 k {k} n {n} column {j}: the negated row");
+                    }
                 }
             }
         }

@@ -181,9 +181,14 @@ impl BatchedProduct {
             // Matrix-vector products (batch-1 classifiers, recurrent steps): bound by
             // reading B, which stays in cache from one row to the next.
             let (oa, ob) = self.offsets(0);
-            for (i, row) in out.chunks_mut(n).enumerate() {
-                let x = &a[oa + i * self.a.rs..][..k];
-                gemv::gemv(x, &b[ob..], self.b.rs, self.b.cs, alpha, row);
+            let x = |i: usize| &a[oa + i * self.a.rs..][..k];
+            let mut rows = out.chunks_mut(n).enumerate();
+            while let Some((i, row)) = rows.next() {
+                match (self.b.cs == 1).then(|| rows.next()).flatten() {
+                    // Row-major B: two rows per pass over it.
+                    Some((_, next)) => gemv::gemv2([x(i), x(i + 1)], &b[ob..], self.b.rs, alpha, [row, next]),
+                    None => gemv::gemv(x(i), &b[ob..], self.b.rs, self.b.cs, alpha, row),
+                }
             }
             epilogue(0, out);
         } else {
