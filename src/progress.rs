@@ -8,6 +8,8 @@ use std::time::Duration;
 
 pub struct Progress {
     bar: ProgressBar,
+    /// Drawn at all: a hidden bar's updates are skipped (benchmark loops call them).
+    shown: bool,
 }
 
 /// Whether progress is drawn for a command printing `json` or text.
@@ -29,7 +31,7 @@ impl Progress {
         let bar = ProgressBar::with_draw_target(Some(total), target(json));
         let template = format!("[{{bar:30}}] {{pos}}/{{len}} {unit} {{elapsed}} {{msg}}");
         bar.set_style(ProgressStyle::with_template(&template).expect("a valid template").progress_chars("#>-"));
-        Progress { bar }
+        Progress { bar, shown: visible(json) }
     }
 
     /// A spinner with a message, for a step of unknown length.
@@ -37,24 +39,34 @@ impl Progress {
         let bar = ProgressBar::with_draw_target(None, target(json));
         bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("a valid template"));
         bar.set_message(message.to_string());
-        bar.enable_steady_tick(Duration::from_millis(120));
-        Progress { bar }
+        let shown = visible(json);
+        if shown {
+            bar.enable_steady_tick(Duration::from_millis(120));
+        }
+        Progress { bar, shown }
     }
 
     /// `done` steps of the total, and what is being done.
     pub fn set(&self, done: u64, message: &str) {
+        if !self.shown {
+            return;
+        }
         self.bar.set_position(done);
         self.bar.set_message(message.chars().take(60).collect::<String>());
     }
 
     /// `done` steps of the total (no new message: cheap enough for a timed loop).
     pub fn position(&self, done: u64) {
-        self.bar.set_position(done);
+        if self.shown {
+            self.bar.set_position(done);
+        }
     }
 
     /// Sets a new total (the tuner learns it as it goes).
     pub fn set_total(&self, total: u64) {
-        self.bar.set_length(total);
+        if self.shown {
+            self.bar.set_length(total);
+        }
     }
 
     /// Removes the bar.

@@ -177,6 +177,11 @@ fn compile_writes_an_artifact_that_run_accepts() {
     // Compiling an artifact again, or fixing a symbol the model lacks, are clean errors.
     assert_clean_error(&kiln(&["compile", art.to_str().unwrap()]), "already a compiled artifact");
     assert_clean_error(&kiln(&["compile", model("mlp").to_str().unwrap(), "--fix", "nope=2", "-o", art.to_str().unwrap()]), "no symbolic dim 'nope'");
+    // Tuning a model whose dims --fix fixed: its random inputs take the fixed shapes.
+    let bert = dir.join("bert.kiln");
+    let db = dir.join("tune.db");
+    let o = kiln(&["compile", model("bert_tiny").to_str().unwrap(), "-o", bert.to_str().unwrap(), "--device", "cpu", "--fix", "batch=1", "--fix", "sequence=8", "--tune", "--budget", "1", "--tuning-db", db.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

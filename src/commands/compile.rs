@@ -85,7 +85,8 @@ pub fn main(args: Args) -> Result<()> {
         if !(args.budget.is_finite() && args.budget >= 0.0) {
             bail!("--budget must be a number of seconds, at least 0");
         }
-        let inputs = io::complete_inputs(&session, vec![], &fixed, io::memory_limit(None), 0)?;
+        // The --fix dims are fixed in the graph's input types by now.
+        let inputs = io::complete_inputs(&session, vec![], &Default::default(), io::memory_limit(None), 0)?;
         let opts = kiln::runtime::TuneOptions { budget: std::time::Duration::from_secs_f64(args.budget), retune: false };
         let report = super::tune::tune_with_progress(&session, &inputs, &opts, args.json)?;
         log::info!("tuned {} of {} keys for {}", report.tuned(), report.keys.len(), session.device_name());

@@ -115,7 +115,7 @@ fn dump(session: &kiln::runtime::Session, outputs: &[kiln::graph::Tensor], dir: 
     let mut written = 0;
     for ((file, name), t) in io::output_file_names(&names).iter().zip(&names).zip(outputs) {
         if t.composite().is_some() {
-            log::warn!("intermediate '{name}' is a {}: .npy cannot hold it, not written", t.composite().map_or("value".to_string(), |v| format!("{v:?}").chars().take(40).collect()));
+            log::warn!("intermediate '{name}' is a sequence or optional value: .npy cannot hold it, not written");
             continue;
         }
         let path = dir.join(file);
