@@ -92,9 +92,9 @@ fn resnet18_int8_qdq() {
 
 /// With the passes (fuse-qdq: integer kernels), the QDQ model is the exact integer
 /// arithmetic of its quantized ops, as scripts/qdq_int_reference.py computes it in numpy
-/// (int64 sums, onnxruntime's f32 requantization formulas): bit for bit on the CPU, and
-/// on the GPU within WGSL's f32 division (2.5 ulp), which may move a requantized value
-/// by one step.
+/// (int64 sums, onnxruntime's f32 requantization formulas): bit for bit on the CPU and
+/// on every GPU (the quantizing kernels divide with a correctly rounded `q_div` and
+/// multiply without fused multiply-adds: `kiln_ops::wgsl::EXACT_ARITHMETIC`).
 #[test]
 fn resnet18_int8_qdq_is_exact_integer_arithmetic() {
     gpu_env();
@@ -114,11 +114,7 @@ fn resnet18_int8_qdq_is_exact_integer_arithmetic() {
             let want = &set.outputs[0];
             let e = rel_l2(&got, want);
             println!("zoo {model} {backend} exact-integer reference {}: rel. L2 {e:.2e}", set.dir.display());
-            if backend == "cpu" {
-                assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "{model} on the CPU differs from the exact integer result");
-            } else {
-                assert!(e <= 1e-3, "{model} on {backend}: rel. L2 {e:e} from the exact integer result");
-            }
+            assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "{model} on {backend} differs from the exact integer result (rel. L2 {e:e})");
         }
     }
 }

@@ -12,6 +12,11 @@ use kiln_graph::DType;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+/// WGSL functions for results that must equal the CPU's bit for bit on every GPU
+/// (`q_round`, `q_requantize`, and the correctly rounded `q_div` and unfused `q_mul`):
+/// see [`crate::quant::qlinear::WGSL_REQUANTIZE`]. Every quantizing kernel uses them.
+pub use crate::quant::qlinear::WGSL_REQUANTIZE as EXACT_ARITHMETIC;
+
 /// What a binding of a dispatch refers to. Bindings are numbered 0.. in group 0, in the
 /// order listed; inputs are read-only storage, outputs and scratch read-write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -21,6 +21,10 @@ pub enum RuntimeError {
     NoGpu(String),
     #[error("GPU error: {0}")]
     Gpu(String),
+    /// An adapter that wgpu lists but whose device does not open (NVIDIA's headless
+    /// EGL offers a GL 3.3 context without compute shaders, for one).
+    #[error("GPU unavailable: {0}")]
+    GpuUnavailable(String),
     #[error("{node}: {what}")]
     Unsupported { node: String, what: String },
     #[error("value out of range for the device: {0}")]

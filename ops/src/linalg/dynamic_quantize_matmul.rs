@@ -84,11 +84,12 @@ impl WgslKernel for DynamicQuantizeMatMul {
         }
         // 1. A's range and quantization parameters into scratch: [scale, zero point].
         let range = format!(
-            "{}{RANGE_DECL}@compute @workgroup_size({RANGE_LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n{}\
+            "{}{}{RANGE_DECL}@compute @workgroup_size({RANGE_LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n{}\
              \x20   if (l == 0u) {{\n\
-             \x20       let scale = select((hi[0] - lo[0]) / 255.0, 1.0, hi[0] == lo[0]);\n\
-             \x20       params[0] = scale;\n        params[1] = round(clamp(0.0 - lo[0] / scale, 0.0, 255.0));\n    }}\n}}\n",
+             \x20       let scale = select(q_div(hi[0] - lo[0], 255.0), 1.0, hi[0] == lo[0]);\n\
+             \x20       params[0] = scale;\n        params[1] = round(clamp(0.0 - q_div(lo[0], scale), 0.0, 255.0));\n    }}\n}}\n",
             wgsl::declare(&[("x", "f32", true), ("params", "f32", false)]),
+            qlinear::WGSL_REQUANTIZE,
             wgsl_range("x[e]", &format!("{len}u"))
         );
         let first = Dispatch { label: "DynamicQuantizeMatMul range".into(), source: range, entry_point: "main".into(), workgroups: [1, 1, 1], bindings: vec![Binding::Input(0), Binding::Scratch(0)] };
@@ -132,7 +133,7 @@ impl WgslKernel for DynamicQuantizeMatMul {
             batch_of,
             buffers: vec![("xa".into(), "f32", Binding::Input(0)), ("params".into(), "f32", Binding::Scratch(0))],
             helpers: format!(
-                "{}{}fn raw(pb: u32, r: u32, k: u32) -> i32 {{ return clamp(q_round(xa[xa_batch(pb) + r * {}u + k * {}u] / params[0]) + i32(params[1]), 0i, 255i); }}\n",
+                "{}{}fn raw(pb: u32, r: u32, k: u32) -> i32 {{ return clamp(q_round(q_div(xa[xa_batch(pb) + r * {}u + k * {}u], params[0])) + i32(params[1]), 0i, 255i); }}\n",
                 qlinear::WGSL_REQUANTIZE,
                 wgsl::offset_fn("xa_batch", &p.batch, &p.a_batch_strides),
                 p.a.rs,

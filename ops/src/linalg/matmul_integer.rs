@@ -219,7 +219,7 @@ pub(super) fn int_product_wgsl(
     // Output [batch..., m, n]: where each per-row or per-column tensor's element is.
     let mut dims = p.batch.clone();
     dims.extend([p.m, p.n]);
-    let mut helpers = String::new();
+    let mut helpers = crate::quant::qlinear::WGSL_REQUANTIZE.to_string();
     let mut buffers: Vec<Buffer> = vec![];
     let mut per = |name: &str, zi: usize, operand: &[usize], of_a: bool| -> Result<()> {
         let z = required(inputs, zi)?;

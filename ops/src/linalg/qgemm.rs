@@ -311,7 +311,7 @@ impl WgslKernel for QGemm {
             bind("zy", 8)?;
             let (lo, hi) = qlinear::bounds(out.dtype);
             format!(
-                "let acc = s + {c};\n    let scale = (({alpha} * sa[0]) * {sb}) / sy[0];\n    y[i] = {}(q_requantize(f32(acc) * scale, i32(zy[0]), {lo}i, {hi}i));",
+                "let acc = s + {c};\n    let scale = q_div(({alpha} * sa[0]) * {sb}, sy[0]);\n    y[i] = {}(q_requantize(f32(acc) * scale, i32(zy[0]), {lo}i, {hi}i));",
                 wgsl::elem(out.dtype)
             )
         };

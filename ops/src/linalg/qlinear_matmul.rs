@@ -98,7 +98,7 @@ impl WgslKernel for QLinearMatMul {
         let (lo, hi) = range(outputs[0].dtype);
         let ye = wgsl::elem(outputs[0].dtype);
         let epilogue = format!(
-            "let mult = sa[sa_at(i)] * sb[sb_at(i)] / sy[0];\n    y[i] = {ye}(clamp(round(f32(s) * mult) + f32(zy[0]), {}, {}));",
+            "let mult = q_div(sa[sa_at(i)] * sb[sb_at(i)], sy[0]);\n    y[i] = {ye}(clamp(round(f32(s) * mult) + f32(zy[0]), {}, {}));",
             wgsl::literal("f32", lo as f64),
             wgsl::literal("f32", hi as f64)
         );

@@ -197,7 +197,7 @@ pub(super) fn int_conv_wgsl(
         a: filters,
         b: windows,
         buffers,
-        helpers: String::new(),
+        helpers: crate::quant::qlinear::WGSL_REQUANTIZE.to_string(),
         prelude: format!("let ch = (bi % {groups}u) * {mg}u + m;"),
         epilogue: epilogue.to_string(),
         scratch: 0,

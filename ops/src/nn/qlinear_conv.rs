@@ -115,7 +115,7 @@ impl WgslKernel for QLinearConv {
             "0i"
         };
         let epilogue = format!(
-            "let mult = sx[0] * {sw} / sy[0];\n    y[i] = {ye}(clamp(round(f32(s + {bias}) * mult) + f32(zy[0]), {}, {}));",
+            "let mult = q_div(sx[0] * {sw}, sy[0]);\n    y[i] = {ye}(clamp(round(f32(s + {bias}) * mult) + f32(zy[0]), {}, {}));",
             wgsl::literal("f32", lo as f64),
             wgsl::literal("f32", hi as f64)
         );

@@ -131,24 +131,25 @@ impl WgslKernel for DynamicQuantizeLinear {
         }
         // One workgroup finds the range and writes the scale and zero point...
         let range = format!(
-            "{}{}@compute @workgroup_size({RANGE_LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n{}\
+            "{}{}{}@compute @workgroup_size({RANGE_LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n{}\
              \x20   if (lid.x == 0u) {{\n\
-             \x20       let scale = (hi[0] - lo[0]) / 255.0;\n        scale_out[0] = scale;\n\
-             \x20       zp_out[0] = select(u32(round(clamp(-lo[0] / scale, 0.0, 255.0))), 0u, scale == 0.0);\n    }}\n}}\n",
+             \x20       let scale = q_div(hi[0] - lo[0], 255.0);\n        scale_out[0] = scale;\n\
+             \x20       zp_out[0] = select(u32(round(clamp(-q_div(lo[0], scale), 0.0, 255.0))), 0u, scale == 0.0);\n    }}\n}}\n",
             wgsl::declare(&[("x", "f32", true), ("scale_out", "f32", false), ("zp_out", "u32", false)]),
             RANGE_DECL,
+            crate::quant::qlinear::WGSL_REQUANTIZE,
             wgsl_range("x[e]", &format!("{n}u"))
         );
         let first = Dispatch { label: "DynamicQuantizeLinear range".into(), source: range, entry_point: "main".into(), workgroups: [1, 1, 1], bindings: vec![Binding::Input(0), Binding::Output(1), Binding::Output(2)] };
         // ... then every element is quantized with them.
-        let body = "let s = scale_out[0];\n    let v = clamp(round(x[i] / s) + f32(zp_out[0]), 0.0, 255.0);\n    y[i] = select(u32(v), 0u, s == 0.0);";
+        let body = "let s = scale_out[0];\n    let v = clamp(round(q_div(x[i], s)) + f32(zp_out[0]), 0.0, 255.0);\n    y[i] = select(u32(v), 0u, s == 0.0);";
         let second = wgsl::simple_kernel(
             "DynamicQuantizeLinear",
             n,
             tune.get(&wgsl::workgroup_param()),
             &[("x", "f32", true), ("scale_out", "f32", false), ("zp_out", "u32", false), ("y", "u32", false)],
             vec![Binding::Input(0), Binding::Output(1), Binding::Output(2), Binding::Output(0)],
-            "",
+            crate::quant::qlinear::WGSL_REQUANTIZE,
             body,
         );
         Ok(WgslProgram { dispatches: vec![first, second], scratch_bytes: vec![] })

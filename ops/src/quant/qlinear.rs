@@ -47,12 +47,52 @@ pub(crate) fn requantize(x: f32, zp: i32, (lo, hi): (i32, i32)) -> i32 {
 }
 
 /// WGSL of [`round_i32`] and [`requantize`] (`fn q_round(x: f32) -> i32`, `fn
-/// q_requantize(x: f32, zp: i32, lo: i32, hi: i32) -> i32`).
-pub(crate) const WGSL_REQUANTIZE: &str = "fn q_round(x: f32) -> i32 {\n\
+/// q_requantize(x: f32, zp: i32, lo: i32, hi: i32) -> i32`), and the exact f32
+/// arithmetic that a value rounded to an integer needs to come out as the CPU's, bit for
+/// bit, on every GPU:
+///
+/// - `fn q_div(a: f32, b: f32) -> f32`: the correctly rounded quotient. WGSL's `/` may
+///   be 2.5 ulp off (Vulkan allows it, and NVIDIA's is), and a quotient 1 ulp off rounds
+///   to the other integer when it lies near a half. Integer long division over the
+///   24-bit significands. Zeros, infinities and NaN give IEEE's results (NVIDIA's `/`
+///   gives NaN for `inf / 3e38`), an overflow gives an infinity, and a subnormal
+///   operand or quotient takes `/` (a GPU may flush subnormals anyway).
+/// - `fn q_mul(a: f32, b: f32, i: u32) -> f32`: the product rounded to f32 on its own.
+///   A driver may fuse `a * b + c` into one fused multiply-add with one rounding (SPIR-V
+///   allows it unless told otherwise, and WGSL cannot tell it), the CPU rounds twice. The
+///   product passes through an integer OR with `i == 0xffffffff` (the invocation index,
+///   never that large), which the compiler cannot fold away.
+pub const WGSL_REQUANTIZE: &str = "fn q_round(x: f32) -> i32 {\n\
     \x20   if (x >= -2147483648.0 && x < 2147483648.0) { return i32(round(x)); }\n\
     \x20   return i32(-2147483648);\n}\n\
     fn q_requantize(x: f32, zp: i32, lo: i32, hi: i32) -> i32 {\n\
-    \x20   return clamp(q_round(x), lo - zp, hi - zp) + zp;\n}\n";
+    \x20   return clamp(q_round(x), lo - zp, hi - zp) + zp;\n}\n\
+    fn q_div(a: f32, b: f32) -> f32 {\n\
+    \x20   let ua = bitcast<u32>(a);\n    let ub = bitcast<u32>(b);\n\
+    \x20   let ea = i32((ua >> 23u) & 0xffu);\n    let eb = i32((ub >> 23u) & 0xffu);\n\
+    \x20   let sign = (ua ^ ub) & 0x80000000u;\n\
+    \x20   if (ea == 0 || ea == 255 || eb == 0 || eb == 255) {\n\
+    \x20       let na = ea == 255 && (ua & 0x7fffffu) != 0u;\n        let nb = eb == 255 && (ub & 0x7fffffu) != 0u;\n\
+    \x20       let ia = ea == 255 && !na;\n        let ib = eb == 255 && !nb;\n\
+    \x20       let za = (ua & 0x7fffffffu) == 0u;\n        let zb = (ub & 0x7fffffffu) == 0u;\n\
+    \x20       if (na || nb || (ia && ib) || (za && zb)) { return bitcast<f32>(0x7fc00000u); }\n\
+    \x20       if (ia || zb) { return bitcast<f32>(sign | 0x7f800000u); }\n\
+    \x20       if (ib || za) { return bitcast<f32>(sign); }\n\
+    \x20       return a / b;\n\
+    \x20   }\n\
+    \x20   let mb = (ub & 0x7fffffu) | 0x800000u;\n    var r = (ua & 0x7fffffu) | 0x800000u;\n\
+    \x20   var e = ea - eb + 127;\n\
+    \x20   if (r < mb) { r = r << 1u; e = e - 1; }\n\
+    \x20   var q = 0u;\n\
+    \x20   for (var k = 0u; k < 25u; k++) { let ge = r >= mb; r = select(r, r - mb, ge) << 1u; q = (q << 1u) | u32(ge); }\n\
+    \x20   let half = q & 1u;\n    q = q >> 1u;\n\
+    \x20   if (half == 1u && (r != 0u || (q & 1u) == 1u)) { q = q + 1u; }\n\
+    \x20   if (q == 0x1000000u) { q = 0x800000u; e = e + 1; }\n\
+    \x20   if (e >= 255) { return bitcast<f32>(sign | 0x7f800000u); }\n\
+    \x20   if (e <= 0) { return a / b; }\n\
+    \x20   return bitcast<f32>(sign | (u32(e) << 23u) | (q & 0x7fffffu));\n}\n\
+    fn q_mul(a: f32, b: f32, i: u32) -> f32 {\n\
+    \x20   return bitcast<f32>(bitcast<u32>(a * b) | u32(i == 0xffffffffu));\n}\n";
 
 /// Checks that input `i` holds one value (a per-tensor scale or zero point) of one of
 /// `dtypes`; an absent optional input passes.

@@ -36,7 +36,7 @@ impl Arith for Add {
     }
 
     fn wgsl(&self, b_scalar: bool) -> String {
-        let sum = if b_scalar { "(fixed + f32(b) * rb) + f32(a) * ra" } else { "(fixed + f32(a) * ra) + f32(b) * rb" };
+        let sum = if b_scalar { "(fixed + q_mul(f32(b), rb, i)) + q_mul(f32(a), ra, i)" } else { "(fixed + q_mul(f32(a), ra, i)) + q_mul(f32(b), rb, i)" };
         format!("clamp(q_round({sum}), lo, hi)")
     }
 }

@@ -201,9 +201,9 @@ impl WgslKernel for QLinearAveragePool {
              \x20   let s2 = u32(max(t2, 0)); let e2 = max(s2, u32(max(min(t2 + i32(KW), i32(IW)), 0)));\n\
              \x20   let sx = {sx}; let zx = {zx};\n    var acc = 0.0;\n\
              \x20   for (var a = s0; a < e0; a++) {{ for (var b = s1; b < e1; b++) {{ for (var e = s2; e < e2; e++) {{\n\
-             \x20       acc = acc + sx * f32(i32(x[base + ((a * IH + b) * IW + e) * step]) - zx);\n    }} }} }}\n\
-             \x20   let mean = acc / f32({count});\n\
-             \x20   y[i] = {}(q_requantize(mean / {sy} + f32({zy}), 0i, {lo}i, {hi}i));",
+             \x20       acc = acc + q_mul(sx, f32(i32(x[base + ((a * IH + b) * IW + e) * step]) - zx), i);\n    }} }} }}\n\
+             \x20   let mean = q_div(acc, f32({count}));\n\
+             \x20   y[i] = {}(q_requantize(q_div(mean, {sy}) + f32({zy}), 0i, {lo}i, {hi}i));",
             wgsl::elem(d)
         );
         let helpers = format!("{}{}", g.wgsl_consts(), qlinear::WGSL_REQUANTIZE);

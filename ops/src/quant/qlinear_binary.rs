@@ -158,7 +158,7 @@ impl<A: Arith> WgslKernel for QLinearBinary<A> {
         );
         let body = format!(
             "let sa = {sa}; let sb = {sb}; let sc = {sc};\n    let za = {za}; let zb = {zb}; let zc = {zc};\n    let lo = {lo}i; let hi = {hi}i;\n\
-             \x20   let ra = sa / sc; let rb = sb / sc; let fixed = f32(zc) - (ra * f32(za) + rb * f32(zb));\n\
+             \x20   let ra = q_div(sa, sc); let rb = q_div(sb, sc); let fixed = f32(zc) - (q_mul(ra, f32(za), i) + q_mul(rb, f32(zb), i));\n\
              \x20   let a = i32(xa[a_at(i)]); let b = i32(xb[b_at(i)]);\n    y[i] = {}({});",
             wgsl::elem(out.dtype),
             self.0.wgsl(b_is_span_scalar(a.dims(), b.dims(), &out.dims))

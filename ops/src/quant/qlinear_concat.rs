@@ -146,7 +146,7 @@ impl WgslKernel for QLinearConcat {
                         decl.push((name, ty, true));
                         bindings.push(Binding::Input(i));
                     }
-                    (qlinear::WGSL_REQUANTIZE.to_string(), format!("q_requantize(({sx} * f32(i32(x[i]) - {zx})) / {sy}, {zy}, {lo}i, {hi}i)"))
+                    (qlinear::WGSL_REQUANTIZE.to_string(), format!("q_requantize(q_div({sx} * f32(i32(x[i]) - {zx}), {sy}), {zy}, {lo}i, {hi}i)"))
                 }
             };
             decl.push(("y".into(), oe, false));

@@ -97,7 +97,7 @@ pub(super) fn global_average_wgsl(label: &str, inputs: &[Option<Arg>], planes: P
          \x20   for (var w = {}u; w > 0u; w = w >> 1u) {{\n\
          \x20       if (lid.x < w) {{ part[lid.x] += part[lid.x + w]; }}\n        workgroupBarrier();\n    }}\n\
          \x20   if (lid.x == 0u) {{\n\
-         \x20       let scale = {sx} / ({sy} * {});\n\
+         \x20       let scale = q_div({sx}, {sy} * {});\n\
          \x20       let sum = part[0] - {zx} * {image}i;\n\
          \x20       y[o] = {}(q_requantize(f32(sum) * scale, {zy}, {lo}i, {hi}i));\n    }}\n}}\n",
         wgsl::declare(&decl),

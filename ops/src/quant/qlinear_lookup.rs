@@ -84,7 +84,7 @@ impl<T: Transform> WgslKernel for QLinearLookup<T> {
                 }
                 let (lo, hi) = qlinear::bounds(d);
                 let body = format!(
-                    "let d = {sx} * f32(i32(x[i]) - {zx});\n    {}\n    y[i] = {oe}(q_requantize(v / {sy}, {zy}, {lo}i, {hi}i));",
+                    "let d = {sx} * f32(i32(x[i]) - {zx});\n    {}\n    y[i] = {oe}(q_requantize(q_div(v, {sy}), {zy}, {lo}i, {hi}i));",
                     self.0.wgsl()
                 );
                 (qlinear::WGSL_REQUANTIZE.to_string(), body)

@@ -32,7 +32,7 @@ impl Arith for Mul {
     }
 
     fn wgsl(&self, _: bool) -> String {
-        "q_requantize(f32((a - za) * (b - zb)) * (sa * sb / sc) + f32(zc), 0i, lo, hi)".into()
+        "q_requantize(q_mul(f32((a - za) * (b - zb)), q_div(sa * sb, sc), i) + f32(zc), 0i, lo, hi)".into()
     }
 }
 

@@ -45,7 +45,7 @@ impl Transform for Sigmoid {
         for &c in &Q[2..] {
             s += &format!("    q = fma(x2, q, {});\n", l(c));
         }
-        s + "    let v = max(0.0, (c * p) / q + 0.5);"
+        s + "    let v = max(0.0, q_div(c * p, q) + 0.5);"
     }
 }
 

@@ -236,19 +236,19 @@ impl WgslKernel for QuantizeLinear {
         bindings.push(Binding::Output(0));
         let zp = if has_zp { "f32(zp[s])" } else { "0.0" };
         let (body, helpers) = if out.is_narrow_float() {
-            let v = if out == DType::F4E2M1 { format!("f32(x[i]) / scale[s] + {zp}") } else { "f32(x[i]) / scale[s]".into() };
+            let v = if out == DType::F4E2M1 { format!("q_div(f32(x[i]), scale[s]) + {zp}") } else { "q_div(f32(x[i]), scale[s])".into() };
             let rounding = Rounding { saturate: self.saturate || out == DType::F4E2M1, e8m0: E8M0Round::Up };
-            (format!("let s = {};\n    y[i] = {};", layout.wgsl(), wgsl_narrow_float(&v, out, rounding)), NARROW_WGSL)
+            (format!("let s = {};\n    y[i] = {};", layout.wgsl(), wgsl_narrow_float(&v, out, rounding)), format!("{NARROW_WGSL}{}", crate::quant::qlinear::WGSL_REQUANTIZE))
         } else {
             let body = format!(
-                "let s = {};\n    let v = clamp(round(f32(x[i]) / scale[s]) + {zp}, {}, {});\n    y[i] = {oe}(v);",
+                "let s = {};\n    let v = clamp(round(q_div(f32(x[i]), scale[s])) + {zp}, {}, {});\n    y[i] = {oe}(v);",
                 layout.wgsl(),
                 wgsl::literal("f32", lo as f64),
                 wgsl::literal("f32", hi as f64)
             );
-            (body, "")
+            (body, crate::quant::qlinear::WGSL_REQUANTIZE.to_string())
         };
-        Ok(WgslProgram::single(wgsl::simple_kernel("QuantizeLinear", outputs[0].len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, helpers, &body)))
+        Ok(WgslProgram::single(wgsl::simple_kernel("QuantizeLinear", outputs[0].len(), tune.get(&wgsl::workgroup_param()), &buffers, bindings, &helpers, &body)))
     }
 }
 

@@ -135,9 +135,9 @@ pub(crate) fn qp_bytes(dirs: usize) -> u64 {
 pub(crate) fn wgsl_store_params(at: &str) -> String {
     format!(
         "    if (l == 0u) {{\n\
-         \x20       let scale = (hi[0] - lo[0]) / 255.0;\n\
+         \x20       let scale = q_div(hi[0] - lo[0], 255.0);\n\
          \x20       let ok = scale > 0.0 && scale <= 3.4028235e38;\n\
-         \x20       qp[{at}] = scale;\n        qp[{at} + 1u] = select(0.0, round(clamp(-lo[0] / scale, 0.0, 255.0)), ok);\n    }}\n"
+         \x20       qp[{at}] = scale;\n        qp[{at} + 1u] = select(0.0, round(clamp(-q_div(lo[0], scale), 0.0, 255.0)), ok);\n    }}\n"
     )
 }
 
@@ -150,7 +150,7 @@ pub(crate) fn wgsl_quantized(v: &str, at: &str) -> String {
 /// The WGSL function behind [`wgsl_quantized`].
 pub(crate) const WGSL_Q_VALUE: &str = "fn q_value(v: f32, scale: f32, zp: f32) -> i32 {\n\
     \x20   if (!(scale > 0.0 && scale <= 3.4028235e38)) { return 0i; }\n\
-    \x20   return i32(clamp(round(v / scale) + zp, 0.0, 255.0)) - i32(zp);\n}\n";
+    \x20   return i32(clamp(round(q_div(v, scale)) + zp, 0.0, 255.0)) - i32(zp);\n}\n";
 
 /// The input projection on the GPU: X's range and parameters into `qp[0..2]`, then
 /// `X W[d]` for every direction as an exact integer product ([`IntProduct`]), scaled
@@ -162,8 +162,9 @@ pub(crate) fn wgsl_projection(dims: &Dims, inputs: &[Option<Arg>], wg: u32) -> R
     }
     let qp = ("qp".to_string(), "f32", Binding::Scratch(QP_SCRATCH));
     let range = format!(
-        "{}{RANGE_DECL}@compute @workgroup_size({RANGE_LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n{}{}}}\n",
+        "{}{}{RANGE_DECL}@compute @workgroup_size({RANGE_LANES})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>) {{\n{}{}}}\n",
         wgsl::declare(&[("x", "f32", true), ("qp", "f32", false)]),
+        crate::quant::qlinear::WGSL_REQUANTIZE,
         wgsl_range("x[e]", &format!("{len}u")),
         wgsl_store_params("0u")
     );
@@ -177,7 +178,7 @@ pub(crate) fn wgsl_projection(dims: &Dims, inputs: &[Option<Arg>], wg: u32) -> R
         batches: 1,
         batch_of: "0u".into(),
         buffers: vec![("x".into(), "f32", Binding::Input(X)), qp.clone()],
-        helpers: format!("{WGSL_Q_VALUE}fn raw(pb: u32, r: u32, k: u32) -> i32 {{ return {} + i32(qp[1]); }}\n", wgsl_quantized(&format!("x[r * {input}u + k]"), "0u")),
+        helpers: format!("{WGSL_Q_VALUE}{}fn raw(pb: u32, r: u32, k: u32) -> i32 {{ return {} + i32(qp[1]); }}\n", crate::quant::qlinear::WGSL_REQUANTIZE, wgsl_quantized(&format!("x[r * {input}u + k]"), "0u")),
         signed: false,
         zero: "i32(qp[1])".into(),
     };

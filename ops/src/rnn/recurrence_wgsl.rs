@@ -362,13 +362,14 @@ fn hidden_range(w: &WgslCtx, counter: usize) -> Result<Dispatch> {
     let source = format!(
         "@group(0) @binding(0) var<storage, read_write> work: array<f32>;\n\
          @group(0) @binding(1) var<storage, read_write> ctr: array<atomic<u32>>;\n\
-         @group(0) @binding(2) var<storage, read_write> qp: array<f32>;\n{RANGE_DECL}var<workgroup> kiln_step: u32;\n\
+         @group(0) @binding(2) var<storage, read_write> qp: array<f32>;\n{RANGE_DECL}var<workgroup> kiln_step: u32;\n{}\
          fn row_len(b: u32) -> u32 {{\n    {}    return len;\n}}\n\
          @compute @workgroup_size({RANGE_LANES})\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
          \x20   if (lid.x == 0u) {{ kiln_step = atomicAdd(&ctr[{counter}], 1u) / {dirs}u; }}\n\
          \x20   let s = workgroupUniformLoad(&kiln_step);\n    let d = wid.x;\n\
          \x20   let hp = {}u + (s % 2u) * {}u + d * {count}u;\n{}{}}}\n",
+        crate::quant::qlinear::WGSL_REQUANTIZE,
         w.len_code(),
         w.h,
         w.units(),
@@ -408,6 +409,7 @@ fn phase_dispatch<C: Cell>(op: &Recurrent<C>, w: &WgslCtx, ph: &Phase, k: usize,
         );
         bindings.extend([Binding::Scratch(quantized::QP_SCRATCH), Binding::Input(quantized::R_SCALE), Binding::Input(quantized::R_ZERO)]);
         s += quantized::WGSL_Q_VALUE;
+        s += crate::quant::qlinear::WGSL_REQUANTIZE;
     }
     if has_y && last {
         let _ = writeln!(s, "@group(0) @binding({}) var<storage, read_write> y: array<f32>;", bindings.len());

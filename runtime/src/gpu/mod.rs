@@ -17,13 +17,23 @@ fn instance() -> &'static wgpu::Instance {
     INSTANCE.get_or_init(|| wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env()))
 }
 
-/// All adapters of every backend, in a stable order. Enumerated once per process:
+/// All adapters of every backend that can run compute shaders, in a stable order. Enumerated once per process:
 /// enumerating the GL backend from several threads at once is not safe.
 pub(crate) fn enumerate() -> Vec<wgpu::Adapter> {
     static ADAPTERS: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
     ADAPTERS
         .get_or_init(|| {
             let mut v = pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()));
+            // A GL context below 4.3 (NVIDIA's headless EGL gives 3.3) has no compute
+            // shaders: such an adapter cannot run a kernel, so it is not offered.
+            v.retain(|a| {
+                let ok = a.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS);
+                if !ok {
+                    let info = a.get_info();
+                    log::info!("adapter {} ({:?}) skipped: it has no compute shaders", info.name, info.backend);
+                }
+                ok
+            });
             v.sort_by_key(rank);
             v
         })
@@ -240,7 +250,7 @@ impl GpuContext {
             required_limits: limits.clone(),
             ..Default::default()
         }))
-        .map_err(|e| RuntimeError::Gpu(format!("cannot open {} ({:?}): {e}", info.name, info.backend)))?;
+        .map_err(|e| RuntimeError::GpuUnavailable(format!("cannot open {} ({:?}): {e}", info.name, info.backend)))?;
         let error: Arc<Mutex<Option<String>>> = Arc::default();
         let sink = error.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
