@@ -100,7 +100,7 @@ impl WgslKernel for DynamicQuantizeMatMul {
         let mut dims = p.batch.clone();
         dims.extend([p.m, p.n]);
         let mut buffers: Vec<Buffer> = vec![("params".into(), "f32", Binding::Scratch(0))];
-        let mut helpers = String::new();
+        let mut helpers = qlinear::WGSL_REQUANTIZE.to_string();
         // B's per-column tensors, each with its offset function over the output.
         let mut per_column = |name: &str, i: usize| -> Result<()> {
             let t = required(inputs, i)?;
@@ -153,7 +153,7 @@ impl WgslKernel for DynamicQuantizeMatMul {
             buffers,
             helpers,
             prelude: String::new(),
-            epilogue: format!("y[i] = f32(s) * (params[0] * sb[sb_at(i)]){bias};"),
+            epilogue: format!("y[i] = q_mul(f32(s), params[0] * sb[sb_at(i)], i){bias};"),
             scratch: 1,
         };
         let (mut dispatches, mut scratch_bytes) = product.program(tune.get(&wgsl::workgroup_param()))?;

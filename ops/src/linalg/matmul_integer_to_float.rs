@@ -93,7 +93,9 @@ pub(super) fn scale_and_bias_wgsl(inputs: &[Option<Arg>], ix: BInputs, a_scale: 
     } else {
         ""
     };
-    (extra, format!("y[i] = f32(s) * ({a_scale} * sb[sb_at(i)]){bias};"))
+    // q_mul: the product is rounded before the bias is added, as on the CPU (a fused
+    // multiply-add would round once).
+    (extra, format!("y[i] = q_mul(f32(s), {a_scale} * sb[sb_at(i)], i){bias};"))
 }
 
 const INPUTS: BInputs = BInputs { b: 1, scale: 3, zero_point: 5, bias: 6 };
