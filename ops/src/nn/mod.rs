@@ -27,6 +27,7 @@ mod conv;
 mod conv_integer;
 mod qlinear_conv;
 mod qconv_depthwise;
+mod qconv_depthwise_nhwc;
 mod qconv_packed;
 #[cfg(test)]
 mod qconv_packed_tests;

@@ -23,6 +23,7 @@
 //! per group) keep the op's direct kernel.
 use super::conv_cpu::ConvProblem;
 use super::qconv_depthwise::DepthwiseIntConv;
+use super::qconv_depthwise_nhwc::DepthwiseNhwc;
 use super::window::Geometry;
 use crate::cpu::{self, CpuKernel, SharedPtr};
 use crate::linalg::int8_kernel::{self, pack_constant, Int8Isa, Layout, Requantize, CH, PX};
@@ -81,6 +82,8 @@ pub(super) struct PackedIntConv {
     /// Per output channel: the filter's sum (quads only: folds x's zero point out).
     row_sums: Vec<i32>,
     x_signed: bool,
+    /// x and y are channels-last (`[N, H, W, C]`: `kiln_channels_last`).
+    channels_last: bool,
     /// The repacked input, kept between runs.
     scratch: Mutex<Vec<u32>>,
 }
@@ -102,23 +105,25 @@ pub(super) fn quads_ok(x: DType, w: &Tensor, zw: &[i32]) -> bool {
 
 impl PackedIntConv {
     /// Packs constant filters `w` (zero points `zw`: one or one per output channel).
-    pub(super) fn new(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], tune: &TuneValues) -> Result<Option<PackedIntConv>> {
+    pub(super) fn new(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], tune: &TuneValues, channels_last: bool) -> Result<Option<PackedIntConv>> {
         if !eligible(&p) {
             return Ok(None);
         }
         let quads = quads_ok(x, w, zw);
         let (isa, layout) = int8_kernel::chosen(tune, quads);
-        Self::with_isa(p, epilogue, x, w, zw, isa, layout).map(Some)
+        Self::with_isa(p, epilogue, x, w, zw, isa, layout, channels_last).map(Some)
     }
 
     /// Packs for a given instruction set and layout (the portable kernel runs both).
-    fn with_isa(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], isa: Int8Isa, layout: Layout) -> Result<PackedIntConv> {
+    #[allow(clippy::too_many_arguments)]
+    fn with_isa(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], isa: Int8Isa, layout: Layout, channels_last: bool) -> Result<PackedIntConv> {
         let (mg, cg, all_taps) = (p.out_per_group(), p.in_per_group(), p.geo.kernel_size());
         let wv = qlinear::ints(w)?;
         if wv.len() != p.out_channels * cg * all_taps || (zw.len() != 1 && zw.len() != p.out_channels) {
             return Err(OpError::Invalid(format!("filters of {} values and {} zero points for {} output channels", wv.len(), zw.len(), p.out_channels)));
         }
-        let fold = if cg < FOLD_BELOW_CHANNELS { p.geo.kernel[2] } else { 1 };
+        // (Folding repacks NCHW rows: a channels-last input keeps its pixels.)
+        let fold = if cg < FOLD_BELOW_CHANNELS && !channels_last { p.geo.kernel[2] } else { 1 };
         let geo = folded(&p.geo, fold);
         // Per tap of the folded window, the values (channel, filter column).
         let (taps, tap_len) = (all_taps / fold, fold * cg);
@@ -153,6 +158,7 @@ impl PackedIntConv {
             isa,
             layout,
             epilogue,
+            channels_last,
             scratch: Mutex::new(Vec::new()),
         })
     }
@@ -234,6 +240,9 @@ impl PackedIntConv {
     /// image and group the padding: pairs of `x - zx` (padding 0), or quads of raw bytes
     /// (padding `zx`).
     fn pack_input(&self, x: &[u8], zx: i32, buf: &mut Vec<u32>) {
+        if self.channels_last {
+            return self.pack_input_nhwc(x, zx, buf);
+        }
         if self.fold > 1 {
             return self.pack_input_folded(x, zx, buf);
         }
@@ -279,6 +288,59 @@ impl PackedIntConv {
                     }
                     for (d, &w) in dst.chunks_exact_mut(tw).zip(&word[..n]).skip(from) {
                         d[k] = w;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Repacks a channels-last x (`[N, pixels, C]`) into the same words as
+    /// [`Self::pack_input`]: a pixel's channels of a group are already side by side, so
+    /// each pixel's words are its bytes widened (pairs of `x - zx`) or copied (quads).
+    fn pack_input_nhwc(&self, x: &[u8], zx: i32, buf: &mut Vec<u32>) {
+        let p = &self.p;
+        let (img, tw, cg, c) = (p.geo.input_size(), self.tw, p.in_per_group(), p.in_channels);
+        buf.resize(p.batch * p.group * (img + 1) * tw, 0);
+        let (layout, signed) = (self.layout, self.x_signed);
+        let pad = layout.word(std::iter::empty(), zx, zx);
+        for image in buf.chunks_exact_mut((img + 1) * tw) {
+            image[img * tw..].fill(pad);
+        }
+        const BLOCK: usize = 256;
+        let blocks = img.div_ceil(BLOCK);
+        let out = SharedPtr(buf.as_mut_ptr());
+        cpu::par_ranges(p.batch * p.group * blocks, BLOCK * tw, |start, end| {
+            let mut row = vec![0u8; tw * 4];
+            for u in start..end {
+                let (bg, blk) = (u / blocks, u % blocks);
+                let (b, g) = (bg / p.group, bg % p.group);
+                let (p0, p1) = (blk * BLOCK, ((blk + 1) * BLOCK).min(img));
+                // SAFETY: rows p0..p1 of image-and-group bg belong to this task alone.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((bg * (img + 1) + p0) * tw), (p1 - p0) * tw) };
+                for (i, words) in dst.chunks_exact_mut(tw).enumerate() {
+                    let src = &x[(b * img + p0 + i) * c + g * cg..][..cg];
+                    match layout {
+                        Layout::Pairs => {
+                            // Values past the group's channels are 0 (their weights are too).
+                            let src = if cg % 2 == 0 {
+                                src
+                            } else {
+                                row[..cg].copy_from_slice(src);
+                                row[cg] = if signed { zx as i8 as u8 } else { zx as u8 };
+                                &row[..cg + 1]
+                            };
+                            let v = |v: u8| (if signed { v as i8 as i32 } else { v as i32 } - zx) as u16 as u32;
+                            for (w, two) in words.iter_mut().zip(src.chunks_exact(2)) {
+                                *w = v(two[0]) | v(two[1]) << 16;
+                            }
+                        }
+                        Layout::Quads => {
+                            row.fill(0);
+                            row[..cg].copy_from_slice(src);
+                            for (w, four) in words.iter_mut().zip(row.chunks_exact(4)) {
+                                *w = u32::from_le_bytes([four[0], four[1], four[2], four[3]]);
+                            }
+                        }
                     }
                 }
             }
@@ -377,6 +439,11 @@ impl PackedIntConv {
             unsafe { self.isa.tile(self.layout, taps, tw, image, to, wblock, &mut c) };
             let q0 = tile * PX;
             let count = PX.min(plane - q0);
+            if self.channels_last {
+                // SAFETY: channels m0..m0 + mcount of pixels q0..q0 + count of image b.
+                unsafe { self.store_nhwc(run, requant.as_ref(), &c, &shift, &mut vals, (b * plane + q0) * p.out_channels + m0, count, mcount) };
+                continue;
+            }
             let at = (b * p.out_channels + m0) * plane + q0;
             // SAFETY: channels m0..m0 + mcount at pixels q0..q0 + count of image b are this
             // task's own part of the output.
@@ -403,6 +470,38 @@ impl PackedIntConv {
                                 *dst.add(at + l * plane + j) = row[l] as u8;
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl PackedIntConv {
+    /// Stores a tile's `count` pixels of `mcount` channels into a channels-last output
+    /// from element `at` (the tile's first pixel, the block's first channel).
+    ///
+    /// # Safety
+    /// Those elements of `run.out` are the caller's alone.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn store_nhwc(&self, run: &Run, requant: Option<&Requantize>, c: &[i32; PX * CH], shift: &[i32; CH], vals: &mut [[i32; CH]; PX], at: usize, count: usize, mcount: usize) {
+        let stride = self.p.out_channels;
+        match requant {
+            None => {
+                let dst = run.out.get() as *mut i32;
+                for j in 0..count {
+                    for l in 0..mcount {
+                        *dst.add(at + j * stride + l) = c[j * CH + l].wrapping_add(shift[l]);
+                    }
+                }
+            }
+            Some(r) => {
+                r.tile(self.isa, c, vals);
+                let dst = run.out.get();
+                for (j, row) in vals.iter().enumerate().take(count) {
+                    let d = std::slice::from_raw_parts_mut(dst.add(at + j * stride), mcount);
+                    for (o, &v) in d.iter_mut().zip(row) {
+                        *o = v as u8;
                     }
                 }
             }
@@ -508,14 +607,15 @@ fn tap_offsets(geo: &Geometry, taps: usize, tw: usize, t0: usize, t1: usize, out
 
 /// The problem and fast-path inputs of an integer convolution: x (input `xi`), its
 /// constant filters (`wi`) and their constant zero points (`zwi`, absent: 0).
-fn constant_filters<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg<'a>>], [xi, wi, zwi]: [usize; 3]) -> Option<(ConvProblem, DType, &'a Tensor, Vec<i32>)> {
+fn constant_filters<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg<'a>>], [xi, wi, zwi]: [usize; 3], channels_last: bool) -> Option<(ConvProblem, DType, &'a Tensor, Vec<i32>)> {
     let (x, w) = (inputs.get(xi).copied().flatten()?, inputs.get(wi).copied().flatten()?);
     let wv = w.value?;
     let zw = match inputs.get(zwi).copied().flatten() {
         Some(z) => qlinear::ints(z.value?).ok()?,
         None => vec![0],
     };
-    let p = conv.problem(x.dims(), w.dims()).ok()?;
+    let dims = if channels_last { super::qlinear_conv::channels_first(x.dims()).ok()? } else { x.dims().to_vec() };
+    let p = conv.problem(&dims, w.dims()).ok()?;
     if p.batch * p.geo.output_size() == 0 || (zw.len() != 1 && zw.len() != p.out_channels) {
         return None;
     }
@@ -524,21 +624,25 @@ fn constant_filters<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg<'a
 
 /// The tuning parameters of an integer convolution's fast kernel (inputs x, w, zw at
 /// `idx`): the packed or the depthwise kernel's instruction set.
-pub(super) fn tune_params(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3]) -> Vec<TuneParam> {
-    match constant_filters(conv, inputs, idx) {
-        Some((p, ..)) if DepthwiseIntConv::eligible(&p) => DepthwiseIntConv::params(),
+pub(super) fn tune_params(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], channels_last: bool) -> Vec<TuneParam> {
+    match constant_filters(conv, inputs, idx, channels_last) {
+        Some((p, ..)) if channels_last && DepthwiseNhwc::eligible(&p) => DepthwiseNhwc::params(),
+        Some((p, ..)) if !channels_last && DepthwiseIntConv::eligible(&p) => DepthwiseIntConv::params(),
         Some((p, dx, w, zw)) if eligible(&p) => params(quads_ok(dx, w, &zw)),
         _ => vec![],
     }
 }
 
 /// The fast kernel of an integer convolution with constant filters: the depthwise
-/// kernel ([`super::qconv_depthwise`]) or the packed indirect GEMM; `None` leaves the
-/// op's direct kernel.
-pub(super) fn prepare(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], epilogue: Epilogue, tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
-    let Some((p, dx, w, zw)) = constant_filters(conv, inputs, idx) else { return Ok(None) };
-    if DepthwiseIntConv::eligible(&p) {
+/// kernel ([`super::qconv_depthwise`], channels-last [`super::qconv_depthwise_nhwc`]) or
+/// the packed indirect GEMM (either layout); `None` leaves the op's direct kernel.
+pub(super) fn prepare(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], epilogue: Epilogue, tune: &TuneValues, channels_last: bool) -> Result<Option<Box<dyn CpuKernel>>> {
+    let Some((p, dx, w, zw)) = constant_filters(conv, inputs, idx, channels_last) else { return Ok(None) };
+    if channels_last && DepthwiseNhwc::eligible(&p) {
+        return Ok(Some(Box::new(DepthwiseNhwc::new(p, epilogue, dx, w, &zw, tune)?)));
+    }
+    if !channels_last && DepthwiseIntConv::eligible(&p) {
         return Ok(Some(Box::new(DepthwiseIntConv::new(p, epilogue, dx, w, &zw, tune)?)));
     }
-    Ok(PackedIntConv::new(p, epilogue, dx, w, &zw, tune)?.map(|k| Box::new(k) as Box<dyn CpuKernel>))
+    Ok(PackedIntConv::new(p, epilogue, dx, w, &zw, tune, channels_last)?.map(|k| Box::new(k) as Box<dyn CpuKernel>))
 }

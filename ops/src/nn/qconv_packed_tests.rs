@@ -114,50 +114,107 @@ fn expected_isas(c: &Case) -> Vec<String> {
     isas.into_iter().map(|i| format!("isa={i}")).collect()
 }
 
+/// QLinearConv's nine inputs for case `n` (its bias, per-channel scales, and an output
+/// dtype and zero point that vary with `n`) and the exact requantized result.
+fn qlinear_case(c: &Case, n: usize) -> ([Tensor; 9], Vec<f64>) {
+    let m = c.w[0];
+    let (acc, x, w, zx, zw) = c.sums(10 + n as u64);
+    let bias: Vec<i32> = (0..m as i32).map(|i| (i * 7919) % 2001 - 1000).collect();
+    let sw: Vec<f32> = (0..m).map(|i| 0.0021 + 0.0003 * i as f32).collect();
+    // Unsigned outputs, and every third case signed.
+    let dy = if n % 3 == 2 { DType::I8 } else { DType::U8 };
+    let zy: i32 = match (dy, n % 2) {
+        (DType::U8, 0) | (_, 0) => 0,
+        (DType::U8, _) => 128,
+        _ => -5,
+    };
+    let (lo, hi) = if dy == DType::I8 { (-128.0, 127.0) } else { (0.0, 255.0) };
+    let (sx, sy) = (0.0371f32, 0.0213f32);
+    let plane: usize = c.out().iter().product();
+    let want: Vec<f64> = acc
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| {
+            let ch = (i / plane) % m;
+            let v = ((a as i32 + bias[ch]) as f32 * (sx * sw[ch] / sy)).round_ties_even() + zy as f32;
+            v.clamp(lo, hi) as f64
+        })
+        .collect();
+    let t = [
+        x,
+        Tensor::scalar(sx),
+        zx,
+        w,
+        Tensor::from_vec(&[m], sw).unwrap(),
+        zw,
+        Tensor::scalar(sy),
+        Tensor::from_f64(dy, &[], &[zy as f64]).unwrap(),
+        Tensor::from_vec(&[m], bias).unwrap(),
+    ];
+    (t, want)
+}
+
 #[test]
 fn qlinear_conv_variants_equal_the_exact_reference() {
     for (n, c) in cases().iter().enumerate() {
-        let m = c.w[0];
-        let (acc, x, w, zx, zw) = c.sums(10 + n as u64);
-        let bias: Vec<i32> = (0..m as i32).map(|i| (i * 7919) % 2001 - 1000).collect();
-        let sw: Vec<f32> = (0..m).map(|i| 0.0021 + 0.0003 * i as f32).collect();
-        // Unsigned outputs, and every third case signed.
-        let dy = if n % 3 == 2 { DType::I8 } else { DType::U8 };
-        let zy: i32 = match (dy, n % 2) {
-            (DType::U8, 0) | (_, 0) => 0,
-            (DType::U8, _) => 128,
-            _ => -5,
-        };
-        let (lo, hi) = if dy == DType::I8 { (-128.0, 127.0) } else { (0.0, 255.0) };
-        let (sx, sy) = (0.0371f32, 0.0213f32);
-        let plane: usize = c.out().iter().product();
-        let want: Vec<f64> = acc
-            .iter()
-            .enumerate()
-            .map(|(i, &a)| {
-                let ch = (i / plane) % m;
-                let v = ((a as i32 + bias[ch]) as f32 * (sx * sw[ch] / sy)).round_ties_even() + zy as f32;
-                v.clamp(lo, hi) as f64
-            })
-            .collect();
+        let (t, want) = qlinear_case(c, n);
         let op = make("QLinearConv", 10, &c.attrs(), 9, 1).unwrap();
-        let t = [
-            x,
-            Tensor::scalar(sx),
-            zx,
-            w,
-            Tensor::from_vec(&[m], sw).unwrap(),
-            zw,
-            Tensor::scalar(sy),
-            Tensor::from_f64(dy, &[], &[zy as f64]).unwrap(),
-            Tensor::from_vec(&[m], bias).unwrap(),
-        ];
         let refs: Vec<Option<&Tensor>> = t.iter().map(Some).collect();
         let variants = run_cpu_variants(op.as_ref(), &as_inputs(&refs, &[1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
         let offered: Vec<String> = names(&variants).into_iter().filter(|v| v.starts_with("isa=")).collect();
         assert_eq!(offered, expected_isas(c), "case {n}");
         for (name, outs) in &variants {
             assert_eq!(outs[0].to_f64_vec(), want, "case {n} x{:?} w{:?}: variant {name}", c.x, c.w);
+        }
+    }
+}
+
+/// `[N, C, H, W]` values as `[N, H, W, C]` (`to_last`), or back.
+fn move_channels(t: &Tensor, nchw: &[usize], to_last: bool) -> Tensor {
+    let (n, c, pixels) = (nchw[0], nchw[1], nchw[2] * nchw[3]);
+    let v = t.to_f64_vec();
+    let mut out = vec![0.0; v.len()];
+    for b in 0..n {
+        for ch in 0..c {
+            for q in 0..pixels {
+                let (first, last) = ((b * c + ch) * pixels + q, (b * pixels + q) * c + ch);
+                if to_last {
+                    out[last] = v[first];
+                } else {
+                    out[first] = v[last];
+                }
+            }
+        }
+    }
+    let dims = if to_last { vec![n, nchw[2], nchw[3], c] } else { nchw.to_vec() };
+    Tensor::from_f64(t.dtype(), &dims, &out).unwrap()
+}
+
+/// `kiln_channels_last` QLinearConv (x and y `[N, H, W, C]`): every variant (the
+/// packed kernel reading and writing pixels of channels, the channels-last depthwise
+/// kernel with and without AVX2, the transposing reference) gives the exact result.
+#[test]
+fn channels_last_qlinear_conv_variants_equal_the_exact_reference() {
+    use DType::{I8, U8};
+    let mut all = cases();
+    all.extend([
+        case(&[1, 32, 9, 10], &[32, 1, 3, 3], 32, 1, 1, [1; 4], U8, I8, true),        // depthwise, two AVX2 blocks
+        case(&[2, 48, 11, 12], &[48, 1, 3, 3], 48, 2, 1, [1, 0, 1, 1], U8, I8, false), // depthwise, stride 2, uneven pads
+        case(&[1, 16, 6, 5], &[16, 1, 5, 5], 16, 1, 2, [4; 4], I8, U8, true),         // depthwise, odd tap count, dilated
+        case(&[1, 24, 7, 9], &[40, 24, 1, 1], 1, 1, 1, [0; 4], U8, I8, false),        // pointwise
+    ]);
+    for (n, c) in all.iter().enumerate() {
+        let (mut t, want) = qlinear_case(c, n);
+        let out: Vec<usize> = [c.x[0], c.w[0]].into_iter().chain(c.out()).collect();
+        t[0] = move_channels(&t[0], &c.x, true);
+        let mut attrs = c.attrs();
+        attrs.push(("kiln_channels_last", Attr::Int(1)));
+        let op = make("QLinearConv", 10, &attrs, 9, 1).unwrap();
+        let refs: Vec<Option<&Tensor>> = t.iter().map(Some).collect();
+        let variants = run_cpu_variants(op.as_ref(), &as_inputs(&refs, &[1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
+        for (name, outs) in &variants {
+            assert_eq!(outs[0].dims(), [out[0], out[2], out[3], out[1]], "case {n}: variant {name}");
+            assert_eq!(move_channels(&outs[0], &out, false).to_f64_vec(), want, "case {n} x{:?} w{:?}: channels-last variant {name}", c.x, c.w);
         }
     }
 }

@@ -3,6 +3,11 @@
 //! the convolution exact in int32 ([`int_conv`]), the multiplier and the rounding in
 //! f32 as onnxruntime computes them. w's scale and zero point per tensor or per output
 //! channel; the others per tensor; the bias B int32 per output channel.
+//!
+//! Kiln's attribute `kiln_channels_last = 1` (set by the compiler's `layout-nhwc-int8`
+//! pass, CPU only) makes x and y channels-last, `[N, H, W, C]`, 2-D only; the filters
+//! stay `[M, C/group, kH, kW]`. The packed and channels-last depthwise kernels read and
+//! write that layout directly; the reference transposes around the NCHW computation.
 use super::conv::Conv;
 use super::conv_integer::{int_conv, int_conv_wgsl};
 use super::qconv_packed::{self, Epilogue};
@@ -19,6 +24,34 @@ const SCALES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 #[derive(Debug)]
 pub struct QLinearConv {
     conv: Conv,
+    channels_last: bool,
+}
+
+/// `[N, H, W, C]` as `[N, C, H, W]` (the dims a channels-last x stands for).
+pub(super) fn channels_first(dims: &[usize]) -> Result<Vec<usize>> {
+    match *dims {
+        [n, h, w, c] => Ok(vec![n, c, h, w]),
+        _ => Err(OpError::input(0, format!("a channels-last (kiln_channels_last) QLinearConv takes a rank-4 [N, H, W, C] x, got shape {dims:?}"))),
+    }
+}
+
+/// Moves the channels of `[N, ..., C]` bytes ahead of the pixels (`to_first`), or back.
+fn permute_channels(src: &[u8], n: usize, c: usize, to_first: bool) -> Vec<u8> {
+    let pixels = src.len() / (n * c).max(1);
+    let mut out = vec![0u8; src.len()];
+    for b in 0..n {
+        for q in 0..pixels {
+            for ch in 0..c {
+                let (last, first) = ((b * pixels + q) * c + ch, (b * c + ch) * pixels + q);
+                if to_first {
+                    out[first] = src[last];
+                } else {
+                    out[last] = src[first];
+                }
+            }
+        }
+    }
+    out
 }
 
 impl Op for QLinearConv {
@@ -30,7 +63,8 @@ impl Op for QLinearConv {
         let dx = expect_dtype(inputs, 0, &DTYPES)?;
         let dw = expect_dtype(inputs, 3, &DTYPES)?;
         let dy = expect_dtype(inputs, 7, &DTYPES)?;
-        let p = self.conv.problem(required(inputs, 0)?.dims(), required(inputs, 3)?.dims())?;
+        let x_dims = required(inputs, 0)?.dims();
+        let p = self.conv.problem(&if self.channels_last { channels_first(x_dims)? } else { x_dims.to_vec() }, required(inputs, 3)?.dims())?;
         for i in [1, 4, 6] {
             expect_dtype(inputs, i, &SCALES)?;
         }
@@ -52,6 +86,10 @@ impl Op for QLinearConv {
         }
         let mut dims = vec![p.batch, p.out_channels];
         dims.extend(p.geo.output_dims());
+        if self.channels_last {
+            let m = dims.remove(1);
+            dims.push(m);
+        }
         Ok(vec![TensorType::new(dy, dims)])
     }
 
@@ -66,6 +104,21 @@ impl Op for QLinearConv {
 
 impl CpuKernel for QLinearConv {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        if self.channels_last {
+            // The reference: NCHW in between.
+            let x = cpu::input(inputs, 0)?;
+            let dims = channels_first(x.dims())?;
+            let xt = Tensor::from_bytes(x.dtype(), &dims, &permute_channels(x.bytes(), dims[0], dims[1], true))?;
+            let mut args = inputs.to_vec();
+            args[0] = Some(&xt);
+            let y = &outputs[0];
+            let yd = channels_first(y.dims())?;
+            let mut yt = [Tensor::zeros(y.dtype(), &yd)];
+            QLinearConv { conv: self.conv.clone(), channels_last: false }.run(&args, &mut yt)?;
+            let back = permute_channels(yt[0].bytes(), yd[0], yd[1], false);
+            outputs[0].bytes_mut().copy_from_slice(&back);
+            return Ok(());
+        }
         let t = |i: usize| cpu::input(inputs, i);
         let (x, w) = (t(0)?, t(3)?);
         let mut acc = vec![0i32; outputs[0].len()];
@@ -93,17 +146,20 @@ impl CpuKernel for QLinearConv {
 
     /// The instruction set of the packed integer kernel ([`qconv_packed`]).
     fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
-        qconv_packed::tune_params(&self.conv, inputs, [0, 3, 5])
+        qconv_packed::tune_params(&self.conv, inputs, [0, 3, 5], self.channels_last)
     }
 
     /// Packs constant filters once for the fast integer kernels.
     fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
-        qconv_packed::prepare(&self.conv, inputs, [0, 3, 5], Epilogue::Requantize, tune)
+        qconv_packed::prepare(&self.conv, inputs, [0, 3, 5], Epilogue::Requantize, tune, self.channels_last)
     }
 }
 
 impl WgslKernel for QLinearConv {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        if self.channels_last {
+            return Err(OpError::Unsupported("a channels-last (kiln_channels_last) QLinearConv on the GPU: the layout pass is for the CPU".into()));
+        }
         let (lo, hi) = range(outputs[0].dtype);
         let ye = wgsl::elem(outputs[0].dtype);
         let sw = if required(inputs, 4)?.ty.len() == 1 { "sw[0]" } else { "sw[ch]" };
@@ -124,7 +180,12 @@ impl WgslKernel for QLinearConv {
 }
 
 fn parse(spec: &NodeSpec) -> Result<QLinearConv> {
-    Ok(QLinearConv { conv: Conv::geometry_only(spec)? })
+    let channels_last = match spec.int("kiln_channels_last", 0)? {
+        0 => false,
+        1 => true,
+        v => return Err(OpError::Invalid(format!("kiln_channels_last must be 0 or 1, got {v}"))),
+    };
+    Ok(QLinearConv { conv: Conv::geometry_only(spec)?, channels_last })
 }
 
 pub(crate) fn register(r: &mut Registry) {

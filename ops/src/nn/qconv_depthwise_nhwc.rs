@@ -1,0 +1,233 @@
+//! The channels-last depthwise integer convolution (QLinearConv or ConvInteger with
+//! `kiln_channels_last`, one input and one output channel per group, 2-D): each output
+//! pixel sums, per filter tap, `(x - zx) * (w - zw)` over a contiguous run of channels.
+//! With AVX2 and a multiple of 16 channels, two taps at a time: their 16 channels of
+//! `x - zx` (i16) are interleaved and one `vpmaddwd` against the two taps' interleaved
+//! weights adds both products into 8 int32 sums; the filters are interleaved once per
+//! plan in the order the instruction reads them. Taps outside the input add nothing (they
+//! read `zx`). Sums are exact; the epilogue is the packed kernel's
+//! ([`super::qconv_packed::run_params`]): `(acc + B) * (sx * sw[m] / sy)` in f32,
+//! rounded half to even, clamped around y's zero point, bit for bit the reference.
+use super::conv_cpu::ConvProblem;
+use super::qconv_packed::{run_params, Epilogue};
+use crate::cpu::{self, CpuKernel, SharedPtr};
+use crate::linalg::int8_kernel::{self, Int8Isa};
+use crate::quant::qlinear;
+use crate::{OpError, Result, TuneParam, TuneValues};
+use kiln_graph::{DType, Tensor};
+
+/// Channels per AVX2 block.
+const BLOCK: usize = 16;
+/// The channels of a block in the lanes of the two `vpmaddwd` sums.
+const LANES: [usize; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15];
+
+pub(super) struct DepthwiseNhwc {
+    p: ConvProblem,
+    epilogue: Epilogue,
+    /// `[tap][channel]`: `w - zw`.
+    w: Vec<i32>,
+    /// AVX2 only: per block of 16 channels and pair of taps (the last one padded with a
+    /// zero tap), the `vpmaddwd` operands for channels `[0..4, 8..12]` then
+    /// `[4..8, 12..16]` of the block: `[block][pair][2][16]` i16.
+    pairs: Vec<i16>,
+    x_signed: bool,
+    avx2: bool,
+}
+
+impl DepthwiseNhwc {
+    /// Whether this problem takes the kernel: one input and one output channel per
+    /// group, at most two spatial dims.
+    pub(super) fn eligible(p: &ConvProblem) -> bool {
+        p.group > 1 && p.in_per_group() == 1 && p.out_per_group() == 1 && p.geo.input[0] == 1 && p.geo.kernel[0] == 1 && p.geo.output[0] == 1
+    }
+
+    pub(super) fn params() -> Vec<TuneParam> {
+        vec![int8_kernel::isa_param(false)]
+    }
+
+    pub(super) fn new(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], tune: &TuneValues) -> Result<DepthwiseNhwc> {
+        let (taps, c) = (p.geo.kernel_size(), p.out_channels);
+        let wv = qlinear::ints(w)?;
+        if wv.len() != c * taps || (zw.len() != 1 && zw.len() != c) {
+            return Err(OpError::Invalid(format!("depthwise filters of {} values and {} zero points for {c} channels", wv.len(), zw.len())));
+        }
+        let mut wt = vec![0i32; taps * c];
+        for (m, row) in wv.chunks_exact(taps).enumerate() {
+            for (t, &v) in row.iter().enumerate() {
+                wt[t * c + m] = v - zw[if zw.len() == 1 { 0 } else { m }];
+            }
+        }
+        let avx2 = cfg!(target_arch = "x86_64") && c % BLOCK == 0 && int8_kernel::chosen(tune, false).0 == Int8Isa::Avx2;
+        let mut pairs = vec![];
+        if avx2 {
+            let tap = |t: usize, m: usize| if t < taps { wt[t * c + m] as i16 } else { 0 };
+            for blk in 0..c / BLOCK {
+                for pair in 0..taps.div_ceil(2) {
+                    let (t0, t1, m0) = (2 * pair, 2 * pair + 1, blk * BLOCK);
+                    // vpmaddwd's lanes after unpacklo / unpackhi of two 16-channel rows.
+                    for l in LANES {
+                        pairs.extend([tap(t0, m0 + l), tap(t1, m0 + l)]);
+                    }
+                }
+            }
+        }
+        Ok(DepthwiseNhwc { p, epilogue, w: wt, pairs, x_signed: x == DType::I8, avx2 })
+    }
+}
+
+/// The epilogue of a run, per channel.
+struct Epi<'a> {
+    int32: bool,
+    mult: &'a [f32],
+    bias: &'a [i32],
+    /// AVX2: the multipliers and biases of each block in [`LANES`] order.
+    lane_mult: Vec<f32>,
+    lane_bias: Vec<i32>,
+    lo: f32,
+    hi: f32,
+    zy: i32,
+}
+
+impl Epi<'_> {
+    #[inline(always)]
+    fn requantize(&self, acc: i32, m: usize) -> i32 {
+        ((acc.wrapping_add(self.bias[m]) as f32 * self.mult[m]).round_ties_even().clamp(self.lo, self.hi)) as i32 + self.zy
+    }
+}
+
+impl CpuKernel for DepthwiseNhwc {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let x = cpu::input(inputs, 0)?;
+        let y = &mut outputs[0];
+        let (zx, mult, (lo, hi, zy), bias) = run_params(&self.p, self.epilogue, inputs, x, y)?;
+        let lane = |m: usize| m / BLOCK * BLOCK + LANES[m % BLOCK];
+        let (lane_mult, lane_bias) = if self.avx2 && !mult.is_empty() { ((0..mult.len()).map(|m| mult[lane(m)]).collect(), (0..bias.len()).map(|m| bias[lane(m)]).collect()) } else { (vec![], vec![]) };
+        let epi = Epi { int32: self.epilogue == Epilogue::Int32, mult: &mult, bias: &bias, lane_mult, lane_bias, lo, hi, zy };
+        let y_signed = y.dtype() == DType::I8;
+        let g = &self.p.geo;
+        let (oh, ow) = (g.output[1], g.output[2]);
+        let c = self.p.out_channels;
+        let xs = x.bytes();
+        let out = SharedPtr(y.bytes_mut().as_mut_ptr());
+        cpu::par_ranges(self.p.batch * oh, ow * c * g.kernel_size(), |start, end| {
+            let mut taps: Vec<Option<usize>> = vec![None; g.kernel_size()];
+            let mut acc = vec![0i32; c];
+            for row in start..end {
+                let (b, oy) = (row / oh, row % oh);
+                for ox in 0..ow {
+                    self.tap_offsets(b, oy, ox, &mut taps);
+                    let at = ((b * oh + oy) * ow + ox) * c;
+                    #[cfg(target_arch = "x86_64")]
+                    if self.avx2 && !epi.int32 {
+                        // SAFETY: AVX2 is available (chosen at plan time), the offsets lie
+                        // within x, and pixel `at` of the output is this task's.
+                        unsafe { self.pixel_avx2(xs, &taps, zx, &epi, y_signed, out.get().add(at)) };
+                        continue;
+                    }
+                    self.pixel(xs, &taps, zx, &mut acc);
+                    // SAFETY: output pixel (b, oy, ox) belongs to this task alone; an Int32
+                    // epilogue's output is i32, else one byte per value.
+                    unsafe {
+                        if epi.int32 {
+                            let dst = (out.get() as *mut i32).add(at);
+                            for (m, &a) in acc.iter().enumerate() {
+                                *dst.add(m) = a.wrapping_add(epi.bias[m]);
+                            }
+                        } else {
+                            let dst = out.get().add(at);
+                            for (m, &a) in acc.iter().enumerate() {
+                                *dst.add(m) = epi.requantize(a, m) as u8;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+impl DepthwiseNhwc {
+    /// The byte offset into x of each filter tap's input pixel under output pixel
+    /// `(b, oy, ox)`, or `None` where the tap falls in the padding.
+    fn tap_offsets(&self, b: usize, oy: usize, ox: usize, taps: &mut [Option<usize>]) {
+        let g = &self.p.geo;
+        let ([_, ih, iw], [_, kh, kw]) = (g.input, g.kernel);
+        let c = self.p.in_channels;
+        let y0 = (oy * g.stride[1]) as i64 - g.pad_begin[1];
+        let x0 = (ox * g.stride[2]) as i64 - g.pad_begin[2];
+        for a in 0..kh {
+            let yy = y0 + (a * g.dilation[1]) as i64;
+            for e in 0..kw {
+                let xx = x0 + (e * g.dilation[2]) as i64;
+                let inside = (0..ih as i64).contains(&yy) && (0..iw as i64).contains(&xx);
+                taps[a * kw + e] = inside.then(|| ((b * ih + yy as usize) * iw + xx as usize) * c);
+            }
+        }
+    }
+
+    /// One output pixel's int32 sums, every channel.
+    fn pixel(&self, xs: &[u8], taps: &[Option<usize>], zx: i32, acc: &mut [i32]) {
+        let c = acc.len();
+        acc.fill(0);
+        for (t, off) in taps.iter().enumerate() {
+            let Some(off) = *off else { continue };
+            let (src, w) = (&xs[off..off + c], &self.w[t * c..(t + 1) * c]);
+            if self.x_signed {
+                acc.iter_mut().zip(src).zip(w).for_each(|((a, &v), &w)| *a = a.wrapping_add((v as i8 as i32 - zx) * w));
+            } else {
+                acc.iter_mut().zip(src).zip(w).for_each(|((a, &v), &w)| *a = a.wrapping_add((v as i32 - zx) * w));
+            }
+        }
+    }
+
+    /// One output pixel, requantized, 16 channels at a time with AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn pixel_avx2(&self, xs: &[u8], taps: &[Option<usize>], zx: i32, epi: &Epi, y_signed: bool, dst: *mut u8) {
+        use std::arch::x86_64::*;
+        let c = self.p.out_channels;
+        let pairs = taps.len().div_ceil(2);
+        let zxv = _mm256_set1_epi16(zx as i16);
+        let load = |off: Option<usize>, m0: usize| -> __m256i {
+            match off {
+                // SAFETY: off + m0 + 16 <= off + c, within x (checked by run_params).
+                Some(o) => unsafe {
+                    let raw = _mm_loadu_si128(xs.as_ptr().add(o + m0) as *const __m128i);
+                    let wide = if self.x_signed { _mm256_cvtepi8_epi16(raw) } else { _mm256_cvtepu8_epi16(raw) };
+                    _mm256_sub_epi16(wide, zxv)
+                },
+                None => _mm256_setzero_si256(),
+            }
+        };
+        let (lo, hi) = (_mm256_set1_ps(epi.lo), _mm256_set1_ps(epi.hi));
+        let zy = _mm256_set1_epi32(epi.zy);
+        for blk in 0..c / BLOCK {
+            let m0 = blk * BLOCK;
+            let w = self.pairs.as_ptr().add(blk * pairs * 2 * BLOCK);
+            let (mut acc_a, mut acc_b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for pair in 0..pairs {
+                let x0 = load(taps[2 * pair], m0);
+                let x1 = load(taps.get(2 * pair + 1).copied().flatten(), m0);
+                let wa = _mm256_loadu_si256(w.add(pair * 2 * BLOCK) as *const __m256i);
+                let wb = _mm256_loadu_si256(w.add(pair * 2 * BLOCK + BLOCK) as *const __m256i);
+                acc_a = _mm256_add_epi32(acc_a, _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1), wa));
+                acc_b = _mm256_add_epi32(acc_b, _mm256_madd_epi16(_mm256_unpackhi_epi16(x0, x1), wb));
+            }
+            // acc_a holds channels [0..4, 8..12] of the block, acc_b [4..8, 12..16]: the
+            // lane-ordered multipliers and biases line up with them.
+            let requant = |acc: __m256i, at: usize| -> __m256i {
+                // SAFETY: at + 8 <= c, the length of both lane-ordered vectors.
+                let (b, m) = unsafe { (_mm256_loadu_si256(epi.lane_bias.as_ptr().add(at) as *const __m256i), _mm256_loadu_ps(epi.lane_mult.as_ptr().add(at))) };
+                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc, b)), m);
+                let r = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
+                _mm256_add_epi32(_mm256_cvttps_epi32(r), zy)
+            };
+            // packs_epi32 per 128-bit lane puts [0..4, 4..8 | 8..12, 12..16] back in order.
+            let words = _mm256_packs_epi32(requant(acc_a, m0), requant(acc_b, m0 + 8));
+            let bytes = if y_signed { _mm256_packs_epi16(words, words) } else { _mm256_packus_epi16(words, words) };
+            let ordered = _mm256_permute4x64_epi64(bytes, 0b1000);
+            _mm_storeu_si128(dst.add(m0) as *mut __m128i, _mm256_castsi256_si128(ordered));
+        }
+    }
+}
