@@ -63,7 +63,7 @@ fn gelu(b: &mut GraphBuilder, x: ValueId, tanh: bool, swap: bool) -> ValueId {
 
 /// A random network over `x: f32[batch, m, k]`; returns the graph and the input dims.
 fn network(seed: u64) -> (Graph, Vec<usize>) {
-    let mut r = Rng(seed * 0x9e37_79b9_7f4a_7c15 | 1);
+    let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let (batch, m, k, n) = (1 + r.below(3), 1 + r.below(37), 1 + r.below(33), 1 + r.below(40));
     let mut b = GraphBuilder::new("random");
     let x = b.input("x", DType::F32, vec![batch, m, k]);
@@ -129,7 +129,7 @@ fn network(seed: u64) -> (Graph, Vec<usize>) {
 /// A ResNet block over `x: f32[batch, c, h, w]`: Conv (+BatchNorm) + Relu, Conv, add the
 /// skip, Relu; kernel 1 or 3, dense or depthwise.
 fn resnet_block(seed: u64) -> (Graph, Vec<usize>) {
-    let mut r = Rng(seed * 0x5851_f42d_4c95_7f2d | 1);
+    let mut r = Rng(seed.wrapping_mul(0x5851_f42d_4c95_7f2d) | 1);
     let (batch, c, h, w) = (1 + r.below(2), 1 + r.below(6), 3 + r.below(10), 3 + r.below(10));
     let k = [1, 3][r.below(2)];
     let group = if r.below(3) == 0 { c } else { 1 };
@@ -159,7 +159,7 @@ fn resnet_block(seed: u64) -> (Graph, Vec<usize>) {
 
 /// Scaled, masked attention over `x: f32[batch, heads, seq, dim]` (x is Q, K and V).
 fn attention(seed: u64) -> (Graph, Vec<usize>) {
-    let mut r = Rng(seed * 0x2545_f491_4f6c_dd1d | 1);
+    let mut r = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
     let dims = vec![1 + r.below(2), 1 + r.below(3), 1 + r.below(40), 1 + r.below(24)];
     let mut b = GraphBuilder::new("attention");
     let x = b.input("x", DType::F32, dims.clone());

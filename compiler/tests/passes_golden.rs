@@ -694,3 +694,53 @@ fn fuse_matmul_integer_keeps_what_it_cannot_fuse() {
     // The same graph without those obstacles fuses.
     assert_eq!(passes::fuse_matmul_integer(&mut build(1, false, false), &mut PassContext::builtin()), 1);
 }
+
+/// A MobileNet block in miniature, quantized (QDQ, then fuse-qdq makes the integer ops):
+/// a pointwise 8 -> 16 convolution over the quantized input (ToNhwc), a depthwise 3x3, a
+/// pointwise 16 -> 8 with a residual QLinearAdd, a plain reader of the depthwise output
+/// (its DequantizeLinear: FromNhwc) and a QLinearGlobalAveragePool (channels_last). The
+/// integer results are the same bit for bit before and after.
+#[test]
+fn layout_nhwc_int8() {
+    let mut b = GraphBuilder::new("nhwc");
+    let x = x_input(&mut b, &[8, 6, 6]);
+    let scalar = |b: &mut GraphBuilder, name: &str, v: f32| b.constant(name, Tensor::from_vec(&[], vec![v]).unwrap());
+    let zp = |b: &mut GraphBuilder, name: &str, v: u8| b.constant(name, Tensor::from_vec(&[], vec![v]).unwrap());
+    let qdq = |b: &mut GraphBuilder, v: ValueId, name: &str, s: f32, z: u8| {
+        let (s, z) = (scalar(b, &format!("{name}_scale"), s), zp(b, &format!("{name}_zp"), z));
+        let q = b.node("QuantizeLinear", &[v, s, z], &[]);
+        b.node("DequantizeLinear", &[q, s, z], &[])
+    };
+    let axis0 = [("axis", Attr::Int(0))];
+    // A convolution of int8 per-channel filters `[m, cg, k, k]` with an int32 bias.
+    let conv = |b: &mut GraphBuilder, x: ValueId, name: &str, (m, cg, k, group): (usize, usize, usize, i64), sx: f32| {
+        let wq: Vec<i8> = (0..m * cg * k * k).map(|i| ((i * 37 + name.len() * 11) % 255) as i8).collect();
+        let wq = b.constant(&format!("{name}_w"), Tensor::from_vec(&[m, cg, k, k], wq).unwrap());
+        let swv: Vec<f32> = (0..m).map(|i| 0.002 + 0.0003 * i as f32).collect();
+        let sw = b.constant(&format!("{name}_w_scale"), Tensor::from_vec(&[m], swv.clone()).unwrap());
+        let zw = b.constant(&format!("{name}_w_zp"), Tensor::from_vec(&[m], vec![0i8; m]).unwrap());
+        let wd = b.node("DequantizeLinear", &[wq, sw, zw], &axis0);
+        let bq = b.constant(&format!("{name}_b"), Tensor::from_vec(&[m], (0..m as i32).map(|i| i * 97 - 400).collect::<Vec<_>>()).unwrap());
+        let sb = b.constant(&format!("{name}_b_scale"), Tensor::from_vec(&[m], swv.iter().map(|s| s * sx).collect::<Vec<f32>>()).unwrap());
+        let zb = b.constant(&format!("{name}_b_zp"), Tensor::from_vec(&[m], vec![0i32; m]).unwrap());
+        let bd = b.node("DequantizeLinear", &[bq, sb, zb], &axis0);
+        let pads = ("pads", Attr::Ints(vec![(k / 2) as i64; 4]));
+        b.node("Conv", &[x, wd, bd], &[pads, ("group", Attr::Int(group))])
+    };
+    let xd = qdq(&mut b, x, "x", 0.0078, 128);
+    let c1 = conv(&mut b, xd, "expand", (16, 8, 1, 1), 0.0078);
+    let c1 = qdq(&mut b, c1, "expand_out", 0.011, 0);
+    let c2 = conv(&mut b, c1, "depthwise", (16, 1, 3, 16), 0.011);
+    let c2 = qdq(&mut b, c2, "depthwise_out", 0.013, 3);
+    let c3 = conv(&mut b, c2, "project", (8, 16, 1, 1), 0.013);
+    let c3 = qdq(&mut b, c3, "project_out", 0.012, 120);
+    let add = b.node("Add", &[c3, xd], &[]);
+    let add = qdq(&mut b, add, "add_out", 0.02, 128);
+    let gap = b.node("GlobalAveragePool", &[add], &[]);
+    let gap = qdq(&mut b, gap, "gap_out", 0.009, 128);
+    let mut g = finish(b, &[(gap, "pooled"), (c2, "depthwise")]);
+    passes::fuse_qdq(&mut g, &mut PassContext::builtin());
+    passes::eliminate_dead(&mut g, &mut PassContext::builtin());
+    // Three convolutions, the add and the pool.
+    assert_eq!(golden("layout_nhwc_int8", g, passes::layout_nhwc_int8, &[2, 8, 6, 6]), 5);
+}

@@ -18,6 +18,7 @@ mod fuse_matmul_integer;
 mod fuse_qdq;
 mod fuse_residual;
 mod layout_nchwc;
+mod layout_nhwc_int8;
 
 pub use algebraic::simplify_algebra;
 pub use context::PassContext;
@@ -36,6 +37,7 @@ pub use fuse_matmul_integer::fuse_matmul_integer;
 pub use fuse_qdq::fuse_qdq;
 pub use fuse_residual::{fuse_conv_residual, fuse_residual};
 pub use layout_nchwc::layout_nchwc;
+pub use layout_nhwc_int8::layout_nhwc_int8;
 
 use kiln_graph::{Graph, NodeId, ValueId};
 
@@ -77,9 +79,12 @@ pub const PASSES: &[Pass] = &[
 ///   anchored at the end (`""`): it runs after every default pass. On the CPU, 5
 ///   alternating pairs of `kiln bench`: squeezenet1_1 0.94x, resnet18 0.91x,
 ///   mobilenet_v2 1.00x of the time without it.
+/// - `layout-nhwc-int8`: 8-bit convolution chains channels-last (CPU kernels only),
+///   anchored at the end.
 pub const OPTIONAL_PASSES: &[(Pass, &str)] = &[
     (Pass { name: "fuse-attention", run: fuse_attention }, "fuse-bias"),
     (Pass { name: "layout-nchwc", run: layout_nchwc }, ""),
+    (Pass { name: "layout-nhwc-int8", run: layout_nhwc_int8 }, ""),
 ];
 
 /// Names (comma-separated) of default passes [`optimize`] skips, to measure or bisect
@@ -100,7 +105,7 @@ pub enum Target {
 
 /// Optional passes that run by default for one target (measured faster there; see
 /// [`OPTIONAL_PASSES`]).
-pub const TARGET_PASSES: &[(&str, Target)] = &[("fuse-attention", Target::Cpu), ("layout-nchwc", Target::Cpu)];
+pub const TARGET_PASSES: &[(&str, Target)] = &[("fuse-attention", Target::Cpu), ("layout-nchwc", Target::Cpu), ("layout-nhwc-int8", Target::Cpu)];
 
 /// The passes [`optimize_for`] runs for `target` given the skip and enable lists
 /// (comma-separated names).

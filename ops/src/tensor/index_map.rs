@@ -181,6 +181,9 @@ impl IndexMap {
         if dst.is_empty() {
             return;
         }
+        if let Some((rows, cols)) = self.batched_transpose() {
+            return transpose_rows(src, dst, rows, cols);
+        }
         let mut tables = self.tables();
         let mut dims = self.out_dims.clone();
         if dims.is_empty() {
@@ -219,6 +222,32 @@ impl IndexMap {
                 }
             }
         });
+    }
+
+    /// A pure permutation that is a batch of 2-D transposes, once the dims that move
+    /// together are merged (NCHW to NHWC and back): `Some((rows, cols))` where output
+    /// `[b][r][c]` is input `[b][c][r]`.
+    fn batched_transpose(&self) -> Option<(usize, usize)> {
+        if self.base != 0 || self.maps.iter().any(|m| !matches!(m, DimMap::Affine { start: 0, step: 1 })) {
+            return None;
+        }
+        // (size, input stride) of the output dims, size-1 dims dropped, neighbours that
+        // step through the input as one dim merged.
+        let mut ds: Vec<(usize, usize)> = vec![];
+        for (&d, &st) in self.out_dims.iter().zip(&self.strides) {
+            if d == 1 {
+                continue;
+            }
+            match ds.last_mut() {
+                Some(last) if last.1 == st * d => *last = (last.0 * d, st),
+                _ => ds.push((d, st)),
+            }
+        }
+        match ds[..] {
+            [(r, 1), (c, sc)] if sc == r => Some((r, c)),
+            [(_, sb), (r, 1), (c, sc)] if sc == r && sb == r * c => Some((r, c)),
+            _ => None,
+        }
     }
 
     /// WGSL statements computing `var src_ok: bool` and `var src_off: i32` (the source
@@ -410,4 +439,30 @@ impl<T: PlansIndexMap> crate::WgslKernel for MappedOp<T> {
         let d = map.dispatch(T::NAME, ty, wg, crate::Binding::Input(0), crate::Binding::Output(0), &crate::wgsl::literal(ty, 0.0), &[]);
         Ok(crate::WgslProgram::single(d))
     }
+}
+
+/// `dst[b][r][c] = src[b][c][r]` for every batch `b` of `rows x cols` elements, in
+/// square tiles so that both sides stay in cache lines.
+fn transpose_rows<T: Pod + Send + Sync>(src: &[T], dst: &mut [T], rows: usize, cols: usize) {
+    const TILE: usize = 32;
+    cpu::par_chunks_mut(dst, cols, cols, |row0, part| {
+        let n = part.len() / cols;
+        let mut r = 0;
+        while r < n {
+            // A tile never crosses a batch.
+            let (b, r_in) = ((row0 + r) / rows, (row0 + r) % rows);
+            let h = TILE.min(n - r).min(rows - r_in);
+            let plane = &src[b * rows * cols..(b + 1) * rows * cols];
+            for c0 in (0..cols).step_by(TILE) {
+                let w = TILE.min(cols - c0);
+                for i in 0..h {
+                    let out = &mut part[(r + i) * cols + c0..][..w];
+                    for (j, o) in out.iter_mut().enumerate() {
+                        *o = plane[(c0 + j) * rows + r_in + i];
+                    }
+                }
+            }
+            r += h;
+        }
+    });
 }

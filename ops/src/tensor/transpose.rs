@@ -77,6 +77,18 @@ mod tests {
             let xh = Tensor::from_f64(kiln_graph::DType::F16, &dims, &xf.to_f64_vec()).unwrap();
             assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&xh)], &[]), &[]).unwrap()[0].to_f64_vec(), want);
         }
+        // Batches of 2-D transposes (NCHW <-> NHWC, merged dims), tiles past 32 and
+        // ragged ones.
+        let dims = [2usize, 35, 9, 8];
+        for perm in [[0usize, 2, 3, 1], [0, 3, 1, 2], [1, 0, 2, 3], [2, 3, 0, 1]] {
+            let op = make("Transpose", 13, &[("perm", ints(&perm.map(|p| p as i64)))], 1, 1).unwrap();
+            let x = iota_f32(&dims);
+            let want = reference(&x.to_f64_vec(), &dims, &perm);
+            assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].to_f64_vec(), want, "perm {perm:?}");
+            let xb = Tensor::from_f64(kiln_graph::DType::U8, &dims, &x.to_f64_vec().iter().map(|v| v % 251.0).collect::<Vec<_>>()).unwrap();
+            let wb = reference(&xb.to_f64_vec(), &dims, &perm);
+            assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&xb)], &[]), &[]).unwrap()[0].to_f64_vec(), wb, "u8 perm {perm:?}");
+        }
         let default = make("Transpose", 13, &[], 1, 1).unwrap();
         let x = iota_f32(&[2, 3]);
         assert_eq!(run(default.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0], f32s(&[3, 2], &[0., 3., 1., 4., 2., 5.]));
