@@ -16,8 +16,10 @@
 //!   `Transpose` (perm 0, 3, 1, 2) that writes the original value (name and type
 //!   unchanged).
 //!
-//! Fewer than three convolutions that would convert leave the graph as it is: the
-//! transposes would cost more than they save.
+//! A convolution over a channels-first input whose readers all stay channels-first (a
+//! stem before a MaxPool) stays channels-first, and fewer than three convolutions that
+//! would convert leave the graph as it is: the transposes would cost more than they
+//! save.
 use super::{producers, PassContext};
 use kiln_graph::{Attr, DType, Graph, Node, Shape, ValueId, ValueType};
 
@@ -58,6 +60,27 @@ pub fn layout_nhwc_int8(g: &mut Graph, cx: &mut PassContext) -> usize {
             converted.push(n);
         }
     }
+    // A convolution over a channels-first input whose readers all stay channels-first
+    // (a stem before a MaxPool) would only add two transposes: it stays as it is.
+    let mut readers = vec![vec![]; g.values.len()];
+    for (n, node) in g.nodes.iter().enumerate() {
+        for &v in node.inputs.iter().flatten() {
+            readers[v].push(n);
+        }
+    }
+    let mut is_converted = vec![false; g.nodes.len()];
+    converted.iter().for_each(|&n| is_converted[n] = true);
+    for &n in converted.iter().rev() {
+        let node = &g.nodes[n];
+        let (x, out) = (node.inputs[0].expect("a converted node reads x"), node.outputs[0]);
+        let isolated = node.op_type == "QLinearConv" && !last[x] && !g.outputs.contains(&out) && readers[out].iter().all(|&r| !is_converted[r]);
+        if isolated {
+            is_converted[n] = false;
+            last[out] = false;
+            convs -= 1;
+        }
+    }
+    converted.retain(|&n| is_converted[n]);
     if convs < MIN_CONVS {
         return 0;
     }
@@ -70,8 +93,6 @@ pub fn layout_nhwc_int8(g: &mut Graph, cx: &mut PassContext) -> usize {
             twin[v] = Some(g.add_value(format!("{}.nhwc", g.values[v].name), t));
         }
     }
-    let mut is_converted = vec![false; g.nodes.len()];
-    converted.iter().for_each(|&n| is_converted[n] = true);
     let prod = producers(g);
     let mut first_needed = vec![false; g.values.len()];
     let mut to_last: Vec<(ValueId, ValueId)> = vec![];
