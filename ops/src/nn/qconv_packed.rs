@@ -317,6 +317,19 @@ impl PackedIntConv {
                 let (p0, p1) = (blk * BLOCK, ((blk + 1) * BLOCK).min(img));
                 // SAFETY: rows p0..p1 of image-and-group bg belong to this task alone.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((bg * (img + 1) + p0) * tw), (p1 - p0) * tw) };
+                #[cfg(target_endian = "little")]
+                if layout == Layout::Pairs && cg % 2 == 0 && cg == c {
+                    // Ungrouped, even channels: the block's pixels are one run of bytes, and
+                    // each word holds two consecutive values as little-endian i16.
+                    let src = &x[(b * img + p0) * c..(b * img + p1) * c];
+                    let halves: &mut [u16] = bytemuck::cast_slice_mut(dst);
+                    if signed {
+                        halves.iter_mut().zip(src).for_each(|(h, &v)| *h = (v as i8 as i16).wrapping_sub(zx as i16) as u16);
+                    } else {
+                        halves.iter_mut().zip(src).for_each(|(h, &v)| *h = (v as i16).wrapping_sub(zx as i16) as u16);
+                    }
+                    continue;
+                }
                 for (i, words) in dst.chunks_exact_mut(tw).enumerate() {
                     let src = &x[(b * img + p0 + i) * c + g * cg..][..cg];
                     match layout {
