@@ -248,12 +248,8 @@ impl PackedIntConv {
         }
         let p = &self.p;
         let (img, tw, cg) = (p.geo.input_size(), self.tw, p.in_per_group());
-        buf.resize(p.batch * p.group * (img + 1) * tw, 0);
+        self.reset_scratch(img, zx, buf);
         let (layout, per, signed) = (self.layout, self.layout.per_word(), self.x_signed);
-        let pad = layout.word(std::iter::empty(), zx, zx);
-        for image in buf.chunks_exact_mut((img + 1) * tw) {
-            image[img * tw..].fill(pad);
-        }
         const BLOCK: usize = 256;
         let blocks = img.div_ceil(BLOCK);
         let out = SharedPtr(buf.as_mut_ptr());
@@ -294,18 +290,25 @@ impl PackedIntConv {
         });
     }
 
+    /// Sizes the repacked input for `img` pixels per image and group, and fills each
+    /// one's padding row (pairs: 0, quads: `zx`).
+    fn reset_scratch(&self, img: usize, zx: i32, buf: &mut Vec<u32>) {
+        let tw = self.tw;
+        buf.resize(self.p.batch * self.p.group * (img + 1) * tw, 0);
+        let pad = self.layout.word(std::iter::empty(), zx, zx);
+        for image in buf.chunks_exact_mut((img + 1) * tw) {
+            image[img * tw..].fill(pad);
+        }
+    }
+
     /// Repacks a channels-last x (`[N, pixels, C]`) into the same words as
     /// [`Self::pack_input`]: a pixel's channels of a group are already side by side, so
     /// each pixel's words are its bytes widened (pairs of `x - zx`) or copied (quads).
     fn pack_input_nhwc(&self, x: &[u8], zx: i32, buf: &mut Vec<u32>) {
         let p = &self.p;
         let (img, tw, cg, c) = (p.geo.input_size(), self.tw, p.in_per_group(), p.in_channels);
-        buf.resize(p.batch * p.group * (img + 1) * tw, 0);
+        self.reset_scratch(img, zx, buf);
         let (layout, signed) = (self.layout, self.x_signed);
-        let pad = layout.word(std::iter::empty(), zx, zx);
-        for image in buf.chunks_exact_mut((img + 1) * tw) {
-            image[img * tw..].fill(pad);
-        }
         const BLOCK: usize = 256;
         let blocks = img.div_ceil(BLOCK);
         let out = SharedPtr(buf.as_mut_ptr());
@@ -369,12 +372,8 @@ impl PackedIntConv {
         let (img, tw, cg, fold) = (self.geo.input_size(), self.tw, p.in_per_group(), self.fold);
         let (rows, ow, iw) = (self.geo.input[0] * self.geo.input[1], self.geo.input[2], p.geo.input[2]);
         let (stride, pad_begin) = (p.geo.stride[2], p.geo.pad_begin[2]);
-        buf.resize(p.batch * p.group * (img + 1) * tw, 0);
+        self.reset_scratch(img, zx, buf);
         let (layout, per, signed) = (self.layout, self.layout.per_word(), self.x_signed);
-        let pad = layout.word(std::iter::empty(), zx, zx);
-        for image in buf.chunks_exact_mut((img + 1) * tw) {
-            image[img * tw..].fill(pad);
-        }
         // A row of the input, with its padding, covers every window of the row.
         let dilation = p.geo.dilation[2];
         let span = (ow - 1) * stride + (fold - 1) * dilation + 1;
