@@ -166,6 +166,10 @@ fn conv_converts(g: &Graph, node: &Node, types: &[Option<ValueType>]) -> bool {
     let (Some(x), Some(w)) = (node.inputs.first().copied().flatten(), node.inputs.get(3).copied().flatten()) else { return false };
     let Some(wt) = g.initializers.get(&w) else { return false };
     let Some(xt) = types.get(x).cloned().flatten() else { return false };
+    // Already channels-last (the pass ran before): its x is not `[N, C, H, W]`.
+    if !matches!(node.attr(CHANNELS_LAST_ATTR), None | Some(Attr::Int(0))) {
+        return false;
+    }
     // The kernels take constant filter zero points.
     if node.inputs.get(5).copied().flatten().is_some_and(|z| !g.initializers.contains_key(&z)) {
         return false;
