@@ -24,8 +24,9 @@ pub(crate) fn enumerate() -> Vec<wgpu::Adapter> {
     ADAPTERS
         .get_or_init(|| {
             let mut v = pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()));
-            // A GL context below 4.3 (NVIDIA's headless EGL gives 3.3) has no compute
-            // shaders: such an adapter cannot run a kernel, so it is not offered.
+            // An adapter that wgpu says has no compute shaders cannot run a kernel, so it
+            // is not offered. (NVIDIA's headless EGL adapter passes this check with a GL
+            // 3.3 context and fails when its device opens: `GpuUnavailable`.)
             v.retain(|a| {
                 let ok = a.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS);
                 if !ok {
