@@ -1,11 +1,12 @@
 //! The channels-last depthwise integer convolution (QLinearConv or ConvInteger with
 //! `kiln_channels_last`, one input and one output channel per group, 2-D): each output
 //! pixel sums, per filter tap, `(x - zx) * (w - zw)` over a contiguous run of channels.
-//! With AVX2 and a multiple of 16 channels, two taps at a time: their 16 channels of
-//! `x - zx` (i16) are interleaved and one `vpmaddwd` against the two taps' interleaved
-//! weights adds both products into 8 int32 sums; the filters are interleaved once per
-//! plan in the order the instruction reads them. Taps outside the input add nothing (they
-//! read `zx`). Sums are exact; the epilogue is the packed kernel's
+//! With AVX2 and a multiple of 16 channels, a row of output pixels at a time and two
+//! taps per instruction: the input columns under the row are widened to `x - zx` (i16)
+//! once per block of 16 channels, with two filter rows interleaved per column, and one
+//! `vpmaddwd` against the two taps' interleaved weights adds both products into 8 int32
+//! sums; the filters are interleaved once per plan in the order the kernel reads them.
+//! Taps outside the input add nothing (they read `zx`). Sums are exact; the epilogue is the packed kernel's
 //! ([`super::qconv_packed::run_params`]): `(acc + B) * (sx * sw[m] / sy)` in f32,
 //! rounded half to even, clamped around y's zero point, bit for bit the reference.
 use super::conv_cpu::ConvProblem;
@@ -26,9 +27,10 @@ pub(super) struct DepthwiseNhwc {
     epilogue: Epilogue,
     /// `[tap][channel]`: `w - zw`.
     w: Vec<i32>,
-    /// AVX2 only: per block of 16 channels and pair of taps (the last one padded with a
-    /// zero tap), the `vpmaddwd` operands for channels `[0..4, 8..12]` then
-    /// `[4..8, 12..16]` of the block: `[block][pair][2][16]` i16.
+    /// AVX2 only: per block of 16 channels and pair of taps (in the order
+    /// [`DepthwiseNhwc::row_avx2`] adds them, a missing partner a zero tap), the
+    /// `vpmaddwd` operands for channels `[0..4, 8..12]` then `[4..8, 12..16]` of the
+    /// block: `[block][pair][2][16]` i16.
     pairs: Vec<i16>,
     x_signed: bool,
     avx2: bool,
@@ -60,19 +62,38 @@ impl DepthwiseNhwc {
         let avx2 = cfg!(target_arch = "x86_64") && c % BLOCK == 0 && int8_kernel::chosen(tune, false).0 == Int8Isa::Avx2;
         let mut pairs = vec![];
         if avx2 {
-            let tap = |t: usize, m: usize| if t < taps { wt[t * c + m] as i16 } else { 0 };
+            let [_, kh, kw] = p.geo.kernel;
+            // Tap (row a, column e) of channel m, zero past the kernel's width.
+            let tap = |a: usize, e: usize, m: usize| if e < kw { wt[(a * kw + e) * c + m] as i16 } else { 0 };
             for blk in 0..c / BLOCK {
-                for pair in 0..taps.div_ceil(2) {
-                    let (t0, t1, m0) = (2 * pair, 2 * pair + 1, blk * BLOCK);
+                let m0 = blk * BLOCK;
+                // The order `row_avx2` reads them: per column the row pairs, then the
+                // last row of an odd height in pairs of neighbouring columns.
+                let mut groups = vec![];
+                for e in 0..kw {
+                    groups.extend((0..kh / 2).map(|r| [(2 * r, e), (2 * r + 1, e)]));
+                }
+                if kh % 2 == 1 {
+                    groups.extend((0..kw).step_by(2).map(|e| [(kh - 1, e), (kh - 1, e + 1)]));
+                }
+                for [(a0, e0), (a1, e1)] in groups {
                     // vpmaddwd's lanes after unpacklo / unpackhi of two 16-channel rows.
                     for l in LANES {
-                        pairs.extend([tap(t0, m0 + l), tap(t1, m0 + l)]);
+                        pairs.extend([tap(a0, e0, m0 + l), tap(a1, e1, m0 + l)]);
                     }
                 }
             }
         }
         Ok(DepthwiseNhwc { p, epilogue, w: wt, pairs, x_signed: x == DType::I8, avx2 })
     }
+}
+
+/// What [`DepthwiseNhwc::row_avx2`] keeps between the rows of a task: the widened
+/// input columns, and each filter row's first pixel in x (`None` in the padding).
+#[cfg(target_arch = "x86_64")]
+struct RowScratch {
+    cols: Vec<std::arch::x86_64::__m256i>,
+    rows: Vec<Option<usize>>,
 }
 
 /// The epilogue of a run, per channel.
@@ -112,18 +133,28 @@ impl CpuKernel for DepthwiseNhwc {
         cpu::par_ranges(self.p.batch * oh, ow * c * g.kernel_size(), |start, end| {
             let mut taps: Vec<Option<usize>> = vec![None; g.kernel_size()];
             let mut acc = vec![0i32; c];
+            #[cfg(target_arch = "x86_64")]
+            let mut scratch = RowScratch { cols: Vec::new(), rows: Vec::new() };
             for row in start..end {
                 let (b, oy) = (row / oh, row % oh);
+                #[cfg(target_arch = "x86_64")]
+                if self.avx2 && !epi.int32 {
+                    // SAFETY: AVX2 is available (chosen at plan time), x has the planned
+                    // size (run_params), and output row (b, oy) is this task's.
+                    unsafe {
+                        let dst = out.get().add((b * oh + oy) * ow * c);
+                        match (g.kernel[1..] == [3, 3], self.x_signed) {
+                            (true, false) => self.row_avx2::<3, 3, false>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
+                            (true, true) => self.row_avx2::<3, 3, true>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
+                            (false, false) => self.row_avx2::<0, 0, false>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
+                            (false, true) => self.row_avx2::<0, 0, true>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
+                        }
+                    }
+                    continue;
+                }
                 for ox in 0..ow {
                     self.tap_offsets(b, oy, ox, &mut taps);
                     let at = ((b * oh + oy) * ow + ox) * c;
-                    #[cfg(target_arch = "x86_64")]
-                    if self.avx2 && !epi.int32 {
-                        // SAFETY: AVX2 is available (chosen at plan time), the offsets lie
-                        // within x, and pixel `at` of the output is this task's.
-                        unsafe { self.pixel_avx2(xs, &taps, zx, &epi, y_signed, out.get().add(at)) };
-                        continue;
-                    }
                     self.pixel(xs, &taps, zx, &mut acc);
                     // SAFETY: output pixel (b, oy, ox) belongs to this task alone; an Int32
                     // epilogue's output is i32, else one byte per value.
@@ -181,53 +212,102 @@ impl DepthwiseNhwc {
         }
     }
 
-    /// One output pixel, requantized, 16 channels at a time with AVX2.
+    /// One output row, requantized, 16 channels at a time with AVX2. Per block of
+    /// channels the input columns under the row are widened once into `cols`: per
+    /// padded column `u` (input column `u - pad`), the filter rows in pairs `(2r, 2r +
+    /// 1)` interleaved, and with an odd kernel height the last row interleaved with
+    /// itself `dilation` columns on, so that each output pixel adds its taps with
+    /// `kw * (kh / 2) + kw.div_ceil(2) * (kh % 2)` pairs of `vpmaddwd` reading columns
+    /// its neighbours share.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn pixel_avx2(&self, xs: &[u8], taps: &[Option<usize>], zx: i32, epi: &Epi, y_signed: bool, dst: *mut u8) {
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn row_avx2<const KH: usize, const KW: usize, const SIGNED: bool>(&self, xs: &[u8], b: usize, oy: usize, zx: i32, epi: &Epi, y_signed: bool, dst: *mut u8, scratch: &mut RowScratch) {
         use std::arch::x86_64::*;
+        let g = &self.p.geo;
+        // A 3x3 kernel is compiled with its size known (KH, KW); 0 takes the geometry's.
+        let (kh, kw) = if KH > 0 { (KH, KW) } else { (g.kernel[1], g.kernel[2]) };
+        let ([_, ih, iw], [_, ow]) = (g.input, [g.output[1], g.output[2]]);
+        let (sw, (dh, dw), pw) = (g.stride[2], (g.dilation[1], g.dilation[2]), g.pad_begin[2]);
         let c = self.p.out_channels;
-        let pairs = taps.len().div_ceil(2);
+        let (vpairs, odd) = (kh / 2, kh % 2 == 1);
+        // Vectors per padded column, and padded columns under the row.
+        let per_col = 2 * (vpairs + odd as usize);
+        let span = (ow - 1) * sw + (kw - 1) * dw + 1;
+        let RowScratch { cols, rows } = scratch;
+        cols.resize(span * per_col, _mm256_setzero_si256());
+        let y0 = (oy * g.stride[1]) as i64 - g.pad_begin[1];
+        rows.clear();
+        rows.extend((0..kh).map(|a| y0 + (a * dh) as i64).map(|yy| (0..ih as i64).contains(&yy).then(|| (b * ih + yy as usize) * iw)));
         let zxv = _mm256_set1_epi16(zx as i16);
-        let load = |off: Option<usize>, m0: usize| -> __m256i {
-            match off {
-                // SAFETY: off + m0 + 16 <= off + c, within x (checked by run_params).
-                Some(o) => unsafe {
-                    let raw = _mm_loadu_si128(xs.as_ptr().add(o + m0) as *const __m128i);
-                    let wide = if self.x_signed { _mm256_cvtepi8_epi16(raw) } else { _mm256_cvtepu8_epi16(raw) };
+        let load = |row: Option<usize>, xx: i64, m0: usize| -> __m256i {
+            match row {
+                // SAFETY: pixel (row, xx) lies in x, and its channels m0..m0 + 16 too.
+                Some(r) if (0..iw as i64).contains(&xx) => unsafe {
+                    let raw = _mm_loadu_si128(xs.as_ptr().add((r + xx as usize) * c + m0) as *const __m128i);
+                    let wide = if SIGNED { _mm256_cvtepi8_epi16(raw) } else { _mm256_cvtepu8_epi16(raw) };
                     _mm256_sub_epi16(wide, zxv)
                 },
-                None => _mm256_setzero_si256(),
+                _ => _mm256_setzero_si256(),
             }
         };
+        let groups = self.pairs.len() / (c / BLOCK * 2 * BLOCK);
         let (lo, hi) = (_mm256_set1_ps(epi.lo), _mm256_set1_ps(epi.hi));
         let zy = _mm256_set1_epi32(epi.zy);
         for blk in 0..c / BLOCK {
             let m0 = blk * BLOCK;
-            let w = self.pairs.as_ptr().add(blk * pairs * 2 * BLOCK);
-            let (mut acc_a, mut acc_b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            for pair in 0..pairs {
-                let x0 = load(taps[2 * pair], m0);
-                let x1 = load(taps.get(2 * pair + 1).copied().flatten(), m0);
-                let wa = _mm256_loadu_si256(w.add(pair * 2 * BLOCK) as *const __m256i);
-                let wb = _mm256_loadu_si256(w.add(pair * 2 * BLOCK + BLOCK) as *const __m256i);
-                acc_a = _mm256_add_epi32(acc_a, _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1), wa));
-                acc_b = _mm256_add_epi32(acc_b, _mm256_madd_epi16(_mm256_unpackhi_epi16(x0, x1), wb));
+            for (u, col) in cols.chunks_exact_mut(per_col).enumerate() {
+                let xx = u as i64 - pw;
+                for r in 0..vpairs {
+                    let (x0, x1) = (load(rows[2 * r], xx, m0), load(rows[2 * r + 1], xx, m0));
+                    col[2 * r] = _mm256_unpacklo_epi16(x0, x1);
+                    col[2 * r + 1] = _mm256_unpackhi_epi16(x0, x1);
+                }
+                if odd {
+                    let (x0, x1) = (load(rows[kh - 1], xx, m0), load(rows[kh - 1], xx + dw as i64, m0));
+                    col[2 * vpairs] = _mm256_unpacklo_epi16(x0, x1);
+                    col[2 * vpairs + 1] = _mm256_unpackhi_epi16(x0, x1);
+                }
             }
-            // acc_a holds channels [0..4, 8..12] of the block, acc_b [4..8, 12..16]: the
-            // lane-ordered multipliers and biases line up with them.
-            let requant = |acc: __m256i, at: usize| -> __m256i {
-                // SAFETY: at + 8 <= c, the length of both lane-ordered vectors.
-                let (b, m) = unsafe { (_mm256_loadu_si256(epi.lane_bias.as_ptr().add(at) as *const __m256i), _mm256_loadu_ps(epi.lane_mult.as_ptr().add(at))) };
-                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc, b)), m);
-                let r = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
-                _mm256_add_epi32(_mm256_cvttps_epi32(r), zy)
-            };
-            // packs_epi32 per 128-bit lane puts [0..4, 4..8 | 8..12, 12..16] back in order.
-            let words = _mm256_packs_epi32(requant(acc_a, m0), requant(acc_b, m0 + 8));
-            let bytes = if y_signed { _mm256_packs_epi16(words, words) } else { _mm256_packus_epi16(words, words) };
-            let ordered = _mm256_permute4x64_epi64(bytes, 0b1000);
-            _mm_storeu_si128(dst.add(m0) as *mut __m128i, _mm256_castsi256_si128(ordered));
+            let w = self.pairs.as_ptr().add(blk * groups * 2 * BLOCK) as *const __m256i;
+            let bias = (_mm256_loadu_si256(epi.lane_bias.as_ptr().add(m0) as *const __m256i), _mm256_loadu_si256(epi.lane_bias.as_ptr().add(m0 + 8) as *const __m256i));
+            let mult = (_mm256_loadu_ps(epi.lane_mult.as_ptr().add(m0)), _mm256_loadu_ps(epi.lane_mult.as_ptr().add(m0 + 8)));
+            for ox in 0..ow {
+                let (mut acc_a, mut acc_b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                let mut wi = 0;
+                let mut add = |v: *const __m256i| {
+                    // SAFETY: v points at a column's pair of vectors; wi counts the
+                    // block's pair groups.
+                    unsafe {
+                        acc_a = _mm256_add_epi32(acc_a, _mm256_madd_epi16(*v, _mm256_loadu_si256(w.add(2 * wi))));
+                        acc_b = _mm256_add_epi32(acc_b, _mm256_madd_epi16(*v.add(1), _mm256_loadu_si256(w.add(2 * wi + 1))));
+                    }
+                    wi += 1;
+                };
+                let base = cols.as_ptr().add(ox * sw * per_col);
+                for e in 0..kw {
+                    for r in 0..vpairs {
+                        add(base.add(e * dw * per_col + 2 * r));
+                    }
+                }
+                if odd {
+                    for e in (0..kw).step_by(2) {
+                        add(base.add(e * dw * per_col + 2 * vpairs));
+                    }
+                }
+                // acc_a holds channels [0..4, 8..12] of the block, acc_b [4..8, 12..16]: the
+                // lane-ordered multipliers and biases line up with them.
+                let requant = |acc: __m256i, b: __m256i, m: __m256| -> __m256i {
+                    let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc, b)), m);
+                    let r = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
+                    _mm256_add_epi32(_mm256_cvttps_epi32(r), zy)
+                };
+                // packs_epi32 per 128-bit lane puts [0..4, 4..8 | 8..12, 12..16] back in order.
+                let words = _mm256_packs_epi32(requant(acc_a, bias.0, mult.0), requant(acc_b, bias.1, mult.1));
+                let bytes = if y_signed { _mm256_packs_epi16(words, words) } else { _mm256_packus_epi16(words, words) };
+                let ordered = _mm256_permute4x64_epi64(bytes, 0b1000);
+                _mm_storeu_si128(dst.add(ox * c + m0) as *mut __m128i, _mm256_castsi256_si128(ordered));
+            }
         }
     }
 }

@@ -201,6 +201,10 @@ fn channels_last_qlinear_conv_variants_equal_the_exact_reference() {
         case(&[1, 32, 9, 10], &[32, 1, 3, 3], 32, 1, 1, [1; 4], U8, I8, true),        // depthwise, two AVX2 blocks
         case(&[2, 48, 11, 12], &[48, 1, 3, 3], 48, 2, 1, [1, 0, 1, 1], U8, I8, false), // depthwise, stride 2, uneven pads
         case(&[1, 16, 6, 5], &[16, 1, 5, 5], 16, 1, 2, [4; 4], I8, U8, true),         // depthwise, odd tap count, dilated
+        case(&[1, 16, 5, 9], &[16, 1, 2, 3], 16, 1, 1, [0, 1, 1, 0], U8, I8, false),  // depthwise, even height
+        case(&[1, 16, 6, 7], &[16, 1, 3, 3], 16, 1, 1, [1; 4], I8, I8, false),        // depthwise 3x3, signed input
+        case(&[2, 32, 4, 11], &[32, 1, 1, 3], 32, 2, 1, [0, 1, 0, 1], U8, I8, true),  // depthwise, one row, stride 2
+        case(&[1, 16, 7, 8], &[16, 1, 3, 4], 16, 1, 2, [2, 3, 2, 3], U8, I8, false),  // depthwise, even width, dilated
         case(&[1, 24, 7, 9], &[40, 24, 1, 1], 1, 1, 1, [0; 4], U8, I8, false),        // pointwise
     ]);
     for (n, c) in all.iter().enumerate() {
