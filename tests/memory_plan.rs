@@ -10,7 +10,7 @@ use kiln::runtime::{DeviceChoice, Session, SessionOptions};
 fn poisoned_recycled_buffers_do_not_change_results_and_the_plan_is_tight() {
     // Before any session exists in this process (the runtime reads it once).
     std::env::set_var("KILN_POISON_BUFFERS", "1");
-    for model in ["resnet18", "mobilenet_v2", "squeezenet1_1", "bert_tiny", "gpt2_tiny", "ppocr_det"] {
+    for model in ["resnet18", "mobilenet_v2", "squeezenet1_1", "bert_tiny", "gpt2_tiny", "ppocr_det", "mobilenet_v2_int8_qop", "resnet18_int8_qdq"] {
         let dir = zoo().join(model);
         let mut g = kiln::compiler::onnx::import_file(&dir.join("model.onnx")).unwrap();
         kiln::compiler::passes::optimize_for(&mut g, kiln::compiler::passes::Target::Cpu);
@@ -20,10 +20,11 @@ fn poisoned_recycled_buffers_do_not_change_results_and_the_plan_is_tight() {
                 let inputs: Vec<(&str, &kiln::graph::Tensor)> = set.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
                 let (outs, stats) = s.run_with_stats(&inputs).unwrap();
                 for (got, want) in outs.iter().zip(&set.outputs) {
-                    let ok = if model == "ppocr_det" {
-                        got.to_f64_vec().iter().zip(want.to_f64_vec()).all(|(a, b)| (a - b).abs() <= 1e-6)
-                    } else {
-                        rel_l2(got, want) < 1e-4
+                    let ok = match model {
+                        "ppocr_det" => got.to_f64_vec().iter().zip(want.to_f64_vec()).all(|(a, b)| (a - b).abs() <= 1e-6),
+                        // As in the zoo test (tests/zoo.rs says why).
+                        "resnet18_int8_qdq" => rel_l2(got, want) < 2e-2,
+                        _ => rel_l2(got, want) < 1e-4,
                     };
                     assert!(ok, "{model} round {round} {}: rel L2 {}", set.dir.display(), rel_l2(got, want));
                 }

@@ -229,7 +229,7 @@ impl Requantize {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{pack_pairs_avx2, store_tile_avx2};
+pub(crate) use x86::{pack_pairs_avx2, requantize_rows_avx2, store_tile_avx2};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -382,6 +382,39 @@ mod x86 {
                 // The low mantissa bits of v + 1.5 * 2^23 are v rounded half to even.
                 let q = _mm256_add_epi32(_mm256_castps_si256(_mm256_add_ps(v, round)), bias);
                 _mm256_storeu_si256(o.as_mut_ptr().add(8 * h) as *mut __m256i, q);
+            }
+        }
+    }
+
+    /// [`super::Requantize::tile`] and the store of a channels-last output in one pass:
+    /// pixel `j < count`'s first `channels` requantized sums go, as bytes, to `dst + j *
+    /// stride`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn requantize_rows_avx2(r: &super::Requantize, c: &[i32; PX * CH], signed: bool, dst: *mut u8, stride: usize, count: usize, channels: usize) {
+        const _: () = assert!(CH == 16);
+        let (lo, hi) = (_mm256_set1_ps(r.lo), _mm256_set1_ps(r.hi));
+        let round = _mm256_set1_ps(super::ROUND);
+        let bias = _mm256_set1_epi32(r.zy.wrapping_sub(super::ROUND.to_bits() as i32));
+        let shift = [_mm256_loadu_si256(r.shift.as_ptr() as *const __m256i), _mm256_loadu_si256(r.shift.as_ptr().add(8) as *const __m256i)];
+        let mult = [_mm256_loadu_ps(r.mult.as_ptr()), _mm256_loadu_ps(r.mult.as_ptr().add(8))];
+        for j in 0..count {
+            let q = |h: usize| {
+                let acc = _mm256_add_epi32(_mm256_loadu_si256(c.as_ptr().add(j * CH + 8 * h) as *const __m256i), shift[h]);
+                let v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), mult[h]), lo), hi);
+                // The low mantissa bits of v + 1.5 * 2^23 are v rounded half to even.
+                _mm256_add_epi32(_mm256_castps_si256(_mm256_add_ps(v, round)), bias)
+            };
+            // packs_epi32 interleaves the halves per 128-bit lane; the permutes restore the order.
+            let words = _mm256_permute4x64_epi64(_mm256_packs_epi32(q(0), q(1)), 0b1101_1000);
+            let bytes = if signed { _mm256_packs_epi16(words, words) } else { _mm256_packus_epi16(words, words) };
+            let v = _mm256_castsi256_si128(_mm256_permute4x64_epi64(bytes, 0b1000));
+            let d = dst.add(j * stride);
+            if channels == CH {
+                _mm_storeu_si128(d as *mut __m128i, v);
+            } else {
+                let mut tmp = [0u8; CH];
+                _mm_storeu_si128(tmp.as_mut_ptr() as *mut __m128i, v);
+                std::ptr::copy_nonoverlapping(tmp.as_ptr(), d, channels);
             }
         }
     }

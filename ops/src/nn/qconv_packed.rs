@@ -508,41 +508,20 @@ impl PackedIntConv {
                 }
             }
             Some(r) => {
+                #[cfg(target_arch = "x86_64")]
+                if self.isa != Int8Isa::Portable {
+                    int8_kernel::requantize_rows_avx2(r, c, run.y_signed, run.out.get().add(at), stride, count, mcount);
+                    return;
+                }
                 r.tile(self.isa, c, vals);
                 let dst = run.out.get();
                 for (j, row) in vals.iter().enumerate().take(count) {
-                    let d = std::slice::from_raw_parts_mut(dst.add(at + j * stride), mcount);
-                    #[cfg(target_arch = "x86_64")]
-                    if self.isa != Int8Isa::Portable {
-                        store_row_avx2(row, run.y_signed, d);
-                        continue;
-                    }
-                    for (o, &v) in d.iter_mut().zip(row) {
-                        *o = v as u8;
+                    for (l, &v) in row.iter().enumerate().take(mcount) {
+                        *dst.add(at + j * stride + l) = v as u8;
                     }
                 }
             }
         }
-    }
-}
-
-/// One pixel's requantized channels (in the output range) as bytes, 16 at a time.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn store_row_avx2(row: &[i32; CH], signed: bool, dst: &mut [u8]) {
-    use std::arch::x86_64::*;
-    const _: () = assert!(CH == 16);
-    let (a, b) = (_mm256_loadu_si256(row.as_ptr() as *const __m256i), _mm256_loadu_si256(row.as_ptr().add(8) as *const __m256i));
-    // packs_epi32 interleaves the halves per 128-bit lane; the permutes restore the order.
-    let words = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0b1101_1000);
-    let bytes = if signed { _mm256_packs_epi16(words, words) } else { _mm256_packus_epi16(words, words) };
-    let v = _mm256_castsi256_si128(_mm256_permute4x64_epi64(bytes, 0b1000));
-    if dst.len() == CH {
-        _mm_storeu_si128(dst.as_mut_ptr() as *mut __m128i, v);
-    } else {
-        let mut tmp = [0u8; CH];
-        _mm_storeu_si128(tmp.as_mut_ptr() as *mut __m128i, v);
-        dst.copy_from_slice(&tmp[..dst.len()]);
     }
 }
 

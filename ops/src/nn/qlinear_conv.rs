@@ -55,6 +55,12 @@ fn permute_channels(src: &[u8], n: usize, c: usize, to_first: bool) -> Vec<u8> {
 }
 
 impl Op for QLinearConv {
+    /// Every kernel (the reference, the packed and the depthwise ones) writes each
+    /// output element.
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "QLinearConv"
     }
