@@ -7,8 +7,10 @@
 //!
 //! - A QLinearConv (2-D, constant filters) that the CPU's channels-last kernels take —
 //!   depthwise with one channel per group, or ungrouped with at least 4 output channels
-//!   — gets `kiln_channels_last = 1`; an input that is not channels-last gets a
-//!   `Transpose` (perm 0, 2, 3, 1).
+//!   — gets `kiln_channels_last = 1`; over an input that is not channels-last, an
+//!   ungrouped one gets `kiln_channels_last = 2` (it reads the planes, writes pixels:
+//!   a stem over the model's input) and a depthwise one a `Transpose` (perm 0, 2, 3, 1)
+//!   of its input.
 //! - com.microsoft QLinearAdd of two values of one type, one of them channels-last, runs
 //!   channels-last (the other gets a `Transpose` if it has none);
 //!   QLinearGlobalAveragePool of a channels-last value gets `channels_last = 1`.
@@ -102,7 +104,11 @@ pub fn layout_nhwc_int8(g: &mut Graph, cx: &mut PassContext) -> usize {
             // The data inputs: x of QLinearConv and QLinearGlobalAveragePool, A and B of
             // QLinearAdd (the rest are scales, zero points, filters and biases).
             let data: &[usize] = if node.op_type == "QLinearAdd" { &[0, 3] } else { &[0] };
-            for &i in data {
+            // An ungrouped convolution over a channels-first input reads it as it is and
+            // writes channels-last (`kiln_channels_last = 2`): its kernel repacks the
+            // input planes either way, so a transpose would be wasted.
+            let reads_first = node.op_type == "QLinearConv" && node.inputs[0].is_some_and(|x| twin[x].is_none()) && matches!(node.attr("group"), None | Some(Attr::Int(1)));
+            for &i in data.iter().filter(|_| !reads_first) {
                 let Some(x) = node.inputs[i] else { continue };
                 node.inputs[i] = Some(match twin[x] {
                     Some(t) => t,
@@ -119,7 +125,7 @@ pub fn layout_nhwc_int8(g: &mut Graph, cx: &mut PassContext) -> usize {
             node.outputs[0] = twin[node.outputs[0]].expect("a converted node's output is channels-last");
             let attr = if node.op_type == "QLinearConv" { CHANNELS_LAST_ATTR } else { "channels_last" };
             if node.op_type != "QLinearAdd" {
-                node.attrs.insert(attr.into(), Attr::Int(1));
+                node.attrs.insert(attr.into(), Attr::Int(if reads_first { 2 } else { 1 }));
             }
         } else {
             for x in node.inputs.iter().flatten() {

@@ -88,12 +88,12 @@ impl CpuKernel for ConvInteger {
 
     /// The instruction set of the packed integer kernel ([`qconv_packed`]).
     fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
-        qconv_packed::tune_params(&self.conv, inputs, [0, 1, 3], false)
+        qconv_packed::tune_params(&self.conv, inputs, [0, 1, 3], Default::default())
     }
 
     /// Packs constant filters once for the fast integer kernels.
     fn prepare(&self, inputs: &[Option<Arg>], _outputs: &[TensorType], tune: &TuneValues) -> Result<Option<Box<dyn CpuKernel>>> {
-        qconv_packed::prepare(&self.conv, inputs, [0, 1, 3], Epilogue::Int32, tune, false)
+        qconv_packed::prepare(&self.conv, inputs, [0, 1, 3], Epilogue::Int32, tune, Default::default())
     }
 }
 

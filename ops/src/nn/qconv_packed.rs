@@ -24,6 +24,7 @@
 use super::conv_cpu::ConvProblem;
 use super::qconv_depthwise::DepthwiseIntConv;
 use super::qconv_depthwise_nhwc::DepthwiseNhwc;
+use super::qlinear_conv::ChannelsLast;
 use super::window::Geometry;
 use crate::cpu::{self, CpuKernel, SharedPtr};
 use crate::linalg::int8_kernel::{self, pack_constant, Int8Isa, Layout, Requantize, CH, PX};
@@ -82,8 +83,8 @@ pub(super) struct PackedIntConv {
     /// Per output channel: the filter's sum (quads only: folds x's zero point out).
     row_sums: Vec<i32>,
     x_signed: bool,
-    /// x and y are channels-last (`[N, H, W, C]`: `kiln_channels_last`).
-    channels_last: bool,
+    /// Whether x and y are channels-last (`[N, H, W, C]`: `kiln_channels_last`).
+    channels_last: ChannelsLast,
     /// The repacked input, kept between runs.
     scratch: Mutex<Vec<u32>>,
 }
@@ -105,7 +106,7 @@ pub(super) fn quads_ok(x: DType, w: &Tensor, zw: &[i32]) -> bool {
 
 impl PackedIntConv {
     /// Packs constant filters `w` (zero points `zw`: one or one per output channel).
-    pub(super) fn new(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], tune: &TuneValues, channels_last: bool) -> Result<Option<PackedIntConv>> {
+    pub(super) fn new(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], tune: &TuneValues, channels_last: ChannelsLast) -> Result<Option<PackedIntConv>> {
         if !eligible(&p) {
             return Ok(None);
         }
@@ -116,14 +117,14 @@ impl PackedIntConv {
 
     /// Packs for a given instruction set and layout (the portable kernel runs both).
     #[allow(clippy::too_many_arguments)]
-    fn with_isa(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], isa: Int8Isa, layout: Layout, channels_last: bool) -> Result<PackedIntConv> {
+    fn with_isa(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], isa: Int8Isa, layout: Layout, channels_last: ChannelsLast) -> Result<PackedIntConv> {
         let (mg, cg, all_taps) = (p.out_per_group(), p.in_per_group(), p.geo.kernel_size());
         let wv = qlinear::ints(w)?;
         if wv.len() != p.out_channels * cg * all_taps || (zw.len() != 1 && zw.len() != p.out_channels) {
             return Err(OpError::Invalid(format!("filters of {} values and {} zero points for {} output channels", wv.len(), zw.len(), p.out_channels)));
         }
         // (Folding repacks NCHW rows: a channels-last input keeps its pixels.)
-        let fold = if cg < FOLD_BELOW_CHANNELS && !channels_last { p.geo.kernel[2] } else { 1 };
+        let fold = if cg < FOLD_BELOW_CHANNELS && !channels_last.x { p.geo.kernel[2] } else { 1 };
         let geo = folded(&p.geo, fold);
         // Per tap of the folded window, the values (channel, filter column).
         let (taps, tap_len) = (all_taps / fold, fold * cg);
@@ -240,7 +241,7 @@ impl PackedIntConv {
     /// image and group the padding: pairs of `x - zx` (padding 0), or quads of raw bytes
     /// (padding `zx`).
     fn pack_input(&self, x: &[u8], zx: i32, buf: &mut Vec<u32>) {
-        if self.channels_last {
+        if self.channels_last.x {
             return self.pack_input_nhwc(x, zx, buf);
         }
         if self.fold > 1 {
@@ -451,7 +452,7 @@ impl PackedIntConv {
             unsafe { self.isa.tile(self.layout, taps, tw, image, to, wblock, &mut c) };
             let q0 = tile * PX;
             let count = PX.min(plane - q0);
-            if self.channels_last {
+            if self.channels_last.y {
                 // SAFETY: channels m0..m0 + mcount of pixels q0..q0 + count of image b.
                 unsafe { self.store_nhwc(run, requant.as_ref(), &c, &shift, &mut vals, (b * plane + q0) * p.out_channels + m0, count, mcount) };
                 continue;
@@ -623,14 +624,14 @@ fn tap_offsets(geo: &Geometry, taps: usize, tw: usize, t0: usize, t1: usize, out
 
 /// The problem and fast-path inputs of an integer convolution: x (input `xi`), its
 /// constant filters (`wi`) and their constant zero points (`zwi`, absent: 0).
-fn constant_filters<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg<'a>>], [xi, wi, zwi]: [usize; 3], channels_last: bool) -> Option<(ConvProblem, DType, &'a Tensor, Vec<i32>)> {
+fn constant_filters<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg<'a>>], [xi, wi, zwi]: [usize; 3], channels_last: ChannelsLast) -> Option<(ConvProblem, DType, &'a Tensor, Vec<i32>)> {
     let (x, w) = (inputs.get(xi).copied().flatten()?, inputs.get(wi).copied().flatten()?);
     let wv = w.value?;
     let zw = match inputs.get(zwi).copied().flatten() {
         Some(z) => qlinear::ints(z.value?).ok()?,
         None => vec![0],
     };
-    let dims = if channels_last { super::qlinear_conv::channels_first(x.dims()).ok()? } else { x.dims().to_vec() };
+    let dims = if channels_last.x { super::qlinear_conv::channels_first(x.dims()).ok()? } else { x.dims().to_vec() };
     let p = conv.problem(&dims, w.dims()).ok()?;
     if p.batch * p.geo.output_size() == 0 || (zw.len() != 1 && zw.len() != p.out_channels) {
         return None;
@@ -640,10 +641,12 @@ fn constant_filters<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg<'a
 
 /// The tuning parameters of an integer convolution's fast kernel (inputs x, w, zw at
 /// `idx`): the packed or the depthwise kernel's instruction set.
-pub(super) fn tune_params(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], channels_last: bool) -> Vec<TuneParam> {
+pub(super) fn tune_params(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], channels_last: ChannelsLast) -> Vec<TuneParam> {
+    let (both, neither) = (channels_last.x && channels_last.y, !channels_last.x && !channels_last.y);
     match constant_filters(conv, inputs, idx, channels_last) {
-        Some((p, ..)) if channels_last && DepthwiseNhwc::eligible(&p) => DepthwiseNhwc::params(),
-        Some((p, ..)) if !channels_last && DepthwiseIntConv::eligible(&p) => DepthwiseIntConv::params(),
+        Some((p, ..)) if both && DepthwiseNhwc::eligible(&p) => DepthwiseNhwc::params(),
+        Some((p, ..)) if neither && DepthwiseIntConv::eligible(&p) => DepthwiseIntConv::params(),
+        Some((p, ..)) if p.is_depthwise() => vec![],
         Some((p, dx, w, zw)) if eligible(&p) => params(quads_ok(dx, w, &zw)),
         _ => vec![],
     }
@@ -652,13 +655,18 @@ pub(super) fn tune_params(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>
 /// The fast kernel of an integer convolution with constant filters: the depthwise
 /// kernel ([`super::qconv_depthwise`], channels-last [`super::qconv_depthwise_nhwc`]) or
 /// the packed indirect GEMM (either layout); `None` leaves the op's direct kernel.
-pub(super) fn prepare(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], epilogue: Epilogue, tune: &TuneValues, channels_last: bool) -> Result<Option<Box<dyn CpuKernel>>> {
+pub(super) fn prepare(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], epilogue: Epilogue, tune: &TuneValues, channels_last: ChannelsLast) -> Result<Option<Box<dyn CpuKernel>>> {
     let Some((p, dx, w, zw)) = constant_filters(conv, inputs, idx, channels_last) else { return Ok(None) };
-    if channels_last && DepthwiseNhwc::eligible(&p) {
+    let (both, neither) = (channels_last.x && channels_last.y, !channels_last.x && !channels_last.y);
+    if both && DepthwiseNhwc::eligible(&p) {
         return Ok(Some(Box::new(DepthwiseNhwc::new(p, epilogue, dx, w, &zw, tune)?)));
     }
-    if !channels_last && DepthwiseIntConv::eligible(&p) {
+    if neither && DepthwiseIntConv::eligible(&p) {
         return Ok(Some(Box::new(DepthwiseIntConv::new(p, epilogue, dx, w, &zw, tune)?)));
+    }
+    // (A depthwise convolution changing layout keeps the reference.)
+    if p.is_depthwise() {
+        return Ok(None);
     }
     Ok(PackedIntConv::new(p, epilogue, dx, w, &zw, tune, channels_last)?.map(|k| Box::new(k) as Box<dyn CpuKernel>))
 }

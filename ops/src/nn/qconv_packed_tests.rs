@@ -190,9 +190,10 @@ fn move_channels(t: &Tensor, nchw: &[usize], to_last: bool) -> Tensor {
     Tensor::from_f64(t.dtype(), &dims, &out).unwrap()
 }
 
-/// `kiln_channels_last` QLinearConv (x and y `[N, H, W, C]`): every variant (the
-/// packed kernel reading and writing pixels of channels, the channels-last depthwise
-/// kernel with and without AVX2, the transposing reference) gives the exact result.
+/// `kiln_channels_last` QLinearConv (x and y `[N, H, W, C]`, or y only): every variant
+/// (the packed kernel reading and writing pixels of channels, or reading planes and
+/// writing pixels, the channels-last depthwise kernel with and without AVX2, the
+/// transposing reference) gives the exact result.
 #[test]
 fn channels_last_qlinear_conv_variants_equal_the_exact_reference() {
     use DType::{I8, U8};
@@ -208,17 +209,22 @@ fn channels_last_qlinear_conv_variants_equal_the_exact_reference() {
         case(&[1, 24, 7, 9], &[40, 24, 1, 1], 1, 1, 1, [0; 4], U8, I8, false),        // pointwise
     ]);
     for (n, c) in all.iter().enumerate() {
-        let (mut t, want) = qlinear_case(c, n);
-        let out: Vec<usize> = [c.x[0], c.w[0]].into_iter().chain(c.out()).collect();
-        t[0] = move_channels(&t[0], &c.x, true);
-        let mut attrs = c.attrs();
-        attrs.push(("kiln_channels_last", Attr::Int(1)));
-        let op = make("QLinearConv", 10, &attrs, 9, 1).unwrap();
-        let refs: Vec<Option<&Tensor>> = t.iter().map(Some).collect();
-        let variants = run_cpu_variants(op.as_ref(), &as_inputs(&refs, &[1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
-        for (name, outs) in &variants {
-            assert_eq!(outs[0].dims(), [out[0], out[2], out[3], out[1]], "case {n}: variant {name}");
-            assert_eq!(move_channels(&outs[0], &out, false).to_f64_vec(), want, "case {n} x{:?} w{:?}: channels-last variant {name}", c.x, c.w);
+        // kiln_channels_last 1: x and y channels-last; 2: y only (a stem).
+        for mode in [1, 2] {
+            let (mut t, want) = qlinear_case(c, n);
+            let out: Vec<usize> = [c.x[0], c.w[0]].into_iter().chain(c.out()).collect();
+            if mode == 1 {
+                t[0] = move_channels(&t[0], &c.x, true);
+            }
+            let mut attrs = c.attrs();
+            attrs.push(("kiln_channels_last", Attr::Int(mode)));
+            let op = make("QLinearConv", 10, &attrs, 9, 1).unwrap();
+            let refs: Vec<Option<&Tensor>> = t.iter().map(Some).collect();
+            let variants = run_cpu_variants(op.as_ref(), &as_inputs(&refs, &[1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
+            for (name, outs) in &variants {
+                assert_eq!(outs[0].dims(), [out[0], out[2], out[3], out[1]], "case {n} mode {mode}: variant {name}");
+                assert_eq!(move_channels(&outs[0], &out, false).to_f64_vec(), want, "case {n} x{:?} w{:?}: channels-last mode {mode} variant {name}", c.x, c.w);
+            }
         }
     }
 }

@@ -4,8 +4,9 @@
 //! f32 as onnxruntime computes them. w's scale and zero point per tensor or per output
 //! channel; the others per tensor; the bias B int32 per output channel.
 //!
-//! Kiln's attribute `kiln_channels_last = 1` (set by the compiler's `layout-nhwc-int8`
-//! pass, CPU only) makes x and y channels-last, `[N, H, W, C]`, 2-D only; the filters
+//! Kiln's attribute `kiln_channels_last` (set by the compiler's `layout-nhwc-int8` pass,
+//! CPU only) makes x and y channels-last, `[N, H, W, C]` (1), or y only (2: a stem that
+//! reads the model's NCHW input and starts a channels-last chain), 2-D only; the filters
 //! stay `[M, C/group, kH, kW]`. The packed and channels-last depthwise kernels read and
 //! write that layout directly; the reference transposes around the NCHW computation.
 use super::conv::Conv;
@@ -24,7 +25,15 @@ const SCALES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 #[derive(Debug)]
 pub struct QLinearConv {
     conv: Conv,
-    channels_last: bool,
+    channels_last: ChannelsLast,
+}
+
+/// Which of x and y are channels-last (`[N, H, W, C]`; `kiln_channels_last` 0: neither,
+/// 1: both, 2: y only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct ChannelsLast {
+    pub x: bool,
+    pub y: bool,
 }
 
 /// `[N, H, W, C]` as `[N, C, H, W]` (the dims a channels-last x stands for).
@@ -70,7 +79,7 @@ impl Op for QLinearConv {
         let dw = expect_dtype(inputs, 3, &DTYPES)?;
         let dy = expect_dtype(inputs, 7, &DTYPES)?;
         let x_dims = required(inputs, 0)?.dims();
-        let p = self.conv.problem(&if self.channels_last { channels_first(x_dims)? } else { x_dims.to_vec() }, required(inputs, 3)?.dims())?;
+        let p = self.conv.problem(&if self.channels_last.x { channels_first(x_dims)? } else { x_dims.to_vec() }, required(inputs, 3)?.dims())?;
         for i in [1, 4, 6] {
             expect_dtype(inputs, i, &SCALES)?;
         }
@@ -92,7 +101,7 @@ impl Op for QLinearConv {
         }
         let mut dims = vec![p.batch, p.out_channels];
         dims.extend(p.geo.output_dims());
-        if self.channels_last {
+        if self.channels_last.y {
             let m = dims.remove(1);
             dims.push(m);
         }
@@ -110,17 +119,20 @@ impl Op for QLinearConv {
 
 impl CpuKernel for QLinearConv {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        if self.channels_last {
+        if self.channels_last != ChannelsLast::default() {
             // The reference: NCHW in between.
             let x = cpu::input(inputs, 0)?;
-            let dims = channels_first(x.dims())?;
-            let xt = Tensor::from_bytes(x.dtype(), &dims, &permute_channels(x.bytes(), dims[0], dims[1], true))?;
+            let xt;
             let mut args = inputs.to_vec();
-            args[0] = Some(&xt);
+            if self.channels_last.x {
+                let dims = channels_first(x.dims())?;
+                xt = Tensor::from_bytes(x.dtype(), &dims, &permute_channels(x.bytes(), dims[0], dims[1], true))?;
+                args[0] = Some(&xt);
+            }
             let y = &outputs[0];
             let yd = channels_first(y.dims())?;
             let mut yt = [Tensor::zeros(y.dtype(), &yd)];
-            QLinearConv { conv: self.conv.clone(), channels_last: false }.run(&args, &mut yt)?;
+            QLinearConv { conv: self.conv.clone(), channels_last: ChannelsLast::default() }.run(&args, &mut yt)?;
             let back = permute_channels(yt[0].bytes(), yd[0], yd[1], false);
             outputs[0].bytes_mut().copy_from_slice(&back);
             return Ok(());
@@ -163,7 +175,7 @@ impl CpuKernel for QLinearConv {
 
 impl WgslKernel for QLinearConv {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
-        if self.channels_last {
+        if self.channels_last != ChannelsLast::default() {
             return Err(OpError::Unsupported("a channels-last (kiln_channels_last) QLinearConv on the GPU: the layout pass is for the CPU".into()));
         }
         let (lo, hi) = range(outputs[0].dtype);
@@ -187,9 +199,10 @@ impl WgslKernel for QLinearConv {
 
 fn parse(spec: &NodeSpec) -> Result<QLinearConv> {
     let channels_last = match spec.int("kiln_channels_last", 0)? {
-        0 => false,
-        1 => true,
-        v => return Err(OpError::Invalid(format!("kiln_channels_last must be 0 or 1, got {v}"))),
+        0 => ChannelsLast::default(),
+        1 => ChannelsLast { x: true, y: true },
+        2 => ChannelsLast { x: false, y: true },
+        v => return Err(OpError::Invalid(format!("kiln_channels_last must be 0, 1 or 2, got {v}"))),
     };
     Ok(QLinearConv { conv: Conv::geometry_only(spec)?, channels_last })
 }

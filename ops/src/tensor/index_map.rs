@@ -226,7 +226,7 @@ impl IndexMap {
 
     /// A pure permutation that is a batch of 2-D transposes, once the dims that move
     /// together are merged (NCHW to NHWC and back): `Some((rows, cols))` where output
-    /// `[b][r][c]` is input `[b][c][r]`.
+    /// `[b][r][c]` is input `[b][c][r]` (one row: a plain copy).
     fn batched_transpose(&self) -> Option<(usize, usize)> {
         if self.base != 0 || self.maps.iter().any(|m| !matches!(m, DimMap::Affine { start: 0, step: 1 })) {
             return None;
@@ -244,6 +244,9 @@ impl IndexMap {
             }
         }
         match ds[..] {
+            // Only size-1 dims move ([N, 1, 1, C] to [N, C, 1, 1]): a copy.
+            [] => Some((1, 1)),
+            [(n, 1)] => Some((1, n)),
             [(r, 1), (c, sc)] if sc == r => Some((r, c)),
             [(_, sb), (r, 1), (c, sc)] if sc == r && sb == r * c => Some((r, c)),
             _ => None,

@@ -89,6 +89,14 @@ mod tests {
             let wb = reference(&xb.to_f64_vec(), &dims, &perm);
             assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&xb)], &[]), &[]).unwrap()[0].to_f64_vec(), wb, "u8 perm {perm:?}");
         }
+        // Only size-1 dims move (a channels-last pooled vector back to NCHW), or nothing
+        // but size-1 dims: copies.
+        for (dims, perm) in [(vec![2usize, 1, 1, 37], [0usize, 3, 1, 2]), (vec![1, 1, 1, 1], [3, 2, 0, 1]), (vec![1, 5, 1, 1], [0, 2, 3, 1])] {
+            let op = make("Transpose", 13, &[("perm", ints(&perm.map(|p| p as i64)))], 1, 1).unwrap();
+            let x = iota_f32(&dims);
+            let want = reference(&x.to_f64_vec(), &dims, &perm);
+            assert_eq!(run(op.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0].to_f64_vec(), want, "dims {dims:?} perm {perm:?}");
+        }
         let default = make("Transpose", 13, &[], 1, 1).unwrap();
         let x = iota_f32(&[2, 3]);
         assert_eq!(run(default.as_ref(), &as_inputs(&[Some(&x)], &[]), &[]).unwrap()[0], f32s(&[3, 2], &[0., 3., 1., 4., 2., 5.]));
