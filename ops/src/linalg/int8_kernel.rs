@@ -114,6 +114,34 @@ impl Int8Isa {
             _ => tile_portable(layout, taps, tw, x, offs, w, c),
         }
     }
+
+    /// One row of a tile (a matrix-vector product: `c[l] = sum_{k < tw} dot(x[k], w[k *
+    /// CH + l])` for the CH columns), without computing five dropped rows.
+    ///
+    /// # Safety
+    /// `x` holds `tw` words, `w` holds `tw * CH`; `self` is in [`Int8Isa::available`].
+    pub(crate) unsafe fn row(self, layout: Layout, tw: usize, x: *const u32, w: *const u32, c: &mut [i32; CH]) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Int8Isa::Avx2 => x86::row_pairs_avx2(tw, x, w, c),
+            #[cfg(target_arch = "x86_64")]
+            Int8Isa::Avx512Vnni => {
+                // (The six-row tile, each row reading x: VNNI's is fast enough.)
+                let (offs, mut t) = ([0u32; PX], [0i32; PX * CH]);
+                x86::tile_vnni(1, tw, x, offs.as_ptr(), w, &mut t);
+                c.copy_from_slice(&t[..CH]);
+            }
+            _ => {
+                c.fill(0);
+                for k in 0..tw {
+                    let ws = std::slice::from_raw_parts(w.add(k * CH), CH);
+                    for (o, &ww) in c.iter_mut().zip(ws) {
+                        *o += dot(layout, *x.add(k), ww);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The tuning parameter `isa` of a packed integer kernel: the available instruction
@@ -275,6 +303,30 @@ mod x86 {
         for (i, v) in [c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51].into_iter().enumerate() {
             _mm256_storeu_si256(p.add(i), v);
         }
+    }
+
+    /// [`super::Int8Isa::row`]: two words at a time into four independent sums.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn row_pairs_avx2(tw: usize, x: *const u32, w: *const u32, c: &mut [i32; CH]) {
+        let z = _mm256_setzero_si256();
+        let (mut a0, mut a1, mut b0, mut b1) = (z, z, z, z);
+        let ld = |k: usize, h: usize| _mm256_loadu_si256(w.add(k * CH + 8 * h) as *const __m256i);
+        let mut k = 0;
+        while k + 2 <= tw {
+            let (p, q) = (_mm256_set1_epi32(*x.add(k) as i32), _mm256_set1_epi32(*x.add(k + 1) as i32));
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(p, ld(k, 0)));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(p, ld(k, 1)));
+            b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(q, ld(k + 1, 0)));
+            b1 = _mm256_add_epi32(b1, _mm256_madd_epi16(q, ld(k + 1, 1)));
+            k += 2;
+        }
+        if k < tw {
+            let p = _mm256_set1_epi32(*x.add(k) as i32);
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(p, ld(k, 0)));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(p, ld(k, 1)));
+        }
+        _mm256_storeu_si256(c.as_mut_ptr() as *mut __m256i, _mm256_add_epi32(a0, b0));
+        _mm256_storeu_si256(c.as_mut_ptr().add(8) as *mut __m256i, _mm256_add_epi32(a1, b1));
     }
 
     /// The pairs layout's repack of `planes` (one per input channel, each `n` pixels):
@@ -502,6 +554,16 @@ mod tests {
                     })
                     .collect();
                 assert_eq!(got, want, "{isa:?} {layout:?}, extreme {extreme}");
+                // One row alone (pixel 0's tap 0, an odd number of pairs): `row`.
+                let mut r = [0i32; CH];
+                // SAFETY: row 0 of tap 0 has tw words, the first tw * CH packed words are
+                // tap 0's, the isa is available.
+                unsafe { isa.row(layout, tw, rows.as_ptr().add(offs[0] as usize), packed.as_ptr(), &mut r) };
+                let tap0 = |l: usize| &w[l * taps * len..l * taps * len + len];
+                let fold = |l: usize| if layout == Layout::Quads { zx as i64 * tap0(l).iter().map(|&v| v as i64).sum::<i64>() } else { 0 };
+                let got: Vec<i64> = (0..CH).map(|l| r[l] as i64 - fold(l)).collect();
+                let want: Vec<i64> = (0..CH).map(|l| tap0(l).iter().enumerate().map(|(i, &v)| v as i64 * (xv(0, 0, i) - zx) as i64).sum()).collect();
+                assert_eq!(got, want, "row: {isa:?} {layout:?}, extreme {extreme}");
             }
         }
     }

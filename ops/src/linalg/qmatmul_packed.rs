@@ -115,9 +115,18 @@ impl PackedIntMatMul {
                 let r0 = tile * PX;
                 // Rows past m repeat the last one (their sums are dropped).
                 let offs: [u32; PX] = std::array::from_fn(|j| ((r0 + j).min(m - 1) * tw) as u32);
-                // SAFETY: offs are PX rows of tw words of A, the block has tw * CH words
-                // of B, and the isa is available.
-                unsafe { self.isa.tile(layout, 1, tw, x.get(), offs.as_ptr(), self.w[blk * tw * CH..].as_ptr(), &mut c) };
+                let wblk = self.w[blk * tw * CH..].as_ptr();
+                if r0 + 1 == m {
+                    // A last (or only) row alone: a matrix-vector product.
+                    let row: &mut [i32; CH] = (&mut c[..CH]).try_into().expect("CH sums");
+                    // SAFETY: row r0 has tw words of A, the block tw * CH words of B, and
+                    // the isa is available.
+                    unsafe { self.isa.row(layout, tw, x.get().add(r0 * tw), wblk, row) };
+                } else {
+                    // SAFETY: offs are PX rows of tw words of A, the block has tw * CH
+                    // words of B, and the isa is available.
+                    unsafe { self.isa.tile(layout, 1, tw, x.get(), offs.as_ptr(), wblk, &mut c) };
+                }
                 let (c0, cols) = (blk * CH, CH.min(self.n - blk * CH));
                 if fold {
                     for (e, v) in c.iter_mut().enumerate() {

@@ -394,6 +394,10 @@ impl PackedIntConv {
         // the channels.
         let (cf, bits) = (cg * fold, 32 / per);
         let slots: Vec<usize> = (0..tw * per).map(|i| if i < cf { i / fold * span + i % fold * dilation } else { cg * span }).collect();
+        // The pairs layout's two slots per word, and how far past a window's first value
+        // they reach (so the hot loop indexes a slice of known length).
+        let pairs: Vec<(usize, usize)> = slots.chunks_exact(2).map(|s| (s[0], s[1])).collect();
+        let window = slots.iter().max().map_or(0, |&m| m + 1);
         let out = SharedPtr(buf.as_mut_ptr());
         cpu::par_ranges(p.batch * p.group * rows, ow * tw * per, |start, end| {
             let mut enc = vec![pad_bits; (cg + 1) * span];
@@ -409,6 +413,15 @@ impl PackedIntConv {
                 }
                 // SAFETY: row r of image-and-group bg belongs to this task alone.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((bg * (img + 1) + r * ow) * tw), ow * tw) };
+                if layout == Layout::Pairs {
+                    for (ox, words) in dst.chunks_exact_mut(tw).enumerate() {
+                        let at = &enc[ox * stride..ox * stride + window];
+                        for (w, &(a, b)) in words.iter_mut().zip(&pairs) {
+                            *w = at[a] | at[b] << 16;
+                        }
+                    }
+                    continue;
+                }
                 for (ox, words) in dst.chunks_exact_mut(tw).enumerate() {
                     let at = &enc[ox * stride..];
                     for (w, s) in words.iter_mut().zip(slots.chunks_exact(per)) {
