@@ -442,22 +442,24 @@ mod x86 {
     /// pixel `j < count`'s first `channels` requantized sums go, as bytes, to `dst + j *
     /// stride`.
     #[target_feature(enable = "avx2")]
+    ///
+    /// The saturating packs do the lower clamp: the product, capped at `hi`, rounds half
+    /// to even (`vcvtps2dq`; a product below -2^31 gives -2^31), saturates to i16, adds
+    /// the zero point with i16 saturation and saturates to the output's 8 bits, which is
+    /// `clamp(round(v) + zy)` for every finite `v`.
     pub unsafe fn requantize_rows_avx2(r: &super::Requantize, c: &[i32; PX * CH], signed: bool, dst: *mut u8, stride: usize, count: usize, channels: usize) {
         const _: () = assert!(CH == 16);
-        let (lo, hi) = (_mm256_set1_ps(r.lo), _mm256_set1_ps(r.hi));
-        let round = _mm256_set1_ps(super::ROUND);
-        let bias = _mm256_set1_epi32(r.zy.wrapping_sub(super::ROUND.to_bits() as i32));
+        let hi = _mm256_set1_ps(r.hi);
+        let zy = _mm256_set1_epi16(r.zy as i16);
         let shift = [_mm256_loadu_si256(r.shift.as_ptr() as *const __m256i), _mm256_loadu_si256(r.shift.as_ptr().add(8) as *const __m256i)];
         let mult = [_mm256_loadu_ps(r.mult.as_ptr()), _mm256_loadu_ps(r.mult.as_ptr().add(8))];
         for j in 0..count {
             let q = |h: usize| {
                 let acc = _mm256_add_epi32(_mm256_loadu_si256(c.as_ptr().add(j * CH + 8 * h) as *const __m256i), shift[h]);
-                let v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), mult[h]), lo), hi);
-                // The low mantissa bits of v + 1.5 * 2^23 are v rounded half to even.
-                _mm256_add_epi32(_mm256_castps_si256(_mm256_add_ps(v, round)), bias)
+                _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), mult[h]), hi))
             };
             // packs_epi32 interleaves the halves per 128-bit lane; the permutes restore the order.
-            let words = _mm256_permute4x64_epi64(_mm256_packs_epi32(q(0), q(1)), 0b1101_1000);
+            let words = _mm256_permute4x64_epi64(_mm256_adds_epi16(_mm256_packs_epi32(q(0), q(1)), zy), 0b1101_1000);
             let bytes = if signed { _mm256_packs_epi16(words, words) } else { _mm256_packus_epi16(words, words) };
             let v = _mm256_castsi256_si128(_mm256_permute4x64_epi64(bytes, 0b1000));
             let d = dst.add(j * stride);

@@ -252,8 +252,7 @@ impl DepthwiseNhwc {
             }
         };
         let groups = self.pairs.len() / (c / BLOCK * 2 * BLOCK);
-        let (lo, hi) = (_mm256_set1_ps(epi.lo), _mm256_set1_ps(epi.hi));
-        let zy = _mm256_set1_epi32(epi.zy);
+        let (hi, zy) = (_mm256_set1_ps(epi.hi), _mm256_set1_epi16(epi.zy as i16));
         for blk in 0..c / BLOCK {
             let m0 = blk * BLOCK;
             for (u, col) in cols.chunks_exact_mut(per_col).enumerate() {
@@ -297,13 +296,11 @@ impl DepthwiseNhwc {
                 }
                 // acc_a holds channels [0..4, 8..12] of the block, acc_b [4..8, 12..16]: the
                 // lane-ordered multipliers and biases line up with them.
-                let requant = |acc: __m256i, b: __m256i, m: __m256| -> __m256i {
-                    let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc, b)), m);
-                    let r = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
-                    _mm256_add_epi32(_mm256_cvttps_epi32(r), zy)
-                };
+                // The product capped at hi, rounded half to even; the saturating packs
+                // clamp from below (as in `int8_kernel::requantize_rows_avx2`).
+                let requant = |acc: __m256i, b: __m256i, m: __m256| -> __m256i { _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc, b)), m), hi)) };
                 // packs_epi32 per 128-bit lane puts [0..4, 4..8 | 8..12, 12..16] back in order.
-                let words = _mm256_packs_epi32(requant(acc_a, bias.0, mult.0), requant(acc_b, bias.1, mult.1));
+                let words = _mm256_adds_epi16(_mm256_packs_epi32(requant(acc_a, bias.0, mult.0), requant(acc_b, bias.1, mult.1)), zy);
                 let bytes = if y_signed { _mm256_packs_epi16(words, words) } else { _mm256_packus_epi16(words, words) };
                 let ordered = _mm256_permute4x64_epi64(bytes, 0b1000);
                 _mm_storeu_si128(dst.add(ox * c + m0) as *mut __m128i, _mm256_castsi256_si128(ordered));
