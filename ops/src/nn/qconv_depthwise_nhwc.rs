@@ -6,9 +6,10 @@
 //! once per block of 16 channels, with two filter rows interleaved per column, and one
 //! `vpmaddwd` against the two taps' interleaved weights adds both products into 8 int32
 //! sums; the filters are interleaved once per plan in the order the kernel reads them.
-//! Taps outside the input add nothing (they read `zx`). Sums are exact; the epilogue is the packed kernel's
-//! ([`super::qconv_packed::run_params`]): `(acc + B) * (sx * sw[m] / sy)` in f32,
-//! rounded half to even, clamped around y's zero point, bit for bit the reference.
+//! Taps outside the input add nothing (they read `zx`). Sums are exact; the epilogue is
+//! the packed kernel's ([`super::qconv_packed::run_params`]): `(acc + B) * (sx * sw[m] /
+//! sy)` in f32, rounded half to even, clamped around y's zero point, bit for bit the
+//! reference.
 use super::conv_cpu::ConvProblem;
 use super::qconv_packed::{run_params, Epilogue};
 use crate::cpu::{self, CpuKernel, SharedPtr};
