@@ -449,3 +449,23 @@ fn data_sets_are_checked_and_intermediates_dumped() {
     // The model's own output line is still the only one printed.
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with("  ")).count(), g.outputs.len());
 }
+
+/// `kiln demo --sample all` runs every sample network on the CPU and every adapter that
+/// opens (lavapipe in CI) and they agree; an unknown sample is a clear error.
+#[test]
+fn demo_runs_every_sample_on_every_device() {
+    let o = kiln(&["demo", "--sample", "all", "--size", "32", "--iters", "1", "--json"]);
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(v["ok"], true, "{v}");
+    let samples = v["samples"].as_array().expect("samples");
+    assert_eq!(samples.len(), kiln_samples::SAMPLES.len());
+    for s in samples {
+        let devices = s["devices"].as_array().expect("devices");
+        // The CPU and at least one GPU adapter ran it (CI has lavapipe).
+        let ran: Vec<&serde_json::Value> = devices.iter().filter(|d| d.get("median_ms").is_some()).collect();
+        assert!(ran.len() >= 2 && ran[0]["device"] == "cpu", "{s}");
+        assert!(ran[1..].iter().all(|d| d["rel_l2_vs_cpu"].as_f64().is_some_and(|e| e <= 1e-3)), "{s}");
+    }
+    assert_clean_error(&kiln(&["demo", "--sample", "resnet99"]), "no sample named 'resnet99'");
+}
