@@ -209,6 +209,48 @@ pub fn transformer_block(dim: usize, heads: usize, seed: u64) -> Result<Graph> {
     b.finish()
 }
 
+/// One decoding step of self-attention with a KV cache: the new tokens' queries, keys
+/// and values are projected from `x` f32[batch,new,dim]; the keys and values are
+/// appended to the cache (`past_k`, `past_v` f32[batch,heads,past,dim/heads]) along the
+/// sequence axis and returned as `present_k`, `present_v`; the queries attend over the
+/// whole cache. Outputs `y` f32[batch,new,dim], `present_k`, `present_v`.
+pub fn attention_kv_cache(dim: usize, heads: usize, seed: u64) -> Result<Graph> {
+    let mut rng = Rng::new(seed);
+    let mut b = GraphBuilder::new("attention_kv_cache");
+    let hd = dim / heads;
+    let x = b.input("x", DType::F32, kiln_graph::Shape(vec!["batch".into(), "new".into(), dim.into()]));
+    let cache = |b: &mut GraphBuilder, name: &str| b.input(name, DType::F32, kiln_graph::Shape(vec!["batch".into(), heads.into(), "past".into(), hd.into()]));
+    let (past_k, past_v) = (cache(&mut b, "past_k"), cache(&mut b, "past_v"));
+    let split = b.constant("heads_shape", Tensor::from_vec(&[4], vec![0i64, 0, heads as i64, hd as i64]).expect("dims"));
+    let mut proj = vec![];
+    for name in ["q", "k", "v"] {
+        let w = b.constant(&format!("{name}.weight"), rng.tensor(&[dim, dim], (3.0 / dim as f32).sqrt())?);
+        let p = b.node("MatMul", &[x, w], &[]);
+        let r = b.node("Reshape", &[p, split], &[]);
+        proj.push(b.node("Transpose", &[r], &[("perm", Attr::Ints(vec![0, 2, 1, 3]))]));
+    }
+    let present_k = b.node("Concat", &[past_k, proj[1]], &[("axis", Attr::Int(2))]);
+    let present_v = b.node("Concat", &[past_v, proj[2]], &[("axis", Attr::Int(2))]);
+    let kt = b.node("Transpose", &[present_k], &[("perm", Attr::Ints(vec![0, 1, 3, 2]))]);
+    let scores = b.node("MatMul", &[proj[0], kt], &[]);
+    let scale = b.constant("attn.scale", Tensor::from_vec(&[], vec![1.0 / (hd as f32).sqrt()]).expect("dims"));
+    let scaled = b.node("Mul", &[scores, scale], &[]);
+    let probs = b.node("Softmax", &[scaled], &[("axis", Attr::Int(-1))]);
+    let ctx = b.node("MatMul", &[probs, present_v], &[]);
+    let ctx = b.node("Transpose", &[ctx], &[("perm", Attr::Ints(vec![0, 2, 1, 3]))]);
+    let merge = b.constant("merge_shape", Tensor::from_vec(&[3], vec![0i64, 0, dim as i64]).expect("dims"));
+    let ctx = b.node("Reshape", &[ctx, merge], &[]);
+    let w = b.constant("out.weight", rng.tensor(&[dim, dim], (3.0 / dim as f32).sqrt())?);
+    let y = b.node("MatMul", &[ctx, w], &[]);
+    b.rename(y, "y");
+    b.rename(present_k, "present_k");
+    b.rename(present_v, "present_v");
+    b.output(y);
+    b.output(present_k);
+    b.output(present_v);
+    b.finish()
+}
+
 /// A sample ready to run: its graph and deterministic inputs.
 pub struct Sample {
     pub name: &'static str,
@@ -219,23 +261,28 @@ pub struct Sample {
 }
 
 /// The names [`sample`] knows, in the order `kiln demo --sample all` runs them.
-pub const SAMPLES: [&str; 5] = ["tiny_cnn", "mlp", "lenet", "resnet_blocks", "transformer_block"];
+pub const SAMPLES: [&str; 6] = ["tiny_cnn", "mlp", "lenet", "resnet_blocks", "transformer_block", "attention_kv_cache"];
 
 /// Sample `name` (one of [`SAMPLES`]; `None` for another name) with a batch of `batch`
 /// inputs drawn from a fixed seed; `size` is the image size of the image models that
 /// take one (tiny_cnn, resnet_blocks).
 pub fn sample(name: &str, batch: usize, size: usize) -> Result<Option<Sample>> {
     let mut rng = Rng::new(7);
-    let (about, graph, input, dims): (&'static str, Graph, &str, Vec<usize>) = match name {
-        "tiny_cnn" => ("a MobileNet-style classifier: stem, depthwise-separable blocks, softmax", tiny_cnn(size, 10, 42)?, "image", vec![batch, 3, size, size]),
-        "mlp" => ("a multilayer perceptron: three MatMul + Add layers with ReLU", mlp(784, 256, 2, 10, 42)?, "x", vec![batch, 784]),
-        "lenet" => ("LeNet-5 on 28x28 digits", lenet(42)?, "image", vec![batch, 1, 28, 28]),
-        "resnet_blocks" => ("a ResNet stage: basic blocks with batch norm and residual adds", resnet_blocks(size, 32, 3, 10, 42)?, "image", vec![batch, 3, size, size]),
-        "transformer_block" => ("a pre-norm transformer encoder block: 4-head attention and a GELU MLP", transformer_block(64, 4, 42)?, "x", vec![batch, 32, 64]),
+    let (about, graph, inputs): (&'static str, Graph, Vec<(&str, Vec<usize>)>) = match name {
+        "tiny_cnn" => ("a MobileNet-style classifier: stem, depthwise-separable blocks, softmax", tiny_cnn(size, 10, 42)?, vec![("image", vec![batch, 3, size, size])]),
+        "mlp" => ("a multilayer perceptron: three MatMul + Add layers with ReLU", mlp(784, 256, 2, 10, 42)?, vec![("x", vec![batch, 784])]),
+        "lenet" => ("LeNet-5 on 28x28 digits", lenet(42)?, vec![("image", vec![batch, 1, 28, 28])]),
+        "resnet_blocks" => ("a ResNet stage: basic blocks with batch norm and residual adds", resnet_blocks(size, 32, 3, 10, 42)?, vec![("image", vec![batch, 3, size, size])]),
+        "transformer_block" => ("a pre-norm transformer encoder block: 4-head attention and a GELU MLP", transformer_block(64, 4, 42)?, vec![("x", vec![batch, 32, 64])]),
+        "attention_kv_cache" => (
+            "one decoding step of 4-head attention over a KV cache of 31 tokens",
+            attention_kv_cache(64, 4, 42)?,
+            vec![("x", vec![batch, 1, 64]), ("past_k", vec![batch, 4, 31, 16]), ("past_v", vec![batch, 4, 31, 16])],
+        ),
         _ => return Ok(None),
     };
-    let x = rng.tensor(&dims, 1.0)?;
-    Ok(Some(Sample { name: SAMPLES.iter().find(|s| **s == name).expect("a known sample"), about, graph, inputs: vec![(input.to_string(), x)] }))
+    let inputs = inputs.into_iter().map(|(n, dims)| Ok((n.to_string(), rng.tensor(&dims, 1.0)?))).collect::<Result<Vec<_>>>()?;
+    Ok(Some(Sample { name: SAMPLES.iter().find(|s| **s == name).expect("a known sample"), about, graph, inputs }))
 }
 
 #[cfg(test)]
@@ -248,7 +295,7 @@ mod tests {
         for name in super::SAMPLES {
             let s = super::sample(name, 2, 32).unwrap().unwrap();
             assert_eq!(s.name, name);
-            assert!(!s.graph.nodes.is_empty() && s.inputs.len() == 1, "{name}");
+            assert!(!s.graph.nodes.is_empty() && !s.inputs.is_empty(), "{name}");
         }
         assert!(super::sample("nope", 1, 32).unwrap().is_none());
         let m = super::mlp(32, 64, 2, 10, 1).unwrap();

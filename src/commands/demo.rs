@@ -8,8 +8,8 @@ use kiln::runtime::{list_devices, DeviceChoice, RuntimeError, Session, SessionOp
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The sample network: tiny_cnn, mlp, lenet, resnet_blocks, transformer_block, or
-    /// all of them in turn.
+    /// The sample network: tiny_cnn, mlp, lenet, resnet_blocks, transformer_block,
+    /// attention_kv_cache, or all of them in turn.
     #[arg(long, default_value = "tiny_cnn")]
     sample: String,
     /// Input image size of the image samples (tiny_cnn, resnet_blocks).
