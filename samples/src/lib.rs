@@ -151,9 +151,9 @@ pub fn resnet_blocks(size: usize, width: usize, blocks: usize, classes: usize, s
 }
 
 /// A transformer encoder block (pre-norm): LayerNormalization, multi-head self-attention
-/// written out in MatMul, Reshape, Transpose and Softmax (the compiler's attention
-/// fusion finds it), a residual add, then LayerNormalization, a GELU MLP (written with
-/// Erf) and a second residual add. Input `x` f32[batch,seq,dim]; output `y` of the same
+/// written out in MatMul, Reshape, Transpose and Softmax (as exporters write it), a
+/// residual add, then LayerNormalization, a GELU MLP (written with Erf) and a second
+/// residual add. Input `x` f32[batch,seq,dim]; output `y` of the same
 /// shape.
 pub fn transformer_block(dim: usize, heads: usize, seed: u64) -> Result<Graph> {
     let mut rng = Rng::new(seed);
