@@ -655,10 +655,9 @@ fn constant_filters<'a>(conv: &super::conv::Conv, inputs: &[Option<crate::Arg<'a
 /// The tuning parameters of an integer convolution's fast kernel (inputs x, w, zw at
 /// `idx`): the packed or the depthwise kernel's instruction set.
 pub(super) fn tune_params(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], channels_last: ChannelsLast) -> Vec<TuneParam> {
-    let (both, neither) = (channels_last.x && channels_last.y, !channels_last.x && !channels_last.y);
     match constant_filters(conv, inputs, idx, channels_last) {
-        Some((p, ..)) if both && DepthwiseNhwc::eligible(&p) => DepthwiseNhwc::params(),
-        Some((p, ..)) if neither && DepthwiseIntConv::eligible(&p) => DepthwiseIntConv::params(),
+        Some((p, ..)) if channels_last.both() && DepthwiseNhwc::eligible(&p) => DepthwiseNhwc::params(),
+        Some((p, ..)) if channels_last.neither() && DepthwiseIntConv::eligible(&p) => DepthwiseIntConv::params(),
         Some((p, ..)) if p.is_depthwise() => vec![],
         Some((p, dx, w, zw)) if eligible(&p) => params(quads_ok(dx, w, &zw)),
         _ => vec![],
@@ -670,11 +669,10 @@ pub(super) fn tune_params(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>
 /// the packed indirect GEMM (either layout); `None` leaves the op's direct kernel.
 pub(super) fn prepare(conv: &super::conv::Conv, inputs: &[Option<crate::Arg>], idx: [usize; 3], epilogue: Epilogue, tune: &TuneValues, channels_last: ChannelsLast) -> Result<Option<Box<dyn CpuKernel>>> {
     let Some((p, dx, w, zw)) = constant_filters(conv, inputs, idx, channels_last) else { return Ok(None) };
-    let (both, neither) = (channels_last.x && channels_last.y, !channels_last.x && !channels_last.y);
-    if both && DepthwiseNhwc::eligible(&p) {
+    if channels_last.both() && DepthwiseNhwc::eligible(&p) {
         return Ok(Some(Box::new(DepthwiseNhwc::new(p, epilogue, dx, w, &zw, tune)?)));
     }
-    if neither && DepthwiseIntConv::eligible(&p) {
+    if channels_last.neither() && DepthwiseIntConv::eligible(&p) {
         return Ok(Some(Box::new(DepthwiseIntConv::new(p, epilogue, dx, w, &zw, tune)?)));
     }
     // (A depthwise convolution changing layout keeps the reference.)

@@ -36,6 +36,18 @@ pub(super) struct ChannelsLast {
     pub y: bool,
 }
 
+impl ChannelsLast {
+    /// Both x and y channels-last (`kiln_channels_last = 1`).
+    pub fn both(self) -> bool {
+        self.x && self.y
+    }
+
+    /// Neither: the plain NCHW convolution.
+    pub fn neither(self) -> bool {
+        !self.x && !self.y
+    }
+}
+
 /// `[N, H, W, C]` as `[N, C, H, W]` (the dims a channels-last x stands for).
 pub(super) fn channels_first(dims: &[usize]) -> Result<Vec<usize>> {
     match *dims {
@@ -119,7 +131,7 @@ impl Op for QLinearConv {
 
 impl CpuKernel for QLinearConv {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        if self.channels_last != ChannelsLast::default() {
+        if !self.channels_last.neither() {
             // The reference: NCHW in between.
             let x = cpu::input(inputs, 0)?;
             let xt;
@@ -175,7 +187,7 @@ impl CpuKernel for QLinearConv {
 
 impl WgslKernel for QLinearConv {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
-        if self.channels_last != ChannelsLast::default() {
+        if !self.channels_last.neither() {
             return Err(OpError::Unsupported("a channels-last (kiln_channels_last) QLinearConv on the GPU: the layout pass is for the CPU".into()));
         }
         let (lo, hi) = range(outputs[0].dtype);
