@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Kiln's tests need, then runs every test.
+#   - a C compiler (cc), for the custom-op C kernel and the C API tests;
 #   - Mesa's lavapipe (software Vulkan), so the GPU path runs for real without a GPU;
 #   - the onnx Python package, whose backend node tests are materialised once into
 #     $KILN_ONNX_TESTS (default .cache/onnx-node-tests);
@@ -17,6 +18,12 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || ! ldconfig -p |
   echo "== installing Mesa lavapipe (software Vulkan)"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
+
+if ! command -v cc >/dev/null 2>&1; then
+  echo "== installing a C compiler (custom-op C kernels and the C API are tested with it)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
 fi
 
 if ! python3 -c "import onnx, numpy" 2>/dev/null; then
@@ -58,3 +65,6 @@ echo "== unit and integration tests"
 cargo test --release --workspace --exclude kiln
 echo "== end-to-end tests: the zoo and the ONNX conformance suite, on the CPU and the GPU"
 cargo test --release -p kiln -- --nocapture --test-threads 2
+echo "== the Rust custom-op example (an application outside the workspace), on every device"
+# The workspace's target folder: the example reuses the dependencies built above.
+CARGO_TARGET_DIR="$PWD/target" cargo run --release --manifest-path samples/custom-op-rust/Cargo.toml

@@ -30,6 +30,10 @@ pub struct SessionArgs {
     /// Run the imported graph as is, without the graph passes (fusion, ...).
     #[arg(long)]
     pub no_passes: bool,
+    /// A custom op's manifest (JSON, see docs/custom-ops.md), for models that use it
+    /// (repeatable).
+    #[arg(long = "custom-op", value_name = "MANIFEST")]
+    pub custom_ops: Vec<PathBuf>,
     /// Place nodes (by name or op type) on a device: OP_OR_NODE=DEVICE with cpu, gpu,
     /// gpu:N or an adapter name (repeatable); `auto` places the rest by the cost model
     /// (devices measured once); otherwise a GPU session runs the rest on the GPU where a

@@ -11,6 +11,7 @@ pub mod broadcast;
 mod control;
 pub use control::{with_body_runner, BodyRunner};
 pub mod cpu;
+pub mod custom;
 mod error;
 pub mod infer;
 mod op;

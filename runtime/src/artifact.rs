@@ -24,7 +24,8 @@
 //! artifact of another format is refused with a message that says to recompile it.
 //! Exceptions: format 3 (before tuned choices, `ArtifactInfo::tuning`) is still read, as
 //! an artifact without tuned choices, and format 4 (before subgraph attributes) as it
-//! is; the layout is otherwise the same.
+//! is; the layout is otherwise the same. Format 5 artifacts (before embedded custom
+//! ops, `ArtifactInfo::custom_ops`) are read as artifacts without custom ops.
 use crate::{Result, RuntimeError};
 use kiln_graph::{Attr, DType, Graph, Node, Tensor, ValueInfo, ValueType};
 use serde::{Deserialize, Serialize};
@@ -33,9 +34,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// The artifact format this runtime writes and reads.
-pub const FORMAT: u32 = 5;
-/// Older formats this runtime still reads (format 5 only added subgraph attributes).
-const READS_ALSO: &[u32] = &[3, 4];
+pub const FORMAT: u32 = 6;
+/// Older formats this runtime still reads (format 5 only added subgraph attributes,
+/// format 6 embedded custom ops).
+const READS_ALSO: &[u32] = &[3, 4, 5];
 const MAGIC: &[u8; 8] = b"KILNART\0";
 const ALIGN: usize = 64;
 const PREFIX: usize = 24;
@@ -65,6 +67,25 @@ pub struct ArtifactInfo {
     /// Format 4; empty in format 3 artifacts.
     #[serde(default)]
     pub tuning: BTreeMap<String, crate::tune::TuneEntry>,
+    /// The custom ops the graph uses, as loaded from their manifests (manifest, WGSL,
+    /// CPU library): loading rebuilds them ([`ArtifactInfo::registry`]), so the
+    /// artifact runs without the files. Format 6; empty before.
+    #[serde(default)]
+    pub custom_ops: Vec<kiln_ops::custom::CustomOpSource>,
+}
+
+impl ArtifactInfo {
+    /// The built-in ops plus the embedded custom ops; `None` when there are none.
+    pub fn registry(&self) -> Result<Option<kiln_ops::Registry>> {
+        if self.custom_ops.is_empty() {
+            return Ok(None);
+        }
+        let mut r = kiln_ops::Registry::builtin().clone();
+        for s in &self.custom_ops {
+            kiln_ops::custom::CustomOp::from_source(s).map_err(|e| RuntimeError::Artifact(format!("embeds the custom op of {}, which does not load: {e}", s.manifest_path)))?.register(&mut r);
+        }
+        Ok(Some(r))
+    }
 }
 
 #[derive(Serialize, Deserialize)]

@@ -37,6 +37,10 @@ pub struct Args {
     /// CPU worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// A custom op's manifest, for models that use it (repeatable): the artifact embeds
+    /// the op (manifest, WGSL, CPU library) and runs without the files.
+    #[arg(long = "custom-op", value_name = "MANIFEST")]
+    custom_ops: Vec<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -47,7 +51,11 @@ pub fn main(args: Args) -> Result<()> {
     if args.model.extension().and_then(|e| e.to_str()) == Some("kiln") {
         bail!("{} is already a compiled artifact; compile the .onnx model", args.model.display());
     }
-    let mut graph = kiln::compiler::onnx::import_file(&args.model).with_context(|| format!("cannot import {}", args.model.display()))?;
+    let custom = io::custom_ops(&args.custom_ops)?;
+    let registry = io::registry_with(None, &custom);
+    let ops = registry.as_ref().unwrap_or_else(|| kiln::ops::Registry::builtin());
+    let options = kiln::compiler::onnx::ImportOptions::with_registry(ops);
+    let mut graph = kiln::compiler::onnx::import_file_with(&args.model, &options).with_context(|| format!("cannot import {}", args.model.display()))?;
     let fixed = io::parse_dims(&args.fix)?;
     let mut fixed_list: Vec<(String, usize)> = fixed.iter().map(|(k, v)| (k.clone(), *v)).collect();
     fixed_list.sort();
@@ -70,7 +78,8 @@ pub fn main(args: Args) -> Result<()> {
             }
         }
     }
-    let passes: Vec<(String, usize)> = kiln::compiler::passes::optimize_for(&mut graph, io::pass_target(&args.device)?).into_iter().map(|r| (r.name.to_string(), r.changes)).collect();
+    let mut cx = kiln::compiler::passes::PassContext::new(ops);
+    let passes: Vec<(String, usize)> = kiln::compiler::passes::optimize_with(&mut graph, io::pass_target(&args.device)?, &mut cx).into_iter().map(|r| (r.name.to_string(), r.changes)).collect();
     // Check the result on the target device (the session's symbolic check and device
     // limits) before writing anything.
     let tuning = match (&args.tune, &args.tuning_db) {
@@ -78,7 +87,7 @@ pub fn main(args: Args) -> Result<()> {
         (true, Some(p)) => kiln::runtime::Tuning::file(p),
         (true, None) => kiln::runtime::Tuning::user_cache(),
     };
-    let session = Session::new(graph.clone(), SessionOptions { device: args.device.clone(), tuning, threads: args.threads, ..Default::default() })
+    let session = Session::new(graph.clone(), SessionOptions { device: args.device.clone(), tuning, threads: args.threads, registry: registry.clone(), ..Default::default() })
         .with_context(|| format!("{} does not compile for device '{}'", args.model.display(), args.device))?;
     // Tuned choices first, so that the kernels compiled below are the tuned ones.
     let tuned = if args.tune {
@@ -116,6 +125,8 @@ pub fn main(args: Args) -> Result<()> {
         passes,
         pipeline_cache,
         tuning: tuned,
+        // Only the custom ops the graph uses.
+        custom_ops: custom.iter().filter(|op| graph.nodes.iter().any(|n| kiln::ops::canonical_domain(&n.domain) == op.domain() && n.op_type == op.op_type())).map(|op| op.source().clone()).collect(),
     };
     let out = args.output.clone().unwrap_or_else(|| args.model.with_extension("kiln"));
     artifact::save(&out, &graph, &info)?;

@@ -28,6 +28,9 @@ pub struct Args {
     /// CPU worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// A custom op's manifest, for models that use it (repeatable).
+    #[arg(long = "custom-op", value_name = "MANIFEST")]
+    custom_ops: Vec<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -68,15 +71,18 @@ fn human(n: u64) -> String {
 pub fn main(args: Args) -> Result<()> {
     let is_onnx = args.model.extension().and_then(|e| e.to_str()) != Some("kiln");
     let mut pass_report: Vec<(String, usize, Vec<String>, Vec<String>)> = vec![];
-    let graph = if is_onnx && args.passes {
-        let mut g = kiln::compiler::onnx::import_file(&args.model).with_context(|| format!("cannot import {}", args.model.display()))?;
+    let (graph, registry) = if is_onnx && args.passes {
+        let registry = io::registry_with(None, &io::custom_ops(&args.custom_ops)?);
+        let ops = registry.as_ref().unwrap_or_else(|| kiln::ops::Registry::builtin());
+        let options = kiln::compiler::onnx::ImportOptions::with_registry(ops);
+        let mut g = kiln::compiler::onnx::import_file_with(&args.model, &options).with_context(|| format!("cannot import {}", args.model.display()))?;
         let env = |name: &str| std::env::var(name).unwrap_or_default();
         let passes = kiln::compiler::passes::selected_passes(
             &env(kiln::compiler::passes::SKIP_PASSES_ENV),
             &env(kiln::compiler::passes::ENABLE_PASSES_ENV),
             io::pass_target(&args.device)?,
         );
-        let mut cx = kiln::compiler::passes::PassContext::builtin();
+        let mut cx = kiln::compiler::passes::PassContext::new(ops);
         for p in passes {
             let before = node_lines(&g);
             let changes = (p.run)(&mut g, &mut cx);
@@ -85,12 +91,13 @@ pub fn main(args: Args) -> Result<()> {
             let added = after.difference(&before).cloned().collect();
             pass_report.push((p.name.to_string(), changes, removed, added));
         }
-        g
+        (g, registry)
     } else {
-        io::load_model(&args.model, false, io::pass_target(&args.device)?)?.0
+        let loaded = io::load_model(&args.model, false, io::pass_target(&args.device)?, &args.custom_ops)?;
+        (loaded.graph, loaded.registry)
     };
-    let types = kiln::ops::infer::value_types(&graph, kiln::ops::Registry::builtin());
-    let session = Session::new(graph.clone(), SessionOptions { threads: args.threads, ..SessionOptions::device(args.device.clone()) })
+    let types = kiln::ops::infer::value_types(&graph, registry.as_ref().unwrap_or_else(|| kiln::ops::Registry::builtin()));
+    let session = Session::new(graph.clone(), SessionOptions { threads: args.threads, registry, ..SessionOptions::device(args.device.clone()) })
         .with_context(|| format!("cannot prepare {} for device '{}'", args.model.display(), args.device))?;
     let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?, io::memory_limit(None), 0)?;
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();

@@ -37,6 +37,9 @@ pub struct Args {
     /// Delete the database (every device's file under the cache directory, or --tuning-db).
     #[arg(long)]
     clear: bool,
+    /// A custom op's manifest, for models that use it (repeatable).
+    #[arg(long = "custom-op", value_name = "MANIFEST")]
+    custom_ops: Vec<PathBuf>,
     /// CPU worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -162,10 +165,10 @@ pub fn main(args: Args) -> Result<()> {
     }
     let model = args.model.clone().expect("clap requires the model");
     let started = Instant::now();
-    let (graph, info) = io::load_model(&model, false, io::pass_target(&args.device)?)?;
+    let io::Loaded { graph, info, registry } = io::load_model(&model, false, io::pass_target(&args.device)?, &args.custom_ops)?;
     let tuning = TuningArgs { no_tuning: false, tuning_db: args.tuning_db.clone() }.tuning(info.as_ref());
     let open = |tuning: Tuning| -> Result<Session> {
-        let options = SessionOptions { device: args.device.clone(), tuning, threads: args.threads, ..Default::default() };
+        let options = SessionOptions { device: args.device.clone(), tuning, threads: args.threads, registry: registry.clone(), ..Default::default() };
         Session::new(graph.clone(), options).with_context(|| format!("cannot prepare {} for device '{}'", model.display(), args.device))
     };
     let session = open(tuning)?;

@@ -126,6 +126,9 @@ impl fmt::Display for UnsupportedTable<'_> {
             writeln!(f)?;
             line(f, [&r[0], &r[1], &r[2], &r[3], &r[4]])?;
         }
+        if ops.iter().any(|o| !matches!(o.domain.as_str(), "" | "ai.onnx" | "ai.onnx.ml" | "ai.onnx.preview.training" | "com.microsoft")) {
+            write!(f, "\n(ops of other domains are custom ops: give their manifest with --custom-op, or register them in the Registry; see docs/custom-ops.md)")?;
+        }
         Ok(())
     }
 }
