@@ -64,10 +64,7 @@ impl CustomOp {
         let checked = manifest::parse(&text, &shown).map_err(OpError::Invalid)?;
         // Files named by the manifest are relative to its folder; the library's path is
         // made absolute, as the loader searches system folders for a bare name.
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let dir = path.parent().unwrap_or(Path::new(""));
         let wgsl = match &checked.manifest.wgsl {
             Some(w) => {
                 let p = dir.join(&w.file);
@@ -76,6 +73,7 @@ impl CustomOp {
             }
             None => None,
         };
+        check_kernel_source(&checked, wgsl.as_ref())?;
         let (library, embedded) = match &checked.manifest.cpu {
             Some(c) => {
                 let p: PathBuf = std::path::absolute(dir.join(&c.library)).map_err(|e| OpError::invalid(format!("{shown}: cpu: library {}: {e}", c.library)))?;
@@ -87,13 +85,14 @@ impl CustomOp {
             None => (None, None),
         };
         let source = CustomOpSource { manifest_path: shown, manifest: text, wgsl, library: embedded };
-        CustomOp::finish(checked, source, library)
+        Ok(CustomOp { def: Arc::new(Def { checked, source, library }) })
     }
 
     /// Rebuilds an op from its embedded form (a compiled artifact's); the library, if
     /// any, is written to the temporary folder once and loaded from there.
     pub fn from_source(source: &CustomOpSource) -> Result<CustomOp> {
         let checked = manifest::parse(&source.manifest, &source.manifest_path).map_err(OpError::Invalid)?;
+        check_kernel_source(&checked, source.wgsl.as_ref())?;
         let library = match (&checked.manifest.cpu, &source.library) {
             (Some(c), Some((name, hexed))) => {
                 let bytes = unhex(hexed).ok_or_else(|| OpError::invalid(format!("{}: the embedded library {name} is corrupt", source.manifest_path)))?;
@@ -109,54 +108,9 @@ impl CustomOp {
             (Some(_), None) => return Err(OpError::invalid(format!("{}: the manifest names a CPU library, but none is embedded", source.manifest_path))),
             _ => None,
         };
-        CustomOp::finish(checked, source.clone(), library)
+        Ok(CustomOp { def: Arc::new(Def { checked, source: source.clone(), library }) })
     }
 
-    fn finish(checked: Checked, source: CustomOpSource, library: Option<Arc<c_abi::Library>>) -> Result<CustomOp> {
-        let op = CustomOp { def: Arc::new(Def { checked, source, library }) };
-        op.check_kernel_source()?;
-        Ok(op)
-    }
-
-    /// Validates the WGSL once at load, with placeholder types (rank-1 values of each
-    /// input's first dtype, attributes at their defaults or zero), so that mistakes show
-    /// before any model runs.
-    fn check_kernel_source(&self) -> Result<()> {
-        let c = &self.def.checked;
-        let Some((path, src)) = &self.def.source.wgsl else { return Ok(()) };
-        let w = c.manifest.wgsl.as_ref().expect("a WGSL source comes with its section");
-        let in_dtypes: Vec<DType> = c.input_dtypes.iter().map(|d| d[0]).collect();
-        let mut values: Vec<wgsl::Value> = c.manifest.inputs.iter().zip(&in_dtypes).map(|(i, &dtype)| wgsl::Value { name: &i.name, dtype, dims: &[1] }).collect();
-        for (o, rule) in c.manifest.outputs.iter().zip(&c.dtypes) {
-            let dtype = match rule {
-                DTypeRule::SameAs(i) => in_dtypes[*i],
-                DTypeRule::Fixed(d) => *d,
-            };
-            values.push(wgsl::Value { name: &o.name, dtype, dims: &[1] });
-        }
-        let attrs: Vec<(String, Attr)> = c
-            .manifest
-            .attributes
-            .iter()
-            .map(|a| {
-                let v = a.default.as_ref().and_then(|d| attr_value(a.kind, d).ok()).unwrap_or(match a.kind {
-                    AttrKind::Int => Attr::Int(0),
-                    AttrKind::Float => Attr::Float(0.0),
-                    AttrKind::Ints => Attr::Ints(vec![0]),
-                    AttrKind::Floats => Attr::Floats(vec![0.0]),
-                    AttrKind::String => Attr::String(String::new()),
-                });
-                (a.name.clone(), v)
-            })
-            .collect();
-        let attr_refs: Vec<(&str, &Attr)> = attrs.iter().map(|(n, a)| (n.as_str(), a)).collect();
-        for &size in std::iter::once(&w.workgroup_size).chain(&w.tune_workgroup_sizes) {
-            let prelude = wgsl::prelude(&values, &attr_refs, size, 1, size as u64).map_err(|m| OpError::invalid(format!("{path}: {m}")))?;
-            let full = format!("{src}{prelude}");
-            wgsl::check(&full, src.len(), path, &w.entry_point, &values, c.manifest.inputs.len(), size).map_err(OpError::Invalid)?;
-        }
-        Ok(())
-    }
 
     pub fn domain(&self) -> &str {
         &self.def.checked.manifest.domain
@@ -180,6 +134,49 @@ impl CustomOp {
         let def = self.def.clone();
         registry.register(self.domain(), self.op_type(), move |spec| Ok(Box::new(ManifestOp::new(def.clone(), spec)?) as Box<dyn Op>));
     }
+}
+
+/// Validates the WGSL once at load, with placeholder types (rank-1 values of each
+/// input's first dtype, attributes at their defaults or zero), so that mistakes show
+/// before any model runs.
+fn check_kernel_source(c: &Checked, wgsl: Option<&(String, String)>) -> Result<()> {
+    let (w, (path, src)) = match (&c.manifest.wgsl, wgsl) {
+        (None, None) => return Ok(()),
+        (Some(w), Some(s)) => (w, s),
+        (Some(_), None) => return Err(OpError::invalid("the manifest names a WGSL kernel, but its source is missing")),
+        (None, Some((path, _))) => return Err(OpError::invalid(format!("{path}: a WGSL source without a \"wgsl\" section in the manifest"))),
+    };
+    let in_dtypes: Vec<DType> = c.input_dtypes.iter().map(|d| d[0]).collect();
+    let mut values: Vec<wgsl::Value> = c.manifest.inputs.iter().zip(&in_dtypes).map(|(i, &dtype)| wgsl::Value { name: &i.name, dtype, dims: &[1] }).collect();
+    for (o, rule) in c.manifest.outputs.iter().zip(&c.dtypes) {
+        let dtype = match rule {
+            DTypeRule::SameAs(i) => in_dtypes[*i],
+            DTypeRule::Fixed(d) => *d,
+        };
+        values.push(wgsl::Value { name: &o.name, dtype, dims: &[1] });
+    }
+    let attrs: Vec<(String, Attr)> = c
+        .manifest
+        .attributes
+        .iter()
+        .map(|a| {
+            let v = a.default.as_ref().and_then(|d| attr_value(a.kind, d).ok()).unwrap_or(match a.kind {
+                AttrKind::Int => Attr::Int(0),
+                AttrKind::Float => Attr::Float(0.0),
+                AttrKind::Ints => Attr::Ints(vec![0]),
+                AttrKind::Floats => Attr::Floats(vec![0.0]),
+                AttrKind::String => Attr::String(String::new()),
+            });
+            (a.name.clone(), v)
+        })
+        .collect();
+    let attr_refs: Vec<(&str, &Attr)> = attrs.iter().map(|(n, a)| (n.as_str(), a)).collect();
+    for &size in std::iter::once(&w.workgroup_size).chain(&w.tune_workgroup_sizes) {
+        let prelude = wgsl::prelude(&values, &attr_refs, size, 1, size as u64).map_err(|m| OpError::invalid(format!("{path}: {m}")))?;
+        let full = format!("{src}{prelude}");
+        wgsl::check(&full, src.len(), path, &w.entry_point, &values, c.manifest.inputs.len(), size).map_err(OpError::Invalid)?;
+    }
+    Ok(())
 }
 
 /// The value of a manifest's attribute default.
