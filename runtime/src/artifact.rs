@@ -333,7 +333,17 @@ pub fn load(path: &Path) -> Result<(Graph, ArtifactInfo)> {
     // live, so the file must not be modified while a graph or session loaded from it is
     // in use (the checksums below catch changes made before loading).
     let map: Arc<memmap2::Mmap> = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(path, format!("cannot map: {e}")))?);
-    let bytes: &[u8] = &map;
+    parse(path, map)
+}
+
+/// Reads a `.kiln` artifact held in memory (weights read it in place where aligned);
+/// `label` names it in errors.
+pub fn load_bytes(label: &str, bytes: Vec<u8>) -> Result<(Graph, ArtifactInfo)> {
+    parse(Path::new(label), Arc::new(bytes))
+}
+
+fn parse(path: &Path, map: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Result<(Graph, ArtifactInfo)> {
+    let bytes: &[u8] = (*map).as_ref();
     if bytes.len() < PREFIX || &bytes[..8] != MAGIC {
         return Err(bad(path, "not a Kiln artifact (bad magic; compile one with `kiln compile MODEL.onnx -o MODEL.kiln`)"));
     }
