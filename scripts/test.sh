@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Kiln's tests need, then runs every test.
 #   - a C compiler (cc), for the custom-op C kernel and the C API tests;
+#   - a fresh virtual environment (.cache/venv) with Kiln's Python package built by
+#     maturin (pip fetches it), pytest, onnx and onnxruntime;
 #   - Mesa's lavapipe (software Vulkan), so the GPU path runs for real without a GPU;
 #   - the onnx Python package, whose backend node tests are materialised once into
 #     $KILN_ONNX_TESTS (default .cache/onnx-node-tests);
@@ -65,6 +67,13 @@ echo "== unit and integration tests"
 cargo test --release --workspace --exclude kiln
 echo "== end-to-end tests: the zoo and the ONNX conformance suite, on the CPU and the GPU"
 cargo test --release -p kiln -- --nocapture --test-threads 2
+echo "== the Python package: the wheel built and installed into a fresh venv, pytest against onnxruntime on the CPU and the GPU"
+rm -rf .cache/venv
+python3 -m venv .cache/venv
+CARGO_TARGET_DIR="$PWD/target" .cache/venv/bin/pip install -q --disable-pip-version-check ./python
+.cache/venv/bin/pip install -q --disable-pip-version-check pytest "onnx==1.23.*" "onnxruntime==1.32.*"
+.cache/venv/bin/python -c "import kiln; print(kiln.devices())"
+.cache/venv/bin/python -m pytest -q python/tests
 echo "== the Rust custom-op example (an application outside the workspace), on every device"
 # The workspace's target folder: the example reuses the dependencies built above.
 CARGO_TARGET_DIR="$PWD/target" cargo run --release --manifest-path samples/custom-op-rust/Cargo.toml

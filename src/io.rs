@@ -16,66 +16,31 @@ pub fn pass_target(device: &DeviceChoice) -> Result<Target> {
     })
 }
 
-/// A model opened for a session: its graph, the artifact's info when it was one, and
-/// the registry of its ops when custom ops take part (`None`: the built-in ops).
-pub struct Loaded {
-    pub graph: kiln::graph::Graph,
-    pub info: Option<kiln::runtime::artifact::ArtifactInfo>,
-    pub registry: Option<kiln::ops::Registry>,
-}
+pub use kiln::compiler::load::Loaded;
 
 /// Loads the custom ops of `--custom-op` manifests.
 pub fn custom_ops(manifests: &[std::path::PathBuf]) -> Result<Vec<kiln::ops::custom::CustomOp>> {
     manifests.iter().map(|p| kiln::ops::custom::CustomOp::load(p).map_err(|e| anyhow!("--custom-op: {e}"))).collect()
 }
 
-/// The built-in ops plus `ops` (on top of `base` when given); `None` when both are empty.
-pub fn registry_with(base: Option<kiln::ops::Registry>, ops: &[kiln::ops::custom::CustomOp]) -> Option<kiln::ops::Registry> {
-    if ops.is_empty() {
-        return base;
-    }
-    let mut r = base.unwrap_or_else(|| kiln::ops::Registry::builtin().clone());
-    for op in ops {
-        op.register(&mut r);
-    }
-    Some(r)
-}
-
-/// Opens a model for a session: a `.kiln` artifact is loaded as compiled (no import, no
-/// passes) with the custom ops it embeds; an `.onnx` file is imported and, unless
-/// `no_passes`, optimised for `target`. The ops of `custom` manifests join (and replace
-/// embedded ones of the same domain and type).
+/// Opens a model for a session (`kiln::compiler::load`): a `.kiln` artifact as compiled,
+/// with the custom ops it embeds; an `.onnx` file imported and, unless `no_passes`,
+/// optimised for `target`. The ops of `custom` manifests join.
 pub fn load_model(model: &Path, no_passes: bool, target: Target, custom: &[std::path::PathBuf]) -> Result<Loaded> {
     let custom = custom_ops(custom)?;
     match model.extension().and_then(|e| e.to_str()) {
-        Some("kiln") => {
-            if no_passes {
-                log::warn!("--no-passes has no effect on {}: a compiled artifact holds the graph its passes made", model.display());
-            }
-            let (graph, info) = kiln::runtime::artifact::load(model)?;
-            log::info!("loaded {} (compiled by kiln {} from {} for device '{}')", model.display(), info.kiln_version, info.source, info.device);
-            let embedded = info.registry()?;
-            for op in &custom {
-                if embedded.as_ref().is_some_and(|r| r.supports(op.domain(), op.op_type())) {
-                    log::warn!("--custom-op {}: replaces the {}.{} that {} embeds", op.source().manifest_path, op.domain(), op.op_type(), model.display());
-                }
-            }
-            let registry = registry_with(embedded, &custom);
-            Ok(Loaded { graph, info: Some(info), registry })
-        }
-        Some("onnx") | None => {
-            let registry = registry_with(None, &custom);
-            let ops = registry.as_ref().unwrap_or_else(|| kiln::ops::Registry::builtin());
-            let options = kiln::compiler::onnx::ImportOptions::with_registry(ops);
-            let mut graph = kiln::compiler::onnx::import_file_with(model, &options).with_context(|| format!("cannot import {}", model.display()))?;
-            if !no_passes {
-                // optimize_with logs each pass's changes.
-                kiln::compiler::passes::optimize_with(&mut graph, target, &mut kiln::compiler::passes::PassContext::new(ops));
-            }
-            Ok(Loaded { graph, info: None, registry })
-        }
+        Some("kiln") | Some("onnx") | None => {}
         Some(ext) => bail!("{}: unknown model format '.{ext}' (expected .onnx or .kiln)", model.display()),
     }
+    let is_artifact = model.extension().is_some_and(|e| e == "kiln");
+    if is_artifact && no_passes {
+        log::warn!("--no-passes has no effect on {}: a compiled artifact holds the graph its passes made", model.display());
+    }
+    let loaded = kiln::compiler::load::load(kiln::compiler::load::Source::File(model), target, !no_passes, &custom).with_context(|| format!("cannot {} {}", if is_artifact { "load" } else { "import" }, model.display()))?;
+    if let Some(info) = &loaded.info {
+        log::info!("loaded {} (compiled by kiln {} from {} for device '{}')", model.display(), info.kiln_version, info.source, info.device);
+    }
+    Ok(loaded)
 }
 
 /// Loads a model (see [`load_model`]; passes for the device's kind) and opens a session
@@ -91,7 +56,7 @@ pub fn open_session_with(args: &SessionArgs, edit: impl FnOnce(&mut kiln::graph:
     let t0 = std::time::Instant::now();
     // Passes for the device kind, unless rules place nodes on several devices.
     let target = if place.is_empty() { pass_target(device)? } else { Target::Any };
-    let Loaded { mut graph, info, registry } = load_model(model, no_passes, target, &args.custom_ops)?;
+    let Loaded { mut graph, info, registry, .. } = load_model(model, no_passes, target, &args.custom_ops)?;
     edit(&mut graph);
     let loaded = t0.elapsed();
     let auto_place = place.iter().any(|p| p == "auto");

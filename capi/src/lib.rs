@@ -190,39 +190,11 @@ unsafe fn open(source: Source, options: *const KilnSessionOptions) -> Result<Kil
         kiln_runtime::DeviceKind::Cpu => kiln_compiler::passes::Target::Cpu,
         kiln_runtime::DeviceKind::Gpu => kiln_compiler::passes::Target::Gpu,
     };
-    let model = |e: &dyn std::fmt::Display| (KilnStatus::Model, e.to_string());
-    let is_artifact = match &source {
-        Source::File(p) => p.extension().is_some_and(|e| e == "kiln"),
-        Source::Memory(b) => b.starts_with(b"KILNART\0"),
+    let source = match source {
+        Source::File(p) => kiln_compiler::load::Source::File(p),
+        Source::Memory(b) => kiln_compiler::load::Source::Bytes(b),
     };
-    let (graph, embedded) = if is_artifact {
-        let (graph, info) = match source {
-            Source::File(p) => kiln_runtime::artifact::load(p),
-            Source::Memory(b) => kiln_runtime::artifact::load_bytes("<memory>", b.to_vec()),
-        }
-        .map_err(|e| model(&e))?;
-        (graph, info.registry().map_err(|e| model(&e))?)
-    } else {
-        (kiln_graph::Graph::new(""), None)
-    };
-    let mut registry = embedded;
-    if !custom.is_empty() {
-        let r = registry.get_or_insert_with(|| kiln_ops::Registry::builtin().clone());
-        custom.iter().for_each(|op| op.register(r));
-    }
-    let graph = if is_artifact {
-        graph
-    } else {
-        let ops = registry.as_ref().unwrap_or_else(|| kiln_ops::Registry::builtin());
-        let options = kiln_compiler::onnx::ImportOptions::with_registry(ops);
-        let mut g = match source {
-            Source::File(p) => kiln_compiler::onnx::import_file_with(p, &options),
-            Source::Memory(b) => kiln_compiler::onnx::import_bytes_with(b, None, &options),
-        }
-        .map_err(|e| model(&e))?;
-        kiln_compiler::passes::optimize_with(&mut g, target, &mut kiln_compiler::passes::PassContext::new(ops));
-        g
-    };
+    let kiln_compiler::load::Loaded { graph, registry, .. } = kiln_compiler::load::load(source, target, true, &custom).map_err(|e| (KilnStatus::Model, e.to_string()))?;
     let options = SessionOptions { device, threads: (o.threads > 0).then_some(o.threads), registry, ..Default::default() };
     let session = Session::new(graph, options).map_err(|e| (status_of(&e), e.to_string()))?;
     let dims_of = |shape: Option<&kiln_graph::Shape>| shape.map(|s| s.0.iter().map(|d| if let Dim::Fixed(n) = d { *n as i64 } else { -1 }).collect());

@@ -38,7 +38,8 @@ pub const FORMAT: u32 = 6;
 /// Older formats this runtime still reads (format 5 only added subgraph attributes,
 /// format 6 embedded custom ops).
 const READS_ALSO: &[u32] = &[3, 4, 5];
-const MAGIC: &[u8; 8] = b"KILNART\0";
+/// The first bytes of every artifact.
+pub const MAGIC: &[u8; 8] = b"KILNART\0";
 const ALIGN: usize = 64;
 const PREFIX: usize = 24;
 

@@ -199,10 +199,11 @@ struct PlanKey {
 /// Plans a control-flow body's session keeps ([`Session::make_room`]).
 const BODY_PLANS: usize = 32;
 
-/// Largest integer graph input (elements) that is bound by value.
-const MAX_VALUE_INPUT: usize = 4096;
+/// Largest integer graph input (elements) that is bound by value: a plan keeps such
+/// inputs in its key.
+pub const MAX_VALUE_INPUT: usize = 4096;
 /// Largest float graph input bound by value (scalars such as Range's start and delta).
-const MAX_FLOAT_VALUE_INPUT: usize = 16;
+pub const MAX_FLOAT_VALUE_INPUT: usize = 16;
 
 impl Session {
     /// Validates the graph, creates its ops and opens the device.

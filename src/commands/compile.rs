@@ -2,7 +2,6 @@
 //! `kiln run`/`kiln bench` and the runtime load without the compiler.
 use crate::io;
 use anyhow::{bail, Context, Result};
-use kiln::graph::Dim;
 use kiln::runtime::artifact::{self, ArtifactInfo};
 use kiln::runtime::{DeviceChoice, Session, SessionOptions};
 use std::path::PathBuf;
@@ -52,34 +51,12 @@ pub fn main(args: Args) -> Result<()> {
         bail!("{} is already a compiled artifact; compile the .onnx model", args.model.display());
     }
     let custom = io::custom_ops(&args.custom_ops)?;
-    let registry = io::registry_with(None, &custom);
-    let ops = registry.as_ref().unwrap_or_else(|| kiln::ops::Registry::builtin());
-    let options = kiln::compiler::onnx::ImportOptions::with_registry(ops);
-    let mut graph = kiln::compiler::onnx::import_file_with(&args.model, &options).with_context(|| format!("cannot import {}", args.model.display()))?;
     let fixed = io::parse_dims(&args.fix)?;
-    let mut fixed_list: Vec<(String, usize)> = fixed.iter().map(|(k, v)| (k.clone(), *v)).collect();
-    fixed_list.sort();
-    let mut symbols: Vec<String> = graph.inputs.iter().filter_map(|&v| graph.values[v].ty.as_ref()).flat_map(|t| t.shape.symbols().map(String::from).collect::<Vec<_>>()).collect();
-    symbols.sort();
-    symbols.dedup();
-    for (name, _) in &fixed_list {
-        if !symbols.contains(name) {
-            bail!("--fix {name}: the model's inputs have no symbolic dim '{name}' (they have: {})", if symbols.is_empty() { "none".to_string() } else { symbols.join(", ") });
-        }
-    }
-    for &v in &graph.inputs.clone() {
-        if let Some(ty) = graph.values[v].ty.as_mut() {
-            for d in ty.shape.0.iter_mut() {
-                if let Dim::Sym(s) = d {
-                    if let Some(&n) = fixed.get(s.as_str()) {
-                        *d = Dim::Fixed(n);
-                    }
-                }
-            }
-        }
-    }
-    let mut cx = kiln::compiler::passes::PassContext::new(ops);
-    let passes: Vec<(String, usize)> = kiln::compiler::passes::optimize_with(&mut graph, io::pass_target(&args.device)?, &mut cx).into_iter().map(|r| (r.name.to_string(), r.changes)).collect();
+    let kiln::compiler::load::Compiled { graph, registry, info: compiled } =
+        kiln::compiler::load::compile(&args.model, io::pass_target(&args.device)?, &fixed, &custom).map_err(|e| match e {
+            kiln::compiler::load::CompileError::UnknownSymbol { name, symbols } => anyhow::anyhow!("--fix {name}: the model's inputs have no symbolic dim '{name}' (they have: {symbols})"),
+            e => anyhow::Error::new(e).context(format!("cannot import {}", args.model.display())),
+        })?;
     // Check the result on the target device (the session's symbolic check and device
     // limits) before writing anything.
     let tuning = match (&args.tune, &args.tuning_db) {
@@ -117,17 +94,7 @@ pub fn main(args: Args) -> Result<()> {
     // The driver's compiled pipelines of those kernels (the device opened for this
     // command with an empty cache), for loading on the same adapter and driver.
     let pipeline_cache = if kernels.is_empty() { None } else { session.pipeline_cache()? };
-    let info = ArtifactInfo {
-        kiln_version: env!("CARGO_PKG_VERSION").into(),
-        source: args.model.display().to_string(),
-        device: args.device.to_string(),
-        fixed: fixed_list,
-        passes,
-        pipeline_cache,
-        tuning: tuned,
-        // Only the custom ops the graph uses.
-        custom_ops: custom.iter().filter(|op| graph.nodes.iter().any(|n| kiln::ops::canonical_domain(&n.domain) == op.domain() && n.op_type == op.op_type())).map(|op| op.source().clone()).collect(),
-    };
+    let info = ArtifactInfo { device: args.device.to_string(), pipeline_cache, tuning: tuned, ..compiled };
     let out = args.output.clone().unwrap_or_else(|| args.model.with_extension("kiln"));
     artifact::save(&out, &graph, &info)?;
     let ms = start.elapsed().as_secs_f64() * 1e3;

@@ -72,10 +72,10 @@ pub fn main(args: Args) -> Result<()> {
     let is_onnx = args.model.extension().and_then(|e| e.to_str()) != Some("kiln");
     let mut pass_report: Vec<(String, usize, Vec<String>, Vec<String>)> = vec![];
     let (graph, registry) = if is_onnx && args.passes {
-        let registry = io::registry_with(None, &io::custom_ops(&args.custom_ops)?);
+        let custom = io::custom_ops(&args.custom_ops)?;
+        let source = kiln::compiler::load::Source::File(&args.model);
+        let kiln::compiler::load::Loaded { graph: mut g, registry, .. } = kiln::compiler::load::load(source, kiln::compiler::passes::Target::Any, false, &custom).with_context(|| format!("cannot import {}", args.model.display()))?;
         let ops = registry.as_ref().unwrap_or_else(|| kiln::ops::Registry::builtin());
-        let options = kiln::compiler::onnx::ImportOptions::with_registry(ops);
-        let mut g = kiln::compiler::onnx::import_file_with(&args.model, &options).with_context(|| format!("cannot import {}", args.model.display()))?;
         let env = |name: &str| std::env::var(name).unwrap_or_default();
         let passes = kiln::compiler::passes::selected_passes(
             &env(kiln::compiler::passes::SKIP_PASSES_ENV),

@@ -165,7 +165,7 @@ pub fn main(args: Args) -> Result<()> {
     }
     let model = args.model.clone().expect("clap requires the model");
     let started = Instant::now();
-    let io::Loaded { graph, info, registry } = io::load_model(&model, false, io::pass_target(&args.device)?, &args.custom_ops)?;
+    let io::Loaded { graph, info, registry, .. } = io::load_model(&model, false, io::pass_target(&args.device)?, &args.custom_ops)?;
     let tuning = TuningArgs { no_tuning: false, tuning_db: args.tuning_db.clone() }.tuning(info.as_ref());
     let open = |tuning: Tuning| -> Result<Session> {
         let options = SessionOptions { device: args.device.clone(), tuning, threads: args.threads, registry: registry.clone(), ..Default::default() };
