@@ -34,6 +34,9 @@ enum Command {
     Inspect(commands::inspect::Args),
     /// List the operators Kiln implements.
     Ops(commands::ops::Args),
+    /// Trace loading and running a model into a Chrome trace (Perfetto, chrome://tracing):
+    /// host phases and one slice per kernel, GPU-timed where the adapter allows.
+    Profile(commands::profile::Args),
     /// Measure a model's kernel choices on a device and store the fastest in the tuning
     /// database (`run` and `bench` use it); --list and --clear manage the database.
     Tune(commands::tune::Args),
@@ -69,6 +72,7 @@ fn main() {
         Command::Compile(a) => commands::compile::main(a),
         Command::Ops(a) => commands::ops::main(a),
         Command::Bench(a) => commands::bench::main(a),
+        Command::Profile(a) => commands::profile::main(a),
         Command::Tune(a) => commands::tune::main(a),
     };
     if let Err(e) = result {

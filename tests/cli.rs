@@ -469,3 +469,71 @@ fn demo_runs_every_sample_on_every_device() {
     }
     assert_clean_error(&kiln(&["demo", "--sample", "resnet99"]), "no sample named 'resnet99'");
 }
+
+/// Checks a Chrome trace's structure: every complete slice has name, ph, ts, dur, pid
+/// and tid; slices on one track nest or do not overlap. Returns the slices.
+fn trace_slices(path: &std::path::Path) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).expect("the trace is JSON");
+    let events = j["traceEvents"].as_array().expect("traceEvents").clone();
+    let slices: Vec<serde_json::Value> = events.into_iter().filter(|e| e["ph"] == "X").collect();
+    assert!(!slices.is_empty());
+    for s in &slices {
+        for key in ["name", "ph", "ts", "dur", "pid", "tid"] {
+            assert!(!s[key].is_null(), "slice without {key}: {s}");
+        }
+        assert!(s["ts"].as_f64().unwrap() >= 0.0 && s["dur"].as_f64().unwrap() >= 0.0, "{s}");
+    }
+    let mut tids: Vec<i64> = slices.iter().map(|s| s["tid"].as_i64().unwrap()).collect();
+    tids.sort();
+    tids.dedup();
+    for tid in tids {
+        let mut on: Vec<(f64, f64, String)> = slices.iter().filter(|s| s["tid"].as_i64() == Some(tid)).map(|s| {
+            let ts = s["ts"].as_f64().unwrap();
+            (ts, ts + s["dur"].as_f64().unwrap(), s["name"].as_str().unwrap().to_string())
+        }).collect();
+        on.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let mut open: Vec<(f64, f64, String)> = vec![];
+        for s in on {
+            while open.last().is_some_and(|o| s.0 >= o.1 - 1e-3) {
+                open.pop();
+            }
+            if let Some(o) = open.last() {
+                assert!(s.1 <= o.1 + 1e-3, "track {tid}: '{}' [{}, {}] overlaps '{}' [{}, {}] without nesting", s.2, s.0, s.1, o.2, o.0, o.1);
+            }
+            open.push(s);
+        }
+    }
+    (slices, j["otherData"].clone())
+}
+
+#[test]
+fn profile_writes_a_chrome_trace_with_a_slice_per_kernel() {
+    let dir = tmp("profile");
+    // On the GPU: one slice per kernel from timestamp queries, inside the submit's span.
+    let out = dir.join("gpu.json");
+    let o = kiln(&["profile", model("resnet18").to_str().unwrap(), "--device", "gpu", "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (slices, info) = trace_slices(&out);
+    assert_eq!(info["gpu_timestamps"], true, "lavapipe has TIMESTAMP_QUERY: {info}");
+    let gpu: Vec<&serde_json::Value> = slices.iter().filter(|s| s["cat"] == "gpu").collect();
+    assert_eq!(gpu.len() as u64, info["kernels"].as_u64().unwrap(), "one slice per kernel");
+    assert!(gpu.len() >= 20, "resnet18 runs its convolutions as kernels: {}", gpu.len());
+    let submit = slices.iter().find(|s| s["name"] == "submit and wait").expect("the submit's host span");
+    let (s0, s1) = (submit["ts"].as_f64().unwrap(), submit["ts"].as_f64().unwrap() + submit["dur"].as_f64().unwrap());
+    for k in &gpu {
+        let (k0, k1) = (k["ts"].as_f64().unwrap(), k["ts"].as_f64().unwrap() + k["dur"].as_f64().unwrap());
+        assert!(k0 >= s0 - 1e-3 && k1 <= s1 + 1e-3, "GPU slice {k} outside the submit [{s0}, {s1}]");
+        assert!(k["name"].as_str().unwrap().contains("Conv") || !k["name"].as_str().unwrap().is_empty());
+    }
+    for phase in ["import", "graph passes", "open session (devices, op checks)", "first run (specialise, place, compile kernels)", "upload inputs", "read outputs back"] {
+        assert!(slices.iter().any(|s| s["name"] == phase), "no '{phase}' slice");
+    }
+    // On the CPU: one slice per step, from CPU timers.
+    let out = dir.join("cpu.json");
+    let o = kiln(&["profile", model("mlp").to_str().unwrap(), "--device", "cpu", "-o", out.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (slices, info) = trace_slices(&out);
+    let kernels = slices.iter().filter(|s| s["cat"] == "kernel").count();
+    assert_eq!(kernels as u64, info["kernels"].as_u64().unwrap());
+    assert!(kernels >= 2 && slices.iter().any(|s| s["name"].as_str().unwrap().contains("Gemm")));
+}

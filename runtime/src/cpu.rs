@@ -154,7 +154,7 @@ impl CpuPlan {
     }
 
     /// Runs once; with `profile`, records each step's wall time (node index, seconds).
-    pub fn run(&self, graph: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor], profile: Option<&mut Vec<(usize, f64)>>) -> Result<Vec<Tensor>> {
+    pub fn run(&self, graph: &Graph, ops: &[Box<dyn Op>], inputs: &[&Tensor], profile: Option<&mut Vec<(usize, std::time::Instant, f64)>>) -> Result<Vec<Tensor>> {
         let arena = self.pool.lock().map_err(|_| poisoned())?.pop();
         let arena = arena.unwrap_or_else(|| Arc::new(Arena::new(self.arena_words)));
         let mut temps: Vec<Tensor> = vec![self.placeholder.clone(); self.temps.len()];
@@ -184,7 +184,7 @@ impl CpuPlan {
         inputs: &[&Tensor],
         temps: &mut [Tensor],
         arena: &Arc<Arena>,
-        mut profile: Option<&mut Vec<(usize, f64)>>,
+        mut profile: Option<&mut Vec<(usize, std::time::Instant, f64)>>,
     ) -> Result<Vec<Tensor>> {
         for (k, s) in self.steps.iter().enumerate() {
             let started = profile.as_ref().map(|_| std::time::Instant::now());
@@ -198,7 +198,7 @@ impl CpuPlan {
                     temps[t] = self.placeholder.clone();
                 }
                 if let (Some(p), Some(t)) = (profile.as_deref_mut(), started) {
-                    p.push((s.node, t.elapsed().as_secs_f64()));
+                    p.push((s.node, t, t.elapsed().as_secs_f64()));
                 }
                 continue;
             }
@@ -278,7 +278,7 @@ impl CpuPlan {
                 temps[t] = self.placeholder.clone();
             }
             if let (Some(p), Some(t)) = (profile.as_deref_mut(), started) {
-                p.push((s.node, t.elapsed().as_secs_f64()));
+                p.push((s.node, t, t.elapsed().as_secs_f64()));
             }
         }
         // Graph outputs are copied out of the arena (clones of arena tensors copy).

@@ -30,6 +30,6 @@ pub use error::{Result, RuntimeError};
 pub use gpu::{KernelRecord, PipelineCacheData};
 pub use calibrate::calibrate;
 pub use placement::{DeviceProfile, PlacementRule};
-pub use session::{NodeProfile, NodeReport, RunStats, Session, SessionOptions, MAX_FLOAT_VALUE_INPUT, MAX_VALUE_INPUT};
+pub use session::{NodeProfile, NodeReport, RunStats, RunTrace, Session, SessionOptions, TraceSlice, MAX_FLOAT_VALUE_INPUT, MAX_VALUE_INPUT};
 pub use tune::{TuneOptions, TuneReport, Tuning, TuningDatabase};
 pub use kiln_ops::infer::{Limits, Specialized, Step, SymbolicShapes};

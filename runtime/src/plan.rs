@@ -220,6 +220,14 @@ impl Plan {
         }
     }
 
+    /// The GPU plan when the whole specialisation runs as one GPU segment.
+    pub fn gpu_only(&self) -> Option<&GpuPlan> {
+        match self.segments.as_slice() {
+            [Segment { view: None, plan: SegmentPlan::Gpu(p) }] => Some(p),
+            _ => None,
+        }
+    }
+
     /// The GPU kernels of every GPU segment.
     pub fn kernel_records(&self) -> Vec<gpu::KernelRecord> {
         self.segments

@@ -751,7 +751,7 @@ impl Session {
         for _ in 0..runs.max(1) {
             samples.clear();
             p.run(&self.graph, &self.ops, &tensors, Some(&mut samples))?;
-            for &(n, t) in &samples {
+            for &(n, _, t) in &samples {
                 *times.entry(n).or_default() += t;
             }
         }
@@ -761,6 +761,82 @@ impl Session {
             .collect();
         out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         Ok(out)
+    }
+}
+
+/// One slice of a run's trace: a span of time on a track (the host, the CPU's kernels,
+/// a GPU's kernels).
+#[derive(Clone, Debug)]
+pub struct TraceSlice {
+    pub track: String,
+    pub name: String,
+    /// `host`, `kernel` (CPU) or `gpu` (GPU kernel).
+    pub category: &'static str,
+    pub start: std::time::Instant,
+    pub duration: std::time::Duration,
+}
+
+/// A run's trace ([`Session::trace`]).
+#[derive(Clone, Debug, Default)]
+pub struct RunTrace {
+    pub slices: Vec<TraceSlice>,
+    /// Whether GPU kernels were timed by the GPU's timestamp queries (else the trace has
+    /// no per-kernel GPU slices, only the submit).
+    pub gpu_timestamps: bool,
+    /// Kernels the run launched (GPU dispatches or CPU steps).
+    pub kernels: usize,
+}
+
+impl Session {
+    /// Runs once (planning first when these input types are new) and traces the run:
+    /// on the CPU, every step on the `cpu` track; on a GPU, the upload, the submit and
+    /// the readback on the `host` track and every kernel, timed by the GPU's timestamp
+    /// queries where the adapter has them, on the adapter's track, inside its submit's
+    /// span. Plans split across devices and staged models are refused.
+    pub fn trace(&self, inputs: &[(&str, &Tensor)]) -> Result<RunTrace> {
+        self.workers.run(|| self.trace_on_pool(inputs))
+    }
+
+    fn trace_on_pool(&self, inputs: &[(&str, &Tensor)]) -> Result<RunTrace> {
+        use std::time::{Duration, Instant};
+        let (tensors, types) = self.bind(inputs)?;
+        let (plan, _) = self.plan(&tensors, types)?;
+        let plan = plan.whole(&self.graph, "a trace")?;
+        let label = |n: usize| format!("{} ({})", self.graph.nodes[n].name, self.graph.nodes[n].op_type);
+        let slice = |track: &str, name: String, category, start: Instant, end: Instant| TraceSlice { track: track.into(), name, category, start, duration: end.saturating_duration_since(start) };
+        if let Some(p) = plan.cpu_only() {
+            let mut samples = vec![];
+            let t0 = Instant::now();
+            p.run(&self.graph, &self.ops, &tensors, Some(&mut samples))?;
+            let t1 = Instant::now();
+            let track = self.device_name();
+            let mut slices = vec![slice("host", "run".into(), "host", t0, t1)];
+            slices.extend(samples.iter().map(|&(n, start, secs)| TraceSlice { track: track.clone(), name: label(n), category: "kernel", start, duration: Duration::from_secs_f64(secs) }));
+            return Ok(RunTrace { kernels: samples.len(), slices, gpu_timestamps: false });
+        }
+        let Some(p) = plan.gpu_only() else {
+            return Err(RuntimeError::Unsupported { node: self.graph.name.clone(), what: "a trace of a plan split across devices is not supported yet (trace on one device)".into() });
+        };
+        let mut t = gpu::GpuTiming::default();
+        p.run_timed(&tensors, Some(&mut t))?;
+        let mut slices = vec![
+            slice("host", "upload inputs".into(), "host", t.upload.0, t.upload.1),
+            slice("host", "submit and wait".into(), "host", t.submit, t.done),
+            slice("host", "read outputs back".into(), "host", t.done, t.readback_end),
+        ];
+        // GPU times start at the first kernel; they end where the wait ended (the
+        // submit's span holds them; a GPU busier than the span is scaled into it).
+        let span = t.done.saturating_duration_since(t.submit).as_nanos() as f64;
+        let total = t.kernels.iter().map(|k| k.2).max().unwrap_or(0) as f64;
+        let scale = if total > span && total > 0.0 { span / total } else { 1.0 };
+        let origin = t.done - Duration::from_nanos((total * scale) as u64);
+        let track = self.device_name();
+        for (name, start, end) in &t.kernels {
+            let s0 = origin + Duration::from_nanos((*start as f64 * scale) as u64);
+            let s1 = origin + Duration::from_nanos((*end as f64 * scale) as u64);
+            slices.push(slice(&track, name.clone(), "gpu", s0, s1.min(t.done)));
+        }
+        Ok(RunTrace { slices, gpu_timestamps: t.gpu_timed, kernels: t.kernel_count })
     }
 }
 

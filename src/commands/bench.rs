@@ -73,7 +73,7 @@ pub fn main(args: Args) -> Result<()> {
     let session = io::open_session(a)?;
     if args.profile && session.device_kind() != kiln::runtime::DeviceKind::Cpu {
         // Said before the timed runs, not after them.
-        bail!("--profile times the nodes of CPU sessions only (per-kernel GPU timings are not implemented yet); {} is a GPU", session.device_name());
+        bail!("--profile times the nodes of CPU sessions; for {}, `kiln profile MODEL --device ... -o trace.json` traces every kernel with GPU timestamps", session.device_name());
     }
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = io::session_inputs(&session, a)?;

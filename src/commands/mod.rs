@@ -4,5 +4,6 @@ pub mod demo;
 pub mod devices;
 pub mod inspect;
 pub mod ops;
+pub mod profile;
 pub mod run;
 pub mod tune;

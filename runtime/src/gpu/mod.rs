@@ -5,7 +5,7 @@ mod half;
 mod plan;
 
 pub(crate) use convert::{from_gpu, to_gpu};
-pub(crate) use plan::{generate, GpuPlan, WeightCache};
+pub(crate) use plan::{generate, GpuPlan, GpuTiming, WeightCache};
 
 use crate::error::poisoned;
 use crate::{AdapterInfo, DeviceChoice, DeviceKind, DevicesReport, Result, RuntimeError};
@@ -175,6 +175,9 @@ pub(crate) struct GpuContext {
     pub f16: bool,
     /// TIMESTAMP_QUERY is enabled: the tuner times kernels with the GPU's timestamps.
     pub timestamps: bool,
+    /// TIMESTAMP_QUERY_INSIDE_PASSES is enabled too: a profile stamps every dispatch
+    /// inside the run's one pass (else it gives each dispatch a pass of its own).
+    pub timestamps_inside_passes: bool,
     /// The driver's pipeline cache that new pipelines go through (PIPELINE_CACHE
     /// enabled, Vulkan): empty when the device opens, replaced by an artifact's stored
     /// cache when one for this adapter and driver is loaded.
@@ -239,6 +242,10 @@ impl GpuContext {
         if timestamps {
             features |= wgpu::Features::TIMESTAMP_QUERY;
         }
+        let timestamps_inside_passes = timestamps && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
+        if timestamps_inside_passes {
+            features |= wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        }
         if f16 {
             features |= wgpu::Features::SHADER_F16;
         }
@@ -269,7 +276,7 @@ impl GpuContext {
             if caching { ", pipeline cache enabled" } else { "" }
         );
         let cache = caching.then(|| new_cache(&device, None));
-        Ok(GpuContext { device, queue, info, limits, f16, timestamps, cache: Mutex::new(cache), pipelines: Mutex::default(), error })
+        Ok(GpuContext { device, queue, info, limits, f16, timestamps, timestamps_inside_passes, cache: Mutex::new(cache), pipelines: Mutex::default(), error })
     }
 
     /// The key a pipeline cache of this device carries (None without pipeline caching).

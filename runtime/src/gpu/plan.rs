@@ -13,6 +13,7 @@ use kiln_ops::infer::Step;
 use kiln_ops::{wgsl::Binding, Op, OpError, TensorType, TuneValues, WgslProgram};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Where a kernel binding's buffer comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -555,18 +556,25 @@ impl GpuPlan {
 
     /// Runs once: uploads inputs, one pass, one submit, reads outputs back.
     pub fn run(&self, inputs: &[&Tensor]) -> Result<(Vec<Tensor>, usize)> {
+        self.run_timed(inputs, None)
+    }
+
+    /// [`GpuPlan::run`], filling `timing` when given (host phases, and every kernel's
+    /// GPU time where the adapter has timestamp queries).
+    pub fn run_timed(&self, inputs: &[&Tensor], timing: Option<&mut GpuTiming>) -> Result<(Vec<Tensor>, usize)> {
         let state = self.pool.lock().map_err(|_| poisoned())?.pop();
         let state = match state {
             Some(s) => s,
             None => self.new_state(),
         };
-        let result = self.run_with(&state, inputs);
+        let result = self.run_with(&state, inputs, timing);
         self.pool.lock().map_err(|_| poisoned())?.push(state);
         result
     }
 
-    fn run_with(&self, st: &ExecState, inputs: &[&Tensor]) -> Result<(Vec<Tensor>, usize)> {
+    fn run_with(&self, st: &ExecState, inputs: &[&Tensor], mut timing: Option<&mut GpuTiming>) -> Result<(Vec<Tensor>, usize)> {
         let ctx = &self.ctx;
+        let upload_start = Instant::now();
         for (i, buf, name) in &self.inputs {
             let t = inputs[*i];
             if t.dtype() == DType::F16 && ctx.f16 {
@@ -581,21 +589,48 @@ impl GpuPlan {
                 ctx.queue.write_buffer(&st.buffers[self.runs[*buf].buffer], self.runs[*buf].offset, &bytes);
             }
         }
+        let upload_end = Instant::now();
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
         for (b, _, _) in &self.statuses {
             let loc = self.runs[*b];
             enc.clear_buffer(&st.buffers[loc.buffer], loc.offset, Some(loc.size));
         }
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes: None });
-            for (d, bg) in self.dispatches.iter().zip(&st.bind_groups) {
-                if d.workgroups.contains(&0) {
-                    continue;
+        let live: Vec<usize> = (0..self.dispatches.len()).filter(|&k| !self.dispatches[k].workgroups.contains(&0)).collect();
+        let stamps = (timing.is_some() && ctx.timestamps && !live.is_empty()).then(|| Stamps::new(&ctx.device, 2 * live.len()));
+        match &stamps {
+            // A profile without timestamps inside passes: a pass per dispatch, stamped
+            // at its start and end.
+            Some(q) if !ctx.timestamps_inside_passes => {
+                for (j, &k) in live.iter().enumerate() {
+                    let (d, bg) = (&self.dispatches[k], &st.bind_groups[k]);
+                    let (set, at) = q.slot(2 * j);
+                    let writes = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(at), end_of_pass_write_index: Some(at + 1) };
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&d.label), timestamp_writes: Some(writes) });
+                    pass.set_pipeline(&d.pipeline.pipeline);
+                    pass.set_bind_group(0, bg, &[]);
+                    pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
                 }
-                pass.set_pipeline(&d.pipeline.pipeline);
-                pass.set_bind_group(0, bg, &[]);
-                pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
             }
+            _ => {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes: None });
+                for (j, &k) in live.iter().enumerate() {
+                    let (d, bg) = (&self.dispatches[k], &st.bind_groups[k]);
+                    if let Some(q) = &stamps {
+                        let (set, at) = q.slot(2 * j);
+                        pass.write_timestamp(set, at);
+                    }
+                    pass.set_pipeline(&d.pipeline.pipeline);
+                    pass.set_bind_group(0, bg, &[]);
+                    pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
+                    if let Some(q) = &stamps {
+                        let (set, at) = q.slot(2 * j + 1);
+                        pass.write_timestamp(set, at);
+                    }
+                }
+            }
+        }
+        if let Some(q) = &stamps {
+            q.resolve(&mut enc);
         }
         for (o, staging) in self.outputs.iter().zip(&st.staging) {
             if let (OutputSource::Buffer(b, _) | OutputSource::Halves(b, _), Some(s), Some(bytes)) = (o, staging, output_bytes(o)) {
@@ -607,8 +642,15 @@ impl GpuPlan {
                 enc.copy_buffer_to_buffer(&st.buffers[self.runs[*b].buffer], self.runs[*b].offset, s, STATUS_BYTES * k as u64, STATUS_BYTES);
             }
         }
+        let submitted = Instant::now();
         let idx = ctx.queue.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(q) = &stamps {
+            let tx = tx.clone();
+            q.read.map_async(wgpu::MapMode::Read, .., move |r| {
+                let _ = tx.send((usize::MAX - 1, r));
+            });
+        }
         if let Some(s) = &st.status_staging {
             let tx = tx.clone();
             s.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -627,10 +669,30 @@ impl GpuPlan {
         ctx.device
             .poll(wgpu::PollType::Wait { submission_index: Some(idx), timeout: None })
             .map_err(|e| RuntimeError::Gpu(format!("waiting for the GPU failed: {e}")))?;
+        let done = Instant::now();
         for (k, r) in rx.iter() {
             r.map_err(|e| RuntimeError::Gpu(format!("reading output {k} back failed: {e}")))?;
         }
         ctx.take_error()?;
+        if let Some(t) = timing.as_deref_mut() {
+            t.kernels = match &stamps {
+                Some(q) => {
+                    let ticks: Vec<u64> = {
+                        let view = q.read.get_mapped_range(..).map_err(|e| RuntimeError::Gpu(format!("mapping the timestamps failed: {e}")))?;
+                        bytemuck::cast_slice::<u8, u64>(&view[..16 * live.len()]).to_vec()
+                    };
+                    q.read.unmap();
+                    let period = ctx.queue.get_timestamp_period() as f64;
+                    let first = ticks.iter().copied().min().unwrap_or(0);
+                    let ns = |t: u64| (t.saturating_sub(first) as f64 * period) as u64;
+                    live.iter().enumerate().map(|(j, &k)| (self.dispatches[k].label.clone(), ns(ticks[2 * j]), ns(ticks[2 * j + 1]).max(ns(ticks[2 * j])))).collect()
+                }
+                None => vec![],
+            };
+            t.gpu_timed = stamps.is_some();
+            t.kernel_count = live.len();
+            (t.upload, t.submit, t.done) = ((upload_start, upload_end), submitted, done);
+        }
         let status_error = self.status_error(st)?;
         let mut outs = vec![];
         for (o, s) in self.outputs.iter().zip(&st.staging) {
@@ -656,6 +718,9 @@ impl GpuPlan {
                 (OutputSource::Input(i), _) => inputs[*i].clone(),
                 _ => unreachable!("staging buffers exist exactly for buffer outputs"),
             });
+        }
+        if let Some(t) = timing {
+            t.readback_end = Instant::now();
         }
         match status_error {
             Some(e) => Err(e),
@@ -753,5 +818,67 @@ mod tests {
         d.source = d.source.replace("var<storage, read> b0", "var<storage,read> b0");
         let runs = vec![Loc { buffer: 0, offset: 0, size: 4 }, Loc { buffer: 0, offset: 256, size: 4 }];
         assert!(widen_access(&mut d, &runs).is_err());
+    }
+}
+
+/// What a timed run measured: host instants of its phases and each kernel's GPU time.
+#[derive(Clone, Debug)]
+pub struct GpuTiming {
+    /// Writing the inputs to the device.
+    pub upload: (Instant, Instant),
+    /// The submit, and the moment the wait for it returned.
+    pub submit: Instant,
+    pub done: Instant,
+    /// When the outputs were read back and converted.
+    pub readback_end: Instant,
+    /// Per kernel: its label (`node (op): kernel`) and GPU start and end, nanoseconds
+    /// after the first kernel's start (empty without timestamp queries).
+    pub kernels: Vec<(String, u64, u64)>,
+    /// Whether `kernels` holds GPU timestamps.
+    pub gpu_timed: bool,
+    /// Kernels the run dispatched.
+    pub kernel_count: usize,
+}
+
+impl Default for GpuTiming {
+    fn default() -> Self {
+        let now = Instant::now();
+        GpuTiming { upload: (now, now), submit: now, done: now, readback_end: now, kernels: vec![], gpu_timed: false, kernel_count: 0 }
+    }
+}
+
+/// Timestamp query sets (wgpu allows 4096 queries per set), their resolve buffers and
+/// one readback buffer.
+struct Stamps {
+    sets: Vec<(wgpu::QuerySet, wgpu::Buffer, u32)>,
+    read: wgpu::Buffer,
+}
+
+const QUERIES_PER_SET: usize = 4096;
+
+impl Stamps {
+    fn new(dev: &wgpu::Device, count: usize) -> Stamps {
+        let sets = (0..count.div_ceil(QUERIES_PER_SET))
+            .map(|i| {
+                let n = (count - i * QUERIES_PER_SET).min(QUERIES_PER_SET) as u32;
+                let set = dev.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile timestamps"), ty: wgpu::QueryType::Timestamp, count: n });
+                let resolve = dev.create_buffer(&wgpu::BufferDescriptor { label: Some("profile timestamps"), size: 8 * n as u64, usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC, mapped_at_creation: false });
+                (set, resolve, n)
+            })
+            .collect();
+        let read = dev.create_buffer(&wgpu::BufferDescriptor { label: Some("profile timestamps"), size: 8 * count as u64, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
+        Stamps { sets, read }
+    }
+
+    /// The set and index of query `q`.
+    fn slot(&self, q: usize) -> (&wgpu::QuerySet, u32) {
+        (&self.sets[q / QUERIES_PER_SET].0, (q % QUERIES_PER_SET) as u32)
+    }
+
+    fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
+        for (i, (set, resolve, n)) in self.sets.iter().enumerate() {
+            enc.resolve_query_set(set, 0..*n, resolve, 0);
+            enc.copy_buffer_to_buffer(resolve, 0, &self.read, (i * QUERIES_PER_SET * 8) as u64, 8 * *n as u64);
+        }
     }
 }
