@@ -4,3 +4,7 @@ pub use kiln_compiler as compiler;
 pub use kiln_graph as graph;
 pub use kiln_ops as ops;
 pub use kiln_runtime as runtime;
+
+/// The user guide (docs/guide.md): its Rust blocks are this crate's doctests.
+#[doc = include_str!("../docs/guide.md")]
+pub mod guide {}

@@ -18,10 +18,14 @@ fn zoo() -> PathBuf {
 }
 
 fn compile(out: &Path, static_link: bool) {
+    compile_source(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/run_model.c"), out, static_link);
+}
+
+fn compile_source(source: &Path, out: &Path, static_link: bool) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = lib_dir();
     let mut cc = Command::new("cc");
-    cc.arg("-O1").arg("-Wall").arg("-Werror").arg("-I").arg(dir.join("include")).arg(dir.join("tests/c/run_model.c")).arg("-o").arg(out);
+    cc.arg("-O1").arg("-Wall").arg("-Werror").arg("-I").arg(dir.join("include")).arg(source).arg("-o").arg(out);
     if static_link {
         cc.arg(lib.join("libkiln_c.a")).args(["-lpthread", "-ldl", "-lm"]);
     } else {
@@ -62,6 +66,26 @@ fn a_c_program_runs_a_zoo_model_through_the_shared_and_the_static_library() {
             let err = got.iter().zip(&want).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
             assert!(err < 1e-4, "{device}: max |error| {err:.3e} against onnxruntime");
         }
+    }
+    let _ = std::fs::remove_dir_all(tmp);
+}
+
+/// The C blocks of docs/guide.md compile and run on the zoo's mlp.
+#[test]
+fn the_c_blocks_of_the_guide_compile_and_run() {
+    let guide = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/guide.md")).unwrap();
+    let blocks: Vec<&str> = guide.split("```c\n").skip(1).map(|b| b.split("```").next().unwrap()).collect();
+    assert!(!blocks.is_empty(), "the guide has C blocks");
+    let tmp = std::env::temp_dir().join(format!("kiln-capi-guide-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    for (k, code) in blocks.iter().enumerate() {
+        let src = tmp.join(format!("guide{k}.c"));
+        std::fs::write(&src, code).unwrap();
+        let exe = tmp.join(format!("guide{k}"));
+        compile_source(&src, &exe, false);
+        let o = Command::new(&exe).arg(zoo().join("mlp/model.onnx")).output().unwrap();
+        assert!(o.status.success(), "guide C block {k}: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("logits[0]"));
     }
     let _ = std::fs::remove_dir_all(tmp);
 }
