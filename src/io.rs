@@ -16,14 +16,14 @@ pub fn pass_target(device: &DeviceChoice) -> Result<Target> {
     })
 }
 
-pub use kiln::compiler::load::Loaded;
+pub use kiln::load::Loaded;
 
 /// Loads the custom ops of `--custom-op` manifests.
 pub fn custom_ops(manifests: &[std::path::PathBuf]) -> Result<Vec<kiln::ops::custom::CustomOp>> {
     manifests.iter().map(|p| kiln::ops::custom::CustomOp::load(p).map_err(|e| anyhow!("--custom-op: {e}"))).collect()
 }
 
-/// Opens a model for a session (`kiln::compiler::load`): a `.kiln` artifact as compiled,
+/// Opens a model for a session (`kiln::load`): a `.kiln` artifact as compiled,
 /// with the custom ops it embeds; an `.onnx` file imported and, unless `no_passes`,
 /// optimised for `target`. The ops of `custom` manifests join.
 pub fn load_model(model: &Path, no_passes: bool, target: Target, custom: &[std::path::PathBuf]) -> Result<Loaded> {
@@ -36,7 +36,7 @@ pub fn load_model(model: &Path, no_passes: bool, target: Target, custom: &[std::
     if is_artifact && no_passes {
         log::warn!("--no-passes has no effect on {}: a compiled artifact holds the graph its passes made", model.display());
     }
-    let loaded = kiln::compiler::load::load(kiln::compiler::load::Source::File(model), target, !no_passes, &custom).with_context(|| format!("cannot {} {}", if is_artifact { "load" } else { "import" }, model.display()))?;
+    let loaded = kiln::load::load(kiln::load::Source::File(model), target, !no_passes, &custom).with_context(|| format!("cannot {} {}", if is_artifact { "load" } else { "import" }, model.display()))?;
     if let Some(info) = &loaded.info {
         log::info!("loaded {} (compiled by kiln {} from {} for device '{}')", model.display(), info.kiln_version, info.source, info.device);
     }

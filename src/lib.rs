@@ -5,6 +5,8 @@ pub use kiln_graph as graph;
 pub use kiln_ops as ops;
 pub use kiln_runtime as runtime;
 
+pub mod load;
+
 /// The user guide (docs/guide.md): its Rust blocks are this crate's doctests.
 #[doc = include_str!("../docs/guide.md")]
 pub mod guide {}

@@ -209,3 +209,50 @@ fn a_c_kernel_error_names_the_node_and_carries_the_message() {
     assert!(e.contains("SwiGlu") && e.contains("expected one 2-D float input"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[path = "../samples/custom-op-rust/src/swish.rs"]
+mod swish;
+
+/// A custom op that declares itself elementwise fuses with Kiln's own ops into one
+/// kernel, and the fused kernel computes what the unfused nodes do, on every device
+/// (and after an artifact round trip, the fused node finding the op in the registry).
+#[test]
+fn a_custom_elementwise_op_fuses_with_kilns_own() {
+    gpu_env();
+    let mut registry = kiln::ops::Registry::builtin().clone();
+    swiglu::register(&mut registry);
+    swish::register(&mut registry);
+    let mut b = kiln::graph::GraphBuilder::new("swish_chain");
+    let x = b.input("x", kiln::graph::DType::F32, [3, 7]);
+    let s = b.node("Swish", &[x], &[("beta", kiln::graph::Attr::Float(1.5))]);
+    let t = b.node("Tanh", &[s], &[]);
+    let two = b.constant("two", Tensor::from_vec(&[1], vec![2.0f32]).unwrap());
+    let m = b.node("Mul", &[t, two], &[]);
+    let s2 = b.node("Swish", &[m], &[]);
+    b.output(s2);
+    let mut g = b.finish().unwrap();
+    for n in g.nodes.iter_mut().filter(|n| n.op_type == "Swish") {
+        n.domain = "com.example".into();
+    }
+    let raw = g.clone();
+    kiln::compiler::passes::optimize_with(&mut g, kiln::compiler::passes::Target::Any, &mut kiln::compiler::passes::PassContext::new(&registry));
+    let ops: Vec<&str> = g.nodes.iter().map(|n| n.op_type.as_str()).collect();
+    assert_eq!(ops, ["FusedElementwise"], "four nodes, two of them custom, become one kernel");
+    let path = std::env::temp_dir().join(format!("kiln-swish-{}.kiln", std::process::id()));
+    kiln::runtime::artifact::save(&path, &g, &Default::default()).unwrap();
+    let (loaded, _) = kiln::runtime::artifact::load(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let xv = Tensor::from_vec(&[3, 7], (0..21).map(|i| (i as f32 - 10.0) / 4.0).collect()).unwrap();
+    let want: Vec<f64> = xv.to_f64_vec().iter().map(|&v| {
+        let swish = |v: f64, beta: f64| v / (1.0 + (-beta * v).exp());
+        swish(2.0 * swish(v, 1.5).tanh(), 1.0)
+    }).collect();
+    for (name, device) in backends() {
+        for (what, graph) in [("unfused", raw.clone()), ("fused", g.clone()), ("fused, from an artifact", loaded.clone())] {
+            let s = Session::new(graph, SessionOptions { device: device.clone(), registry: Some(registry.clone()), ..Default::default() }).unwrap();
+            let y = s.run(&[("x", &xv)]).unwrap().remove(0);
+            let err = y.to_f64_vec().iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(err < 1e-5, "{what} on {name}: max |error| {err:.3e}");
+        }
+    }
+}

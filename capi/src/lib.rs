@@ -191,10 +191,10 @@ unsafe fn open(source: Source, options: *const KilnSessionOptions) -> Result<Kil
         kiln_runtime::DeviceKind::Gpu => kiln_compiler::passes::Target::Gpu,
     };
     let source = match source {
-        Source::File(p) => kiln_compiler::load::Source::File(p),
-        Source::Memory(b) => kiln_compiler::load::Source::Bytes(b),
+        Source::File(p) => kiln::load::Source::File(p),
+        Source::Memory(b) => kiln::load::Source::Bytes(b),
     };
-    let kiln_compiler::load::Loaded { graph, registry, .. } = kiln_compiler::load::load(source, target, true, &custom).map_err(|e| (KilnStatus::Model, e.to_string()))?;
+    let kiln::load::Loaded { graph, registry, .. } = kiln::load::load(source, target, true, &custom).map_err(|e| (KilnStatus::Model, e.to_string()))?;
     let options = SessionOptions { device, threads: (o.threads > 0).then_some(o.threads), registry, ..Default::default() };
     let session = Session::new(graph, options).map_err(|e| (status_of(&e), e.to_string()))?;
     let dims_of = |shape: Option<&kiln_graph::Shape>| shape.map(|s| s.0.iter().map(|d| if let Dim::Fixed(n) = d { *n as i64 } else { -1 }).collect());

@@ -1,10 +1,9 @@
-//! kiln-compiler: the ONNX frontend ([`onnx`]), the graph passes ([`passes`]) that
-//! prepare a graph for the runtime, and [`load`], how every front end opens a model. (.npy files are read and written by
+//! kiln-compiler: the ONNX frontend ([`onnx`]) and the graph passes ([`passes`]) that
+//! prepare a graph for the runtime. (.npy files are read and written by
 //! `kiln_runtime::npy`.)
 //!
 //! Depends on kiln-graph, kiln-ops and kiln-runtime (never the reverse): applications
 //! that only run models do not link it.
 
-pub mod load;
 pub mod onnx;
 pub mod passes;

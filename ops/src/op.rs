@@ -97,6 +97,17 @@ impl Cost {
     }
 }
 
+/// A unary f32 function that an op computes element by element (output dims = input
+/// dims): the compiler's elementwise fusion folds such ops, custom ones included, into
+/// `kiln.FusedElementwise` chains with Kiln's own.
+pub trait ElementwiseFn: Send + Sync + fmt::Debug {
+    /// Applies the function to a block of values, in place (CPU).
+    fn apply(&self, x: &mut [f32]);
+    /// A WGSL f32 expression of the result for the f32 expression `x` (it may repeat
+    /// `x`, which is always a plain name).
+    fn wgsl(&self, x: &str) -> String;
+}
+
 /// An operator, with its attributes parsed. Implemented once per op; see the crate docs.
 pub trait Op: Send + Sync + fmt::Debug {
     /// The op type, as in the ONNX spec (`Conv`, `MatMul`, ...).
@@ -159,6 +170,14 @@ pub trait Op: Send + Sync + fmt::Debug {
     /// device step.
     fn handles_containers(&self) -> bool {
         false
+    }
+
+    /// The op as a unary f32 elementwise function, when it is one (one f32 input, one
+    /// output of the same dims) and may be fused with its neighbours; `None` (the
+    /// default) keeps it a node of its own. Kiln's unary ops fuse through their own
+    /// table; this is the way in for custom ops.
+    fn elementwise(&self) -> Option<std::sync::Arc<dyn ElementwiseFn>> {
+        None
     }
 
     /// True when the outputs differ from run to run for the same inputs (random ops

@@ -100,11 +100,11 @@ impl Session {
                     kiln_runtime::DeviceKind::Gpu => kiln_compiler::passes::Target::Gpu,
                 };
                 let source = match (&path, &bytes) {
-                    (Some(p), _) => kiln_compiler::load::Source::File(p),
-                    (None, Some(b)) => kiln_compiler::load::Source::Bytes(b),
+                    (Some(p), _) => kiln::load::Source::File(p),
+                    (None, Some(b)) => kiln::load::Source::Bytes(b),
                     (None, None) => unreachable!("a path or bytes"),
                 };
-                let loaded = kiln_compiler::load::load(source, target, true, &custom).map_err(|e| e.to_string())?;
+                let loaded = kiln::load::load(source, target, true, &custom).map_err(|e| e.to_string())?;
                 Inner::new(loaded.graph, SessionOptions { device, threads, registry: loaded.registry, ..Default::default() }).map_err(|e| e.to_string())
             })
             .map_err(KilnError::new_err)?;
@@ -375,7 +375,7 @@ fn _compile(py: Python<'_>, model: PathBuf, output: PathBuf, device: &str, fix: 
             kiln_runtime::DeviceKind::Cpu => kiln_compiler::passes::Target::Cpu,
             kiln_runtime::DeviceKind::Gpu => kiln_compiler::passes::Target::Gpu,
         };
-        let compiled = kiln_compiler::load::compile(&model, target, &fix, &custom).map_err(|e| e.to_string())?;
+        let compiled = kiln::load::compile(&model, target, &fix, &custom).map_err(|e| e.to_string())?;
         // Checked on the device before anything is written.
         Inner::new(compiled.graph.clone(), SessionOptions { device: device.clone(), registry: compiled.registry.clone(), ..Default::default() }).map_err(|e| e.to_string())?;
         let info = kiln_runtime::artifact::ArtifactInfo { device: device.to_string(), ..compiled.info };

@@ -52,9 +52,9 @@ pub fn main(args: Args) -> Result<()> {
     }
     let custom = io::custom_ops(&args.custom_ops)?;
     let fixed = io::parse_dims(&args.fix)?;
-    let kiln::compiler::load::Compiled { graph, registry, info: compiled } =
-        kiln::compiler::load::compile(&args.model, io::pass_target(&args.device)?, &fixed, &custom).map_err(|e| match e {
-            kiln::compiler::load::CompileError::UnknownSymbol { name, symbols } => anyhow::anyhow!("--fix {name}: the model's inputs have no symbolic dim '{name}' (they have: {symbols})"),
+    let kiln::load::Compiled { graph, registry, info: compiled } =
+        kiln::load::compile(&args.model, io::pass_target(&args.device)?, &fixed, &custom).map_err(|e| match e {
+            kiln::load::CompileError::UnknownSymbol { name, symbols } => anyhow::anyhow!("--fix {name}: the model's inputs have no symbolic dim '{name}' (they have: {symbols})"),
             e => anyhow::Error::new(e).context(format!("cannot import {}", args.model.display())),
         })?;
     // Check the result on the target device (the session's symbolic check and device

@@ -73,8 +73,8 @@ pub fn main(args: Args) -> Result<()> {
     let mut pass_report: Vec<(String, usize, Vec<String>, Vec<String>)> = vec![];
     let (graph, registry) = if is_onnx && args.passes {
         let custom = io::custom_ops(&args.custom_ops)?;
-        let source = kiln::compiler::load::Source::File(&args.model);
-        let kiln::compiler::load::Loaded { graph: mut g, registry, .. } = kiln::compiler::load::load(source, kiln::compiler::passes::Target::Any, false, &custom).with_context(|| format!("cannot import {}", args.model.display()))?;
+        let source = kiln::load::Source::File(&args.model);
+        let kiln::load::Loaded { graph: mut g, registry, .. } = kiln::load::load(source, kiln::compiler::passes::Target::Any, false, &custom).with_context(|| format!("cannot import {}", args.model.display()))?;
         let ops = registry.as_ref().unwrap_or_else(|| kiln::ops::Registry::builtin());
         let env = |name: &str| std::env::var(name).unwrap_or_default();
         let passes = kiln::compiler::passes::selected_passes(

@@ -43,8 +43,8 @@ pub fn main(args: Args) -> Result<()> {
     let target = io::pass_target(&a.device)?;
     let custom = io::custom_ops(&a.custom_ops)?;
     let is_artifact = a.model.extension().is_some_and(|e| e == "kiln");
-    let source = kiln::compiler::load::Source::File(&a.model);
-    let loaded = kiln::compiler::load::load(source, target, false, &custom).with_context(|| format!("cannot load {}", a.model.display()))?;
+    let source = kiln::load::Source::File(&a.model);
+    let loaded = kiln::load::load(source, target, false, &custom).with_context(|| format!("cannot load {}", a.model.display()))?;
     let t_import = Instant::now();
     host(if is_artifact { "load artifact" } else { "import" }, t0, t_import);
     let (mut graph, registry) = (loaded.graph, loaded.registry);

@@ -11,24 +11,32 @@ use super::producers;
 use super::PassContext;
 use kiln_graph::{DType, Graph, Node, NodeId, ValueId};
 use kiln_ops::elementwise::{unary_kind_of, BinaryKind, UnaryKind};
-use kiln_ops::fused::{fusible_binary, FusedElementwise, Instr};
+use kiln_ops::fused::{fusible_binary, CustomFn, FusedElementwise, Instr};
 use kiln_ops::NodeSpec;
 use std::collections::{BTreeSet, HashMap};
 
 /// What a fusible node computes.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Kind {
     Unary(UnaryKind),
     Binary(BinaryKind),
+    /// An op of another domain that declares itself elementwise (`Op::elementwise`).
+    Custom(CustomFn),
 }
 
-fn kind_of(g: &Graph, node: &Node, dtypes: &[Option<DType>]) -> Option<Kind> {
-    if !(node.domain.is_empty() || node.domain == "ai.onnx") || node.outputs.len() != 1 {
+fn kind_of(g: &Graph, node: &Node, dtypes: &[Option<DType>], registry: &kiln_ops::Registry) -> Option<Kind> {
+    let f32_value = |v: Option<ValueId>| v.is_some_and(|v| dtypes[v] == Some(DType::F32));
+    if node.outputs.len() != 1 || !f32_value(Some(node.outputs[0])) {
         return None;
     }
-    let f32_value = |v: Option<ValueId>| v.is_some_and(|v| dtypes[v] == Some(DType::F32));
-    if !f32_value(Some(node.outputs[0])) {
-        return None;
+    if !(node.domain.is_empty() || node.domain == "ai.onnx") {
+        // Custom ops (never Kiln's own domain, whose ops are the fused ones).
+        if node.domain == "kiln" || node.inputs.len() != 1 || !f32_value(node.inputs[0]) {
+            return None;
+        }
+        let opset = g.opsets.get(&node.domain).copied().unwrap_or(1);
+        let op = registry.create(&NodeSpec::new(node, opset)).ok()?;
+        return op.elementwise().map(|f| Kind::Custom(CustomFn { f, node: node.clone() }));
     }
     if let Some(k) = BinaryKind::from_name(&node.op_type).filter(|k| fusible_binary(*k)) {
         return (node.inputs.len() == 2 && node.inputs.iter().all(|v| f32_value(*v))).then_some(Kind::Binary(k));
@@ -58,7 +66,8 @@ const MAX_GROUP: usize = 256;
 pub fn fuse_elementwise(g: &mut Graph, cx: &mut PassContext) -> usize {
     let dtypes: Vec<Option<DType>> = cx.types(g).iter().map(|t| t.as_ref().map(|t| t.dtype)).collect();
     let Ok(order) = g.validate() else { return 0 };
-    let kinds: Vec<Option<Kind>> = g.nodes.iter().map(|n| kind_of(g, n, &dtypes)).collect();
+    let registry = cx.registry();
+    let kinds: Vec<Option<Kind>> = g.nodes.iter().map(|n| kind_of(g, n, &dtypes, registry)).collect();
     let prod = producers(g);
     let mut readers: Vec<Vec<NodeId>> = vec![vec![]; g.values.len()];
     for (i, n) in g.nodes.iter().enumerate() {
@@ -109,7 +118,7 @@ pub fn fuse_elementwise(g: &mut Graph, cx: &mut PassContext) -> usize {
         let produced: BTreeSet<ValueId> = members.iter().map(|&m| g.nodes[m].outputs[0]).collect();
         for &m in &members {
             let n = &g.nodes[m];
-            let count = match kinds[m] {
+            let count = match &kinds[m] {
                 Some(Kind::Binary(_)) => 2,
                 _ => 1,
             };
@@ -124,9 +133,10 @@ pub fn fuse_elementwise(g: &mut Graph, cx: &mut PassContext) -> usize {
         for &m in &members {
             let n = &g.nodes[m];
             let r = |i: usize| reg[&n.inputs[i].expect("fusible nodes have their data inputs")];
-            instrs.push(match kinds[m].expect("members are fusible") {
+            instrs.push(match kinds[m].clone().expect("members are fusible") {
                 Kind::Unary(k) => Instr::Unary(k, r(0)),
                 Kind::Binary(k) => Instr::Binary(k, r(0), r(1)),
+                Kind::Custom(c) => Instr::Custom(c, r(0)),
             });
             reg.insert(n.outputs[0], inputs.len() + instrs.len() - 1);
         }

@@ -7,7 +7,6 @@
 //! or an array of them); and `KILN_WORKGROUP`, `KILN_INVOCATIONS`, `KILN_ROW` with
 //! `fn kiln_index(gid: vec3<u32>) -> u32`, the invocation's index on Kiln's grid.
 
-use crate::wgsl::elem;
 use kiln_graph::{Attr, DType};
 use std::fmt::Write;
 
@@ -73,10 +72,18 @@ pub fn prelude(values: &[Value], attrs: &[(&str, &Attr)], workgroup: u32, invoca
     Ok(s)
 }
 
+/// Without naga (kiln-ops built without `wgsl-validation`, as the compiler alone is):
+/// nothing is checked here; every build that links the runtime validates.
+#[cfg(not(any(test, feature = "wgsl-validation")))]
+pub fn check(_source: &str, _user_len: usize, _path: &str, _entry: &str, _values: &[Value], _inputs: usize, _workgroup: u32) -> Result<(), String> {
+    Ok(())
+}
+
 /// Validates the kernel source (the user's text followed by a prelude) with naga and
 /// checks the entry point and the bindings: `values[..inputs]` read-only, the rest
 /// read-write, at `@group(0) @binding(0..)` in order, with the elements of their dtypes.
 /// Errors point into the user's file, `path`.
+#[cfg(any(test, feature = "wgsl-validation"))]
 pub fn check(source: &str, user_len: usize, path: &str, entry: &str, values: &[Value], inputs: usize, workgroup: u32) -> Result<(), String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| located(path, source, user_len, e.location(source), e.message(), &e.emit_to_string_with_path(source, path)))?;
     let span_at = |span: naga::Span, what: String| {
@@ -84,7 +91,7 @@ pub fn check(source: &str, user_len: usize, path: &str, entry: &str, values: &[V
         format!("{path}:{}:{}: {what}", l.line_number, l.line_position)
     };
     let expected = || {
-        let list: Vec<String> = values.iter().enumerate().map(|(i, v)| format!("@binding({i}) {} ({}, array<{}>)", v.name, if i < inputs { "read" } else { "read_write" }, elem(v.dtype))).collect();
+        let list: Vec<String> = values.iter().enumerate().map(|(i, v)| format!("@binding({i}) {} ({}, array<{}>)", v.name, if i < inputs { "read" } else { "read_write" }, crate::wgsl::elem(v.dtype))).collect();
         list.join(", ")
     };
     // The entry point.
@@ -124,7 +131,7 @@ pub fn check(source: &str, user_len: usize, path: &str, entry: &str, values: &[V
             naga::AddressSpace::Storage { access } => access.contains(naga::StorageAccess::STORE) == want_rw,
             _ => false,
         };
-        let want_elem = elem(v.dtype);
+        let want_elem = crate::wgsl::elem(v.dtype);
         let elem_ok = match &module.types[var.ty].inner {
             naga::TypeInner::Array { base, size: naga::ArraySize::Dynamic, .. } => match &module.types[*base].inner {
                 naga::TypeInner::Scalar(s) => s.width == 4 && scalar_name(s.kind) == Some(want_elem),
@@ -174,6 +181,7 @@ pub fn check(source: &str, user_len: usize, path: &str, entry: &str, values: &[V
     Ok(())
 }
 
+#[cfg(any(test, feature = "wgsl-validation"))]
 fn scalar_name(kind: naga::ScalarKind) -> Option<&'static str> {
     match kind {
         naga::ScalarKind::Float => Some("f32"),
@@ -185,6 +193,7 @@ fn scalar_name(kind: naga::ScalarKind) -> Option<&'static str> {
 
 /// An error at `loc`: in the user's file when it lies there, else in Kiln's appended
 /// constants (quoted, since the user cannot see them).
+#[cfg(any(test, feature = "wgsl-validation"))]
 fn located(path: &str, source: &str, user_len: usize, loc: Option<naga::SourceLocation>, message: &str, report: &str) -> String {
     // naga's report repeats the message on its first line: keep its excerpt only.
     let report = report.split_once('\n').map_or(report, |(first, rest)| if first.starts_with("error") { rest } else { report }).trim_end();

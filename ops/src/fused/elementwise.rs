@@ -16,18 +16,46 @@ use crate::broadcast::{broadcast_shapes, broadcast_strides, for_each_offset_in};
 use crate::cpu::{self, CpuKernel};
 use crate::elementwise::{BinaryKind, UnaryKind};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
-use crate::{Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
-use kiln_graph::{Attr, DType, Tensor};
+use crate::{Arg, Cost, ElementwiseFn, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{Attr, DType, Graph, Node, Tensor};
+use std::sync::Arc;
 
 /// Elements per CPU block.
 const BLOCK: usize = 512;
 
 /// One instruction of a fused program.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Instr {
     Unary(UnaryKind, usize),
     Binary(BinaryKind, usize, usize),
+    /// An op's own elementwise function ([`crate::Op::elementwise`]: custom ops).
+    Custom(CustomFn, usize),
 }
+
+/// A fused op that is not Kiln's: its function and the node it came from (kept, as the
+/// node attribute `kiln_custom_nodes`, so that the op is created again from a registry
+/// that has it when the fused node is loaded).
+#[derive(Clone)]
+pub struct CustomFn {
+    pub f: Arc<dyn ElementwiseFn>,
+    pub node: Node,
+}
+
+impl std::fmt::Debug for CustomFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Custom({}.{}: {:?})", self.node.domain, self.node.op_type, self.f)
+    }
+}
+
+impl PartialEq for CustomFn {
+    fn eq(&self, other: &Self) -> bool {
+        self.node == other.node
+    }
+}
+
+/// The attribute holding the custom nodes of a fused program (a graph of those nodes,
+/// in instruction order).
+pub const CUSTOM_NODES_ATTR: &str = "kiln_custom_nodes";
 
 /// Binary kinds the fuser accepts (same dtype in and out, two operands).
 pub fn fusible_binary(k: BinaryKind) -> bool {
@@ -46,28 +74,48 @@ impl FusedElementwise {
         let mut operands = vec![];
         let mut params = vec![];
         let mut counts = vec![];
+        let mut custom = Graph::new("kiln_custom_nodes");
         for i in instrs {
-            match *i {
-                Instr::Unary(k, a) => {
+            match i {
+                Instr::Custom(c, a) => {
+                    ops.push(format!("custom:{}.{}", c.node.domain, c.node.op_type));
+                    operands.extend([*a as i64, -1]);
+                    counts.push(0);
+                    // The nodes form a chain (node k reads value k, writes value k + 1),
+                    // so that the subgraph is a valid graph.
+                    if custom.values.is_empty() {
+                        let v = custom.add_value("v0".to_string(), None);
+                        custom.inputs.push(v);
+                    }
+                    let k = custom.nodes.len();
+                    let out = custom.add_value(format!("v{}", k + 1), None);
+                    custom.nodes.push(Node { inputs: vec![Some(k)], outputs: vec![out], ..c.node.clone() });
+                }
+                &Instr::Unary(k, a) => {
                     ops.push(k.op_name().to_string());
                     operands.extend([a as i64, -1]);
                     let p = k.params();
                     counts.push(p.len() as i64);
                     params.extend(p);
                 }
-                Instr::Binary(k, a, b) => {
+                &Instr::Binary(k, a, b) => {
                     ops.push(k.op_name().to_string());
                     operands.extend([a as i64, b as i64]);
                     counts.push(0);
                 }
             }
         }
-        vec![
+        let mut attrs = vec![
             ("kiln_ops".into(), Attr::Strings(ops)),
             ("kiln_operands".into(), Attr::Ints(operands)),
             ("kiln_params".into(), Attr::Floats(params)),
             ("kiln_param_counts".into(), Attr::Ints(counts)),
-        ]
+        ];
+        if let Some(last) = custom.nodes.last().map(|n| n.outputs[0]) {
+            custom.outputs.push(last);
+            attrs.push((CUSTOM_NODES_ATTR.into(), Attr::Graph(Arc::new(custom))));
+        }
+        attrs
     }
 
     fn parse(spec: &NodeSpec) -> Result<FusedElementwise> {
@@ -84,6 +132,7 @@ impl FusedElementwise {
         let inputs = spec.node.inputs.len();
         let mut instrs = vec![];
         let mut p = 0usize;
+        let mut custom_seen = 0;
         for (k, name) in ops.iter().enumerate() {
             let available = inputs + k;
             let reg = |v: i64| -> Result<usize> {
@@ -94,7 +143,18 @@ impl FusedElementwise {
             let n = usize::try_from(counts[k]).map_err(|_| spec.bad("kiln_param_counts", "negative count"))?;
             let ps = params.get(p..p + n).ok_or_else(|| spec.bad("kiln_params", "fewer parameters than counted"))?;
             p += n;
-            if let Some(kind) = BinaryKind::from_name(name).filter(|k| fusible_binary(*k)) {
+            if name.starts_with("custom:") {
+                let Some(Attr::Graph(nodes)) = spec.node.attrs.get(CUSTOM_NODES_ATTR) else {
+                    return Err(spec.bad(CUSTOM_NODES_ATTR, format!("instruction {k} ({name}) needs the custom nodes")));
+                };
+                let node = nodes.nodes.get(custom_seen).ok_or_else(|| spec.bad(CUSTOM_NODES_ATTR, format!("instruction {k} ({name}) has no node")))?;
+                custom_seen += 1;
+                let registry = spec.registry.unwrap_or_else(|| Registry::builtin());
+                let opset = nodes.opsets.get(&node.domain).copied().unwrap_or(1);
+                let op = registry.create(&NodeSpec::new(node, opset))?;
+                let f = op.elementwise().ok_or_else(|| spec.bad("kiln_ops", format!("{name} is not an elementwise op")))?;
+                instrs.push(Instr::Custom(CustomFn { f, node: node.clone() }, reg(operands[2 * k])?));
+            } else if let Some(kind) = BinaryKind::from_name(name).filter(|k| fusible_binary(*k)) {
                 instrs.push(Instr::Binary(kind, reg(operands[2 * k])?, reg(operands[2 * k + 1])?));
             } else if let Some(kind) = UnaryKind::from_name_params(name, ps) {
                 instrs.push(Instr::Unary(kind, reg(operands[2 * k])?));
@@ -111,6 +171,7 @@ impl FusedElementwise {
             .map(|i| match i {
                 Instr::Unary(k, _) => k.op_name(),
                 Instr::Binary(k, _, _) => k.op_name(),
+                Instr::Custom(c, _) => c.node.op_type.as_str(),
             })
             .collect::<Vec<_>>()
             .join("+")
@@ -265,6 +326,10 @@ impl FusedElementwise {
                     Instr::Binary(kind, a, c) => {
                         binary_block(kind, &before[a * BLOCK..a * BLOCK + n], &before[c * BLOCK..c * BLOCK + n], target);
                     }
+                    Instr::Custom(ref c, a) => {
+                        target.copy_from_slice(&before[a * BLOCK..a * BLOCK + n]);
+                        c.f.apply(target);
+                    }
                 }
             }
             out.copy_from_slice(&scratch[(regs - 1) * BLOCK..(regs - 1) * BLOCK + n]);
@@ -365,6 +430,7 @@ impl WgslKernel for FusedElementwise {
             let (expr, h) = match *ins {
                 Instr::Unary(kind, a) => (kind.wgsl_expr(&format!("r{a}"), "f32"), kind.wgsl_helpers()),
                 Instr::Binary(kind, a, b) => (kind.wgsl_expr(&format!("r{a}"), &format!("r{b}"), "f32"), kind.wgsl_helpers()),
+                Instr::Custom(ref c, a) => (c.f.wgsl(&format!("r{a}")), ""),
             };
             if !h.is_empty() && !seen.contains(&h) {
                 seen.push(h);

@@ -4,7 +4,7 @@ use crate::Registry;
 
 pub mod elementwise;
 
-pub use elementwise::{fusible_binary, FusedElementwise, Instr};
+pub use elementwise::{fusible_binary, CustomFn, FusedElementwise, Instr, CUSTOM_NODES_ATTR};
 
 pub(crate) fn register(r: &mut Registry) {
     elementwise::register(r);

@@ -5,6 +5,7 @@
 //!     cargo run --release --manifest-path samples/custom-op-rust/Cargo.toml [MODEL]
 
 mod swiglu;
+mod swish;
 
 use kiln_graph::Tensor;
 use kiln_runtime::{DeviceChoice, Session, SessionOptions};
@@ -65,6 +66,24 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
     }
     let _ = std::fs::remove_file(&artifact);
+    // A custom elementwise op fuses with Kiln's own: x -> Swish -> Mul(2) -> Relu is one
+    // kernel after the passes.
+    swish::register(&mut registry);
+    let mut b = kiln_graph::GraphBuilder::new("swish_chain");
+    let xin = b.input("x", kiln_graph::DType::F32, [2, 5]);
+    let s = b.node("Swish", &[xin], &[("beta", kiln_graph::Attr::Float(1.5))]);
+    let two = b.constant("two", Tensor::from_vec(&[1], vec![2.0f32])?);
+    let m = b.node("Mul", &[s, two], &[]);
+    let r = b.node("Relu", &[m], &[]);
+    b.output(r);
+    let mut chain = b.finish()?;
+    chain.nodes[0].domain = swiglu::DOMAIN.into();
+    kiln_compiler::passes::optimize_with(&mut chain, kiln_compiler::passes::Target::Any, &mut kiln_compiler::passes::PassContext::new(&registry));
+    let ops: Vec<&str> = chain.nodes.iter().map(|n| n.op_type.as_str()).collect();
+    println!("Swish -> Mul -> Relu after the passes: {ops:?}");
+    if ops != ["FusedElementwise"] {
+        return Err(format!("the custom elementwise op did not fuse: {ops:?}").into());
+    }
     if worst > 1e-4 {
         return Err(format!("a device disagrees with the f64 reference by {worst:.2e}").into());
     }

@@ -3,8 +3,8 @@
 //! imported against the built-in ops plus the given custom ops, then optimised for the
 //! target unless told not to.
 
-use crate::onnx::{self, ImportOptions};
-use crate::passes::{self, PassContext, PassReport, Target};
+use kiln_compiler::onnx::{self, ImportOptions};
+use kiln_compiler::passes::{self, PassContext, PassReport, Target};
 use kiln_graph::Graph;
 use kiln_ops::custom::CustomOp;
 use kiln_ops::Registry;
