@@ -525,7 +525,7 @@ fn profile_writes_a_chrome_trace_with_a_slice_per_kernel() {
         assert!(k0 >= s0 - 1e-3 && k1 <= s1 + 1e-3, "GPU slice {k} outside the submit [{s0}, {s1}]");
         assert!(k["name"].as_str().unwrap().contains("Conv") || !k["name"].as_str().unwrap().is_empty());
     }
-    for phase in ["import", "graph passes", "open session (devices, op checks)", "first run (specialise, place, compile kernels)", "upload inputs", "read outputs back"] {
+    for phase in ["import", "graph passes", "open session (devices, op checks)", "first run (specialise, place, compile kernels)", "specialise (types, folding)", "place and build the plan (kernels generated and compiled)", "upload inputs", "read outputs back"] {
         assert!(slices.iter().any(|s| s["name"] == phase), "no '{phase}' slice");
     }
     // On the CPU: one slice per step, from CPU timers.

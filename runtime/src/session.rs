@@ -101,6 +101,8 @@ pub struct Session {
     /// Graph inputs whose values (not only types) specialise the model: small integer
     /// inputs that feed shapes, axes or pads. Found on the first run that needs them.
     by_value: Mutex<Vec<usize>>,
+    /// The phases of the last plan built (for traces): name, start, end.
+    plan_phases: Mutex<Vec<(&'static str, Instant, Instant)>>,
     symbolic: infer::SymbolicShapes,
     limits: Limits,
     placement: Vec<crate::PlacementRule>,
@@ -268,6 +270,7 @@ impl Session {
             rule_devs,
             plans: Mutex::default(),
             by_value: Mutex::default(),
+            plan_phases: Mutex::default(),
             symbolic,
             limits,
             placement: options.placement,
@@ -426,8 +429,10 @@ impl Session {
                     continue;
                 }
             };
+            let specialised = Instant::now();
             // On the workers: kernels are prepared for their thread count.
             let plan = Arc::new(self.workers.run(|| self.build_plan(&spec))?);
+            *self.plan_phases.lock().map_err(|_| poisoned())? = vec![("specialise (types, folding)", start, specialised), ("place and build the plan (kernels generated and compiled)", specialised, Instant::now())];
             let shapes: Vec<String> = types.iter().map(|t| t.to_string()).collect();
             log::info!(
                 "specialised '{}' for inputs [{}] on {} in {:.1} ms ({} steps, {} nodes folded)",
@@ -788,6 +793,12 @@ pub struct RunTrace {
 }
 
 impl Session {
+    /// The phases of the last plan this session built (specialisation, then placement
+    /// and kernel generation and compiles), as (name, start, end).
+    pub fn last_plan_phases(&self) -> Vec<(&'static str, std::time::Instant, std::time::Instant)> {
+        self.plan_phases.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
     /// Runs once (planning first when these input types are new) and traces the run:
     /// on the CPU, every step on the `cpu` track; on a GPU, the upload, the submit and
     /// the readback on the `host` track and every kernel, timed by the GPU's timestamp

@@ -67,6 +67,12 @@ pub fn main(args: Args) -> Result<()> {
         let t = Instant::now();
         session.run(&refs)?;
         host(if k == 0 { "first run (specialise, place, compile kernels)" } else { "warm-up run" }, t, Instant::now());
+        if k == 0 {
+            // Inside the first run: its planning phases.
+            for (name, from, to) in session.last_plan_phases() {
+                host(name, from, to);
+            }
+        }
     }
     let _ = t_inputs;
     let trace = session.trace(&refs)?;
