@@ -523,8 +523,8 @@ fn profile_writes_a_chrome_trace_with_a_slice_per_kernel() {
     for k in &gpu {
         let (k0, k1) = (k["ts"].as_f64().unwrap(), k["ts"].as_f64().unwrap() + k["dur"].as_f64().unwrap());
         assert!(k0 >= s0 - 1e-3 && k1 <= s1 + 1e-3, "GPU slice {k} outside the submit [{s0}, {s1}]");
-        assert!(k["name"].as_str().unwrap().contains("Conv") || !k["name"].as_str().unwrap().is_empty());
     }
+    assert!(gpu.iter().filter(|k| k["name"].as_str().unwrap().contains("(Conv)")).count() >= 16, "kernels are named by their nodes: {gpu:?}");
     for phase in ["import", "graph passes", "open session (devices, op checks)", "first run (specialise, place, compile kernels)", "specialise (types, folding)", "place and build the plan (kernels generated and compiled)", "upload inputs", "read outputs back"] {
         assert!(slices.iter().any(|s| s["name"] == phase), "no '{phase}' slice");
     }

@@ -154,10 +154,7 @@ pub extern "C" fn kiln_session_options_default() -> KilnSessionOptions {
     KilnSessionOptions { device: std::ptr::null(), threads: 0, custom_ops: std::ptr::null(), n_custom_ops: 0 }
 }
 
-enum Source<'a> {
-    File(&'a Path),
-    Memory(&'a [u8]),
-}
+use kiln::load::Source;
 
 fn status_of(e: &kiln_runtime::RuntimeError) -> KilnStatus {
     use kiln_runtime::RuntimeError as E;
@@ -189,10 +186,6 @@ unsafe fn open(source: Source, options: *const KilnSessionOptions) -> Result<Kil
     let target = match kiln_runtime::device_kind(&device).map_err(|e| (status_of(&e), e.to_string()))? {
         kiln_runtime::DeviceKind::Cpu => kiln_compiler::passes::Target::Cpu,
         kiln_runtime::DeviceKind::Gpu => kiln_compiler::passes::Target::Gpu,
-    };
-    let source = match source {
-        Source::File(p) => kiln::load::Source::File(p),
-        Source::Memory(b) => kiln::load::Source::Bytes(b),
     };
     let kiln::load::Loaded { graph, registry, .. } = kiln::load::load(source, target, true, &custom).map_err(|e| (KilnStatus::Model, e.to_string()))?;
     let options = SessionOptions { device, threads: (o.threads > 0).then_some(o.threads), registry, ..Default::default() };
@@ -245,7 +238,7 @@ pub unsafe extern "C" fn kiln_session_create_from_memory(data: *const u8, len: u
     }
     // SAFETY: `data` holds `len` readable bytes (the header says so).
     let bytes = unsafe { std::slice::from_raw_parts(data, len) };
-    unsafe { create(Source::Memory(bytes), options, out) }
+    unsafe { create(Source::Bytes(bytes), options, out) }
 }
 
 fn guard_value<T>(f: impl FnOnce() -> Result<T, Failure>) -> Result<T, KilnStatus> {

@@ -166,11 +166,15 @@ pub fn locate(text: &str, needle: &str) -> (usize, usize) {
 /// The dtype with short name `name` (f32, i64, bool, ...): the 4-byte-or-narrower
 /// dtypes a GPU kernel and a C kernel can both take, strings excluded.
 pub fn dtype_named(name: &str) -> Option<DType> {
-    use DType::*;
-    [F32, F16, BF16, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool].into_iter().find(|d| d.name() == name)
+    DTYPES.into_iter().find(|d| d.name() == name)
 }
 
-const DTYPE_NAMES: &str = "f32, f16, bf16, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool";
+const DTYPES: [DType; 13] = [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::I16, DType::I32, DType::I64, DType::U8, DType::U16, DType::U32, DType::U64, DType::Bool];
+
+/// The accepted dtype names, for messages.
+fn dtype_names() -> String {
+    DTYPES.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ")
+}
 
 fn is_identifier(s: &str) -> bool {
     let mut c = s.chars();
@@ -219,9 +223,9 @@ pub fn parse(text: &str, path: &str) -> Result<Checked, String> {
     let mut input_dtypes = Vec::new();
     for i in &manifest.inputs {
         if i.dtypes.is_empty() {
-            return Err(err(&i.name, format!("input '{}': dtypes is empty (expected some of {DTYPE_NAMES})", i.name)));
+            return Err(err(&i.name, format!("input '{}': dtypes is empty (expected some of {})", i.name, dtype_names())));
         }
-        let ds = i.dtypes.iter().map(|d| dtype_named(d).ok_or_else(|| err(d, format!("input '{}': unknown dtype '{d}' (expected one of {DTYPE_NAMES})", i.name)))).collect::<Result<Vec<_>, _>>()?;
+        let ds = i.dtypes.iter().map(|d| dtype_named(d).ok_or_else(|| err(d, format!("input '{}': unknown dtype '{d}' (expected one of {})", i.name, dtype_names())))).collect::<Result<Vec<_>, _>>()?;
         input_dtypes.push(ds);
     }
     let int_attrs: Vec<&str> = manifest.attributes.iter().filter(|a| a.kind == AttrKind::Int).map(|a| a.name.as_str()).collect();
@@ -250,7 +254,7 @@ pub fn parse(text: &str, path: &str) -> Result<Checked, String> {
         dtypes.push(match (input_index(&o.dtype), dtype_named(&o.dtype)) {
             (Some(i), _) => DTypeRule::SameAs(i),
             (None, Some(d)) => DTypeRule::Fixed(d),
-            (None, None) => return Err(err(&o.dtype, format!("output '{}': dtype '{}' is neither an input's name nor a dtype ({DTYPE_NAMES})", o.name, o.dtype))),
+            (None, None) => return Err(err(&o.dtype, format!("output '{}': dtype '{}' is neither an input's name nor a dtype ({})", o.name, o.dtype, dtype_names()))),
         });
     }
     for a in &manifest.attributes {

@@ -595,14 +595,16 @@ impl GpuPlan {
             let loc = self.runs[*b];
             enc.clear_buffer(&st.buffers[loc.buffer], loc.offset, Some(loc.size));
         }
-        let live: Vec<usize> = (0..self.dispatches.len()).filter(|&k| !self.dispatches[k].workgroups.contains(&0)).collect();
-        let stamps = (timing.is_some() && ctx.timestamps && !live.is_empty()).then(|| Stamps::new(&ctx.device, 2 * live.len()));
+        // Dispatches with work, counted (and listed) only when the run is timed: the
+        // untimed path allocates nothing per run.
+        let live: Vec<usize> = if timing.is_some() { (0..self.dispatches.len()).filter(|&k| !self.dispatches[k].workgroups.contains(&0)).collect() } else { vec![] };
+        let stamps = (ctx.timestamps && !live.is_empty()).then(|| Stamps::new(&ctx.device, 2 * live.len()));
+        let work = self.dispatches.iter().zip(&st.bind_groups).filter(|(d, _)| !d.workgroups.contains(&0));
         match &stamps {
             // A profile without timestamps inside passes: a pass per dispatch, stamped
             // at its start and end.
             Some(q) if !ctx.timestamps_inside_passes => {
-                for (j, &k) in live.iter().enumerate() {
-                    let (d, bg) = (&self.dispatches[k], &st.bind_groups[k]);
+                for (j, (d, bg)) in work.enumerate() {
                     let (set, at) = q.slot(2 * j);
                     let writes = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(at), end_of_pass_write_index: Some(at + 1) };
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&d.label), timestamp_writes: Some(writes) });
@@ -613,8 +615,7 @@ impl GpuPlan {
             }
             _ => {
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes: None });
-                for (j, &k) in live.iter().enumerate() {
-                    let (d, bg) = (&self.dispatches[k], &st.bind_groups[k]);
+                for (j, (d, bg)) in work.enumerate() {
                     if let Some(q) = &stamps {
                         let (set, at) = q.slot(2 * j);
                         pass.write_timestamp(set, at);
