@@ -386,7 +386,8 @@ fn unknown_dims_are_errors_and_causes_are_said_once() {
     assert_eq!(stderr(&o).matches("No such file or directory").count(), 1, "{}", stderr(&o));
     // --profile on a GPU session says so before any timed run.
     let o = kiln(&["bench", model("mlp").to_str().unwrap(), "--device", "gpu", "--profile", "--json"]);
-    assert_clean_error(&o, "--profile times the nodes of CPU sessions only");
+    assert_clean_error(&o, "--profile times the nodes of CPU sessions; for ");
+    assert!(stderr(&o).contains("kiln profile MODEL"), "{}", stderr(&o));
     assert!(o.stdout.is_empty(), "no JSON before the error");
     // Progress is drawn on terminals only: a piped text bench leaves stderr empty.
     let o = kiln(&["bench", model("mlp").to_str().unwrap(), "--device", "cpu", "--iters", "5"]);
