@@ -1,9 +1,11 @@
-//! kiln-compiler: the ONNX frontend ([`onnx`]) and the graph passes ([`passes`]) that
-//! prepare a graph for the runtime. (.npy files are read and written by
+//! kiln-compiler: the ONNX frontend ([`onnx`]), the graph passes ([`passes`]) that
+//! prepare a graph for the runtime, and automatic differentiation ([`autodiff`]), which
+//! turns a model into a training step. (.npy files are read and written by
 //! `kiln_runtime::npy`.)
 //!
-//! Depends on kiln-graph, kiln-ops and kiln-runtime (never the reverse): applications
-//! that only run models do not link it.
+//! Depends on kiln-graph and kiln-ops, never on kiln-runtime: applications that only
+//! run models do not link it.
 
+pub mod autodiff;
 pub mod onnx;
 pub mod passes;

@@ -1,0 +1,132 @@
+//! Before differentiation: ops whose training form Kiln has no kernel for, or whose
+//! gradient is simplest through their parts, become primitives.
+//!
+//! - BatchNormalization in training mode: batch statistics, normalisation, and the
+//!   running statistics updated as its extra outputs (PyTorch's convention: the
+//!   running variance takes the unbiased batch variance).
+//! - LayerNormalization: statistics over the trailing axes, with its optional Mean and
+//!   InvStdDev outputs.
+//! - MaxPool without an Indices output gets one (its gradient scatters through it).
+use super::emit::Emit;
+use super::rules::{axis, float_attr, input, int_attr};
+use super::{replace_uses, Result};
+use kiln_graph::{DType, Node, ValueId};
+use kiln_ops::TensorType;
+use std::collections::HashMap;
+
+/// Lowers the nodes of `e`'s graph in place; the graph's nodes are left in a
+/// topological order. Returns the values that replace the lowered nodes' outputs
+/// (every read of them is redirected already).
+pub fn lower(e: &mut Emit) -> Result<HashMap<ValueId, ValueId>> {
+    let nodes = std::mem::take(&mut e.graph.nodes);
+    let mut subst = HashMap::new();
+    for n in nodes {
+        match n.op_type.as_str() {
+            "BatchNormalization" if n.domain.is_empty() && is_training_bn(&n) => batch_norm(e, &n, &mut subst)?,
+            "LayerNormalization" if n.domain.is_empty() => layer_norm(e, &n, &mut subst)?,
+            "MaxPool" if n.domain.is_empty() && n.outputs.len() == 1 => {
+                let mut n = n;
+                let ty = e.ty(n.outputs[0]).clone();
+                let idx = e.value_of_type(&format!("{}:indices", n.name), TensorType::new(DType::I64, ty.dims));
+                n.outputs.push(idx);
+                e.graph.nodes.push(n);
+            }
+            _ => e.graph.nodes.push(n),
+        }
+    }
+    for (&old, &new) in &subst {
+        replace_uses(e.graph, old, new);
+    }
+    let order = e.graph.validate().map_err(|err| super::AutodiffError::Model(err.to_string()))?;
+    let mut nodes = std::mem::take(&mut e.graph.nodes);
+    let mut sorted: Vec<Option<Node>> = nodes.drain(..).map(Some).collect();
+    e.graph.nodes = order.into_iter().map(|i| sorted[i].take().expect("each node once")).collect();
+    e.set_scope("");
+    Ok(subst)
+}
+
+/// Training mode: `training_mode=1` (opset 14+), or the running statistics asked for
+/// as outputs (older opsets).
+pub fn is_training_bn(n: &Node) -> bool {
+    int_attr(n, "training_mode", 0) != 0 || n.outputs.len() > 1
+}
+
+/// Mean and variance (biased) over `axes`, kept as size-1 dims, and `1/sqrt(var+eps)`.
+fn moments(e: &mut Emit, x: ValueId, axes: &[usize], eps: f32) -> Result<(ValueId, ValueId, ValueId, ValueId)> {
+    let xd = e.dims(x);
+    let count: usize = axes.iter().map(|&a| xd[a]).product();
+    let s = e.reduce_sum(x, axes, true)?;
+    let mean = e.scale(s, 1.0 / count as f64)?;
+    let d = e.sub(x, mean)?;
+    let d2 = e.mul(d, d)?;
+    let s2 = e.reduce_sum(d2, axes, true)?;
+    let var = e.scale(s2, 1.0 / count as f64)?;
+    let epsv = e.scalar(eps as f64, e.dtype(x));
+    let ve = e.add(var, epsv)?;
+    let sd = e.op("Sqrt", &[ve], &[])?;
+    let one = e.scalar(1.0, e.dtype(x));
+    let inv = e.div(one, sd)?;
+    Ok((mean, var, d, inv))
+}
+
+fn batch_norm(e: &mut Emit, n: &Node, subst: &mut HashMap<ValueId, ValueId>) -> Result<()> {
+    e.set_scope(n.name.clone());
+    let (x, scale, bias, rmean, rvar) = (input(n, 0), input(n, 1), input(n, 2), input(n, 3), input(n, 4));
+    let xd = e.dims(x);
+    let c = xd[1];
+    let axes: Vec<usize> = std::iter::once(0).chain(2..xd.len()).collect();
+    let count: usize = axes.iter().map(|&a| xd[a]).product();
+    let eps = float_attr(n, "epsilon", 1e-5);
+    let momentum = float_attr(n, "momentum", 0.9) as f64;
+    let (mean, var, d, inv) = moments(e, x, &axes, eps)?;
+    let mut bshape = vec![1; xd.len()];
+    bshape[1] = c;
+    let xhat = e.mul(d, inv)?;
+    let sr = e.reshape(scale, &bshape)?;
+    let br = e.reshape(bias, &bshape)?;
+    let ys = e.mul(xhat, sr)?;
+    let y = e.add(ys, br)?;
+    subst.insert(n.outputs[0], y);
+    // Running statistics: r * momentum + batch * (1 - momentum), the variance unbiased.
+    if let Some(&out_mean) = n.outputs.get(1) {
+        let m = e.reshape(mean, &[c])?;
+        let new = blend(e, rmean, m, momentum, 1.0)?;
+        subst.insert(out_mean, new);
+    }
+    if let Some(&out_var) = n.outputs.get(2) {
+        let v = e.reshape(var, &[c])?;
+        let unbias = if count > 1 { count as f64 / (count - 1) as f64 } else { 1.0 };
+        let new = blend(e, rvar, v, momentum, unbias)?;
+        subst.insert(out_var, new);
+    }
+    Ok(())
+}
+
+/// `running * momentum + batch * factor * (1 - momentum)`.
+fn blend(e: &mut Emit, running: ValueId, batch: ValueId, momentum: f64, factor: f64) -> Result<ValueId> {
+    let a = e.scale(running, momentum)?;
+    let b = e.scale(batch, factor * (1.0 - momentum))?;
+    e.add(a, b)
+}
+
+fn layer_norm(e: &mut Emit, n: &Node, subst: &mut HashMap<ValueId, ValueId>) -> Result<()> {
+    e.set_scope(n.name.clone());
+    let (x, scale) = (input(n, 0), input(n, 1));
+    let r = e.rank(x);
+    let first = axis(int_attr(n, "axis", -1), r);
+    let axes: Vec<usize> = (first..r).collect();
+    let (mean, _, d, inv) = moments(e, x, &axes, float_attr(n, "epsilon", 1e-5))?;
+    let xhat = e.mul(d, inv)?;
+    let mut y = e.mul(xhat, scale)?;
+    if let Some(b) = n.inputs.get(2).copied().flatten() {
+        y = e.add(y, b)?;
+    }
+    subst.insert(n.outputs[0], y);
+    if let Some(&m) = n.outputs.get(1) {
+        subst.insert(m, mean);
+    }
+    if let Some(&s) = n.outputs.get(2) {
+        subst.insert(s, inv);
+    }
+    Ok(())
+}

@@ -1,0 +1,201 @@
+//! Neural-network ops: convolution (data gradient as ConvTranspose, weight gradient
+//! as a convolution of the input by the output gradient), max pooling through its
+//! indices, average pooling, softmax and log-softmax.
+//!
+//! BatchNormalization in training mode and LayerNormalization are lowered to
+//! primitives before differentiation (`lower.rs`), so they need no rule here.
+use super::{axis, input, int_attr, ints_attr, unsupported, Rule};
+use crate::autodiff::emit::Emit;
+use crate::autodiff::Result;
+use kiln_graph::{Attr, Node, ValueId};
+
+pub(super) const RULES: &[(&str, Rule)] = &[
+    ("Conv", conv),
+    ("MaxPool", max_pool),
+    ("GlobalAveragePool", global_average_pool),
+    ("Softmax", softmax),
+    ("LogSoftmax", log_softmax),
+];
+
+fn ints(v: &[usize]) -> Attr {
+    Attr::Ints(v.iter().map(|&x| x as i64).collect())
+}
+
+/// Conv's geometry with every attribute made explicit.
+struct ConvGeometry {
+    kernel: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    /// begin pads then end pads, as ONNX.
+    pads: Vec<usize>,
+    group: usize,
+}
+
+fn conv_geometry(e: &Emit, n: &Node) -> Result<ConvGeometry> {
+    let w = e.dims(input(n, 1));
+    let sp = w.len() - 2;
+    let kernel = w[2..].to_vec();
+    let get = |name: &str, default: usize, len: usize| -> Vec<usize> {
+        ints_attr(n, name).map(|v| v.iter().map(|&x| x as usize).collect()).unwrap_or_else(|| vec![default; len])
+    };
+    let auto_pad = match n.attr("auto_pad") {
+        Some(Attr::String(s)) => s.clone(),
+        _ => "NOTSET".into(),
+    };
+    if auto_pad != "NOTSET" && auto_pad != "VALID" {
+        return Err(unsupported(n, format!("auto_pad {auto_pad} (give explicit pads)")));
+    }
+    Ok(ConvGeometry { kernel, strides: get("strides", 1, sp), dilations: get("dilations", 1, sp), pads: get("pads", 0, 2 * sp), group: int_attr(n, "group", 1) as usize })
+}
+
+fn conv(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Result<Vec<Option<ValueId>>> {
+    let (x, w) = (input(n, 0), input(n, 1));
+    let dy = dy[0].unwrap();
+    let g = conv_geometry(e, n)?;
+    let (xd, dyd) = (e.dims(x), e.dims(dy));
+    let sp = xd.len() - 2;
+    let dx = if need[0] {
+        // ConvTranspose of dY by the same filter, padded out to X's size.
+        let out_pad: Vec<usize> = (0..sp)
+            .map(|i| {
+                let full = (dyd[i + 2] - 1) * g.strides[i] + (g.kernel[i] - 1) * g.dilations[i] + 1;
+                (xd[i + 2] + g.pads[i] + g.pads[i + sp]).saturating_sub(full)
+            })
+            .collect();
+        let attrs = [
+            ("strides", ints(&g.strides)),
+            ("dilations", ints(&g.dilations)),
+            ("pads", ints(&g.pads)),
+            ("group", Attr::Int(g.group as i64)),
+            ("output_padding", ints(&out_pad)),
+        ];
+        Some(e.op("ConvTranspose", &[dy, w], &attrs)?)
+    } else {
+        None
+    };
+    let dw = if need[1] {
+        let (cin, cout) = (xd[1], dyd[1]);
+        let (cin_g, cout_g) = (cin / g.group, cout / g.group);
+        let mut parts = vec![];
+        for gi in 0..g.group {
+            let xg = channel_slice(e, x, gi * cin_g, cin_g)?;
+            let dyg = channel_slice(e, dy, gi * cout_g, cout_g)?;
+            parts.push(weight_gradient(e, xg, dyg, &g)?);
+        }
+        Some(if parts.len() == 1 { parts[0] } else { e.op("Concat", &parts, &[("axis", Attr::Int(0))])? })
+    } else {
+        None
+    };
+    let db = if need.get(2).copied().unwrap_or(false) {
+        let axes: Vec<usize> = std::iter::once(0).chain(2..xd.len()).collect();
+        Some(e.reduce_sum(dy, &axes, false)?)
+    } else {
+        None
+    };
+    Ok(vec![dx, dw, db])
+}
+
+/// Channels `[start, start + len)` of an `[N, C, ...]` value.
+fn channel_slice(e: &mut Emit, v: ValueId, start: usize, len: usize) -> Result<ValueId> {
+    if start == 0 && len == e.dims(v)[1] {
+        return Ok(v);
+    }
+    let (s, en, ax) = (e.ints(&[start as i64]), e.ints(&[(start + len) as i64]), e.ints(&[1]));
+    e.op("Slice", &[v, s, en, ax], &[])
+}
+
+/// dW[o, i, k] = sum over n and output pixels of dY[n, o, p] X[n, i, p * s + k * d - pad]:
+/// a convolution of X (channels as batch) by dY (batch as channels), with stride and
+/// dilation exchanged, cut to the kernel's size.
+fn weight_gradient(e: &mut Emit, x: ValueId, dy: ValueId, g: &ConvGeometry) -> Result<ValueId> {
+    let r = e.rank(x);
+    let mut perm: Vec<usize> = (0..r).collect();
+    perm.swap(0, 1);
+    let xt = e.transpose(x, &perm)?;
+    let dyt = e.transpose(dy, &perm)?;
+    let attrs = [("strides", ints(&g.dilations)), ("dilations", ints(&g.strides)), ("pads", ints(&g.pads))];
+    let c = e.op("Conv", &[xt, dyt], &attrs)?;
+    let cd = e.dims(c);
+    let c = if cd[2..] != g.kernel[..] {
+        let sp = g.kernel.len();
+        let starts = e.ints(&vec![0; sp]);
+        let ends = e.ints(&g.kernel.iter().map(|&k| k as i64).collect::<Vec<_>>());
+        let axes = e.ints(&(2..2 + sp as i64).collect::<Vec<_>>());
+        e.op("Slice", &[c, starts, ends, axes], &[])?
+    } else {
+        c
+    };
+    e.transpose(c, &perm)
+}
+
+fn max_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
+    let Some(&indices) = n.outputs.get(1) else {
+        return Err(unsupported(n, "no Indices output (the lowering adds one)"));
+    };
+    if int_attr(n, "storage_order", 0) != 0 {
+        return Err(unsupported(n, "storage_order=1"));
+    }
+    let x = input(n, 0);
+    let xd = e.dims(x);
+    let dy = dy[0].unwrap();
+    let count: usize = e.dims(dy).iter().product();
+    let total: usize = xd.iter().product();
+    // The indices count every element of X, batch and channel included.
+    let flat_dy = e.reshape(dy, &[count])?;
+    let flat_i = e.reshape(indices, &[count])?;
+    let zeros = e.zeros(e.dtype(dy), &[total])?;
+    let s = e.op("ScatterElements", &[zeros, flat_i, flat_dy], &[("axis", Attr::Int(0)), ("reduction", Attr::String("add".into()))])?;
+    Ok(vec![Some(e.reshape(s, &xd)?)])
+}
+
+fn global_average_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
+    let xd = e.dims(input(n, 0));
+    let plane: usize = xd[2..].iter().product();
+    let s = e.scale(dy[0].unwrap(), 1.0 / plane as f64)?;
+    Ok(vec![Some(e.expand(s, &xd)?)])
+}
+
+/// The axis of Softmax/LogSoftmax and, for opset < 13 (which coerces to 2-D), the
+/// 2-D dims to compute in.
+fn softmax_axis(e: &Emit, n: &Node) -> (usize, Option<Vec<usize>>) {
+    let dims = e.dims(n.outputs[0]);
+    let r = dims.len();
+    if e.graph.opset() >= 13 {
+        (axis(int_attr(n, "axis", -1), r), None)
+    } else {
+        let a = axis(int_attr(n, "axis", 1), r);
+        (1, Some(vec![dims[..a].iter().product(), dims[a..].iter().product()]))
+    }
+}
+
+fn softmax(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
+    // dx = y (dy - sum(dy y))
+    let (ax, flat) = softmax_axis(e, n);
+    let dims = e.dims(n.outputs[0]);
+    let (mut y, mut g) = (n.outputs[0], dy[0].unwrap());
+    if let Some(f) = &flat {
+        y = e.reshape(y, f)?;
+        g = e.reshape(g, f)?;
+    }
+    let p = e.mul(g, y)?;
+    let s = e.reduce_sum(p, &[ax], true)?;
+    let d = e.sub(g, s)?;
+    let dx = e.mul(y, d)?;
+    Ok(vec![Some(e.reshape(dx, &dims)?)])
+}
+
+fn log_softmax(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
+    // dx = dy - softmax * sum(dy)
+    let (ax, flat) = softmax_axis(e, n);
+    let dims = e.dims(n.outputs[0]);
+    let (mut y, mut g) = (n.outputs[0], dy[0].unwrap());
+    if let Some(f) = &flat {
+        y = e.reshape(y, f)?;
+        g = e.reshape(g, f)?;
+    }
+    let s = e.reduce_sum(g, &[ax], true)?;
+    let p = e.op("Exp", &[y], &[])?;
+    let ps = e.mul(p, s)?;
+    let dx = e.sub(g, ps)?;
+    Ok(vec![Some(e.reshape(dx, &dims)?)])
+}

@@ -1,0 +1,301 @@
+//! The training step as one graph: forward, loss, backward, clipping and optimizer
+//! update, for a fixed batch.
+//!
+//! Inputs: the model's inputs, the label, the optimizer's per-step scalars, then the
+//! state (parameters, running statistics, optimizer slots). Outputs: the loss, the
+//! prediction, then each state variable's next value. A runtime keeps the state
+//! between steps and feeds each output back as the matching input.
+//!
+//! Gradients exist as values between backward and update ([`TrainingGraph::gradients`]):
+//! the point where data-parallel training reduces them across workers.
+use super::emit::Emit;
+use super::loss::Loss;
+use super::lower::{is_training_bn, lower};
+use super::optimizer::Optimizer;
+use super::{gradients, AutodiffError, Result};
+use kiln_graph::{DType, Graph, Tensor, ValueId, ValueType};
+use kiln_ops::{Registry, TensorType};
+use std::collections::{HashMap, HashSet};
+
+pub struct TrainConfig {
+    /// The concrete type of each model input, by name (the batch fixed).
+    pub inputs: Vec<(String, TensorType)>,
+    /// The model output the loss reads (default: the first).
+    pub output: Option<String>,
+    pub loss: Loss,
+    pub optimizer: Optimizer,
+    /// The initializers to train (default: every float initializer the loss depends on,
+    /// BatchNormalization's running statistics excepted).
+    pub trainable: Option<Vec<String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateKind {
+    /// A trained parameter.
+    Parameter,
+    /// A value the forward pass updates (BatchNormalization's running statistics).
+    Buffer,
+    /// Optimizer state of a parameter.
+    Slot { param: String, slot: &'static str },
+}
+
+#[derive(Clone, Debug)]
+pub struct StateVar {
+    /// The graph input that holds the current value (a parameter's initializer name).
+    pub name: String,
+    pub kind: StateKind,
+    /// The graph output that holds the value after the step.
+    pub next: String,
+    /// The value before the first step.
+    pub initial: Tensor,
+}
+
+pub struct TrainingGraph {
+    pub graph: Graph,
+    /// The model's inputs, as the training graph names them.
+    pub data_inputs: Vec<String>,
+    /// The label input (integer classes or a float target, as the loss says).
+    pub label: String,
+    /// The optimizer's per-step scalar inputs ([`Optimizer::hyper_inputs`]).
+    pub hyper: Vec<String>,
+    pub state: Vec<StateVar>,
+    /// Output names of the loss and the prediction.
+    pub loss: String,
+    pub prediction: String,
+    /// Each parameter's gradient (names of values of `graph`), in reverse layer order.
+    pub gradients: Vec<(String, String)>,
+}
+
+pub const LABEL: &str = "kiln.label";
+pub const LOSS: &str = "kiln.loss";
+
+fn model_err(what: impl Into<String>) -> AutodiffError {
+    AutodiffError::Model(what.into())
+}
+
+/// Builds the training graph of `forward`.
+pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Result<TrainingGraph> {
+    if forward.opset() < 13 {
+        return Err(model_err(format!("training needs a model of opset 13 or later; this one is opset {}", forward.opset())));
+    }
+    let mut g = forward.clone();
+    let pred = match &config.output {
+        Some(name) => *g.outputs.iter().find(|&&o| g.values[o].name == *name).ok_or_else(|| {
+            model_err(format!("the model has no output '{name}' (its outputs: {})", names(&g, &g.outputs)))
+        })?,
+        None => *g.outputs.first().ok_or_else(|| model_err("the model has no output"))?,
+    };
+
+    // Buffers: the running statistics of BatchNormalization in training mode that it
+    // updates (outputs 1 and 2 present).
+    let mut buffers: Vec<(ValueId, ValueId, usize)> = vec![]; // (initializer, node, output index)
+    for (k, n) in g.nodes.iter().enumerate() {
+        if n.op_type == "BatchNormalization" && n.domain.is_empty() && is_training_bn(n) {
+            for (slot, out) in [(3, 1), (4, 2)] {
+                if let (Some(Some(v)), Some(_)) = (n.inputs.get(slot), n.outputs.get(out)) {
+                    if g.initializers.contains_key(v) {
+                        buffers.push((*v, k, out));
+                    }
+                }
+            }
+        }
+    }
+    let buffer_set: HashSet<ValueId> = buffers.iter().map(|b| b.0).collect();
+    let mut params: Vec<ValueId> = match &config.trainable {
+        Some(list) => list
+            .iter()
+            .map(|name| {
+                let v = g.find_value(name).filter(|v| g.initializers.contains_key(v)).ok_or_else(|| model_err(format!("'{name}' is not an initializer of the model")))?;
+                if !g.initializers[&v].dtype().is_float() {
+                    return Err(model_err(format!("'{name}' is {}, only float initializers train", g.initializers[&v].dtype())));
+                }
+                Ok(v)
+            })
+            .collect::<Result<_>>()?,
+        None => {
+            let mut v: Vec<ValueId> = g.initializers.iter().filter(|(v, t)| t.dtype().is_float() && !buffer_set.contains(v)).map(|(v, _)| *v).collect();
+            v.sort_unstable();
+            v
+        }
+    };
+    // Parameters and buffers become inputs (state), so nothing that reads them folds.
+    let mut initial: HashMap<ValueId, Tensor> = HashMap::new();
+    for &v in params.iter().chain(buffers.iter().map(|b| &b.0)) {
+        if let Some(t) = g.initializers.remove(&v) {
+            g.values[v].ty = Some(ValueType::new(t.dtype(), t.dims()));
+            g.inputs.push(v);
+            initial.insert(v, t);
+        }
+    }
+    let data_inputs: Vec<ValueId> = g.inputs.iter().copied().filter(|v| !initial.contains_key(v)).collect();
+    for (name, _) in &config.inputs {
+        if !data_inputs.iter().any(|&v| g.values[v].name == *name) {
+            return Err(model_err(format!("the model has no input '{name}' (its inputs: {})", names(&g, &data_inputs))));
+        }
+    }
+    let mut input_types = vec![];
+    for &v in &g.inputs {
+        let ty = match initial.get(&v) {
+            Some(t) => TensorType::new(t.dtype(), t.dims().to_vec()),
+            None => {
+                let name = &g.values[v].name;
+                let ty = config.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t.clone()).ok_or_else(|| model_err(format!("no type given for the model's input '{name}'")))?;
+                g.values[v].ty = Some(ValueType::new(ty.dtype, ty.dims.clone()));
+                ty
+            }
+        };
+        input_types.push(ty);
+    }
+
+    // Types of every value for this batch, and the shape computations folded: a probe
+    // with BatchNormalization in inference form (its training form has no kernel).
+    let mut probe = g.clone();
+    probe.outputs = vec![pred];
+    let (spec, order) = specialize_forward(&probe, &input_types, registry)?;
+    let live: HashSet<usize> = spec.steps.iter().map(|s| s.node).collect();
+    g.nodes = order.iter().filter(|n| live.contains(n)).map(|&n| g.nodes[n].clone()).collect();
+    for (v, t) in spec.constants {
+        g.values[v].ty = Some(ValueType::new(t.dtype(), t.dims()));
+        g.initializers.insert(v, t);
+    }
+
+    let mut e = Emit::new(&mut g, spec.types, registry);
+    let subst = lower(&mut e)?;
+    let pred = *subst.get(&pred).unwrap_or(&pred);
+
+    // Parameters the loss does not depend on are left out (or refused, when named).
+    let reached = reaching(e.graph, pred);
+    let (used, unused): (Vec<ValueId>, Vec<ValueId>) = params.iter().partition(|v| reached.contains(v));
+    if !unused.is_empty() {
+        let list = names(e.graph, &unused);
+        if config.trainable.is_some() {
+            return Err(model_err(format!("the loss does not depend on {list}")));
+        }
+        log::warn!("not trained (the loss does not depend on them): {list}");
+        for v in &unused {
+            let t = initial.remove(v).expect("a parameter");
+            e.graph.inputs.retain(|i| i != v);
+            e.graph.initializers.insert(*v, t);
+        }
+    }
+    params = used;
+
+    let pred_ty = e.ty(pred).clone();
+    let (ldtype, ldims) = config.loss.label_type(pred_ty.dtype, &pred_ty.dims);
+    let label = e.value_of_type(LABEL, TensorType::new(ldtype, ldims));
+    e.graph.inputs.push(label);
+    let loss = config.loss.emit(&mut e, pred, label)?;
+    e.graph.values[loss].name = LOSS.into();
+
+    let order = e.graph.validate().map_err(|err| model_err(err.to_string()))?;
+    let grads = gradients(&mut e, &order, loss, &params)?;
+    let grads = config.optimizer.clip(&mut e, &grads)?;
+
+    let opt = &config.optimizer;
+    let hyper: Vec<ValueId> = opt
+        .hyper_names()
+        .into_iter()
+        .map(|name| {
+            let v = e.value_of_type(name, TensorType::new(DType::F32, vec![]));
+            e.graph.inputs.push(v);
+            v
+        })
+        .collect();
+    let mut state = vec![];
+    let mut outputs = vec![loss, pred];
+    let mut next_of = |e: &mut Emit, input: ValueId, next: ValueId, kind: StateKind, initial: Tensor, state: &mut Vec<StateVar>| {
+        let name = e.graph.values[input].name.clone();
+        let next_name = format!("{name}:next");
+        e.graph.values[next].name = next_name.clone();
+        outputs.push(next);
+        state.push(StateVar { name, kind, next: next_name, initial });
+    };
+    for (&p, &gr) in params.iter().zip(&grads) {
+        let pname = e.graph.values[p].name.clone();
+        e.set_scope(format!("{pname}/update"));
+        let slots: Vec<(ValueId, &'static str)> = opt
+            .slots()
+            .iter()
+            .map(|&s| {
+                let ty = e.ty(p).clone();
+                let v = e.value_of_type(&format!("{pname}:{s}"), ty);
+                e.graph.inputs.push(v);
+                (v, s)
+            })
+            .collect();
+        let slot_values: Vec<ValueId> = slots.iter().map(|s| s.0).collect();
+        let (new_p, new_slots) = opt.update(&mut e, p, gr, &slot_values, &hyper)?;
+        let t = initial.remove(&p).expect("a parameter");
+        let (dtype, dims) = (t.dtype(), t.dims().to_vec());
+        next_of(&mut e, p, new_p, StateKind::Parameter, t, &mut state);
+        for ((sv, sname), ns) in slots.into_iter().zip(new_slots) {
+            next_of(&mut e, sv, ns, StateKind::Slot { param: pname.clone(), slot: sname }, Tensor::zeros(dtype, &dims), &mut state);
+        }
+    }
+    for (v, _node, out) in &buffers {
+        let Some(t) = initial.remove(v) else { continue };
+        let bn_out = forward.nodes[*_node].outputs[*out];
+        let next = *subst.get(&bn_out).ok_or_else(|| model_err(format!("running statistic '{}' has no update", forward.values[*v].name)))?;
+        next_of(&mut e, *v, next, StateKind::Buffer, t, &mut state);
+    }
+    let gradients: Vec<(String, String)> = params.iter().zip(&grads).rev().map(|(&p, &gr)| (e.graph.values[p].name.clone(), e.graph.values[gr].name.clone())).collect();
+    drop(e);
+    g.outputs = outputs;
+    g.validate().map_err(|err| model_err(err.to_string()))?;
+    Ok(TrainingGraph {
+        data_inputs: data_inputs.iter().map(|&v| g.values[v].name.clone()).collect(),
+        label: LABEL.into(),
+        hyper: opt.hyper_names().into_iter().map(String::from).collect(),
+        loss: LOSS.into(),
+        prediction: g.values[pred].name.clone(),
+        state,
+        gradients,
+        graph: g,
+    })
+}
+
+/// Specialises a forward graph for concrete input types (every value typed, shape
+/// computations folded), BatchNormalization in training mode taken in its inference
+/// form (same output type; its training form has no kernel). Returns the
+/// specialisation and the topological order of `g`'s nodes.
+pub fn specialize_forward(g: &Graph, input_types: &[TensorType], registry: &Registry) -> Result<(kiln_ops::infer::Specialized, Vec<usize>)> {
+    let mut probe = g.clone();
+    for n in &mut probe.nodes {
+        if n.op_type == "BatchNormalization" && n.domain.is_empty() && is_training_bn(n) {
+            n.attrs.remove("training_mode");
+            let stats = n.outputs.split_off(1);
+            probe.outputs.retain(|o| !stats.contains(o));
+        }
+    }
+    let ops = kiln_ops::infer::create_ops(&probe, registry).map_err(|e| model_err(e.to_string()))?;
+    let order = probe.validate().map_err(|e| model_err(e.to_string()))?;
+    let no_values = vec![None; input_types.len()];
+    let spec = kiln_ops::infer::specialize(&probe, &ops, &order, input_types, &no_values, kiln_ops::infer::Limits::default()).map_err(|e| model_err(e.into_error().to_string()))?;
+    Ok((spec, order))
+}
+
+fn names(g: &Graph, vs: &[ValueId]) -> String {
+    vs.iter().map(|&v| format!("'{}'", g.values[v].name)).collect::<Vec<_>>().join(", ")
+}
+
+/// Every value `target` depends on.
+fn reaching(g: &Graph, target: ValueId) -> HashSet<ValueId> {
+    let mut producer: HashMap<ValueId, usize> = HashMap::new();
+    for (k, n) in g.nodes.iter().enumerate() {
+        for &o in &n.outputs {
+            producer.insert(o, k);
+        }
+    }
+    let mut seen = HashSet::from([target]);
+    let mut stack = vec![target];
+    while let Some(v) = stack.pop() {
+        if let Some(&k) = producer.get(&v) {
+            for &i in g.nodes[k].inputs.iter().flatten() {
+                if seen.insert(i) {
+                    stack.push(i);
+                }
+            }
+        }
+    }
+    seen
+}
