@@ -6,6 +6,7 @@ pub use kiln_ops as ops;
 pub use kiln_runtime as runtime;
 
 pub mod load;
+pub mod train;
 
 /// The user guide (docs/guide.md): its Rust blocks are this crate's doctests.
 #[doc = include_str!("../docs/guide.md")]

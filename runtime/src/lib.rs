@@ -17,6 +17,7 @@ mod error;
 pub mod file;
 mod gpu;
 pub mod npy;
+pub mod npz;
 mod placement;
 mod plan;
 mod session;

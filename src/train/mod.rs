@@ -1,0 +1,219 @@
+//! Training: a [`Trainer`] compiles a model's training step (the compiler's
+//! [`kiln_compiler::autodiff`]) into a session and runs it batch after batch, keeping
+//! the parameters, running statistics and optimizer state between steps.
+//!
+//! It sits in the facade because it needs both the compiler (to build the step) and
+//! the runtime (to run it); neither of those depends on it.
+//!
+//! The state lives in the trainer and is bound to the step as inputs; the step's
+//! outputs become the next state. On the CPU that is a hand-over of buffers; on a GPU
+//! every step uploads the state and reads it back (device-resident state is the next
+//! step of this design).
+use kiln_compiler::autodiff::{self, AutodiffError, Loss, Optimizer, StateKind, StateVar, TrainConfig};
+use kiln_compiler::passes::{self, Target};
+use kiln_graph::{Graph, Tensor};
+use kiln_ops::TensorType;
+use kiln_runtime::{DeviceChoice, DeviceKind, RuntimeError, Session, SessionOptions};
+use std::path::Path;
+use std::time::Instant;
+
+mod checkpoint;
+mod export;
+pub mod schedule;
+
+pub use export::export_onnx;
+pub use schedule::{Decay, Schedule};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("building the training step: {0}")]
+    Build(#[from] AutodiffError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The loss is NaN or infinite: the step's update was not applied.
+    #[error("step {step}: the loss is {loss}; training stopped, the state is that after step {}", step - 1)]
+    NonFinite { step: u64, loss: f32 },
+    #[error("{0}")]
+    Data(String),
+    #[error("checkpoint '{path}': {what}")]
+    Checkpoint { path: String, what: String },
+    #[error("exporting: {0}")]
+    Export(String),
+}
+
+pub type Result<T, E = TrainError> = std::result::Result<T, E>;
+
+/// Imports an ONNX model exported for training. Its ops are checked when the training
+/// step is built (BatchNormalization's training mode, which has no inference kernel, is
+/// lowered there), so the import itself checks only the structure.
+pub fn import_model(path: &Path) -> Result<Graph> {
+    kiln_compiler::onnx::import_file_unchecked(path).map_err(|e| TrainError::Data(e.to_string()))
+}
+
+/// How to train.
+pub struct TrainOptions {
+    pub device: DeviceChoice,
+    pub threads: Option<usize>,
+    pub loss: Loss,
+    pub optimizer: Optimizer,
+    pub schedule: Schedule,
+    /// The model output the loss reads (default: the first).
+    pub output: Option<String>,
+    /// Run the compiler's passes over the training step (fusion of the updates,
+    /// layouts); on by default.
+    pub optimize: bool,
+}
+
+impl TrainOptions {
+    pub fn new(loss: Loss, optimizer: Optimizer, schedule: Schedule) -> TrainOptions {
+        TrainOptions { device: DeviceChoice::Cpu, threads: None, loss, optimizer, schedule, output: None, optimize: true }
+    }
+}
+
+/// What one step did.
+#[derive(Clone, Debug)]
+pub struct StepReport {
+    /// 1 for the first step.
+    pub step: u64,
+    pub loss: f32,
+    pub lr: f64,
+    pub seconds: f64,
+}
+
+pub struct Trainer {
+    session: Session,
+    forward: Graph,
+    data_inputs: Vec<(String, TensorType)>,
+    label: (String, TensorType),
+    state_vars: Vec<StateVar>,
+    state: Vec<Tensor>,
+    step: u64,
+    optimizer: Optimizer,
+    schedule: Schedule,
+    /// Output positions: loss, prediction, then the next state in `state_vars` order.
+    outputs: (usize, usize, Vec<usize>),
+}
+
+impl Trainer {
+    /// Compiles the training step of `forward` for inputs of these concrete types (the
+    /// batch fixed).
+    pub fn new(forward: &Graph, inputs: &[(String, TensorType)], options: TrainOptions) -> Result<Trainer> {
+        let config = TrainConfig { inputs: inputs.to_vec(), output: options.output.clone(), loss: options.loss.clone(), optimizer: options.optimizer.clone(), trainable: None };
+        let tg = autodiff::build(forward, &config, kiln_ops::Registry::builtin())?;
+        let mut graph = tg.graph;
+        if options.optimize {
+            let target = match kiln_runtime::device_kind(&options.device)? {
+                DeviceKind::Cpu => Target::Cpu,
+                DeviceKind::Gpu => Target::Gpu,
+            };
+            passes::optimize_for(&mut graph, target);
+        }
+        let label_ty = {
+            let v = graph.find_value(&tg.label).expect("the label input");
+            let t = graph.values[v].ty.as_ref().expect("typed");
+            TensorType::new(t.dtype, t.shape.as_fixed().expect("a fixed label shape"))
+        };
+        let session = Session::new(graph, SessionOptions { threads: options.threads, ..SessionOptions::device(options.device.clone()) })?;
+        let names = session.output_names();
+        let pos = |n: &str| names.iter().position(|o| o == n).expect("a training graph output");
+        let outputs = (pos(&tg.loss), pos(&tg.prediction), tg.state.iter().map(|s| pos(&s.next)).collect());
+        let data_inputs = tg.data_inputs.iter().map(|n| inputs.iter().find(|(i, _)| i == n).cloned().expect("typed by the config")).collect();
+        Ok(Trainer {
+            session,
+            forward: forward.clone(),
+            data_inputs,
+            label: (tg.label, label_ty),
+            state: tg.state.iter().map(|s| s.initial.clone()).collect(),
+            state_vars: tg.state,
+            step: 0,
+            optimizer: options.optimizer,
+            schedule: options.schedule,
+            outputs,
+        })
+    }
+
+    /// Steps done so far.
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+
+    pub fn device_name(&self) -> String {
+        self.session.device_name()
+    }
+
+    /// The inputs one batch must give (the model's, batch fixed) and the label's type.
+    pub fn batch_types(&self) -> (&[(String, TensorType)], &TensorType) {
+        (&self.data_inputs, &self.label.1)
+    }
+
+    /// One optimizer step on a batch: `inputs` by the model's input names, `label` as
+    /// the loss takes it. A non-finite loss leaves the state as it was.
+    pub fn step(&mut self, inputs: &[(&str, &Tensor)], label: &Tensor) -> Result<StepReport> {
+        let (lname, lty) = &self.label;
+        if label.dtype() != lty.dtype || label.dims() != lty.dims.as_slice() {
+            return Err(TrainError::Data(format!("the label must be {}{:?} for this model, loss and batch; got {}{:?}", lty.dtype, lty.dims, label.dtype(), label.dims())));
+        }
+        let started = Instant::now();
+        let step = self.step + 1;
+        let lr = self.schedule.lr(step);
+        let hyper: Vec<(&str, Tensor)> = self.optimizer.hyper_inputs(step, lr).into_iter().map(|(n, v)| (n, Tensor::scalar(v))).collect();
+        let mut feeds: Vec<(&str, &Tensor)> = inputs.to_vec();
+        feeds.push((lname.as_str(), label));
+        feeds.extend(hyper.iter().map(|(n, t)| (*n, t)));
+        feeds.extend(self.state_vars.iter().zip(&self.state).map(|(s, t)| (s.name.as_str(), t)));
+        let mut out = self.session.run(&feeds)?;
+        let loss = out[self.outputs.0].to_f64_vec().first().copied().unwrap_or(f64::NAN) as f32;
+        if !loss.is_finite() {
+            return Err(TrainError::NonFinite { step, loss });
+        }
+        for (k, &p) in self.outputs.2.iter().enumerate() {
+            self.state[k] = std::mem::replace(&mut out[p], Tensor::scalar(0f32));
+        }
+        self.step = step;
+        Ok(StepReport { step, loss, lr, seconds: started.elapsed().as_secs_f64() })
+    }
+
+    /// The current value of every state variable (parameters, running statistics,
+    /// optimizer slots), by name.
+    pub fn state(&self) -> impl Iterator<Item = (&StateVar, &Tensor)> {
+        self.state_vars.iter().zip(&self.state)
+    }
+
+    /// The current value of a parameter or running statistic, by initializer name.
+    pub fn parameter(&self, name: &str) -> Option<&Tensor> {
+        self.state().find(|(s, _)| s.name == name && !matches!(s.kind, StateKind::Slot { .. })).map(|(_, t)| t)
+    }
+
+    /// The model for inference with the current weights: initializers replaced, and
+    /// BatchNormalization in inference mode (running statistics).
+    pub fn inference_graph(&self) -> Graph {
+        let mut g = self.forward.clone();
+        for (s, t) in self.state() {
+            if matches!(s.kind, StateKind::Slot { .. }) {
+                continue;
+            }
+            if let Some(v) = g.find_value(&s.name) {
+                g.initializers.insert(v, t.clone());
+            }
+        }
+        for n in &mut g.nodes {
+            if n.op_type == "BatchNormalization" && n.domain.is_empty() && autodiff::lower::is_training_bn(n) {
+                n.attrs.remove("training_mode");
+                let stats = n.outputs.split_off(1);
+                g.outputs.retain(|o| !stats.contains(o));
+            }
+        }
+        g
+    }
+
+    /// Saves the state and the step count (a .npz file numpy opens).
+    pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
+        checkpoint::save(self, path)
+    }
+
+    /// Restores a checkpoint of this model and optimizer: training goes on from its
+    /// step, bit for bit as if it had not stopped (on the CPU).
+    pub fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
+        checkpoint::load(self, path)
+    }
+}

@@ -1,0 +1,214 @@
+//! Training, step for step against PyTorch: each run of ../shared/training replays
+//! the same batches from the same initial weights, on the CPU and on the GPU (lavapipe
+//! in CI). Losses of the first ten steps within 1e-4 (relative), parameters at each
+//! checkpoint within 1e-4 after step 1 and 1e-3 after step 10 on the CPU (1e-3 and
+//! 1e-2 on the GPU), the final loss within 2%.
+mod common;
+
+use common::*;
+use kiln::compiler::autodiff::{Loss, Optimizer, OptimizerKind};
+use kiln::graph::{DType, Tensor};
+use kiln::ops::TensorType;
+use kiln::runtime::{npy, npz, DeviceChoice};
+use kiln::train::{Schedule, TrainError, TrainOptions, Trainer};
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn training() -> PathBuf {
+    let p = std::env::var_os("KILN_TRAINING").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/training"));
+    assert!(p.is_dir(), "\n\n!!! The training references are missing at {}: put ../shared beside this repository or set KILN_TRAINING.\n", p.display());
+    p
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or_else(|| panic!("reference.json has no number '{k}'"))
+}
+
+/// The optimizer a reference run used.
+fn optimizer(r: &Value) -> Optimizer {
+    let kind = match r["optimizer"].as_str().unwrap() {
+        "sgd" => OptimizerKind::Sgd { momentum: f(r, "momentum") as f32, nesterov: r["nesterov"].as_bool().unwrap_or(false) },
+        "adam" => OptimizerKind::Adam { beta1: f(r, "beta1") as f32, beta2: f(r, "beta2") as f32, eps: f(r, "epsilon") as f32 },
+        "adamw" => OptimizerKind::AdamW { beta1: f(r, "beta1") as f32, beta2: f(r, "beta2") as f32, eps: f(r, "epsilon") as f32 },
+        o => panic!("optimizer {o}"),
+    };
+    Optimizer { kind, weight_decay: r["weight_decay"].as_f64().unwrap_or(0.0) as f32, clip_norm: None }
+}
+
+/// A run's data: batch `k` as (input name, input, label).
+struct Run {
+    name: &'static str,
+    reference: Value,
+    input: String,
+    batch: Box<dyn Fn(usize) -> (Tensor, Tensor)>,
+    input_type: TensorType,
+}
+
+fn gather_rows(x: &Tensor, rows: &[usize]) -> Tensor {
+    let row: usize = x.dims()[1..].iter().product();
+    let size = x.dtype().size();
+    let mut bytes = Vec::with_capacity(rows.len() * row * size);
+    for &r in rows {
+        bytes.extend_from_slice(&x.bytes()[r * row * size..(r + 1) * row * size]);
+    }
+    let mut dims = x.dims().to_vec();
+    dims[0] = rows.len();
+    Tensor::from_bytes(x.dtype(), &dims, &bytes).unwrap()
+}
+
+fn run(name: &'static str) -> Run {
+    let dir = training().join(name);
+    let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    let batches: Vec<Vec<usize>> = reference["batches"].as_array().unwrap().iter().map(|b| b.as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as usize).collect()).collect();
+    let bsize = batches[0].len();
+    if name.starts_with("lenet") {
+        let x = npy::read_file(training().join("digits/train_x.npy")).unwrap();
+        let y = npy::read_file(training().join("digits/train_y.npy")).unwrap();
+        let mut dims = x.dims().to_vec();
+        dims[0] = bsize;
+        Run { name, reference, input: "x".into(), input_type: TensorType::new(DType::F32, dims), batch: Box::new(move |k| (gather_rows(&x, &batches[k]), gather_rows(&y, &batches[k]))) }
+    } else {
+        let corpus = std::fs::read(training().join("corpus.txt")).unwrap();
+        let ctx = reference["context"].as_u64().unwrap() as usize;
+        let stride = reference["sample_stride"].as_u64().unwrap() as usize;
+        Run {
+            name,
+            reference,
+            input: "ids".into(),
+            input_type: TensorType::new(DType::I64, vec![bsize, ctx]),
+            batch: Box::new(move |k| {
+                let take = |off: usize| -> Tensor {
+                    let v: Vec<i64> = batches[k].iter().flat_map(|&i| corpus[stride * i + off..stride * i + off + ctx].iter().map(|&b| b as i64)).collect();
+                    Tensor::from_vec(&[bsize, ctx], v).unwrap()
+                };
+                (take(0), take(1))
+            }),
+        }
+    }
+}
+
+fn trainer(r: &Run, device: DeviceChoice) -> Trainer {
+    let graph = kiln::train::import_model(&training().join(r.name).join("model.onnx")).unwrap();
+    let mut opts = TrainOptions::new(Loss::cross_entropy(), optimizer(&r.reference), Schedule::constant(f(&r.reference, "lr")));
+    opts.device = device;
+    Trainer::new(&graph, &[(r.input.clone(), r.input_type.clone())], opts).unwrap_or_else(|e| panic!("{}: {e}", r.name))
+}
+
+/// Parameters (and running statistics) against PyTorch's after `step` steps.
+fn check_params(r: &Run, t: &Trainer, step: u64, tol: f64, device: &str) {
+    let want = npz::read_file(training().join(r.name).join(format!("step_{step}.npz"))).unwrap();
+    for (name, w) in &want {
+        let got = t.parameter(name).unwrap_or_else(|| panic!("{}: no parameter '{name}'", r.name));
+        let e = rel_l2(got, w);
+        assert!(e <= tol, "{} on {device}: '{name}' after step {step}: relative L2 {e:.2e} > {tol:.0e}", r.name);
+    }
+}
+
+fn replay(name: &'static str) {
+    gpu_env();
+    let r = run(name);
+    let losses: Vec<f64> = r.reference["losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect();
+    let checkpoints: Vec<u64> = r.reference["checkpoints"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+    for (device, choice) in backends() {
+        let (tol1, tol10) = if device == "cpu" { (1e-4, 1e-3) } else { (1e-3, 1e-2) };
+        let mut t = trainer(&r, choice);
+        check_params(&r, &t, 0, 0.0, device);
+        let mut last = 0.0;
+        for (k, want) in losses.iter().enumerate() {
+            let (x, y) = (r.batch)(k);
+            let rep = t.step(&[(r.input.as_str(), &x)], &y).unwrap_or_else(|e| panic!("{name} on {device}, step {}: {e}", k + 1));
+            last = rep.loss as f64;
+            if k < 10 {
+                let e = (last - want).abs() / want.abs();
+                assert!(e <= 1e-4, "{name} on {device}: loss at step {} is {last}, PyTorch's {want} (relative error {e:.2e})", k + 1);
+            }
+            let step = k as u64 + 1;
+            if checkpoints.contains(&step) && step <= 10 {
+                check_params(&r, &t, step, if step == 1 { tol1 } else { tol10 }, device);
+            }
+        }
+        let want = *losses.last().unwrap();
+        assert!((last - want).abs() <= 0.02 * want.abs(), "{name} on {device}: final loss {last}, PyTorch's {want}");
+        eprintln!("{name} on {device} ({}): {} steps, final loss {last:.5} (PyTorch {want:.5})", t.device_name(), losses.len());
+    }
+}
+
+#[test]
+fn lenet_digits_sgd_follows_pytorch() {
+    replay("lenet_digits_sgd");
+}
+
+#[test]
+fn lenet_digits_adam_follows_pytorch() {
+    replay("lenet_digits_adam");
+}
+
+#[test]
+fn tiny_gpt_adamw_follows_pytorch() {
+    replay("tiny_gpt_adamw");
+}
+
+/// A checkpoint restores the state and the step: the resumed run equals the
+/// uninterrupted one bit for bit on the CPU; a checkpoint of another model is refused.
+#[test]
+fn checkpoints_resume_bit_for_bit() {
+    let r = run("lenet_digits_adam");
+    let dir = std::env::temp_dir().join(format!("kiln-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ckpt.npz");
+    let mut a = trainer(&r, DeviceChoice::Cpu);
+    for k in 0..3 {
+        let (x, y) = (r.batch)(k);
+        a.step(&[("x", &x)], &y).unwrap();
+    }
+    a.save_checkpoint(&path).unwrap();
+    let mut b = trainer(&r, DeviceChoice::Cpu);
+    b.load_checkpoint(&path).unwrap();
+    assert_eq!(b.steps_done(), 3);
+    for k in 3..5 {
+        let (x, y) = (r.batch)(k);
+        let la = a.step(&[("x", &x)], &y).unwrap().loss;
+        let lb = b.step(&[("x", &x)], &y).unwrap().loss;
+        assert_eq!(la.to_bits(), lb.to_bits(), "step {}", k + 1);
+    }
+    for ((sa, ta), (_, tb)) in a.state().zip(b.state()) {
+        assert_eq!(ta.bytes(), tb.bytes(), "'{}' differs after resuming", sa.name);
+    }
+    // Another optimizer's state does not fit.
+    let sgd = run("lenet_digits_sgd");
+    let mut c = trainer(&sgd, DeviceChoice::Cpu);
+    let err = c.load_checkpoint(&path).unwrap_err().to_string();
+    assert!(err.contains("another model"), "{err}");
+    // A damaged file is an error that names it.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = b.load_checkpoint(&path).unwrap_err().to_string();
+    assert!(err.contains("ckpt.npz") && err.contains("CRC-32"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A NaN loss stops at its step and keeps the last good state.
+#[test]
+fn a_nan_loss_stops_and_keeps_the_state() {
+    let r = run("lenet_digits_sgd");
+    let mut t = trainer(&r, DeviceChoice::Cpu);
+    let (x, y) = (r.batch)(0);
+    t.step(&[("x", &x)], &y).unwrap();
+    let before: Vec<Vec<u8>> = t.state().map(|(_, v)| v.bytes().to_vec()).collect();
+    let mut bad = x.to_f64_vec();
+    bad[3] = f64::NAN;
+    let bad = Tensor::from_f64(DType::F32, x.dims(), &bad).unwrap();
+    match t.step(&[("x", &bad)], &y) {
+        Err(e @ TrainError::NonFinite { step: 2, .. }) => assert!(e.to_string().contains("after step 1"), "{e}"),
+        other => panic!("expected a non-finite loss at step 2, got {:?}", other.map(|r| r.loss)),
+    }
+    assert_eq!(t.steps_done(), 1);
+    let after: Vec<Vec<u8>> = t.state().map(|(_, v)| v.bytes().to_vec()).collect();
+    assert!(before == after, "the state changed after a NaN step");
+    // A label of the wrong dtype is refused before anything runs.
+    let yf = Tensor::from_f64(DType::F32, y.dims(), &y.to_f64_vec()).unwrap();
+    let err = t.step(&[("x", &x)], &yf).unwrap_err().to_string();
+    assert!(err.contains("label must be i64"), "{err}");
+}
