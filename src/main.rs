@@ -1,4 +1,5 @@
-//! The `kiln` command line: demo, devices, run, bench, compile, inspect, ops, tune.
+//! The `kiln` command line: demo, devices, run, bench, compile, inspect, ops, profile,
+//! tune, train.
 mod args;
 mod commands;
 mod data_set;
@@ -40,6 +41,9 @@ enum Command {
     /// Measure a model's kernel choices on a device and store the fastest in the tuning
     /// database (`run` and `bench` use it); --list and --clear manage the database.
     Tune(commands::tune::Args),
+    /// Train a model on .npy data (forward, loss, backward and optimizer compiled as one
+    /// graph), evaluate it, checkpoint, and export the trained model as ONNX.
+    Train(commands::train::Args),
 }
 
 fn main() {
@@ -74,6 +78,7 @@ fn main() {
         Command::Bench(a) => commands::bench::main(a),
         Command::Profile(a) => commands::profile::main(a),
         Command::Tune(a) => commands::tune::main(a),
+        Command::Train(a) => commands::train::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", describe(&e));

@@ -46,6 +46,11 @@ impl Progress {
         Progress { bar, shown }
     }
 
+    /// Whether the bar is drawn (else a command may print its progress as lines).
+    pub fn is_shown(&self) -> bool {
+        self.shown
+    }
+
     /// `done` steps of the total, and what is being done.
     pub fn set(&self, done: u64, message: &str) {
         if !self.shown {

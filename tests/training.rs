@@ -118,6 +118,9 @@ fn replay(name: &'static str) {
             let (x, y) = (r.batch)(k);
             let rep = t.step(&[(r.input.as_str(), &x)], &y).unwrap_or_else(|e| panic!("{name} on {device}, step {}: {e}", k + 1));
             last = rep.loss as f64;
+            if std::env::var_os("KILN_TRAIN_TRACE").is_some() {
+                eprintln!("{device} step {} loss {last:.6} torch {want:.6} ({:.1} ms)", k + 1, rep.seconds * 1e3);
+            }
             if k < 10 {
                 let e = (last - want).abs() / want.abs();
                 assert!(e <= 1e-4, "{name} on {device}: loss at step {} is {last}, PyTorch's {want} (relative error {e:.2e})", k + 1);

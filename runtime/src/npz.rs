@@ -134,7 +134,7 @@ pub fn encode(arrays: &[(&str, &Tensor)]) -> Vec<u8> {
         central.extend(size32.to_le_bytes());
         central.extend((name.len() as u16).to_le_bytes());
         central.extend((zip64.len() as u16).to_le_bytes());
-        central.extend([0u8; 8]); // comment length, disk, internal attributes
+        central.extend([0u8; 6]); // comment length, disk, internal attributes
         central.extend(0u32.to_le_bytes()); // external attributes
         central.extend((if big { u32::MAX } else { offset as u32 }).to_le_bytes());
         central.extend(name.as_bytes());
@@ -180,5 +180,27 @@ mod tests {
         bad[100] ^= 1;
         assert!(decode(&bad).unwrap_err().to_string().contains("CRC-32"));
         assert!(decode(&bytes[..90]).is_err());
+    }
+
+    /// What Python's zipfile (numpy's reader) checks: the central directory's records
+    /// at the offsets the end record gives, each pointing at its local header.
+    #[test]
+    fn central_directory_is_well_formed() {
+        let a = Tensor::from_vec(&[3], vec![1f32, 2., 3.]).unwrap();
+        let bytes = encode(&[("a", &a), ("bb", &a)]);
+        let end = bytes.len() - 22;
+        assert_eq!(u32_at(&bytes, end).unwrap(), END);
+        let (count, size, at) = (u16_at(&bytes, end + 10).unwrap(), u32_at(&bytes, end + 12).unwrap() as usize, u32_at(&bytes, end + 16).unwrap() as usize);
+        assert_eq!((count, at + size), (2, end));
+        let mut p = at;
+        for name in ["a.npy", "bb.npy"] {
+            assert_eq!(u32_at(&bytes, p).unwrap(), CENTRAL);
+            let (n, x, c) = (u16_at(&bytes, p + 28).unwrap() as usize, u16_at(&bytes, p + 30).unwrap() as usize, u16_at(&bytes, p + 32).unwrap() as usize);
+            assert_eq!(&bytes[p + 46..p + 46 + n], name.as_bytes());
+            let local = u32_at(&bytes, p + 42).unwrap() as usize;
+            assert_eq!(u32_at(&bytes, local).unwrap(), LOCAL);
+            p += 46 + n + x + c;
+        }
+        assert_eq!(p, end);
     }
 }

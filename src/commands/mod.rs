@@ -6,4 +6,5 @@ pub mod inspect;
 pub mod ops;
 pub mod profile;
 pub mod run;
+pub mod train;
 pub mod tune;

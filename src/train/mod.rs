@@ -85,6 +85,7 @@ pub struct Trainer {
     forward: Graph,
     data_inputs: Vec<(String, TensorType)>,
     label: (String, TensorType),
+    prediction: TensorType,
     state_vars: Vec<StateVar>,
     state: Vec<Tensor>,
     step: u64,
@@ -113,6 +114,11 @@ impl Trainer {
             let t = graph.values[v].ty.as_ref().expect("typed");
             TensorType::new(t.dtype, t.shape.as_fixed().expect("a fixed label shape"))
         };
+        let prediction = {
+            let v = graph.find_value(&tg.prediction).expect("the prediction output");
+            let t = graph.values[v].ty.as_ref().expect("typed");
+            TensorType::new(t.dtype, t.shape.as_fixed().expect("a fixed prediction shape"))
+        };
         let session = Session::new(graph, SessionOptions { threads: options.threads, ..SessionOptions::device(options.device.clone()) })?;
         let names = session.output_names();
         let pos = |n: &str| names.iter().position(|o| o == n).expect("a training graph output");
@@ -123,6 +129,7 @@ impl Trainer {
             forward: forward.clone(),
             data_inputs,
             label: (tg.label, label_ty),
+            prediction,
             state: tg.state.iter().map(|s| s.initial.clone()).collect(),
             state_vars: tg.state,
             step: 0,
@@ -144,6 +151,11 @@ impl Trainer {
     /// The inputs one batch must give (the model's, batch fixed) and the label's type.
     pub fn batch_types(&self) -> (&[(String, TensorType)], &TensorType) {
         (&self.data_inputs, &self.label.1)
+    }
+
+    /// The type of the model output the loss reads, for one batch.
+    pub fn prediction_type(&self) -> &TensorType {
+        &self.prediction
     }
 
     /// One optimizer step on a batch: `inputs` by the model's input names, `label` as

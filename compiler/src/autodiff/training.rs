@@ -181,6 +181,7 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     params = used;
 
     let pred_ty = e.ty(pred).clone();
+    e.graph.values[pred].ty = Some(ValueType::new(pred_ty.dtype, pred_ty.dims.clone()));
     let (ldtype, ldims) = config.loss.label_type(pred_ty.dtype, &pred_ty.dims);
     let label = e.value_of_type(LABEL, TensorType::new(ldtype, ldims));
     e.graph.inputs.push(label);

@@ -1,0 +1,359 @@
+//! `kiln train`: train an ONNX model on .npy data (x and y), report loss and
+//! throughput per step, evaluate, checkpoint, and export the trained model as ONNX.
+use crate::progress::Progress;
+use anyhow::{bail, Context, Result};
+use kiln::compiler::autodiff::{Loss, Optimizer, OptimizerKind};
+use kiln::graph::rng::Rng;
+use kiln::graph::Tensor;
+use kiln::ops::TensorType;
+use kiln::runtime::{npy, DeviceChoice, Session, SessionOptions};
+use kiln::train::{Decay, Schedule, TrainError, TrainOptions, Trainer};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The model (.onnx), exported for training (PyTorch: TrainingMode.TRAINING).
+    model: PathBuf,
+    /// Training data: a folder with x.npy and y.npy (or train_x.npy and train_y.npy),
+    /// one sample per row of each.
+    #[arg(long)]
+    data: PathBuf,
+    /// The loss: cross_entropy (integer class labels) or mse (float targets).
+    #[arg(long, default_value = "cross_entropy")]
+    loss: String,
+    /// Cross-entropy's label smoothing.
+    #[arg(long, default_value_t = 0.0)]
+    label_smoothing: f32,
+    /// Cross-entropy: labels equal to this count for nothing.
+    #[arg(long)]
+    ignore_index: Option<i64>,
+    /// sgd, lars, adam or adamw.
+    #[arg(long, default_value = "sgd")]
+    optimizer: String,
+    /// The learning rate (after warmup, before decay).
+    #[arg(long)]
+    lr: f64,
+    /// SGD and LARS momentum (default 0 for SGD, 0.9 for LARS).
+    #[arg(long)]
+    momentum: Option<f32>,
+    #[arg(long)]
+    nesterov: bool,
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f32,
+    /// Adam's betas, B1,B2.
+    #[arg(long, default_value = "0.9,0.999")]
+    betas: String,
+    /// Adam's epsilon.
+    #[arg(long, default_value_t = 1e-8)]
+    eps: f32,
+    /// LARS's trust coefficient.
+    #[arg(long, default_value_t = 0.001)]
+    trust: f32,
+    /// Learning-rate decay after warmup: constant, step:EVERY:GAMMA, cosine[:MIN_LR] or
+    /// poly:POWER[:END_LR].
+    #[arg(long, default_value = "constant")]
+    schedule: String,
+    /// Steps of linear warmup.
+    #[arg(long, default_value_t = 0)]
+    warmup: u64,
+    /// Clip the gradients' global L2 norm to this.
+    #[arg(long)]
+    clip_norm: Option<f32>,
+    /// Samples per step (the last partial batch of an epoch is dropped).
+    #[arg(long)]
+    batch: usize,
+    /// Optimizer steps to run (a resumed run counts those already done).
+    #[arg(long, conflicts_with = "epochs")]
+    steps: Option<u64>,
+    /// Passes over the data (default 1 when --steps is not given).
+    #[arg(long)]
+    epochs: Option<u64>,
+    /// Seed of the per-epoch shuffle.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// cpu, gpu, or an adapter name / gpu:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceChoice,
+    /// CPU worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Held-out data, evaluated at the end (x.npy and y.npy, or test_x.npy and test_y.npy).
+    #[arg(long)]
+    eval: Option<PathBuf>,
+    /// Where to save the training state (.npz): at the end, every --checkpoint-every
+    /// steps, and when a step fails (the last good state).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u64,
+    /// Go on from a checkpoint of this model and optimizer.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Write the trained model here (ONNX, BatchNormalization in inference mode).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// One JSON object per logged step, then one with the evaluation.
+    #[arg(long)]
+    json: bool,
+    /// Log every N steps.
+    #[arg(long, default_value_t = 1)]
+    log_every: u64,
+}
+
+/// x and y of a data folder: `x.npy`/`y.npy`, else `{prefix}_x.npy`/`{prefix}_y.npy`.
+fn read_xy(dir: &Path, prefix: &str) -> Result<(Tensor, Tensor)> {
+    let pick = |name: &str| -> Result<PathBuf> {
+        let plain = dir.join(format!("{name}.npy"));
+        let prefixed = dir.join(format!("{prefix}_{name}.npy"));
+        if plain.is_file() {
+            Ok(plain)
+        } else if prefixed.is_file() {
+            Ok(prefixed)
+        } else {
+            bail!("'{}' holds neither {name}.npy nor {prefix}_{name}.npy", dir.display())
+        }
+    };
+    let (xp, yp) = (pick("x")?, pick("y")?);
+    let x = npy::read_file(&xp)?;
+    let y = npy::read_file(&yp)?;
+    if x.dims().first() != y.dims().first() || x.dims().is_empty() {
+        bail!("'{}' has {} samples but '{}' has {}: x and y must hold one sample per row each", xp.display(), x.dims().first().unwrap_or(&0), yp.display(), y.dims().first().unwrap_or(&0));
+    }
+    Ok((x, y))
+}
+
+/// Rows `rows` of `t`.
+fn rows(t: &Tensor, rows: &[usize]) -> Tensor {
+    let row: usize = t.dims()[1..].iter().product::<usize>() * t.dtype().size();
+    let mut bytes = Vec::with_capacity(rows.len() * row);
+    for &r in rows {
+        bytes.extend_from_slice(&t.bytes()[r * row..(r + 1) * row]);
+    }
+    let mut dims = t.dims().to_vec();
+    dims[0] = rows.len();
+    Tensor::from_bytes(t.dtype(), &dims, &bytes).expect("rows of a tensor")
+}
+
+/// The sample indices of step `k` (0-based): epoch `k / per_epoch`, shuffled by a
+/// generator seeded with the seed and the epoch, so a resumed run sees the same batches.
+fn batch_indices(k: u64, per_epoch: u64, batch: usize, samples: usize, seed: u64) -> Vec<usize> {
+    let epoch = k / per_epoch;
+    let mut perm: Vec<usize> = (0..samples).collect();
+    let mut rng = Rng::new(seed.wrapping_mul(1_000_003).wrapping_add(epoch));
+    for i in (1..samples).rev() {
+        let u = (rng.next_f32() as f64 + 1.0) / 2.0;
+        let j = ((u * (i + 1) as f64) as usize).min(i);
+        perm.swap(i, j);
+    }
+    let at = (k % per_epoch) as usize * batch;
+    perm[at..at + batch].to_vec()
+}
+
+/// Labels as the loss takes them: class indices as i64, checked against the class
+/// count; float targets as they are.
+fn labels(y: Tensor, loss: &Loss, classes: usize, ignore: Option<i64>) -> Result<Tensor> {
+    match loss {
+        Loss::CrossEntropy { .. } => {
+            if !y.dtype().is_int() {
+                bail!("cross-entropy needs integer class labels in y, found {}", y.dtype());
+            }
+            let v = y.to_i64_vec()?;
+            if let Some((i, l)) = v.iter().enumerate().find(|(_, &l)| Some(l) != ignore && (l < 0 || l as usize >= classes)) {
+                bail!("label {l} of sample {i} is not a class of the model's {classes} (0 to {})", classes - 1);
+            }
+            Ok(Tensor::from_vec(y.dims(), v)?)
+        }
+        Loss::MeanSquaredError => {
+            if !y.dtype().is_float() {
+                bail!("mse needs float targets in y, found {}", y.dtype());
+            }
+            Ok(y)
+        }
+    }
+}
+
+fn optimizer(a: &Args) -> Result<Optimizer> {
+    let betas: Vec<f32> = a.betas.split(',').map(|b| b.trim().parse::<f32>()).collect::<Result<_, _>>().with_context(|| format!("--betas '{}' must be two numbers, B1,B2", a.betas))?;
+    let [beta1, beta2] = betas[..] else { bail!("--betas '{}' must be two numbers, B1,B2", a.betas) };
+    let kind = match a.optimizer.as_str() {
+        "sgd" => OptimizerKind::Sgd { momentum: a.momentum.unwrap_or(0.0), nesterov: a.nesterov },
+        "lars" => OptimizerKind::Lars { momentum: a.momentum.unwrap_or(0.9), trust: a.trust },
+        "adam" => OptimizerKind::Adam { beta1, beta2, eps: a.eps },
+        "adamw" => OptimizerKind::AdamW { beta1, beta2, eps: a.eps },
+        o => bail!("unknown optimizer '{o}' (expected sgd, lars, adam or adamw)"),
+    };
+    if a.nesterov && !matches!(kind, OptimizerKind::Sgd { momentum, .. } if momentum > 0.0) {
+        bail!("--nesterov needs --optimizer sgd with a --momentum above 0");
+    }
+    Ok(Optimizer { kind, weight_decay: a.weight_decay, clip_norm: a.clip_norm })
+}
+
+pub fn main(a: Args) -> Result<()> {
+    let loss = match a.loss.as_str() {
+        "cross_entropy" => Loss::CrossEntropy { ignore_index: a.ignore_index, label_smoothing: a.label_smoothing },
+        "mse" => Loss::MeanSquaredError,
+        l => bail!("unknown loss '{l}' (expected cross_entropy or mse)"),
+    };
+    let opt = optimizer(&a)?;
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let decay: Decay = a.schedule.parse().map_err(anyhow::Error::msg)?;
+    let (x, y) = read_xy(&a.data, "train")?;
+    let samples = x.dims()[0];
+    if samples < a.batch {
+        bail!("--batch {} is more than the {} samples of '{}'", a.batch, samples, a.data.display());
+    }
+    let per_epoch = (samples / a.batch) as u64;
+    let total = match (a.steps, a.epochs) {
+        (Some(s), _) => s,
+        (None, e) => e.unwrap_or(1) * per_epoch,
+    };
+    let graph = kiln::train::import_model(&a.model)?;
+    let data_inputs: Vec<_> = graph.inputs.iter().filter(|v| !graph.initializers.contains_key(v)).copied().collect();
+    let [input] = data_inputs[..] else {
+        bail!("kiln train feeds one model input from x.npy; '{}' has {}", a.model.display(), data_inputs.len());
+    };
+    let input_name = graph.values[input].name.clone();
+    let declared = graph.values[input].ty.clone();
+    if let Some(t) = &declared {
+        if t.dtype != x.dtype() {
+            bail!("the model's input '{input_name}' is {}, x.npy holds {}", t.dtype, x.dtype());
+        }
+        if t.shape.rank() != x.dims().len() {
+            bail!("the model's input '{input_name}' has rank {}, x.npy's samples {:?} give rank {}", t.shape.rank(), &x.dims()[1..], x.dims().len());
+        }
+    }
+    let mut dims = x.dims().to_vec();
+    dims[0] = a.batch;
+    let input_ty = TensorType::new(x.dtype(), dims);
+    let schedule = Schedule { base: a.lr, warmup: a.warmup, decay, total };
+    let mut options = TrainOptions::new(loss.clone(), opt, schedule);
+    options.device = a.device.clone();
+    options.threads = a.threads;
+    let compiling = Progress::spinner("compiling the training step", a.json);
+    let mut trainer = Trainer::new(&graph, &[(input_name.clone(), input_ty)], options)?;
+    compiling.finish();
+    let classes = trainer.prediction_type().dims.last().copied().unwrap_or(0);
+    let y = labels(y, &loss, classes, a.ignore_index)?;
+    if y.dims() != &[&[samples][..], &trainer.batch_types().1.dims[1..]].concat()[..] {
+        bail!("y.npy is {:?}; this model and loss need one label of {:?} per sample", y.dims(), &trainer.batch_types().1.dims[1..]);
+    }
+    if let Some(r) = &a.resume {
+        trainer.load_checkpoint(r)?;
+        if !a.json {
+            eprintln!("resumed from '{}' after step {}", r.display(), trainer.steps_done());
+        }
+    }
+    if !a.json {
+        println!("training '{}' on {}: {} samples, batch {}, {} steps ({} per epoch)", a.model.display(), trainer.device_name(), samples, a.batch, total, per_epoch);
+    }
+    let bar = Progress::bar(total, "steps", a.json);
+    let started = Instant::now();
+    let first = trainer.steps_done();
+    let mut last_loss = f32::NAN;
+    while trainer.steps_done() < total {
+        let k = trainer.steps_done();
+        let idx = batch_indices(k, per_epoch, a.batch, samples, a.seed);
+        let (xb, yb) = (rows(&x, &idx), rows(&y, &idx));
+        let rep = match trainer.step(&[(input_name.as_str(), &xb)], &yb) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(c) = &a.checkpoint {
+                    trainer.save_checkpoint(c)?;
+                    eprintln!("the state after step {} is saved in '{}'", trainer.steps_done(), c.display());
+                }
+                return Err(e.into());
+            }
+        };
+        last_loss = rep.loss;
+        let sps = a.batch as f64 / rep.seconds;
+        bar.set(rep.step, &format!("loss {:.4}  {:.0} samples/s", rep.loss, sps));
+        if rep.step % a.log_every.max(1) == 0 || rep.step == total {
+            if a.json {
+                println!("{}", json!({"step": rep.step, "loss": rep.loss, "lr": rep.lr, "samples_per_s": sps}));
+            } else if !bar.is_shown() {
+                println!("step {:>6}  loss {:.6}  lr {:.3e}  {:.0} samples/s", rep.step, rep.loss, rep.lr, sps);
+            }
+        }
+        if let Some(c) = &a.checkpoint {
+            if a.checkpoint_every > 0 && rep.step % a.checkpoint_every == 0 {
+                trainer.save_checkpoint(c)?;
+            }
+        }
+    }
+    bar.finish();
+    let seconds = started.elapsed().as_secs_f64();
+    let done = trainer.steps_done() - first;
+    if let Some(c) = &a.checkpoint {
+        trainer.save_checkpoint(c)?;
+    }
+    let eval = match &a.eval {
+        Some(dir) => Some(evaluate(&trainer, dir, &loss, classes, &a)?),
+        None => None,
+    };
+    if let Some(o) = &a.output {
+        kiln::train::export_onnx(&trainer, &a.model, o)?;
+    }
+    let samples_per_s = (done as f64 * a.batch as f64) / seconds.max(1e-9);
+    if a.json {
+        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
+    } else {
+        println!("{done} steps in {seconds:.2} s ({samples_per_s:.0} samples/s), last loss {last_loss:.6}");
+        if let Some(e) = &eval {
+            println!("evaluation on '{}': {}", a.eval.as_ref().unwrap().display(), e);
+        }
+        if let Some(o) = &a.output {
+            println!("trained model written to '{}'", o.display());
+        }
+    }
+    Ok(())
+}
+
+/// Loss (and accuracy, for classes) of the current weights on held-out data, by an
+/// inference session over the trained model.
+fn evaluate(t: &Trainer, dir: &Path, loss: &Loss, classes: usize, a: &Args) -> Result<serde_json::Value> {
+    let (x, y) = read_xy(dir, "test")?;
+    let y = labels(y, loss, classes, a.ignore_index)?;
+    let g = t.inference_graph();
+    let input = g.inputs.iter().find(|v| !g.initializers.contains_key(v)).map(|&v| g.values[v].name.clone()).context("the model has no input")?;
+    let session = Session::new(g, SessionOptions { threads: a.threads, ..SessionOptions::device(a.device.clone()) })?;
+    let n = x.dims()[0];
+    let (mut total, mut correct, mut counted) = (0.0f64, 0usize, 0usize);
+    let chunk = 256;
+    for start in (0..n).step_by(chunk) {
+        let idx: Vec<usize> = (start..(start + chunk).min(n)).collect();
+        let (xb, yb) = (rows(&x, &idx), rows(&y, &idx));
+        let out = session.run(&[(input.as_str(), &xb)]).map_err(TrainError::from)?;
+        let pred = out[0].to_f64_vec();
+        match loss {
+            Loss::CrossEntropy { ignore_index, .. } => {
+                let labels = yb.to_i64_vec()?;
+                for (r, &l) in labels.iter().enumerate() {
+                    if Some(l) == *ignore_index {
+                        continue;
+                    }
+                    let row = &pred[r * classes..(r + 1) * classes];
+                    let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+                    total += lse - row[l as usize];
+                    let arg = row.iter().enumerate().fold(0, |b, (i, v)| if *v > row[b] { i } else { b });
+                    correct += (arg == l as usize) as usize;
+                    counted += 1;
+                }
+            }
+            Loss::MeanSquaredError => {
+                let want = yb.to_f64_vec();
+                total += pred.iter().zip(&want).map(|(p, w)| (p - w) * (p - w)).sum::<f64>();
+                counted += want.len();
+            }
+        }
+    }
+    let mean = total / counted.max(1) as f64;
+    Ok(match loss {
+        Loss::CrossEntropy { .. } => json!({"samples": n, "loss": mean, "accuracy": correct as f64 / counted.max(1) as f64}),
+        Loss::MeanSquaredError => json!({"samples": n, "mse": mean}),
+    })
+}
