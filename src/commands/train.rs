@@ -97,6 +97,9 @@ pub struct Args {
     /// One JSON object per logged step, then one with the evaluation.
     #[arg(long)]
     json: bool,
+    /// After training, trace one more step (not applied) and print its slowest kernels.
+    #[arg(long)]
+    profile: bool,
     /// Log every N steps.
     #[arg(long, default_value_t = 1)]
     log_every: u64,
@@ -211,7 +214,8 @@ pub fn main(a: Args) -> Result<()> {
         (Some(s), _) => s,
         (None, e) => e.unwrap_or(1) * per_epoch,
     };
-    let graph = kiln::train::import_model(&a.model)?;
+    let model = kiln::train::import_model(&a.model)?;
+    let graph = &model.graph;
     let data_inputs: Vec<_> = graph.inputs.iter().filter(|v| !graph.initializers.contains_key(v)).copied().collect();
     let [input] = data_inputs[..] else {
         bail!("kiln train feeds one model input from x.npy; '{}' has {}", a.model.display(), data_inputs.len());
@@ -234,7 +238,7 @@ pub fn main(a: Args) -> Result<()> {
     options.device = a.device.clone();
     options.threads = a.threads;
     let compiling = Progress::spinner("compiling the training step", a.json);
-    let mut trainer = Trainer::new(&graph, &[(input_name.clone(), input_ty)], options)?;
+    let mut trainer = Trainer::new(&model, &[(input_name.clone(), input_ty)], options)?;
     compiling.finish();
     let classes = trainer.prediction_type().dims.last().copied().unwrap_or(0);
     let y = labels(y, &loss, classes, a.ignore_index)?;
@@ -289,6 +293,17 @@ pub fn main(a: Args) -> Result<()> {
     let done = trainer.steps_done() - first;
     if let Some(c) = &a.checkpoint {
         trainer.save_checkpoint(c)?;
+    }
+    if a.profile {
+        let idx = batch_indices(trainer.steps_done(), per_epoch, a.batch, samples, a.seed);
+        let trace = trainer.trace_step(&[(input_name.as_str(), &rows(&x, &idx))], &rows(&y, &idx))?;
+        let mut slices: Vec<_> = trace.slices.iter().filter(|s| s.category != "host").collect();
+        slices.sort_by(|p, q| q.duration.cmp(&p.duration));
+        let total: f64 = slices.iter().map(|s| s.duration.as_secs_f64()).sum();
+        eprintln!("one step: {} kernels, {:.3} ms of kernel time; the slowest:", trace.kernels, total * 1e3);
+        for s in slices.iter().take(15) {
+            eprintln!("  {:>9.3} ms  {}", s.duration.as_secs_f64() * 1e3, s.name);
+        }
     }
     let eval = match &a.eval {
         Some(dir) => Some(evaluate(&trainer, dir, &loss, classes, &a)?),

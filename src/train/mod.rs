@@ -9,7 +9,7 @@
 //! outputs become the next state. On the CPU that is a hand-over of buffers; on a GPU
 //! every step uploads the state and reads it back (device-resident state is the next
 //! step of this design).
-use kiln_compiler::autodiff::{self, AutodiffError, Loss, Optimizer, StateKind, StateVar, TrainConfig};
+use kiln_compiler::autodiff::{self, AutodiffError, Loss, Optimizer, StateKind, StateVar, TrainConfig, Trainable};
 use kiln_compiler::passes::{self, Target};
 use kiln_graph::{Graph, Tensor};
 use kiln_ops::TensorType;
@@ -43,11 +43,24 @@ pub enum TrainError {
 
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
+/// A model to train: its graph, and the initializers its file declares (the
+/// parameters and buffers; Constant nodes, which the importer also makes initializers,
+/// never train).
+pub struct Model {
+    pub graph: Graph,
+    pub initializers: Vec<String>,
+}
+
 /// Imports an ONNX model exported for training. Its ops are checked when the training
 /// step is built (BatchNormalization's training mode, which has no inference kernel, is
 /// lowered there), so the import itself checks only the structure.
-pub fn import_model(path: &Path) -> Result<Graph> {
-    kiln_compiler::onnx::import_file_unchecked(path).map_err(|e| TrainError::Data(e.to_string()))
+pub fn import_model(path: &Path) -> Result<Model> {
+    use prost::Message;
+    let graph = kiln_compiler::onnx::import_file_unchecked(path).map_err(|e| TrainError::Data(e.to_string()))?;
+    let bytes = std::fs::read(path).map_err(|e| TrainError::Data(format!("cannot read '{}': {e}", path.display())))?;
+    let proto = kiln_compiler::onnx::proto::ModelProto::decode(bytes.as_slice()).map_err(|e| TrainError::Data(format!("'{}': {e}", path.display())))?;
+    let initializers = proto.graph.map(|g| g.initializer.into_iter().map(|i| i.name).collect()).unwrap_or_default();
+    Ok(Model { graph, initializers })
 }
 
 /// How to train.
@@ -96,10 +109,17 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Compiles the training step of `forward` for inputs of these concrete types (the
+    /// Compiles the training step of `model` for inputs of these concrete types (the
     /// batch fixed).
-    pub fn new(forward: &Graph, inputs: &[(String, TensorType)], options: TrainOptions) -> Result<Trainer> {
-        let config = TrainConfig { inputs: inputs.to_vec(), output: options.output.clone(), loss: options.loss.clone(), optimizer: options.optimizer.clone(), trainable: None };
+    pub fn new(model: &Model, inputs: &[(String, TensorType)], options: TrainOptions) -> Result<Trainer> {
+        let forward = &model.graph;
+        let config = TrainConfig {
+            inputs: inputs.to_vec(),
+            output: options.output.clone(),
+            loss: options.loss.clone(),
+            optimizer: options.optimizer.clone(),
+            trainable: Trainable::Among(model.initializers.clone()),
+        };
         let tg = autodiff::build(forward, &config, kiln_ops::Registry::builtin())?;
         let mut graph = tg.graph;
         if options.optimize {
@@ -158,22 +178,38 @@ impl Trainer {
         &self.prediction
     }
 
+    /// The feeds of step `step` (inputs, label, the optimizer's scalars, the state).
+    fn feeds<'a>(&'a self, inputs: &[(&'a str, &'a Tensor)], label: &'a Tensor, hyper: &'a [(&'static str, Tensor)]) -> Vec<(&'a str, &'a Tensor)> {
+        let mut feeds: Vec<(&str, &Tensor)> = inputs.to_vec();
+        feeds.push((self.label.0.as_str(), label));
+        feeds.extend(hyper.iter().map(|(n, t)| (*n, t)));
+        feeds.extend(self.state_vars.iter().zip(&self.state).map(|(s, t)| (s.name.as_str(), t)));
+        feeds
+    }
+
+    fn hyper(&self, step: u64) -> (f64, Vec<(&'static str, Tensor)>) {
+        let lr = self.schedule.lr(step);
+        (lr, self.optimizer.hyper_inputs(step, lr).into_iter().map(|(n, v)| (n, Tensor::scalar(v))).collect())
+    }
+
+    /// Traces the next step on this batch (host phases and one slice per kernel)
+    /// without applying it: the state stays as it is.
+    pub fn trace_step(&self, inputs: &[(&str, &Tensor)], label: &Tensor) -> Result<kiln_runtime::RunTrace> {
+        let (_, hyper) = self.hyper(self.step + 1);
+        Ok(self.session.trace(&self.feeds(inputs, label, &hyper))?)
+    }
+
     /// One optimizer step on a batch: `inputs` by the model's input names, `label` as
     /// the loss takes it. A non-finite loss leaves the state as it was.
     pub fn step(&mut self, inputs: &[(&str, &Tensor)], label: &Tensor) -> Result<StepReport> {
-        let (lname, lty) = &self.label;
+        let lty = &self.label.1;
         if label.dtype() != lty.dtype || label.dims() != lty.dims.as_slice() {
             return Err(TrainError::Data(format!("the label must be {}{:?} for this model, loss and batch; got {}{:?}", lty.dtype, lty.dims, label.dtype(), label.dims())));
         }
         let started = Instant::now();
         let step = self.step + 1;
-        let lr = self.schedule.lr(step);
-        let hyper: Vec<(&str, Tensor)> = self.optimizer.hyper_inputs(step, lr).into_iter().map(|(n, v)| (n, Tensor::scalar(v))).collect();
-        let mut feeds: Vec<(&str, &Tensor)> = inputs.to_vec();
-        feeds.push((lname.as_str(), label));
-        feeds.extend(hyper.iter().map(|(n, t)| (*n, t)));
-        feeds.extend(self.state_vars.iter().zip(&self.state).map(|(s, t)| (s.name.as_str(), t)));
-        let mut out = self.session.run(&feeds)?;
+        let (lr, hyper) = self.hyper(step);
+        let mut out = self.session.run(&self.feeds(inputs, label, &hyper))?;
         let loss = out[self.outputs.0].to_f64_vec().first().copied().unwrap_or(f64::NAN) as f32;
         if !loss.is_finite() {
             return Err(TrainError::NonFinite { step, loss });

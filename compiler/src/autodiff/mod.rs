@@ -21,7 +21,7 @@ pub mod training;
 pub use emit::Emit;
 pub use loss::Loss;
 pub use optimizer::{Optimizer, OptimizerKind};
-pub use training::{build, StateKind, StateVar, TrainConfig, TrainingGraph};
+pub use training::{build, StateKind, StateVar, TrainConfig, Trainable, TrainingGraph};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AutodiffError {

@@ -24,9 +24,22 @@ pub struct TrainConfig {
     pub output: Option<String>,
     pub loss: Loss,
     pub optimizer: Optimizer,
-    /// The initializers to train (default: every float initializer the loss depends on,
-    /// BatchNormalization's running statistics excepted).
-    pub trainable: Option<Vec<String>>,
+    pub trainable: Trainable,
+}
+
+/// Which initializers train. BatchNormalization's running statistics never do (the
+/// forward pass updates them).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Trainable {
+    /// Every float initializer the loss depends on. Beware: an importer that turns
+    /// Constant nodes into initializers makes them trainable too; prefer `Among` with
+    /// the model's declared initializers.
+    All,
+    /// The float initializers of this list that the loss depends on (the others are
+    /// left alone, with a warning): an ONNX model's declared initializers.
+    Among(Vec<String>),
+    /// Exactly these: one the loss does not depend on is an error.
+    Exactly(Vec<String>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,18 +114,22 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         }
     }
     let buffer_set: HashSet<ValueId> = buffers.iter().map(|b| b.0).collect();
+    let float_init = |g: &Graph, name: &str| -> Result<ValueId> {
+        let v = g.find_value(name).filter(|v| g.initializers.contains_key(v)).ok_or_else(|| model_err(format!("'{name}' is not an initializer of the model")))?;
+        if !g.initializers[&v].dtype().is_float() {
+            return Err(model_err(format!("'{name}' is {}, only float initializers train", g.initializers[&v].dtype())));
+        }
+        Ok(v)
+    };
     let mut params: Vec<ValueId> = match &config.trainable {
-        Some(list) => list
-            .iter()
-            .map(|name| {
-                let v = g.find_value(name).filter(|v| g.initializers.contains_key(v)).ok_or_else(|| model_err(format!("'{name}' is not an initializer of the model")))?;
-                if !g.initializers[&v].dtype().is_float() {
-                    return Err(model_err(format!("'{name}' is {}, only float initializers train", g.initializers[&v].dtype())));
-                }
-                Ok(v)
-            })
-            .collect::<Result<_>>()?,
-        None => {
+        Trainable::Exactly(list) => list.iter().map(|name| float_init(&g, name)).collect::<Result<_>>()?,
+        Trainable::Among(list) => {
+            let mut v: Vec<ValueId> = list.iter().filter_map(|n| g.find_value(n)).filter(|v| g.initializers.get(v).is_some_and(|t| t.dtype().is_float()) && !buffer_set.contains(v)).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        }
+        Trainable::All => {
             let mut v: Vec<ValueId> = g.initializers.iter().filter(|(v, t)| t.dtype().is_float() && !buffer_set.contains(v)).map(|(v, _)| *v).collect();
             v.sort_unstable();
             v
@@ -168,7 +185,7 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     let (used, unused): (Vec<ValueId>, Vec<ValueId>) = params.iter().partition(|v| reached.contains(v));
     if !unused.is_empty() {
         let list = names(e.graph, &unused);
-        if config.trainable.is_some() {
+        if matches!(config.trainable, Trainable::Exactly(_)) {
             return Err(model_err(format!("the loss does not depend on {list}")));
         }
         log::warn!("not trained (the loss does not depend on them): {list}");

@@ -138,13 +138,19 @@ fn max_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Resul
     let x = input(n, 0);
     let xd = e.dims(x);
     let dy = dy[0].unwrap();
-    let count: usize = e.dims(dy).iter().product();
-    let total: usize = xd.iter().product();
-    // The indices count every element of X, batch and channel included.
-    let flat_dy = e.reshape(dy, &[count])?;
-    let flat_i = e.reshape(indices, &[count])?;
-    let zeros = e.zeros(e.dtype(dy), &[total])?;
-    let s = e.op("ScatterElements", &[zeros, flat_i, flat_dy], &[("axis", Attr::Int(0)), ("reduction", Attr::String("add".into()))])?;
+    let yd = e.dims(dy);
+    // The indices count every element of X, batch and channel included: modulo the
+    // plane's size they are positions in their own plane, and each plane scatters
+    // its few window maxima (a scatter along a short axis, cheap on every device).
+    let planes = xd[0] * xd[1];
+    let plane: usize = xd[2..].iter().product();
+    let out_plane: usize = yd[2..].iter().product();
+    let g = e.reshape(dy, &[planes, out_plane])?;
+    let i = e.reshape(indices, &[planes, out_plane])?;
+    let size = e.constant(kiln_graph::Tensor::scalar(plane as i64));
+    let local = e.op("Mod", &[i, size], &[])?;
+    let zeros = e.zeros(e.dtype(dy), &[planes, plane])?;
+    let s = e.op("ScatterElements", &[zeros, local, g], &[("axis", Attr::Int(1)), ("reduction", Attr::String("add".into()))])?;
     Ok(vec![Some(e.reshape(s, &xd)?)])
 }
 
