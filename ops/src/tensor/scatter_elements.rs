@@ -18,7 +18,7 @@ use crate::cpu::{self, CpuKernel};
 use crate::op::required;
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{norm_axis, Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
-use kiln_graph::Tensor;
+use kiln_graph::{DType, Tensor};
 use std::fmt::Write;
 
 /// How an update combines with the element it lands on.
@@ -78,6 +78,15 @@ impl Reduction {
 /// Applies `updates` to a copy of `data` at flat offsets `targets` (one per update
 /// element, in order).
 pub(crate) fn apply_updates(data: &Tensor, updates: &Tensor, targets: &[usize], red: Reduction, out: &mut Tensor) -> Result<()> {
+    // f32 data replaced or summed into (gradients' scatter-adds): in f32, in place,
+    // as the GPU kernel sums.
+    if data.dtype() == DType::F32 && updates.dtype() == DType::F32 && matches!(red, Reduction::None | Reduction::Add) {
+        let mut d = data.as_slice::<f32>()?.to_vec();
+        for (&t, &v) in targets.iter().zip(updates.as_slice::<f32>()?) {
+            d[t] = if red == Reduction::Add { d[t] + v } else { v };
+        }
+        return store(out, Tensor::from_vec(data.dims(), d)?);
+    }
     let result = match (Num::of(data), Num::of(updates)) {
         (Num::F(mut d), Num::F(u)) => {
             for (&t, &v) in targets.iter().zip(&u) {
@@ -141,8 +150,13 @@ impl ScatterElements {
         let ds = strides(data);
         let mut coord = vec![0usize; idx_dims.len()];
         let mut out = Vec::with_capacity(idx.len());
+        let n = data[axis] as i64;
         for &raw in idx {
-            let j = norm_index(raw, data[axis], &format!("axis {axis} of data {data:?}"))?;
+            let j = if raw < 0 { raw + n } else { raw };
+            if !(0..n).contains(&j) {
+                return Err(norm_index(raw, data[axis], &format!("axis {axis} of data {data:?}")).unwrap_err());
+            }
+            let j = j as usize;
             out.push(coord.iter().enumerate().map(|(d, &c)| if d == axis { j } else { c } * ds[d]).sum());
             for d in (0..coord.len()).rev() {
                 coord[d] += 1;
