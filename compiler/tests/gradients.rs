@@ -197,6 +197,9 @@ fn convolution_and_pooling() {
     check_grad("MaxPool", &[("kernel_shape", i(&[2, 2])), ("strides", i(&[2, 2]))], &[rand(&[2, 3, 4, 6])], 1);
     check_grad("MaxPool", &[("kernel_shape", i(&[3, 3])), ("strides", i(&[2, 2])), ("pads", i(&[1, 1, 1, 1]))], &[rand(&[1, 2, 5, 5])], 1);
     check_grad("GlobalAveragePool", &[], &[rand(&[2, 3, 4, 5])], 1);
+    check_grad("AveragePool", &[("kernel_shape", i(&[2, 2])), ("strides", i(&[2, 2]))], &[rand(&[2, 3, 4, 6])], 1);
+    check_grad("AveragePool", &[("kernel_shape", i(&[3, 3])), ("strides", i(&[2, 1])), ("pads", i(&[1, 1, 1, 0]))], &[rand(&[1, 2, 5, 5])], 1);
+    check_grad("AveragePool", &[("kernel_shape", i(&[3, 2])), ("strides", i(&[2, 2])), ("pads", i(&[1, 0, 1, 1])), ("count_include_pad", Attr::Int(1))], &[rand(&[1, 2, 6, 5])], 1);
 }
 
 #[test]
@@ -229,6 +232,8 @@ fn data_movement() {
     check_grad("Slice", &[], &[rand(&[4, 5]), ints(&[1, -4]), ints(&[3, 100]), ints(&[0, 1])], 1);
     check_grad("Gather", &[], &[rand(&[5, 3]), In::Const(Tensor::from_vec(&[2, 3], vec![0i64, 4, 0, 2, -1, 0]).unwrap())], 1);
     check_grad("Expand", &[], &[rand(&[3, 1]), ints(&[2, 3, 4])], 1);
+    check_grad("Trilu", &[("upper", Attr::Int(0))], &[rand(&[2, 3, 4]), In::Const(Tensor::scalar(1i64))], 1);
+    check_grad("Trilu", &[], &[rand(&[4, 3])], 1);
 }
 
 #[test]
@@ -244,7 +249,7 @@ fn losses() {
 /// Every rule the autodiff module has is exercised above (keep this list in step).
 #[test]
 fn every_rule_is_checked() {
-    let checked = "Add Sub Mul Div Pow Neg Relu Sigmoid Tanh Exp Erf Identity Log Sqrt Reciprocal Where MatMul Gemm Conv MaxPool GlobalAveragePool Softmax LogSoftmax ReduceSum ReduceMean Reshape Flatten Unsqueeze Squeeze Transpose Concat Split Slice Gather Expand Cast";
+    let checked = "Add Sub Mul Div Pow Neg Relu Sigmoid Tanh Exp Erf Identity Log Sqrt Reciprocal Where MatMul Gemm Conv MaxPool GlobalAveragePool AveragePool Trilu Softmax LogSoftmax ReduceSum ReduceMean Reshape Flatten Unsqueeze Squeeze Transpose Concat Split Slice Gather Expand Cast";
     for op in kiln_compiler::autodiff::rules::supported() {
         assert!(checked.split(' ').any(|c| c == op), "{op} has a rule but no finite-difference check");
     }

@@ -13,6 +13,7 @@ pub(super) const RULES: &[(&str, Rule)] = &[
     ("Conv", conv),
     ("MaxPool", max_pool),
     ("GlobalAveragePool", global_average_pool),
+    ("AveragePool", average_pool),
     ("Softmax", softmax),
     ("LogSoftmax", log_softmax),
 ];
@@ -152,6 +153,61 @@ fn max_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Resul
     let zeros = e.zeros(e.dtype(dy), &[planes, plane])?;
     let s = e.op("ScatterElements", &[zeros, local, g], &[("axis", Attr::Int(1)), ("reduction", Attr::String("add".into()))])?;
     Ok(vec![Some(e.reshape(s, &xd)?)])
+}
+
+/// Each input element gets the gradients of the windows over it, each divided by its
+/// window's count: a depthwise ConvTranspose of `dy / count` by a kernel of ones.
+fn average_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
+    if int_attr(n, "ceil_mode", 0) != 0 {
+        return Err(unsupported(n, "ceil_mode=1"));
+    }
+    let auto_pad = match n.attr("auto_pad") {
+        Some(Attr::String(s)) => s.clone(),
+        _ => "NOTSET".into(),
+    };
+    if auto_pad != "NOTSET" && auto_pad != "VALID" {
+        return Err(unsupported(n, format!("auto_pad {auto_pad} (give explicit pads)")));
+    }
+    let x = input(n, 0);
+    let xd = e.dims(x);
+    let dy = dy[0].unwrap();
+    let dyd = e.dims(dy);
+    let sp = xd.len() - 2;
+    let kernel: Vec<usize> = ints_attr(n, "kernel_shape").unwrap_or_default().iter().map(|&k| k as usize).collect();
+    let get = |name: &str, default: usize, len: usize| -> Vec<usize> { ints_attr(n, name).map(|v| v.iter().map(|&x| x as usize).collect()).unwrap_or_else(|| vec![default; len]) };
+    let (strides, dilations, pads) = (get("strides", 1, sp), get("dilations", 1, sp), get("pads", 0, 2 * sp));
+    let window: usize = kernel.iter().product();
+    // The count of each window: all of it, or (count_include_pad=0) the part inside X.
+    let scaled = if int_attr(n, "count_include_pad", 0) != 0 || pads.iter().all(|&p| p == 0) {
+        e.scale(dy, 1.0 / window as f64)?
+    } else {
+        let ones = e.scalar(1.0, e.dtype(x));
+        let ones = e.expand(ones, &xd)?;
+        let mut attrs: Vec<(&str, Attr)> = n.attrs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        attrs.retain(|(k, _)| *k != "count_include_pad");
+        attrs.push(("count_include_pad", Attr::Int(1)));
+        let frac = e.op("AveragePool", &[ones], &attrs)?;
+        let count = e.scale(frac, window as f64)?;
+        e.div(dy, count)?
+    };
+    let mut wdims = vec![xd[1], 1];
+    wdims.extend(&kernel);
+    let one = e.scalar(1.0, e.dtype(x));
+    let w = e.expand(one, &wdims)?;
+    let out_pad: Vec<usize> = (0..sp)
+        .map(|i| {
+            let full = (dyd[i + 2] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1;
+            (xd[i + 2] + pads[i] + pads[i + sp]).saturating_sub(full)
+        })
+        .collect();
+    let attrs = [
+        ("strides", ints(&strides)),
+        ("dilations", ints(&dilations)),
+        ("pads", ints(&pads)),
+        ("group", Attr::Int(xd[1] as i64)),
+        ("output_padding", ints(&out_pad)),
+    ];
+    Ok(vec![Some(e.op("ConvTranspose", &[scaled, w], &attrs)?)])
 }
 
 fn global_average_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {

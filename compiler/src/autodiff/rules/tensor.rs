@@ -16,6 +16,7 @@ pub(super) const RULES: &[(&str, Rule)] = &[
     ("Slice", slice),
     ("Gather", gather),
     ("Expand", expand),
+    ("Trilu", trilu),
 ];
 
 /// Every op that only reinterprets its input's dims: dy takes the input's dims back.
@@ -136,4 +137,13 @@ fn gather(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Resu
 fn expand(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
     let xd = e.dims(input(n, 0));
     Ok(vec![Some(e.sum_to(dy[0].unwrap(), &xd)?), None])
+}
+
+/// The kept triangle passes its gradient, the zeroed one none: the same Trilu of dy.
+fn trilu(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
+    let mut ins = vec![dy[0]];
+    ins.extend(n.inputs.get(1).copied());
+    let attrs: Vec<(&str, Attr)> = n.attrs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let g = e.node("", "Trilu", &ins, &attrs, 1)?[0];
+    Ok(vec![Some(g), None])
 }
