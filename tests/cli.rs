@@ -538,3 +538,128 @@ fn profile_writes_a_chrome_trace_with_a_slice_per_kernel() {
     assert_eq!(kernels as u64, info["kernels"].as_u64().unwrap());
     assert!(kernels >= 2 && slices.iter().any(|s| s["name"].as_str().unwrap().contains("Gemm")));
 }
+
+fn training(path: &str) -> String {
+    let p = std::env::var_os("KILN_TRAINING").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/training"));
+    p.join(path).to_str().unwrap().to_string()
+}
+
+/// `kiln train` learns: lenet on the digits reaches 97% test accuracy in 200 steps,
+/// prints one JSON object per step and a final one, and writes a model that Kiln runs
+/// with the same accuracy (python/tests/test_training.py runs it in onnxruntime).
+#[test]
+fn train_learns_the_digits_and_exports_the_model() {
+    let d = tmp("train");
+    let out = d.join("trained.onnx");
+    let ck = d.join("state.npz");
+    let (m, data) = (training("lenet_digits_sgd/model.onnx"), training("digits"));
+    let o = kiln(&[
+        "train", &m, "--data", &data, "--eval", &data, "--loss", "cross_entropy", "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9",
+        "--weight-decay", "1e-4", "--batch", "64", "--steps", "200", "--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "-o", out.to_str().unwrap(), "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 201, "one object per step and a final one");
+    for (k, l) in lines[..200].iter().enumerate() {
+        assert_eq!(l["step"], k + 1);
+        assert!(l["loss"].as_f64().unwrap().is_finite() && l["samples_per_s"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    let fin = &lines[200];
+    let acc = fin["eval"]["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.97, "test accuracy {acc}");
+    assert_eq!(fin["eval"]["samples"], 360);
+    // The exported model runs as an ordinary inference model.
+    let o = kiln(&["run", out.to_str().unwrap(), "--device", "cpu", "-i", &format!("x={}", training("digits/test_x.npy")), "--output-dir", d.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let logits = kiln::runtime::npy::read_file(d.join("logits.npy")).unwrap().to_f64_vec();
+    let labels = kiln::runtime::npy::read_file(training("digits/test_y.npy")).unwrap().to_i64_vec().unwrap();
+    let correct = labels.iter().enumerate().filter(|(i, &l)| {
+        let row = &logits[i * 10..(i + 1) * 10];
+        row.iter().enumerate().fold(0, |b, (j, v)| if *v > row[b] { j } else { b }) == l as usize
+    });
+    assert_eq!(correct.count() as f64 / 360.0, acc, "the exported model's accuracy");
+    // Resuming at the end has nothing left to do and keeps the step count.
+    let o = kiln(&["train", &m, "--data", &data, "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "1e-4", "--batch", "64", "--steps", "200", "--resume", ck.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"steps\":200"), "{}", String::from_utf8_lossy(&o.stdout));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Bad training input gets a clear error, and nothing is lost.
+#[test]
+fn train_errors_are_clear_and_keep_the_last_good_state() {
+    let d = tmp("train-errors");
+    let (m, data) = (training("lenet_digits_sgd/model.onnx"), training("digits"));
+    let base = |extra: &[&str]| -> Output {
+        let mut a = vec!["train", m.as_str(), "--lr", "0.05", "--batch", "64", "--steps", "3"];
+        a.extend(extra);
+        kiln(&a)
+    };
+    // x and y of different lengths.
+    let x = kiln::runtime::npy::read_file(training("digits/train_x.npy")).unwrap();
+    let y = kiln::runtime::npy::read_file(training("digits/train_y.npy")).unwrap();
+    let short = d.join("short");
+    std::fs::create_dir_all(&short).unwrap();
+    kiln::runtime::npy::write_file(short.join("x.npy"), &x).unwrap();
+    kiln::runtime::npy::write_file(short.join("y.npy"), &y.reshaped(&[1437]).unwrap()).unwrap();
+    let y9 = kiln::graph::Tensor::from_vec(&[100], y.to_i64_vec().unwrap()[..100].to_vec()).unwrap();
+    kiln::runtime::npy::write_file(short.join("y.npy"), &y9).unwrap();
+    assert_clean_error(&base(&["--data", short.to_str().unwrap()]), "has 1437 samples but");
+    // Labels that are not classes of the model, and float labels for cross-entropy.
+    let bad = d.join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    kiln::runtime::npy::write_file(bad.join("x.npy"), &x).unwrap();
+    let mut yl = y.to_i64_vec().unwrap();
+    yl[7] = 10;
+    kiln::runtime::npy::write_file(bad.join("y.npy"), &kiln::graph::Tensor::from_vec(&[1437], yl).unwrap()).unwrap();
+    assert_clean_error(&base(&["--data", bad.to_str().unwrap()]), "label 10 of sample 7 is not a class of the model's 10");
+    let yf = kiln::graph::Tensor::from_f64(kiln::graph::DType::F32, &[1437], &y.to_f64_vec()).unwrap();
+    kiln::runtime::npy::write_file(bad.join("y.npy"), &yf).unwrap();
+    assert_clean_error(&base(&["--data", bad.to_str().unwrap()]), "cross-entropy needs integer class labels in y, found f32");
+    assert_clean_error(&base(&["--data", bad.to_str().unwrap(), "--loss", "mse"]), "y.npy is [1437]; this model and loss need one label of [10] per sample");
+    // A loss that diverges stops at its step; the checkpoint holds the last good state.
+    let ck = d.join("state.npz");
+    let o = kiln(&["train", &m, "--data", &data, "--lr", "1e30", "--batch", "64", "--steps", "20", "--checkpoint", ck.to_str().unwrap()]);
+    assert_clean_error(&o, "the loss is");
+    let e = stderr(&o);
+    let step: u64 = e.split("error: step ").nth(1).and_then(|s| s.split(':').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{e}"));
+    let saved = kiln::runtime::npz::read_file(&ck).unwrap();
+    let at = saved.iter().find(|(n, _)| n == "kiln.step").unwrap().1.to_i64_vec().unwrap()[0];
+    assert_eq!(at as u64, step - 1, "{e}");
+    assert!(saved.iter().all(|(_, t)| t.to_f64_vec().iter().all(|v| v.is_finite())), "the kept state is finite");
+    // A checkpoint of another model.
+    let o = kiln(&["train", &training("tiny_gpt_adamw/model.onnx"), "--data", &data, "--lr", "0.05", "--batch", "4", "--steps", "1", "--resume", ck.to_str().unwrap()]);
+    assert!(!o.status.success() && !stderr(&o).contains("panicked"), "{}", stderr(&o));
+    let gpt = d.join("gpt");
+    std::fs::create_dir_all(&gpt).unwrap();
+    let ids = kiln::graph::Tensor::from_vec(&[8, 64], (0..512).map(|i| (i % 256) as i64).collect()).unwrap();
+    kiln::runtime::npy::write_file(gpt.join("x.npy"), &ids).unwrap();
+    kiln::runtime::npy::write_file(gpt.join("y.npy"), &ids).unwrap();
+    let o = kiln(&["train", &training("tiny_gpt_adamw/model.onnx"), "--data", gpt.to_str().unwrap(), "--lr", "0.05", "--batch", "4", "--steps", "1", "--resume", ck.to_str().unwrap()]);
+    assert_clean_error(&o, "a checkpoint of another model");
+    // Unknown optimizer, schedule.
+    assert_clean_error(&base(&["--data", &data, "--optimizer", "rmsprop"]), "unknown optimizer 'rmsprop'");
+    assert_clean_error(&base(&["--data", &data, "--schedule", "linear"]), "unknown schedule 'linear'");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Every optimizer, schedule and clipping option trains (the loss falls).
+#[test]
+fn train_options_all_train() {
+    let (m, data) = (training("lenet_digits_sgd/model.onnx"), training("digits"));
+    for opts in [
+        &["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--nesterov"][..],
+        &["--optimizer", "lars", "--lr", "0.5", "--trust", "0.02", "--weight-decay", "1e-4"],
+        &["--optimizer", "adam", "--lr", "3e-3"],
+        &["--optimizer", "adamw", "--lr", "3e-3", "--weight-decay", "0.01", "--schedule", "cosine", "--warmup", "5", "--clip-norm", "1"],
+        &["--optimizer", "sgd", "--lr", "0.1", "--schedule", "step:10:0.5", "--label-smoothing", "0.1"],
+    ] {
+        let mut a = vec!["train", m.as_str(), "--data", data.as_str(), "--batch", "32", "--steps", "40", "--json"];
+        a.extend(opts);
+        let o = kiln(&a);
+        assert!(o.status.success(), "{opts:?}: {}", stderr(&o));
+        let losses: Vec<f64> = String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["final"].is_null()).map(|v| v["loss"].as_f64().unwrap()).collect();
+        let (first, last) = (losses[..5].iter().sum::<f64>() / 5.0, losses[35..].iter().sum::<f64>() / 5.0);
+        assert!(last < 0.75 * first, "{opts:?}: loss {first} -> {last}");
+    }
+}

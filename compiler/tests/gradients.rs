@@ -254,3 +254,35 @@ fn every_rule_is_checked() {
         assert!(checked.split(' ').any(|c| c == op), "{op} has a rule but no finite-difference check");
     }
 }
+
+/// A training step over ops without a gradient is refused, every such node named at
+/// once; a named parameter the loss does not depend on, or an unknown input, too.
+#[test]
+fn training_graph_errors_name_what_is_wrong() {
+    use kiln_compiler::autodiff::{build, Optimizer, OptimizerKind, TrainConfig, Trainable};
+    use kiln_graph::GraphBuilder;
+    let mut b = GraphBuilder::new("no-grad");
+    let x = b.input("x", DType::F32, [2usize, 3]);
+    let w = b.constant("w", Tensor::from_vec(&[3], vec![1f32, 2., 3.]).unwrap());
+    let u = b.constant("unused", Tensor::from_vec(&[1], vec![1f32]).unwrap());
+    let a = b.node("Mul", &[x, w], &[]);
+    let c = b.node("Cos", &[a], &[]);
+    let s = b.node("Sin", &[c], &[]);
+    let y = b.node("Add", &[s, a], &[]);
+    b.output(y);
+    let _ = u;
+    let g = b.finish().unwrap();
+    let config = |trainable: Trainable, input: &str| TrainConfig {
+        inputs: vec![(input.to_string(), TensorType::new(DType::F32, vec![2, 3]))],
+        output: None,
+        loss: Loss::MeanSquaredError,
+        optimizer: Optimizer::new(OptimizerKind::Sgd { momentum: 0.0, nesterov: false }),
+        trainable,
+    };
+    let err = build(&g, &config(Trainable::All, "x"), Registry::builtin()).err().expect("no gradient for Cos and Sin").to_string();
+    assert!(err.contains("2 node(s)") && err.contains("(Cos)") && err.contains("(Sin)"), "{err}");
+    let err = build(&g, &config(Trainable::Exactly(vec!["w".into(), "unused".into()]), "x"), Registry::builtin()).err().unwrap().to_string();
+    assert!(err.contains("does not depend on 'unused'"), "{err}");
+    let err = build(&g, &config(Trainable::All, "images"), Registry::builtin()).err().unwrap().to_string();
+    assert!(err.contains("no input 'images'"), "{err}");
+}
