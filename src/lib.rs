@@ -11,3 +11,7 @@ pub mod train;
 /// The user guide (docs/guide.md): its Rust blocks are this crate's doctests.
 #[doc = include_str!("../docs/guide.md")]
 pub mod guide {}
+
+/// The training guide (docs/training.md): its Rust block is a doctest.
+#[doc = include_str!("../docs/training.md")]
+pub mod training_guide {}

@@ -29,19 +29,29 @@ pub fn blocks(text: &str) -> Vec<(String, String, usize)> {
 
 #[test]
 fn every_shell_block_of_the_guide_runs() {
+    run_shell_blocks("docs/guide.md", 8);
+}
+
+#[test]
+fn every_shell_block_of_the_training_guide_runs() {
+    run_shell_blocks("docs/training.md", 2);
+}
+
+/// Runs every `sh` block of a page; the page has at least `min` of them.
+fn run_shell_blocks(page: &str, min: usize) {
     gpu_env();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let guide = std::fs::read_to_string(repo.join("docs/guide.md")).unwrap();
+    let guide = std::fs::read_to_string(repo.join(page)).unwrap();
     let all = blocks(&guide);
     for (lang, _, line) in &all {
-        assert!(["sh", "rust", "python", "c"].contains(&lang.as_str()), "docs/guide.md:{line}: a '{lang}' block, which no test runs");
+        assert!(["sh", "rust", "python", "c"].contains(&lang.as_str()), "{page}:{line}: a '{lang}' block, which no test runs");
     }
     let bin = Path::new(env!("CARGO_BIN_EXE_kiln")).parent().unwrap().to_path_buf();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     let shell: Vec<_> = all.iter().filter(|(l, _, _)| l == "sh").collect();
-    assert!(shell.len() >= 8, "the guide's shell blocks: {}", shell.len());
+    assert!(shell.len() >= min, "{page}'s shell blocks: {}", shell.len());
     for (k, (_, code, line)) in shell.iter().enumerate() {
-        let dir = std::env::temp_dir().join(format!("kiln-guide-{}-{k}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("kiln-guide-{}-{}-{k}", std::process::id(), page.replace(['/', '.'], "-")));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let o = Command::new("bash")
@@ -53,7 +63,7 @@ fn every_shell_block_of_the_guide_runs() {
             .env("REPO", repo)
             .output()
             .expect("bash runs");
-        assert!(o.status.success(), "docs/guide.md:{line}: the block failed:\n{code}\nstdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{page}:{line}: the block failed:\n{code}\nstdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
