@@ -301,7 +301,8 @@ pub fn main(a: Args) -> Result<()> {
         slices.sort_by(|p, q| q.duration.cmp(&p.duration));
         let total: f64 = slices.iter().map(|s| s.duration.as_secs_f64()).sum();
         eprintln!("one step: {} kernels, {:.3} ms of kernel time; the slowest:", trace.kernels, total * 1e3);
-        for s in slices.iter().take(15) {
+        let shown = if log::log_enabled!(log::Level::Info) { slices.len() } else { 15 };
+        for s in slices.iter().take(shown) {
             eprintln!("  {:>9.3} ms  {}", s.duration.as_secs_f64() * 1e3, s.name);
         }
     }

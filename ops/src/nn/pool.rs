@@ -242,9 +242,17 @@ impl Pool {
         };
         match indices {
             Some(idx) => {
-                for (plane, (out, ix)) in y.chunks_mut(out_size).zip(idx.chunks_mut(out_size)).enumerate() {
-                    plane_job(plane, out, Some(ix));
-                }
+                let ip = cpu::SharedPtr(idx.as_mut_ptr());
+                cpu::par_chunks_mut(y, out_size, g.kernel_size(), |first, part| {
+                    for (i, out) in part.chunks_mut(out_size).enumerate() {
+                        let plane = first + i;
+                        // SAFETY: `idx` has one `out_size` range per plane, like `y`; the
+                        // task that holds a plane's output chunk is the only one to write
+                        // its range of indices.
+                        let ix = unsafe { std::slice::from_raw_parts_mut(ip.get().add(plane * out_size), out_size) };
+                        plane_job(plane, out, Some(ix));
+                    }
+                })
             }
             None => cpu::par_chunks_mut(y, out_size, g.kernel_size(), |first, part| {
                 for (i, out) in part.chunks_mut(out_size).enumerate() {

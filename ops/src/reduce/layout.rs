@@ -46,6 +46,16 @@ impl ReduceLayout {
         }
     }
 
+    /// `(a, mid, b)` when the reduction keeps one middle run of `mid` and reduces the
+    /// `a` blocks before it and the `b` elements after it (a channel's sums over batch
+    /// and pixels): output `m` sums `x[(i * mid + m) * b + j]` over `i` and `j`.
+    pub fn around_middle(&self) -> Option<(usize, usize, usize)> {
+        match (&self.outer[..], &self.reduced[..], self.inner) {
+            ([(mid, b)], [(a, sa), (bb, 1)], 1) if *bb == *b && *sa == mid * b => Some((*a, *mid, *b)),
+            _ => None,
+        }
+    }
+
     /// Number of elements reduced into each output.
     pub fn reduced_len(&self) -> usize {
         self.reduced.iter().map(|g| g.0).product()
@@ -110,6 +120,10 @@ mod tests {
 
     #[test]
     fn groups_collapse() {
+        assert_eq!(ReduceLayout::new(&[64, 32, 4, 4], &[0, 2, 3]).around_middle(), Some((64, 32, 16)));
+        assert_eq!(ReduceLayout::new(&[5, 3, 7], &[0, 2]).around_middle(), Some((5, 3, 7)));
+        assert_eq!(ReduceLayout::new(&[5, 3, 7], &[0]).around_middle(), None);
+        assert_eq!(ReduceLayout::new(&[5, 3, 7], &[2]).around_middle(), None);
         let l = ReduceLayout::new(&[2, 3, 4, 5], &[1, 2]);
         assert_eq!(l.outer, vec![(2, 60)]);
         assert_eq!(l.reduced, vec![(12, 5)]);

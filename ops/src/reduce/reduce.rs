@@ -147,6 +147,21 @@ impl CpuKernel for Reduce {
 /// general two-field accumulator).
 fn run_f32(kind: ReduceKind, layout: &ReduceLayout, xs: &[f32], out: &mut [f32]) {
     let count = layout.reduced_len();
+    // Per-channel sums over batch and pixels (normalisation statistics, bias
+    // gradients): one pass in memory order, each row summed then added to its channel.
+    if let (ReduceKind::Sum | ReduceKind::Mean, Some((a, mid, b))) = (kind, layout.around_middle()) {
+        if xs.len() <= 1 << 20 && out.len() == mid {
+            let mut acc = vec![0f64; mid];
+            for (k, row) in xs.chunks_exact(b).enumerate() {
+                acc[k % mid] += row.iter().map(|&v| v as f64).sum::<f64>();
+            }
+            let div = if kind == ReduceKind::Mean { (a * b) as f64 } else { 1.0 };
+            for (o, s) in out.iter_mut().zip(acc) {
+                *o = (s / div) as f32;
+            }
+            return;
+        }
+    }
     macro_rules! go {
         ($init:expr, $fold:expr, $merge:expr, $finish:expr) => {
             reduce_rows(layout, out, $init, |a: f64, i: usize| $fold(a, xs[i] as f64), $merge, $finish)

@@ -102,11 +102,11 @@ fn identity(_: &mut Emit, _: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Resul
 }
 
 fn relu(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
-    // Where the output is positive the gradient passes, elsewhere 0 (PyTorch's choice at 0).
-    let y = out(n);
-    let zero = e.scalar(0.0, e.dtype(y));
-    let pos = e.op("Greater", &[y, zero], &[])?;
-    Ok(vec![Some(e.op("Where", &[pos, dy[0].unwrap(), zero], &[])?)])
+    // Where the output is positive the gradient passes, elsewhere 0 (PyTorch's choice
+    // at 0): the output's sign is 1 or 0, and `dy * sign(y)` fuses with its neighbours
+    // into one elementwise kernel.
+    let s = e.op("Sign", &[out(n)], &[])?;
+    Ok(vec![Some(e.mul(dy[0].unwrap(), s)?)])
 }
 
 fn sigmoid(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
