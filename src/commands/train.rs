@@ -306,6 +306,10 @@ pub fn main(a: Args) -> Result<()> {
             eprintln!("  {:>9.3} ms  {}", s.duration.as_secs_f64() * 1e3, s.name);
         }
     }
+    let memory = {
+        let idx = batch_indices(0, per_epoch, a.batch, samples, a.seed);
+        trainer.memory_report(&[(input_name.as_str(), &rows(&x, &idx))])?
+    };
     let eval = match &a.eval {
         Some(dir) => Some(evaluate(&trainer, dir, &loss, classes, &a)?),
         None => None,
@@ -315,9 +319,19 @@ pub fn main(a: Args) -> Result<()> {
     }
     let samples_per_s = (done as f64 * a.batch as f64) / seconds.max(1e-9);
     if a.json {
-        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
+        let memory = memory.as_ref().map(|m| json!({"step_bytes": m.step.planned, "forward_bytes": m.forward.planned, "step_lower_bound_bytes": m.step.lower_bound, "state_bytes": m.state_bytes}));
+        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "memory": memory, "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
     } else {
         println!("{done} steps in {seconds:.2} s ({samples_per_s:.0} samples/s), last loss {last_loss:.6}");
+        if let Some(m) = &memory {
+            println!(
+                "memory: the step plans {} KiB of intermediates ({:.1}x the forward pass's {} KiB), plus {} KiB of parameters and optimizer state",
+                m.step.planned / 1024,
+                m.step.planned as f64 / m.forward.planned.max(1) as f64,
+                m.forward.planned / 1024,
+                m.state_bytes / 1024
+            );
+        }
         if let Some(e) = &eval {
             println!("evaluation on '{}': {}", a.eval.as_ref().unwrap().display(), e);
         }

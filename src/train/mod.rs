@@ -106,6 +106,22 @@ pub struct Trainer {
     schedule: Schedule,
     /// Output positions: loss, prediction, then the next state in `state_vars` order.
     outputs: (usize, usize, Vec<usize>),
+    /// The memory plan of the step's intermediates (after the first step).
+    memory: Option<kiln_runtime::MemoryPlan>,
+    options_threads: Option<usize>,
+    device: DeviceChoice,
+}
+
+/// Memory of training against inference, in bytes.
+#[derive(Clone, Debug)]
+pub struct MemoryReport {
+    /// The training step's intermediates (activations kept for the backward pass,
+    /// gradients, update temporaries), as planned.
+    pub step: kiln_runtime::MemoryPlan,
+    /// The forward pass's intermediates alone, for the same batch.
+    pub forward: kiln_runtime::MemoryPlan,
+    /// Parameters, running statistics and optimizer slots.
+    pub state_bytes: u64,
 }
 
 impl Trainer {
@@ -156,6 +172,9 @@ impl Trainer {
             optimizer: options.optimizer,
             schedule: options.schedule,
             outputs,
+            memory: None,
+            options_threads: options.threads,
+            device: options.device,
         })
     }
 
@@ -209,7 +228,10 @@ impl Trainer {
         let started = Instant::now();
         let step = self.step + 1;
         let (lr, hyper) = self.hyper(step);
-        let mut out = self.session.run(&self.feeds(inputs, label, &hyper))?;
+        let (mut out, stats) = self.session.run_with_stats(&self.feeds(inputs, label, &hyper))?;
+        if stats.memory.is_some() {
+            self.memory = stats.memory;
+        }
         let loss = out[self.outputs.0].to_f64_vec().first().copied().unwrap_or(f64::NAN) as f32;
         if !loss.is_finite() {
             return Err(TrainError::NonFinite { step, loss });
@@ -252,6 +274,17 @@ impl Trainer {
             }
         }
         g
+    }
+
+    /// The step's planned memory against the forward pass alone on the same batch
+    /// (`inputs`: one batch), once a step has run (else `None`).
+    pub fn memory_report(&self, inputs: &[(&str, &Tensor)]) -> Result<Option<MemoryReport>> {
+        let Some(step) = self.memory.clone() else { return Ok(None) };
+        let session = Session::new(self.inference_graph(), SessionOptions { threads: self.options_threads, ..SessionOptions::device(self.device.clone()) })?;
+        let (_, stats) = session.run_with_stats(inputs)?;
+        let Some(forward) = stats.memory else { return Ok(None) };
+        let state_bytes = self.state.iter().map(|t| t.bytes().len() as u64).sum();
+        Ok(Some(MemoryReport { step, forward, state_bytes }))
     }
 
     /// Saves the state and the step count (a .npz file numpy opens).
