@@ -283,3 +283,47 @@ fn gpu_steps_agree_with_the_cpu_from_the_same_state() {
     assert!(flips.len() <= steps / 20 && flips.iter().all(|f| f.1 .0 <= 1e-2), "{flips:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Training-mode dropout: a new mask every step, the same masks on the CPU and the GPU
+/// for the same seed (so the same losses), other masks for another seed.
+#[test]
+fn dropout_masks_follow_the_seed_on_every_device() {
+    use kiln::graph::{rng::Rng, Attr, GraphBuilder};
+    gpu_env();
+    let mut b = GraphBuilder::new("dropout-mlp");
+    let x = b.input("x", DType::F32, [8usize, 16]);
+    let mut rng = Rng::new(3);
+    let w1 = b.constant("w1", rng.tensor(&[32, 16], 0.5).unwrap());
+    let w2 = b.constant("w2", rng.tensor(&[4, 32], 0.5).unwrap());
+    let ratio = b.constant("ratio", Tensor::scalar(0.5f32));
+    let training = b.constant("training", Tensor::from_bools(&[], &[true]).unwrap());
+    let h = b.node("Gemm", &[x, w1], &[("transB", Attr::Int(1))]);
+    let h = b.node("Relu", &[h], &[]);
+    let d = b.node_multi("Dropout", &[Some(h), Some(ratio), Some(training)], &[], 1)[0];
+    let y = b.node("Gemm", &[d, w2], &[("transB", Attr::Int(1))]);
+    b.output(y);
+    let model = kiln::train::Model { graph: b.finish().unwrap(), initializers: vec!["w1".into(), "w2".into()] };
+    let xs = Rng::new(4).tensor(&[8, 16], 1.0).unwrap();
+    let ys = Tensor::from_vec(&[8], vec![0i64, 1, 2, 3, 0, 1, 2, 3]).unwrap();
+    let losses = |device: DeviceChoice, seed: u64| -> Vec<f32> {
+        let sgd = Optimizer { kind: OptimizerKind::Sgd { momentum: 0.0, nesterov: false }, weight_decay: 0.0, clip_norm: None };
+        let mut opts = TrainOptions::new(Loss::cross_entropy(), sgd, Schedule::constant(0.0));
+        (opts.device, opts.seed) = (device, seed);
+        let mut t = Trainer::new(&model, &[("x".into(), TensorType::new(DType::F32, vec![8, 16]))], opts).unwrap();
+        (0..4).map(|_| t.step(&[("x", &xs)], &ys).unwrap().loss).collect()
+    };
+    // lr 0: the weights never change, so the losses differ only by their masks.
+    let cpu = losses(DeviceChoice::Cpu, 1);
+    assert!(cpu.windows(2).all(|w| w[0] != w[1]), "a new mask every step: {cpu:?}");
+    assert_ne!(cpu, losses(DeviceChoice::Cpu, 2), "another seed, other masks");
+    let gpu = losses(DeviceChoice::Gpu, 1);
+    // Inference: Dropout is the identity (the trained model's output has no mask).
+    let mut t = Trainer::new(&model, &[("x".into(), TensorType::new(DType::F32, vec![8, 16]))], TrainOptions::new(Loss::cross_entropy(), Optimizer::new(OptimizerKind::Sgd { momentum: 0.0, nesterov: false }), Schedule::constant(0.0))).unwrap();
+    t.step(&[("x", &xs)], &ys).unwrap();
+    let s = kiln::runtime::Session::new(t.inference_graph(), kiln::runtime::SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+    let (a, b) = (s.run(&[("x", &xs)]).unwrap(), s.run(&[("x", &xs)]).unwrap());
+    assert_eq!(a[0].bytes(), b[0].bytes(), "inference is deterministic");
+    for (c, g) in cpu.iter().zip(&gpu) {
+        assert!((c - g).abs() <= 1e-5 * c.abs(), "CPU {cpu:?} vs GPU {gpu:?}");
+    }
+}

@@ -95,7 +95,13 @@ fn build(op: &str, attrs: &[(&str, Attr)], ins: &[In], n_out: usize, opset: i64,
     let wrt: Vec<ValueId> = g.inputs.clone();
     let reg = Registry::builtin();
     let mut e = Emit::new(&mut g, tys, reg);
-    let subst = lower(&mut e).unwrap();
+    let lowered = lower(&mut e).unwrap();
+    let subst = lowered.subst;
+    // A dropout seed becomes a constant: the masks are fixed for the differences.
+    if let Some(s) = lowered.seed {
+        e.graph.inputs.retain(|&i| i != s);
+        e.graph.initializers.insert(s, Tensor::scalar(5i64));
+    }
     let outs: Vec<ValueId> = outs.iter().map(|o| *subst.get(o).unwrap_or(o)).collect();
     let l = match &loss {
         Some((loss, label)) => {
@@ -216,6 +222,9 @@ fn softmax_reductions_and_normalisation() {
     // Lowered to primitives first.
     check_grad("LayerNormalization", &[("epsilon", Attr::Float(1e-5))], &[rand(&[2, 3, 4]), rand(&[4]), rand(&[4])], 3);
     check_grad("LayerNormalization", &[("axis", Attr::Int(1))], &[rand(&[2, 3, 2]), rand(&[3, 2])], 1);
+    let yes = || In::Const(Tensor::from_bools(&[], &[true]).unwrap());
+    let ratio = || In::Const(Tensor::scalar(0.3f64));
+    check_grad("Dropout", &[], &[rand(&[3, 7]), ratio(), yes()], 2);
     check_grad("BatchNormalization", &[("training_mode", Attr::Int(1))], &[rand(&[3, 2, 2, 3]), rand(&[2]), rand(&[2]), In::Const(Tensor::from_vec(&[2], vec![0.1f64, -0.2]).unwrap()), In::Const(Tensor::from_vec(&[2], vec![1.0f64, 2.0]).unwrap())], 3);
 }
 

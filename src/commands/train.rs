@@ -70,7 +70,7 @@ pub struct Args {
     /// Passes over the data (default 1 when --steps is not given).
     #[arg(long)]
     epochs: Option<u64>,
-    /// Seed of the per-epoch shuffle.
+    /// Seed of the per-epoch shuffle and of dropout's masks.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// cpu, gpu, or an adapter name / gpu:N.
@@ -237,6 +237,7 @@ pub fn main(a: Args) -> Result<()> {
     let mut options = TrainOptions::new(loss.clone(), opt, schedule);
     options.device = a.device.clone();
     options.threads = a.threads;
+    options.seed = a.seed;
     let compiling = Progress::spinner("compiling the training step", a.json);
     let mut trainer = Trainer::new(&model, &[(input_name.clone(), input_ty)], options)?;
     compiling.finish();

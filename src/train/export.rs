@@ -1,6 +1,6 @@
 //! Writing trained weights back into the ONNX model they came from: each trained
 //! initializer replaced, BatchNormalization switched to inference mode (its running
-//! statistics as trained), everything else as it was.
+//! statistics as trained), Dropout to the identity, everything else as it was.
 use super::{Result, TrainError, Trainer};
 use kiln_compiler::autodiff::StateKind;
 use kiln_compiler::onnx::{proto, tensor_to_proto};
@@ -21,9 +21,16 @@ pub fn export_onnx(trainer: &Trainer, source: &Path, dest: &Path) -> Result<()> 
         *init = tensor_to_proto(&s.name, t);
     }
     for n in &mut graph.node {
-        if n.op_type == "BatchNormalization" && (n.domain.is_empty() || n.domain == "ai.onnx") {
-            n.attribute.retain(|a| a.name != "training_mode");
-            n.output.truncate(1);
+        if n.domain.is_empty() || n.domain == "ai.onnx" {
+            match n.op_type.as_str() {
+                "BatchNormalization" => {
+                    n.attribute.retain(|a| a.name != "training_mode");
+                    n.output.truncate(1);
+                }
+                // Without its training_mode input, Dropout is the identity.
+                "Dropout" => n.input.truncate(2),
+                _ => {}
+            }
         }
     }
     std::fs::write(dest, model.encode_to_vec()).map_err(|e| fail(format!("cannot write '{}': {e}", dest.display())))

@@ -75,11 +75,13 @@ pub struct TrainOptions {
     /// Run the compiler's passes over the training step (fusion of the updates,
     /// layouts); on by default.
     pub optimize: bool,
+    /// Seeds training-mode dropout: step `k` draws its masks from `seed` and `k`.
+    pub seed: u64,
 }
 
 impl TrainOptions {
     pub fn new(loss: Loss, optimizer: Optimizer, schedule: Schedule) -> TrainOptions {
-        TrainOptions { device: DeviceChoice::Cpu, threads: None, loss, optimizer, schedule, output: None, optimize: true }
+        TrainOptions { device: DeviceChoice::Cpu, threads: None, loss, optimizer, schedule, output: None, optimize: true, seed: 0 }
     }
 }
 
@@ -110,6 +112,8 @@ pub struct Trainer {
     memory: Option<kiln_runtime::MemoryPlan>,
     options_threads: Option<usize>,
     device: DeviceChoice,
+    /// The dropout seed input and the run's seed.
+    dropout: Option<(String, u64)>,
 }
 
 /// Memory of training against inference, in bytes.
@@ -175,6 +179,7 @@ impl Trainer {
             memory: None,
             options_threads: options.threads,
             device: options.device,
+            dropout: tg.dropout_seed.map(|n| (n, options.seed)),
         })
     }
 
@@ -198,7 +203,7 @@ impl Trainer {
     }
 
     /// The feeds of step `step` (inputs, label, the optimizer's scalars, the state).
-    fn feeds<'a>(&'a self, inputs: &[(&'a str, &'a Tensor)], label: &'a Tensor, hyper: &'a [(&'static str, Tensor)]) -> Vec<(&'a str, &'a Tensor)> {
+    fn feeds<'a>(&'a self, inputs: &[(&'a str, &'a Tensor)], label: &'a Tensor, hyper: &'a [(&'a str, Tensor)]) -> Vec<(&'a str, &'a Tensor)> {
         let mut feeds: Vec<(&str, &Tensor)> = inputs.to_vec();
         feeds.push((self.label.0.as_str(), label));
         feeds.extend(hyper.iter().map(|(n, t)| (*n, t)));
@@ -206,9 +211,15 @@ impl Trainer {
         feeds
     }
 
-    fn hyper(&self, step: u64) -> (f64, Vec<(&'static str, Tensor)>) {
+    /// The per-step scalar inputs of step `step`: the optimizer's, and the dropout seed.
+    fn hyper(&self, step: u64) -> (f64, Vec<(&str, Tensor)>) {
         let lr = self.schedule.lr(step);
-        (lr, self.optimizer.hyper_inputs(step, lr).into_iter().map(|(n, v)| (n, Tensor::scalar(v))).collect())
+        let mut v: Vec<(&str, Tensor)> = self.optimizer.hyper_inputs(step, lr).into_iter().map(|(n, v)| (n, Tensor::scalar(v))).collect();
+        if let Some((name, seed)) = &self.dropout {
+            let s = seed.wrapping_mul(1_000_003).wrapping_add(step) & 0x7fff_ffff;
+            v.push((name.as_str(), Tensor::scalar(s as i64)));
+        }
+        (lr, v)
     }
 
     /// Traces the next step on this batch (host phases and one slice per kernel)
@@ -254,8 +265,8 @@ impl Trainer {
         self.state().find(|(s, _)| s.name == name && !matches!(s.kind, StateKind::Slot { .. })).map(|(_, t)| t)
     }
 
-    /// The model for inference with the current weights: initializers replaced, and
-    /// BatchNormalization in inference mode (running statistics).
+    /// The model for inference with the current weights: initializers replaced,
+    /// BatchNormalization in inference mode (running statistics), Dropout the identity.
     pub fn inference_graph(&self) -> Graph {
         let mut g = self.forward.clone();
         for (s, t) in self.state() {
@@ -267,6 +278,9 @@ impl Trainer {
             }
         }
         for n in &mut g.nodes {
+            if n.op_type == "Dropout" && n.domain.is_empty() {
+                n.inputs.truncate(2);
+            }
             if n.op_type == "BatchNormalization" && n.domain.is_empty() && autodiff::lower::is_training_bn(n) {
                 n.attrs.remove("training_mode");
                 let stats = n.outputs.split_off(1);

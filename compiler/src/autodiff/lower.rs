@@ -7,6 +7,8 @@
 //! - LayerNormalization: statistics over the trailing axes, with its optional Mean and
 //!   InvStdDev outputs.
 //! - MaxPool without an Indices output gets one (its gradient scatters through it).
+//! - Dropout in training mode: the input times a `kiln.DropoutMask` drawn from the
+//!   graph input [`DROPOUT_SEED`] (a new seed each step), one stream per node.
 use super::emit::Emit;
 use super::rules::{axis, float_attr, input, int_attr};
 use super::{replace_uses, Result};
@@ -14,14 +16,31 @@ use kiln_graph::{DType, Node, ValueId};
 use kiln_ops::TensorType;
 use std::collections::HashMap;
 
+/// The scalar int64 input that seeds training-mode dropout (one value per step).
+pub const DROPOUT_SEED: &str = "kiln.dropout_seed";
+
+/// What lowering did.
+pub struct Lowered {
+    /// The values that replace the lowered nodes' outputs (every read of them is
+    /// redirected already).
+    pub subst: HashMap<ValueId, ValueId>,
+    /// The dropout seed input, when the graph has training-mode dropout.
+    pub seed: Option<ValueId>,
+}
+
 /// Lowers the nodes of `e`'s graph in place; the graph's nodes are left in a
-/// topological order. Returns the values that replace the lowered nodes' outputs
-/// (every read of them is redirected already).
-pub fn lower(e: &mut Emit) -> Result<HashMap<ValueId, ValueId>> {
+/// topological order.
+pub fn lower(e: &mut Emit) -> Result<Lowered> {
     let nodes = std::mem::take(&mut e.graph.nodes);
     let mut subst = HashMap::new();
+    let mut seed = None;
+    let mut streams = 0;
     for n in nodes {
         match n.op_type.as_str() {
+            "Dropout" if n.domain.is_empty() && dropout_ratio(e, &n).is_some() => {
+                dropout(e, &n, &mut subst, &mut seed, streams)?;
+                streams += 1;
+            }
             "BatchNormalization" if n.domain.is_empty() && is_training_bn(&n) => batch_norm(e, &n, &mut subst)?,
             "LayerNormalization" if n.domain.is_empty() => layer_norm(e, &n, &mut subst)?,
             "MaxPool" if n.domain.is_empty() && n.outputs.len() == 1 => {
@@ -42,7 +61,7 @@ pub fn lower(e: &mut Emit) -> Result<HashMap<ValueId, ValueId>> {
     let mut sorted: Vec<Option<Node>> = nodes.drain(..).map(Some).collect();
     e.graph.nodes = order.into_iter().map(|i| sorted[i].take().expect("each node once")).collect();
     e.set_scope("");
-    Ok(subst)
+    Ok(Lowered { subst, seed })
 }
 
 /// Training mode: `training_mode=1` (opset 14+), or the running statistics asked for
@@ -127,6 +146,50 @@ fn layer_norm(e: &mut Emit, n: &Node, subst: &mut HashMap<ValueId, ValueId>) -> 
     }
     if let Some(&s) = n.outputs.get(2) {
         subst.insert(s, inv);
+    }
+    Ok(())
+}
+
+/// The ratio of a Dropout in training mode (its `training_mode` input a constant
+/// true), else `None` (inference: the identity, which Kiln's Dropout op runs).
+fn dropout_ratio(e: &Emit, n: &Node) -> Option<f32> {
+    let training = n.inputs.get(2).copied().flatten().and_then(|v| e.value(v)).and_then(|t| t.to_i64_vec().ok()).is_some_and(|v| v.first() == Some(&1));
+    if !training {
+        return None;
+    }
+    Some(match n.inputs.get(1).copied().flatten() {
+        Some(r) => e.value(r).map(|t| t.to_f64_vec()).and_then(|v| v.first().copied()).unwrap_or(0.5) as f32,
+        None => 0.5,
+    })
+}
+
+fn dropout(e: &mut Emit, n: &Node, subst: &mut HashMap<ValueId, ValueId>, seed: &mut Option<ValueId>, stream: i64) -> Result<()> {
+    e.set_scope(n.name.clone());
+    let ratio = dropout_ratio(e, n).expect("checked by the caller");
+    if !(0.0..1.0).contains(&ratio) {
+        return Err(super::AutodiffError::Model(format!("node '{}' (Dropout): ratio {ratio} is outside [0, 1)", n.name)));
+    }
+    let x = input(n, 0);
+    let dims = e.dims(x);
+    let s = match *seed {
+        Some(s) => s,
+        None => {
+            let s = e.value_of_type(DROPOUT_SEED, TensorType::new(DType::I64, vec![]));
+            e.graph.inputs.push(s);
+            *seed = Some(s);
+            s
+        }
+    };
+    let shape = e.ints(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>());
+    let attrs = [("ratio", kiln_graph::Attr::Float(ratio)), ("stream", kiln_graph::Attr::Int(stream))];
+    let mask = e.node("kiln", "DropoutMask", &[Some(shape), Some(s)], &attrs, 1)?[0];
+    let mask = if e.dtype(x) == DType::F32 { mask } else { e.op("Cast", &[mask], &[("to", kiln_graph::Attr::Int(e.dtype(x).onnx_code() as i64))])? };
+    let y = e.mul(x, mask)?;
+    subst.insert(n.outputs[0], y);
+    if let Some(&m) = n.outputs.get(1) {
+        let zero = e.scalar(0.0, e.dtype(mask));
+        let kept = e.op("Greater", &[mask, zero], &[])?;
+        subst.insert(m, kept);
     }
     Ok(())
 }

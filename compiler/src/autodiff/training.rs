@@ -77,6 +77,9 @@ pub struct TrainingGraph {
     pub prediction: String,
     /// Each parameter's gradient (names of values of `graph`), in reverse layer order.
     pub gradients: Vec<(String, String)>,
+    /// The int64 scalar input that seeds training-mode dropout, when there is some: a
+    /// new value each step gives new masks.
+    pub dropout_seed: Option<String>,
 }
 
 pub const LABEL: &str = "kiln.label";
@@ -177,7 +180,8 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     }
 
     let mut e = Emit::new(&mut g, spec.types, registry);
-    let subst = lower(&mut e)?;
+    let lowered = lower(&mut e)?;
+    let subst = lowered.subst;
     let pred = *subst.get(&pred).unwrap_or(&pred);
 
     // Parameters the loss does not depend on are left out (or refused, when named).
@@ -268,17 +272,22 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         prediction: g.values[pred].name.clone(),
         state,
         gradients,
+        dropout_seed: lowered.seed.map(|_| super::lower::DROPOUT_SEED.to_string()),
         graph: g,
     })
 }
 
 /// Specialises a forward graph for concrete input types (every value typed, shape
-/// computations folded), BatchNormalization in training mode taken in its inference
-/// form (same output type; its training form has no kernel). Returns the
+/// computations folded), BatchNormalization and Dropout in training mode taken in
+/// their inference forms (same output types; their training forms have no kernel). Returns the
 /// specialisation and the topological order of `g`'s nodes.
 pub fn specialize_forward(g: &Graph, input_types: &[TensorType], registry: &Registry) -> Result<(kiln_ops::infer::Specialized, Vec<usize>)> {
     let mut probe = g.clone();
     for n in &mut probe.nodes {
+        // Dropout in inference form (the identity): the same output types.
+        if n.op_type == "Dropout" && n.domain.is_empty() && n.inputs.len() > 2 {
+            n.inputs.truncate(2);
+        }
         if n.op_type == "BatchNormalization" && n.domain.is_empty() && is_training_bn(n) {
             n.attrs.remove("training_mode");
             let stats = n.outputs.split_off(1);

@@ -1,9 +1,10 @@
 //! Random generators: RandomUniform, RandomNormal, their `*Like` forms, Bernoulli and
-//! Multinomial, all drawing from one counter-based stream ([`generator`]) so that a
+//! Multinomial, and kiln.DropoutMask (training-mode dropout's mask), all drawing from one counter-based stream ([`generator`]) so that a
 //! `seed` gives the same values on every run and on every backend.
 use crate::Registry;
 
 mod bernoulli;
+mod dropout_mask;
 mod fill;
 mod generator;
 mod multinomial;
@@ -14,5 +15,6 @@ pub(crate) fn register(r: &mut Registry) {
     random_uniform::register(r);
     random_normal::register(r);
     bernoulli::register(r);
+    dropout_mask::register(r);
     multinomial::register(r);
 }
