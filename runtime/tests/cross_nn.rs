@@ -68,6 +68,19 @@ fn pooling_and_norms_agree() {
         s.check(pool("AveragePool", 19).attrs(&a), Tolerance::f32(1e-6));
         s.check(pool("AveragePool", 19).attrs(&a).attr("count_include_pad", Attr::Int(1)), Tolerance::f32(1e-6));
     }
+    // MaxPool's gradient: the window maxima found again from X; ties (repeated values)
+    // go to the first, as MaxPool's Indices. Overlapping windows add up (CPU).
+    let ties = Tensor::from_vec(&[2, 3, 15, 14], (0..2 * 3 * 15 * 14).map(|i| ((i * 7) % 5) as f32).collect()).unwrap();
+    for xin in [x.clone(), ties] {
+        let grad = |k: usize, st: usize, pads: &[i64]| {
+            let a = [("kernel_shape", ints(&[k as i64, k as i64])), ("strides", ints(&[st as i64, st as i64])), ("pads", Attr::Ints(pads.to_vec()))];
+            let dims = [2, 3, (15 + pads[0] as usize + pads[2] as usize - k) / st + 1, (14 + pads[1] as usize + pads[3] as usize - k) / st + 1];
+            Case::new("MaxPoolGrad").domain("kiln").input(xin.clone()).input(rand_f32(&dims, 9)).attrs(&a)
+        };
+        s.check(grad(2, 2, &[0, 0, 0, 0]), Tolerance::EXACT);
+        s.check(grad(3, 3, &[1, 1, 1, 0]), Tolerance::EXACT);
+        s.check(grad(3, 2, &[1, 1, 1, 1]), Tolerance::f32(1e-6));
+    }
     let same = pool("MaxPool", 12).attr("kernel_shape", ints(&[2, 2])).attr("dilations", ints(&[2, 2]));
     s.check(same.attr("auto_pad", string("SAME_UPPER")), Tolerance::EXACT);
     s.check(pool("AveragePool", 19).attr("kernel_shape", ints(&[3, 2])).attr("auto_pad", string("SAME_LOWER")), Tolerance::f32(1e-6));

@@ -18,6 +18,9 @@ fn seeded_random_ops_agree() {
     s.check(Case::new("Bernoulli").opset(15).input(p).attrs(&[("seed", Attr::Float(1.0)), ("dtype", Attr::Int(DType::I32.onnx_code() as i64))]), Tolerance::EXACT);
     let logits = rand_f32(&[4, 6], 3);
     s.check(Case::new("Multinomial").opset(7).input(logits).attrs(&[("seed", Attr::Float(9.0)), ("sample_size", Attr::Int(50))]), Tolerance::EXACT);
+    // Dropout's mask: the key from a seed input at run time, the same on every device.
+    let mask = Case::new("DropoutMask").domain("kiln").constant(Tensor::from_vec(&[2], vec![13i64, 41]).unwrap());
+    s.check(mask.input(Tensor::scalar(12345i64)).attrs(&[("ratio", Attr::Float(0.3)), ("stream", Attr::Int(2))]), Tolerance::EXACT);
     // The same shape from attributes (folded on the host: a seeded draw is a constant).
     s.check(Case::new("RandomNormal").attrs(&[seed, ("shape", ints(&[3, 4]))]), Tolerance::f32(1e-6));
     s.finish();

@@ -6,7 +6,6 @@
 //!   running variance takes the unbiased batch variance).
 //! - LayerNormalization: statistics over the trailing axes, with its optional Mean and
 //!   InvStdDev outputs.
-//! - MaxPool without an Indices output gets one (its gradient scatters through it).
 //! - Dropout in training mode: the input times a `kiln.DropoutMask` drawn from the
 //!   graph input [`DROPOUT_SEED`] (a new seed each step), one stream per node.
 use super::emit::Emit;
@@ -43,13 +42,6 @@ pub fn lower(e: &mut Emit) -> Result<Lowered> {
             }
             "BatchNormalization" if n.domain.is_empty() && is_training_bn(&n) => batch_norm(e, &n, &mut subst)?,
             "LayerNormalization" if n.domain.is_empty() => layer_norm(e, &n, &mut subst)?,
-            "MaxPool" if n.domain.is_empty() && n.outputs.len() == 1 => {
-                let mut n = n;
-                let ty = e.ty(n.outputs[0]).clone();
-                let idx = e.value_of_type(&format!("{}:indices", n.name), TensorType::new(DType::I64, ty.dims));
-                n.outputs.push(idx);
-                e.graph.nodes.push(n);
-            }
             _ => e.graph.nodes.push(n),
         }
     }

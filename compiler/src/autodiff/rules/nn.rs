@@ -1,6 +1,6 @@
 //! Neural-network ops: convolution (data gradient as ConvTranspose, weight gradient
-//! as a convolution of the input by the output gradient), max pooling through its
-//! indices, average pooling, softmax and log-softmax.
+//! as a convolution of the input by the output gradient), max pooling
+//! (kiln.MaxPoolGrad), average pooling, softmax and log-softmax.
 //!
 //! BatchNormalization in training mode and LayerNormalization are lowered to
 //! primitives before differentiation (`lower.rs`), so they need no rule here.
@@ -129,30 +129,14 @@ fn weight_gradient(e: &mut Emit, x: ValueId, dy: ValueId, g: &ConvGeometry) -> R
     e.transpose(c, &perm)
 }
 
+/// The gradient goes to each window's maximum: kiln.MaxPoolGrad finds it again from X.
 fn max_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
-    let Some(&indices) = n.outputs.get(1) else {
-        return Err(unsupported(n, "no Indices output (the lowering adds one)"));
-    };
     if int_attr(n, "storage_order", 0) != 0 {
         return Err(unsupported(n, "storage_order=1"));
     }
-    let x = input(n, 0);
-    let xd = e.dims(x);
-    let dy = dy[0].unwrap();
-    let yd = e.dims(dy);
-    // The indices count every element of X, batch and channel included: modulo the
-    // plane's size they are positions in their own plane, and each plane scatters
-    // its few window maxima (a scatter along a short axis, cheap on every device).
-    let planes = xd[0] * xd[1];
-    let plane: usize = xd[2..].iter().product();
-    let out_plane: usize = yd[2..].iter().product();
-    let g = e.reshape(dy, &[planes, out_plane])?;
-    let i = e.reshape(indices, &[planes, out_plane])?;
-    let size = e.constant(kiln_graph::Tensor::scalar(plane as i64));
-    let local = e.op("Mod", &[i, size], &[])?;
-    let zeros = e.zeros(e.dtype(dy), &[planes, plane])?;
-    let s = e.op("ScatterElements", &[zeros, local, g], &[("axis", Attr::Int(1)), ("reduction", Attr::String("add".into()))])?;
-    Ok(vec![Some(e.reshape(s, &xd)?)])
+    let attrs: Vec<(&str, Attr)> = n.attrs.iter().filter(|(k, _)| k.as_str() != "storage_order").map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let dx = e.node("kiln", "MaxPoolGrad", &[Some(input(n, 0)), dy[0]], &attrs, 1)?[0];
+    Ok(vec![Some(dx)])
 }
 
 /// Each input element gets the gradients of the windows over it, each divided by its

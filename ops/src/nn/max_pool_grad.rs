@@ -1,0 +1,171 @@
+//! kiln.MaxPoolGrad: the gradient of MaxPool with respect to its input. Inputs: `X`
+//! (MaxPool's input) and `dY` (the gradient of its output); MaxPool's window
+//! attributes. Each window's gradient goes to the window's maximum, found again from
+//! `X` the way MaxPool takes it (the first largest element in scan order, a NaN first),
+//! so no Indices output and no scatter are needed. Windows that overlap add their
+//! gradients.
+//!
+//! GPU: one invocation per element of `dX`, for windows that do not overlap (each
+//! element in at most one window, so no two invocations write one element); pooling
+//! with overlapping windows runs on the CPU.
+use super::window::{Geometry, WindowAttrs};
+use crate::cpu::{self, CpuKernel};
+use crate::elementwise;
+use crate::op::{expect_dtype, required};
+use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
+use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
+use kiln_graph::{DType, Tensor};
+
+#[derive(Debug)]
+pub struct MaxPoolGrad {
+    window: WindowAttrs,
+    ceil_mode: bool,
+}
+
+impl MaxPoolGrad {
+    fn geometry(&self, x: &[usize]) -> Result<Geometry> {
+        if x.len() < 3 || x.len() > 5 {
+            return Err(OpError::input(0, format!("expected N x C x D1 [x D2 [x D3]] (rank 3 to 5), found shape {x:?}")));
+        }
+        let kernel = self.window.kernel(x.len() - 2, None)?;
+        self.window.resolve(&x[2..], &kernel, self.ceil_mode)
+    }
+
+    /// Adds each window's gradient to its maximum, plane by plane.
+    fn run_typed<T: Copy + PartialOrd + std::ops::AddAssign + Default + Send + Sync>(&self, g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], neg_inf: T) {
+        let (in_size, out_size) = (g.input_size(), g.output_size());
+        cpu::par_chunks_mut(dx, in_size, out_size * g.kernel_size(), |first, part| {
+            for (i, plane) in part.chunks_mut(in_size).enumerate() {
+                let p = first + i;
+                plane.iter_mut().for_each(|v| *v = T::default());
+                let (xc, gc) = (&x[p * in_size..][..in_size], &dy[p * out_size..][..out_size]);
+                for (o, &grad) in gc.iter().enumerate() {
+                    let oc = [o / (g.output[1] * g.output[2]), o / g.output[2] % g.output[1], o % g.output[2]];
+                    let mut best = neg_inf;
+                    let mut arg = usize::MAX;
+                    for kd in 0..g.kernel[0] {
+                        let Some(id) = coord(g, 0, oc[0], kd) else { continue };
+                        for kh in 0..g.kernel[1] {
+                            let Some(ih) = coord(g, 1, oc[1], kh) else { continue };
+                            for kw in 0..g.kernel[2] {
+                                let Some(iw) = coord(g, 2, oc[2], kw) else { continue };
+                                let at = (id * g.input[1] + ih) * g.input[2] + iw;
+                                let v = xc[at];
+                                // MaxPool's rule: strictly larger wins, the first NaN stays.
+                                #[allow(clippy::eq_op)]
+                                if arg == usize::MAX || v > best || (v != v && best == best) {
+                                    best = v;
+                                    arg = at;
+                                }
+                            }
+                        }
+                    }
+                    if arg != usize::MAX {
+                        plane[arg] += grad;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The input coordinate of tap `k` of output `o` on dim `d`, if inside the input.
+fn coord(g: &Geometry, d: usize, o: usize, k: usize) -> Option<usize> {
+    let at = (o * g.stride[d]) as i64 - g.pad_begin[d] + (k * g.dilation[d]) as i64;
+    (0..g.input[d] as i64).contains(&at).then_some(at as usize)
+}
+
+impl Op for MaxPoolGrad {
+    fn name(&self) -> &str {
+        "MaxPoolGrad"
+    }
+
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
+
+    fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
+        let dtype = expect_dtype(inputs, 0, &[DType::F32, DType::F64])?;
+        let (x, dy) = (required(inputs, 0)?, required(inputs, 1)?);
+        let g = self.geometry(x.dims())?;
+        let mut want = x.dims()[..2].to_vec();
+        want.extend(g.output_dims());
+        if dy.dtype() != dtype || dy.dims() != want.as_slice() {
+            return Err(OpError::input(1, format!("dY must be {dtype}{want:?} (MaxPool's output for X {:?}), found {}", x.dims(), dy.ty)));
+        }
+        Ok(vec![x.ty.clone()])
+    }
+
+    fn cpu(&self) -> Option<&dyn CpuKernel> {
+        Some(self)
+    }
+
+    fn wgsl(&self) -> Option<&dyn WgslKernel> {
+        Some(self)
+    }
+}
+
+impl CpuKernel for MaxPoolGrad {
+    fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
+        let (x, dy) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
+        let g = self.geometry(x.dims())?;
+        match x.dtype() {
+            DType::F32 => self.run_typed(&g, x.as_slice::<f32>()?, dy.as_slice::<f32>()?, outputs[0].as_mut_slice::<f32>()?, f32::NEG_INFINITY),
+            _ => self.run_typed(&g, x.as_slice::<f64>()?, dy.as_slice::<f64>()?, outputs[0].as_mut_slice::<f64>()?, f64::NEG_INFINITY),
+        }
+        Ok(())
+    }
+}
+
+impl WgslKernel for MaxPoolGrad {
+    fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        let x = required(inputs, 0)?;
+        if x.dtype() != DType::F32 {
+            return Err(OpError::Unsupported(format!("MaxPoolGrad of {} on the GPU", x.dtype())));
+        }
+        let g = self.geometry(x.dims())?;
+        if (0..3).any(|d| g.stride[d] < (g.kernel[d] - 1) * g.dilation[d] + 1) {
+            return Err(OpError::Unsupported("MaxPoolGrad with overlapping windows runs on the CPU".into()));
+        }
+        // Each element's window (if any) per dim; then the window's maximum, found as
+        // MaxPool finds it; the element takes the window's gradient if it is that one.
+        let body = "let plane = i / (ID * IH * IW);\n    let r = i % (ID * IH * IW);\n    \
+             let c = vec3<i32>(i32(r / (IH * IW)), i32((r / IW) % IH), i32(r % IW));\n    \
+             let pad = vec3<i32>(PD, PH, PW);\n    let s = vec3<i32>(i32(SD), i32(SH), i32(SW));\n    \
+             let dl = vec3<i32>(i32(DD), i32(DH), i32(DW));\n    let k = vec3<i32>(i32(KD), i32(KH), i32(KW));\n    \
+             let on = vec3<i32>(i32(OD), i32(OH), i32(OW));\n    let off = c + pad;\n    let o = off / s;\n    let t = off - o * s;\n    \
+             dx[i] = 0.0;\n    \
+             if (any(t % dl != vec3<i32>(0)) || any(t / dl >= k) || any(o >= on)) { return; }\n    \
+             let base = plane * ID * IH * IW;\n    var best = 0.0;\n    var arg = -1;\n    \
+             for (var kd = 0; kd < k.x; kd = kd + 1) {\n        let id = o.x * s.x - pad.x + kd * dl.x;\n        \
+             if (id < 0 || id >= i32(ID)) { continue; }\n        \
+             for (var kh = 0; kh < k.y; kh = kh + 1) {\n            let ih = o.y * s.y - pad.y + kh * dl.y;\n            \
+             if (ih < 0 || ih >= i32(IH)) { continue; }\n            \
+             for (var kw = 0; kw < k.z; kw = kw + 1) {\n                let iw = o.z * s.z - pad.z + kw * dl.z;\n                \
+             if (iw < 0 || iw >= i32(IW)) { continue; }\n                \
+             let at = (id * i32(IH) + ih) * i32(IW) + iw;\n                let v = x[base + u32(at)];\n                \
+             if (arg < 0 || v > best || (ISNAN_V && !ISNAN_B)) { best = v; arg = at; }\n            }\n        }\n    }\n    \
+             if (arg == i32(r)) { dx[i] = dy[plane * OD * OH * OW + (u32(o.x) * OH + u32(o.y)) * OW + u32(o.z)]; }"
+            .replace("ISNAN_V", &elementwise::wgsl_isnan("v"))
+            .replace("ISNAN_B", &elementwise::wgsl_isnan("best"));
+        Ok(WgslProgram::single(wgsl::simple_kernel(
+            "MaxPoolGrad",
+            outputs[0].len(),
+            tune.get(&wgsl::workgroup_param()),
+            &[("x", "f32", true), ("dy", "f32", true), ("dx", "f32", false)],
+            vec![Binding::Input(0), Binding::Input(1), Binding::Output(0)],
+            &g.wgsl_consts(),
+            &body,
+        )))
+    }
+}
+
+pub(crate) fn register(r: &mut Registry) {
+    r.register("kiln", "MaxPoolGrad", |spec: &NodeSpec| {
+        let window = WindowAttrs::parse(spec)?;
+        if window.kernel.is_none() {
+            return Err(spec.bad("kernel_shape", "is required"));
+        }
+        Ok(Box::new(MaxPoolGrad { window, ceil_mode: spec.int("ceil_mode", 0)? != 0 }))
+    });
+}
