@@ -201,28 +201,24 @@ fn global_average_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool
     Ok(vec![Some(e.expand(s, &xd)?)])
 }
 
-/// The axis of Softmax/LogSoftmax and, for opset < 13 (which coerces to 2-D), the
-/// 2-D dims to compute in.
-fn softmax_axis(e: &Emit, n: &Node) -> (usize, Option<Vec<usize>>) {
+/// Softmax's and LogSoftmax's output and output gradient, as the axis they normalise
+/// over sees them (for opset < 13, which coerces to 2-D, reshaped to 2-D), that axis,
+/// and the output's dims.
+fn softmax_operands(e: &mut Emit, n: &Node, dy: &[Option<ValueId>]) -> Result<(usize, ValueId, ValueId, Vec<usize>)> {
     let dims = e.dims(n.outputs[0]);
     let r = dims.len();
+    let (y, g) = (n.outputs[0], dy[0].unwrap());
     if e.graph.opset() >= 13 {
-        (axis(int_attr(n, "axis", -1), r), None)
-    } else {
-        let a = axis(int_attr(n, "axis", 1), r);
-        (1, Some(vec![dims[..a].iter().product(), dims[a..].iter().product()]))
+        return Ok((axis(int_attr(n, "axis", -1), r), y, g, dims));
     }
+    let a = axis(int_attr(n, "axis", 1), r);
+    let flat = [dims[..a].iter().product(), dims[a..].iter().product()];
+    Ok((1, e.reshape(y, &flat)?, e.reshape(g, &flat)?, dims))
 }
 
 fn softmax(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
     // dx = y (dy - sum(dy y))
-    let (ax, flat) = softmax_axis(e, n);
-    let dims = e.dims(n.outputs[0]);
-    let (mut y, mut g) = (n.outputs[0], dy[0].unwrap());
-    if let Some(f) = &flat {
-        y = e.reshape(y, f)?;
-        g = e.reshape(g, f)?;
-    }
+    let (ax, y, g, dims) = softmax_operands(e, n, dy)?;
     let p = e.mul(g, y)?;
     let s = e.reduce_sum(p, &[ax], true)?;
     let d = e.sub(g, s)?;
@@ -232,13 +228,7 @@ fn softmax(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result
 
 fn log_softmax(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
     // dx = dy - softmax * sum(dy)
-    let (ax, flat) = softmax_axis(e, n);
-    let dims = e.dims(n.outputs[0]);
-    let (mut y, mut g) = (n.outputs[0], dy[0].unwrap());
-    if let Some(f) = &flat {
-        y = e.reshape(y, f)?;
-        g = e.reshape(g, f)?;
-    }
+    let (ax, y, g, dims) = softmax_operands(e, n, dy)?;
     let s = e.reduce_sum(g, &[ax], true)?;
     let p = e.op("Exp", &[y], &[])?;
     let ps = e.mul(p, s)?;
