@@ -68,6 +68,11 @@ fn pooling_and_norms_agree() {
         s.check(pool("AveragePool", 19).attrs(&a), Tolerance::f32(1e-6));
         s.check(pool("AveragePool", 19).attrs(&a).attr("count_include_pad", Attr::Int(1)), Tolerance::f32(1e-6));
     }
+    // Conv's filter gradient: strides, pads, dilations, groups, 1-D.
+    let cwg = |x: &[usize], dy: &[usize], a: &[(&str, Attr)]| Case::new("ConvWeightGrad").domain("kiln").input(rand_f32(x, 11)).input(rand_f32(dy, 12)).attrs(a);
+    s.check(cwg(&[2, 3, 9, 8], &[2, 4, 5, 8], &[("kernel_shape", ints(&[3, 3])), ("strides", ints(&[2, 1])), ("pads", ints(&[1, 1, 1, 1]))]), Tolerance::f32(1e-5));
+    s.check(cwg(&[3, 4, 7, 7], &[3, 6, 3, 5], &[("kernel_shape", ints(&[2, 3])), ("dilations", ints(&[2, 1])), ("strides", ints(&[2, 1])), ("group", Attr::Int(2))]), Tolerance::f32(1e-5));
+    s.check(cwg(&[2, 2, 11], &[2, 3, 3], &[("kernel_shape", ints(&[3])), ("strides", ints(&[3]))]), Tolerance::f32(1e-5));
     // MaxPool's gradient: the window maxima found again from X; ties (repeated values)
     // go to the first, as MaxPool's Indices. Overlapping windows add up (CPU).
     let ties = Tensor::from_vec(&[2, 3, 15, 14], (0..2 * 3 * 15 * 14).map(|i| ((i * 7) % 5) as f32).collect()).unwrap();

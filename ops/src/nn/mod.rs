@@ -50,6 +50,7 @@ mod layer_norm;
 mod linear_attention;
 mod lp_norm;
 mod lrn;
+mod conv_weight_grad;
 mod max_pool_grad;
 mod max_unpool;
 mod non_max_suppression;
@@ -101,6 +102,7 @@ pub(crate) fn register(r: &mut Registry) {
     roi_align::register(r);
     max_unpool::register(r);
     max_pool_grad::register(r);
+    conv_weight_grad::register(r);
     col2im::register(r);
     affine_grid::register(r);
 }

@@ -1,5 +1,5 @@
 //! Neural-network ops: convolution (data gradient as ConvTranspose, weight gradient
-//! as a convolution of the input by the output gradient), max pooling
+//! by kiln.ConvWeightGrad), max pooling
 //! (kiln.MaxPoolGrad), average pooling, softmax and log-softmax.
 //!
 //! BatchNormalization in training mode and LayerNormalization are lowered to
@@ -75,15 +75,15 @@ fn conv(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Result
         None
     };
     let dw = if need[1] {
-        let (cin, cout) = (xd[1], dyd[1]);
-        let (cin_g, cout_g) = (cin / g.group, cout / g.group);
-        let mut parts = vec![];
-        for gi in 0..g.group {
-            let xg = channel_slice(e, x, gi * cin_g, cin_g)?;
-            let dyg = channel_slice(e, dy, gi * cout_g, cout_g)?;
-            parts.push(weight_gradient(e, xg, dyg, &g)?);
-        }
-        Some(if parts.len() == 1 { parts[0] } else { e.op("Concat", &parts, &[("axis", Attr::Int(0))])? })
+        let mut attrs = vec![
+            ("kernel_shape", ints(&g.kernel)),
+            ("strides", ints(&g.strides)),
+            ("dilations", ints(&g.dilations)),
+            ("pads", ints(&g.pads)),
+            ("group", Attr::Int(g.group as i64)),
+        ];
+        attrs.retain(|(_, v)| !matches!(v, Attr::Ints(x) if x.is_empty()));
+        Some(e.node("kiln", "ConvWeightGrad", &[Some(x), Some(dy)], &attrs, 1)?[0])
     } else {
         None
     };
@@ -94,39 +94,6 @@ fn conv(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Result
         None
     };
     Ok(vec![dx, dw, db])
-}
-
-/// Channels `[start, start + len)` of an `[N, C, ...]` value.
-fn channel_slice(e: &mut Emit, v: ValueId, start: usize, len: usize) -> Result<ValueId> {
-    if start == 0 && len == e.dims(v)[1] {
-        return Ok(v);
-    }
-    let (s, en, ax) = (e.ints(&[start as i64]), e.ints(&[(start + len) as i64]), e.ints(&[1]));
-    e.op("Slice", &[v, s, en, ax], &[])
-}
-
-/// dW[o, i, k] = sum over n and output pixels of dY[n, o, p] X[n, i, p * s + k * d - pad]:
-/// a convolution of X (channels as batch) by dY (batch as channels), with stride and
-/// dilation exchanged, cut to the kernel's size.
-fn weight_gradient(e: &mut Emit, x: ValueId, dy: ValueId, g: &ConvGeometry) -> Result<ValueId> {
-    let r = e.rank(x);
-    let mut perm: Vec<usize> = (0..r).collect();
-    perm.swap(0, 1);
-    let xt = e.transpose(x, &perm)?;
-    let dyt = e.transpose(dy, &perm)?;
-    let attrs = [("strides", ints(&g.dilations)), ("dilations", ints(&g.strides)), ("pads", ints(&g.pads))];
-    let c = e.op("Conv", &[xt, dyt], &attrs)?;
-    let cd = e.dims(c);
-    let c = if cd[2..] != g.kernel[..] {
-        let sp = g.kernel.len();
-        let starts = e.ints(&vec![0; sp]);
-        let ends = e.ints(&g.kernel.iter().map(|&k| k as i64).collect::<Vec<_>>());
-        let axes = e.ints(&(2..2 + sp as i64).collect::<Vec<_>>());
-        e.op("Slice", &[c, starts, ends, axes], &[])?
-    } else {
-        c
-    };
-    e.transpose(c, &perm)
 }
 
 /// The gradient goes to each window's maximum: kiln.MaxPoolGrad finds it again from X.
