@@ -8,6 +8,7 @@
 //! GPU: one invocation per element of `dX`, for windows that do not overlap (each
 //! element in at most one window, so no two invocations write one element); pooling
 //! with overlapping windows runs on the CPU.
+use super::pool::tap_range;
 use super::window::{Geometry, WindowAttrs};
 use crate::cpu::{self, CpuKernel};
 use crate::elementwise;
@@ -34,22 +35,35 @@ impl MaxPoolGrad {
     /// Adds each window's gradient to its maximum, plane by plane.
     fn run_typed<T: Copy + PartialOrd + std::ops::AddAssign + Default + Send + Sync>(&self, g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], neg_inf: T) {
         let (in_size, out_size) = (g.input_size(), g.output_size());
+        // Per dim and output coordinate: the window's first input coordinate and its
+        // taps inside the input.
+        let ranges: Vec<Vec<(i64, usize, usize)>> = (0..3)
+            .map(|d| {
+                (0..g.output[d])
+                    .map(|o| {
+                        let start = (o * g.stride[d]) as i64 - g.pad_begin[d];
+                        let (lo, hi) = tap_range(g, d, start);
+                        (start, lo, hi)
+                    })
+                    .collect()
+            })
+            .collect();
         cpu::par_chunks_mut(dx, in_size, out_size * g.kernel_size(), |first, part| {
             for (i, plane) in part.chunks_mut(in_size).enumerate() {
                 let p = first + i;
                 plane.iter_mut().for_each(|v| *v = T::default());
                 let (xc, gc) = (&x[p * in_size..][..in_size], &dy[p * out_size..][..out_size]);
                 for (o, &grad) in gc.iter().enumerate() {
-                    let oc = [o / (g.output[1] * g.output[2]), o / g.output[2] % g.output[1], o % g.output[2]];
+                    let [(sd, d0, d1), (sh, h0, h1), (sw, w0, w1)] =
+                        [ranges[0][o / (g.output[1] * g.output[2])], ranges[1][o / g.output[2] % g.output[1]], ranges[2][o % g.output[2]]];
                     let mut best = neg_inf;
                     let mut arg = usize::MAX;
-                    for kd in 0..g.kernel[0] {
-                        let Some(id) = coord(g, 0, oc[0], kd) else { continue };
-                        for kh in 0..g.kernel[1] {
-                            let Some(ih) = coord(g, 1, oc[1], kh) else { continue };
-                            for kw in 0..g.kernel[2] {
-                                let Some(iw) = coord(g, 2, oc[2], kw) else { continue };
-                                let at = (id * g.input[1] + ih) * g.input[2] + iw;
+                    for kd in d0..d1 {
+                        let id = (sd + (kd * g.dilation[0]) as i64) as usize;
+                        for kh in h0..h1 {
+                            let row = (id * g.input[1] + (sh + (kh * g.dilation[1]) as i64) as usize) * g.input[2];
+                            for kw in w0..w1 {
+                                let at = row + (sw + (kw * g.dilation[2]) as i64) as usize;
                                 let v = xc[at];
                                 // MaxPool's rule: strictly larger wins, the first NaN stays.
                                 #[allow(clippy::eq_op)]
@@ -67,12 +81,6 @@ impl MaxPoolGrad {
             }
         });
     }
-}
-
-/// The input coordinate of tap `k` of output `o` on dim `d`, if inside the input.
-fn coord(g: &Geometry, d: usize, o: usize, k: usize) -> Option<usize> {
-    let at = (o * g.stride[d]) as i64 - g.pad_begin[d] + (k * g.dilation[d]) as i64;
-    (0..g.input[d] as i64).contains(&at).then_some(at as usize)
 }
 
 impl Op for MaxPoolGrad {

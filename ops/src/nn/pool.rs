@@ -521,7 +521,7 @@ fn d_trivial(g: &Geometry) -> bool {
 }
 
 /// Taps `k` of dim `d` whose position `start + k*dilation` is inside the input.
-fn tap_range(g: &Geometry, d: usize, start: i64) -> (usize, usize) {
+pub(super) fn tap_range(g: &Geometry, d: usize, start: i64) -> (usize, usize) {
     let dil = g.dilation[d] as i64;
     let lo = if start >= 0 { 0 } else { (-start + dil - 1) / dil };
     let last = g.input[d] as i64 - 1 - start;
