@@ -164,7 +164,7 @@ fn labels(y: Tensor, loss: &Loss, classes: usize, ignore: Option<i64>) -> Result
             }
             let v = y.to_i64_vec()?;
             if let Some((i, l)) = v.iter().enumerate().find(|(_, &l)| Some(l) != ignore && (l < 0 || l as usize >= classes)) {
-                bail!("label {l} of sample {i} is not a class of the model's {classes} (0 to {})", classes - 1);
+                bail!("label {l} of sample {i} is not a class of the model's {classes} (0 to {})", classes.saturating_sub(1));
             }
             Ok(Tensor::from_vec(y.dims(), v)?)
         }
@@ -202,6 +202,9 @@ pub fn main(a: Args) -> Result<()> {
     let opt = optimizer(&a)?;
     if a.batch == 0 {
         bail!("--batch must be at least 1");
+    }
+    if !(a.lr.is_finite() && a.lr >= 0.0) {
+        bail!("--lr must be a finite number of at least 0, found {}", a.lr);
     }
     let decay: Decay = a.schedule.parse().map_err(anyhow::Error::msg)?;
     let (x, y) = read_xy(&a.data, "train")?;
