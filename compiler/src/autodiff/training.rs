@@ -254,9 +254,9 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
             next_of(&mut e, sv, ns, StateKind::Slot { param: pname.clone(), slot: sname }, Tensor::zeros(dtype, &dims), &mut state);
         }
     }
-    for (v, _node, out) in &buffers {
+    for (v, node, out) in &buffers {
         let Some(t) = initial.remove(v) else { continue };
-        let bn_out = forward.nodes[*_node].outputs[*out];
+        let bn_out = forward.nodes[*node].outputs[*out];
         let next = *subst.get(&bn_out).ok_or_else(|| model_err(format!("running statistic '{}' has no update", forward.values[*v].name)))?;
         next_of(&mut e, *v, next, StateKind::Buffer, t, &mut state);
     }
