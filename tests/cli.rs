@@ -540,8 +540,7 @@ fn profile_writes_a_chrome_trace_with_a_slice_per_kernel() {
 }
 
 fn training(path: &str) -> String {
-    let p = std::env::var_os("KILN_TRAINING").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/training"));
-    p.join(path).to_str().unwrap().to_string()
+    training_dir().join(path).to_str().unwrap().to_string()
 }
 
 /// `kiln train` learns: lenet on the digits reaches 97% test accuracy in 200 steps,

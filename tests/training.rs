@@ -15,9 +15,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 fn training() -> PathBuf {
-    let p = std::env::var_os("KILN_TRAINING").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/training"));
-    assert!(p.is_dir(), "\n\n!!! The training references are missing at {}: put ../shared beside this repository or set KILN_TRAINING.\n", p.display());
-    p
+    training_dir()
 }
 
 fn f(v: &Value, k: &str) -> f64 {

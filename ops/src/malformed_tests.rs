@@ -1,5 +1,5 @@
 //! Malformed and unusual inputs never panic: each op of the signal, random, ml and
-//! training families, of the string ops and of onnxruntime's attention contrib ops is run from a valid
+//! training families (kiln's backward ops among them), of the string ops and of onnxruntime's attention contrib ops is run from a valid
 //! case with one thing changed at a time (an input of another rank, dtype or shape,
 //! empty, omitted, constant, filled with extreme values; an attribute missing, of
 //! another type or out of range), and must give outputs or an error, never a panic.
@@ -30,6 +30,12 @@ fn valid_cases() -> Vec<Case> {
     cases.push(Case::new("RandomNormalLike").input(rand(DType::F16, &[2, 5], 1)).attr("seed", Attr::Float(1.0)));
     cases.push(Case::new("RandomUniform").attrs(&[("shape", ints(&[4, 5])), ("low", Attr::Float(-2.0)), ("high", Attr::Float(3.0)), ("seed", Attr::Float(1.0))]));
     cases.push(Case::new("RandomUniformLike").input(i64_vec(&[1, 2])).attr("dtype", Attr::Int(1)));
+    // Training's backward ops (they can also appear in a model someone writes).
+    let kiln = |op: &str| Case::new(op).domain("kiln").opset(1);
+    cases.push(kiln("DropoutMask").constant(i64_vec(&[3, 4])).input(Tensor::scalar(7i64)).attrs(&[("ratio", Attr::Float(0.25)), ("stream", Attr::Int(1))]));
+    let pool = [("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2]))];
+    cases.push(kiln("MaxPoolGrad").input(rand(DType::F32, &[1, 2, 4, 6], 10)).input(rand(DType::F32, &[1, 2, 2, 3], 11)).attrs(&pool));
+    cases.push(kiln("ConvWeightGrad").input(rand(DType::F32, &[2, 2, 5, 5], 12)).input(rand(DType::F32, &[2, 4, 3, 3], 13)).attrs(&[("kernel_shape", ints(&[3, 3])), ("group", Attr::Int(2))]));
     let ml = |op: &str| Case::new(op).domain("ai.onnx.ml").opset(1);
     cases.push(ml("ArrayFeatureExtractor").input(iota_f32(&[2, 3, 4])).input(i64_vec(&[3, 0, 3])));
     cases.push(ml("ArrayFeatureExtractor").input(iota_f32(&[2, 3, 4])).constant(i64_vec(&[1])));

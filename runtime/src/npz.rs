@@ -55,6 +55,9 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, NpyError> {
             let mut e = 0;
             while e + 4 <= extra.len() {
                 let (id, len) = (u16_at(extra, e)?, u16_at(extra, e + 2)? as usize);
+                if e + 4 + len > extra.len() {
+                    return Err(invalid(format!("entry '{name}': its extra field runs past its end")));
+                }
                 if id == 1 && len >= 16 {
                     size = u64::from_le_bytes(extra[e + 12..e + 20].try_into().expect("8 bytes"));
                 }

@@ -128,7 +128,7 @@ fn read_xy(dir: &Path, prefix: &str) -> Result<(Tensor, Tensor)> {
 }
 
 /// Rows `rows` of `t`.
-fn rows(t: &Tensor, rows: &[usize]) -> Tensor {
+fn rows(t: &Tensor, rows: &[usize]) -> Result<Tensor> {
     let row: usize = t.dims()[1..].iter().product::<usize>() * t.dtype().size();
     let mut bytes = Vec::with_capacity(rows.len() * row);
     for &r in rows {
@@ -136,7 +136,7 @@ fn rows(t: &Tensor, rows: &[usize]) -> Tensor {
     }
     let mut dims = t.dims().to_vec();
     dims[0] = rows.len();
-    Tensor::from_bytes(t.dtype(), &dims, &bytes).expect("rows of a tensor")
+    Tensor::from_bytes(t.dtype(), &dims, &bytes).with_context(|| format!("cannot take rows of a {} array", t.dtype()))
 }
 
 /// The sample indices of step `k` (0-based): epoch `k / per_epoch`, shuffled by a
@@ -265,7 +265,7 @@ pub fn main(a: Args) -> Result<()> {
     while trainer.steps_done() < total {
         let k = trainer.steps_done();
         let idx = batch_indices(k, per_epoch, a.batch, samples, a.seed);
-        let (xb, yb) = (rows(&x, &idx), rows(&y, &idx));
+        let (xb, yb) = (rows(&x, &idx)?, rows(&y, &idx)?);
         let rep = match trainer.step(&[(input_name.as_str(), &xb)], &yb) {
             Ok(r) => r,
             Err(e) => {
@@ -300,7 +300,7 @@ pub fn main(a: Args) -> Result<()> {
     }
     if a.profile {
         let idx = batch_indices(trainer.steps_done(), per_epoch, a.batch, samples, a.seed);
-        let trace = trainer.trace_step(&[(input_name.as_str(), &rows(&x, &idx))], &rows(&y, &idx))?;
+        let trace = trainer.trace_step(&[(input_name.as_str(), &rows(&x, &idx)?)], &rows(&y, &idx)?)?;
         let mut slices: Vec<_> = trace.slices.iter().filter(|s| s.category != "host").collect();
         slices.sort_by(|p, q| q.duration.cmp(&p.duration));
         let total: f64 = slices.iter().map(|s| s.duration.as_secs_f64()).sum();
@@ -312,7 +312,7 @@ pub fn main(a: Args) -> Result<()> {
     }
     let memory = {
         let idx = batch_indices(0, per_epoch, a.batch, samples, a.seed);
-        trainer.memory_report(&[(input_name.as_str(), &rows(&x, &idx))])?
+        trainer.memory_report(&[(input_name.as_str(), &rows(&x, &idx)?)])?
     };
     let eval = match &a.eval {
         Some(dir) => Some(evaluate(&trainer, dir, &loss, classes, &a)?),
@@ -359,7 +359,7 @@ fn evaluate(t: &Trainer, dir: &Path, loss: &Loss, classes: usize, a: &Args) -> R
     let chunk = 256;
     for start in (0..n).step_by(chunk) {
         let idx: Vec<usize> = (start..(start + chunk).min(n)).collect();
-        let (xb, yb) = (rows(&x, &idx), rows(&y, &idx));
+        let (xb, yb) = (rows(&x, &idx)?, rows(&y, &idx)?);
         let out = session.run(&[(input.as_str(), &xb)]).map_err(TrainError::from)?;
         let pred = out[0].to_f64_vec();
         match loss {

@@ -149,27 +149,18 @@ impl Trainer {
             };
             passes::optimize_for(&mut graph, target);
         }
-        let label_ty = {
-            let v = graph.find_value(&tg.label).expect("the label input");
-            let t = graph.values[v].ty.as_ref().expect("typed");
-            TensorType::new(t.dtype, t.shape.as_fixed().expect("a fixed label shape"))
-        };
-        let prediction = {
-            let v = graph.find_value(&tg.prediction).expect("the prediction output");
-            let t = graph.values[v].ty.as_ref().expect("typed");
-            TensorType::new(t.dtype, t.shape.as_fixed().expect("a fixed prediction shape"))
-        };
         let session = Session::new(graph, SessionOptions { threads: options.threads, ..SessionOptions::device(options.device.clone()) })?;
         let names = session.output_names();
-        let pos = |n: &str| names.iter().position(|o| o == n).expect("a training graph output");
-        let outputs = (pos(&tg.loss), pos(&tg.prediction), tg.state.iter().map(|s| pos(&s.next)).collect());
-        let data_inputs = tg.data_inputs.iter().map(|n| inputs.iter().find(|(i, _)| i == n).cloned().expect("typed by the config")).collect();
+        let pos = |n: &str| names.iter().position(|o| o == n).ok_or_else(|| AutodiffError::Model(format!("the compiled training step lost its output '{n}'")));
+        let outputs = (pos(&tg.loss)?, pos(&tg.prediction)?, tg.state.iter().map(|s| pos(&s.next)).collect::<Result<_, _>>()?);
+        // `build` checked that every data input has a type in `inputs`.
+        let data_inputs = inputs.iter().filter(|(n, _)| tg.data_inputs.contains(n)).cloned().collect();
         Ok(Trainer {
             session,
             forward: forward.clone(),
             data_inputs,
-            label: (tg.label, label_ty),
-            prediction,
+            label: (tg.label, tg.label_type),
+            prediction: tg.prediction_type,
             state: tg.state.iter().map(|s| s.initial.clone()).collect(),
             state_vars: tg.state,
             step: 0,

@@ -20,6 +20,14 @@ pub fn zoo() -> PathBuf {
     p
 }
 
+/// The training references: $KILN_TRAINING, default ../shared/training. Panics loudly
+/// when missing.
+pub fn training_dir() -> PathBuf {
+    let p = std::env::var_os("KILN_TRAINING").map(PathBuf::from).unwrap_or_else(|| workspace().join("../shared/training"));
+    assert!(p.is_dir(), "\n\n!!! The training references are missing at {}: put ../shared beside this repository or set KILN_TRAINING.\n", p.display());
+    p
+}
+
 /// onnxruntime's transformer-optimized zoo models: $KILN_OPTIMIZED_ZOO, default
 /// .cache/optimized-zoo (scripts/optimize_transformers.py writes it; scripts/test.sh
 /// runs that). Panics loudly when the model is missing.

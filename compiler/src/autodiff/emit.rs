@@ -16,12 +16,15 @@ pub struct Emit<'g> {
 
 impl<'g> Emit<'g> {
     /// `types[v]` is the concrete type of value `v` (every value a rule may read).
-    pub fn new(graph: &'g mut Graph, types: Vec<Option<TensorType>>, registry: &'g Registry) -> Emit<'g> {
+    /// Weights missing from `types` take their own type.
+    pub fn new(graph: &'g mut Graph, mut types: Vec<Option<TensorType>>, registry: &'g Registry) -> Emit<'g> {
+        types.resize(types.len().max(graph.values.len()), None);
+        for (&v, t) in &graph.initializers {
+            if types[v].is_none() {
+                types[v] = Some(TensorType::new(t.dtype(), t.dims().to_vec()));
+            }
+        }
         Emit { graph, types, registry, scope: String::new(), counter: 0 }
-    }
-
-    pub fn into_types(self) -> Vec<Option<TensorType>> {
-        self.types
     }
 
     /// Names the nodes added from now on `{scope}/...`.

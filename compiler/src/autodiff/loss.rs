@@ -26,7 +26,7 @@ impl Loss {
     /// The label input's dtype and dims for a prediction of `dims`.
     pub fn label_type(&self, pred_dtype: DType, dims: &[usize]) -> (DType, Vec<usize>) {
         match self {
-            Loss::CrossEntropy { .. } => (DType::I64, dims[..dims.len() - 1].to_vec()),
+            Loss::CrossEntropy { .. } => (DType::I64, dims[..dims.len().saturating_sub(1)].to_vec()),
             Loss::MeanSquaredError => (pred_dtype, dims.to_vec()),
         }
     }

@@ -69,12 +69,15 @@ pub struct TrainingGraph {
     pub data_inputs: Vec<String>,
     /// The label input (integer classes or a float target, as the loss says).
     pub label: String,
+    pub label_type: TensorType,
     /// The optimizer's per-step scalar inputs ([`Optimizer::hyper_inputs`]).
     pub hyper: Vec<String>,
     pub state: Vec<StateVar>,
     /// Output names of the loss and the prediction.
     pub loss: String,
     pub prediction: String,
+    /// The prediction's type for this batch.
+    pub prediction_type: TensorType,
     /// Each parameter's gradient (names of values of `graph`), in reverse layer order.
     pub gradients: Vec<(String, String)>,
     /// The int64 scalar input that seeds training-mode dropout, when there is some: a
@@ -179,6 +182,20 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         g.initializers.insert(v, t);
     }
 
+    // Every value the sweep may read has its concrete type (the running-statistic
+    // outputs of BatchNormalization excepted: lowering replaces them).
+    let typed = |v: usize| spec.types.get(v).is_some_and(|t| t.is_some()) || g.initializers.contains_key(&v);
+    for n in &g.nodes {
+        let stats = if n.op_type == "BatchNormalization" && is_training_bn(n) { &n.outputs[1.min(n.outputs.len())..] } else { &[][..] };
+        let untyped = n.inputs.iter().flatten().chain(n.outputs.iter().filter(|o| !stats.contains(o))).find(|&&v| !typed(v));
+        if let Some(&v) = untyped {
+            return Err(model_err(format!("node '{}' ({}): value '{}' has no type for this batch", n.name, n.op_type, g.values[v].name)));
+        }
+    }
+    if !typed(pred) {
+        return Err(model_err(format!("the output '{}' has no type for this batch", g.values[pred].name)));
+    }
+
     let mut e = Emit::new(&mut g, spec.types, registry);
     let lowered = lower(&mut e)?;
     let subst = lowered.subst;
@@ -204,7 +221,8 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     let pred_ty = e.ty(pred).clone();
     e.graph.values[pred].ty = Some(ValueType::new(pred_ty.dtype, pred_ty.dims.clone()));
     let (ldtype, ldims) = config.loss.label_type(pred_ty.dtype, &pred_ty.dims);
-    let label = e.value_of_type(LABEL, TensorType::new(ldtype, ldims));
+    let label_type = TensorType::new(ldtype, ldims);
+    let label = e.value_of_type(LABEL, label_type.clone());
     e.graph.inputs.push(label);
     let loss = config.loss.emit(&mut e, pred, label)?;
     e.graph.values[loss].name = LOSS.into();
@@ -267,6 +285,8 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     Ok(TrainingGraph {
         data_inputs: data_inputs.iter().map(|&v| g.values[v].name.clone()).collect(),
         label: LABEL.into(),
+        label_type,
+        prediction_type: pred_ty,
         hyper: opt.hyper_names().into_iter().map(String::from).collect(),
         loss: LOSS.into(),
         prediction: g.values[pred].name.clone(),

@@ -55,6 +55,10 @@ impl ConvWeightGrad {
         let (cg, mg) = (s.c / groups, s.m / groups);
         let (plane_in, p) = (g.input_size(), g.output_size());
         let kc = cg * g.kernel_size();
+        if p == 0 || kc == 0 || s.n == 0 {
+            dw.iter_mut().for_each(|v| *v = 0.0);
+            return;
+        }
         // Fixed chunks of images; each chunk's partial dW, added in chunk order.
         let chunks = s.n.min(cpu::threads().max(1) * 2).max(1);
         let per = s.n.div_ceil(chunks);
@@ -187,6 +191,15 @@ impl WgslKernel for ConvWeightGrad {
         }
         let s = self.shape(x.dims(), dy.dims())?;
         let p = s.g.output_size();
+        let n_out = outputs[0].len();
+        if n_out == 0 {
+            return Ok(WgslProgram::default());
+        }
+        if s.n * p * s.g.input_size() == 0 {
+            // Nothing to sum: the gradient is zero.
+            let buffers = [("dw", "f32", false)];
+            return Ok(WgslProgram::single(wgsl::simple_kernel("ConvWeightGrad", n_out, tune.get(&wgsl::workgroup_param()), &buffers, vec![Binding::Output(0)], "", "dw[i] = 0.0;")));
+        }
         if s.n * p > wgsl::MAX_LOOP_ITERATIONS {
             return Err(OpError::Unsupported(format!(
                 "ConvWeightGrad sums {} products per filter element, beyond the GPU loop budget of {}; it runs on the CPU",

@@ -8,7 +8,7 @@
 //! GPU: one invocation per element of `dX`, for windows that do not overlap (each
 //! element in at most one window, so no two invocations write one element); pooling
 //! with overlapping windows runs on the CPU.
-use super::pool::tap_range;
+use super::pool::window_ranges;
 use super::window::{Geometry, WindowAttrs};
 use crate::cpu::{self, CpuKernel};
 use crate::elementwise;
@@ -35,19 +35,10 @@ impl MaxPoolGrad {
     /// Adds each window's gradient to its maximum, plane by plane.
     fn run_typed<T: Copy + PartialOrd + std::ops::AddAssign + Default + Send + Sync>(&self, g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], neg_inf: T) {
         let (in_size, out_size) = (g.input_size(), g.output_size());
-        // Per dim and output coordinate: the window's first input coordinate and its
-        // taps inside the input.
-        let ranges: Vec<Vec<(i64, usize, usize)>> = (0..3)
-            .map(|d| {
-                (0..g.output[d])
-                    .map(|o| {
-                        let start = (o * g.stride[d]) as i64 - g.pad_begin[d];
-                        let (lo, hi) = tap_range(g, d, start);
-                        (start, lo, hi)
-                    })
-                    .collect()
-            })
-            .collect();
+        if in_size == 0 {
+            return;
+        }
+        let ranges = window_ranges(g);
         cpu::par_chunks_mut(dx, in_size, out_size * g.kernel_size(), |first, part| {
             for (i, plane) in part.chunks_mut(in_size).enumerate() {
                 let p = first + i;
@@ -132,6 +123,9 @@ impl WgslKernel for MaxPoolGrad {
             return Err(OpError::Unsupported(format!("MaxPoolGrad of {} on the GPU", x.dtype())));
         }
         let g = self.geometry(x.dims())?;
+        if outputs[0].is_empty() {
+            return Ok(WgslProgram::default());
+        }
         if (0..3).any(|d| g.stride[d] < (g.kernel[d] - 1) * g.dilation[d] + 1) {
             return Err(OpError::Unsupported("MaxPoolGrad with overlapping windows runs on the CPU".into()));
         }

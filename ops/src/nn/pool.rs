@@ -178,17 +178,7 @@ impl Pool {
         let (in_size, out_size) = (g.input_size(), g.output_size());
         let [_, oh_n, ow_n] = g.output;
         // Per-dim tap ranges and divisors, precomputed per output coordinate.
-        let ranges: Vec<Vec<(i64, usize, usize)>> = (0..3)
-            .map(|d| {
-                (0..g.output[d])
-                    .map(|o| {
-                        let start = (o * g.stride[d]) as i64 - g.pad_begin[d];
-                        let (klo, khi) = tap_range(g, d, start);
-                        (start, klo, khi)
-                    })
-                    .collect()
-            })
-            .collect();
+        let ranges = window_ranges(g);
         let divisors: Vec<Vec<usize>> =
             (0..3).map(|d| (0..g.output[d]).map(|o| self.divisor_taps(g, d, o)).collect()).collect();
         let kind = self.kind;
@@ -520,8 +510,24 @@ fn d_trivial(g: &Geometry) -> bool {
     g.kernel[0] == 1 && g.stride[0] == 1 && g.pad_begin[0] == 0 && g.input[0] == g.output[0]
 }
 
+/// For each dim and output coordinate: the window's first input coordinate and the
+/// range of its taps that land inside the input.
+pub(super) fn window_ranges(g: &Geometry) -> Vec<Vec<(i64, usize, usize)>> {
+    (0..3)
+        .map(|d| {
+            (0..g.output[d])
+                .map(|o| {
+                    let start = (o * g.stride[d]) as i64 - g.pad_begin[d];
+                    let (lo, hi) = tap_range(g, d, start);
+                    (start, lo, hi)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Taps `k` of dim `d` whose position `start + k*dilation` is inside the input.
-pub(super) fn tap_range(g: &Geometry, d: usize, start: i64) -> (usize, usize) {
+fn tap_range(g: &Geometry, d: usize, start: i64) -> (usize, usize) {
     let dil = g.dilation[d] as i64;
     let lo = if start >= 0 { 0 } else { (-start + dil - 1) / dil };
     let last = g.input[d] as i64 - 1 - start;

@@ -150,7 +150,7 @@ fn run_f32(kind: ReduceKind, layout: &ReduceLayout, xs: &[f32], out: &mut [f32])
     // Per-channel sums over batch and pixels (normalisation statistics, bias
     // gradients): one pass in memory order, each row summed then added to its channel.
     if let (ReduceKind::Sum | ReduceKind::Mean, Some((a, mid, b))) = (kind, layout.around_middle()) {
-        if xs.len() <= 1 << 20 && out.len() == mid {
+        if xs.len() <= 1 << 20 && out.len() == mid && mid > 0 && b > 0 {
             let mut acc = vec![0f64; mid];
             for (k, row) in xs.chunks_exact(b).enumerate() {
                 acc[k % mid] += row.iter().map(|&v| v as f64).sum::<f64>();
