@@ -240,6 +240,13 @@ fn data_movement() {
     check_grad("Split", &[("axis", Attr::Int(1))], &[rand(&[2, 5]), ints(&[2, 3])], 2);
     check_grad("Slice", &[], &[rand(&[4, 5]), ints(&[1, -4]), ints(&[3, 100]), ints(&[0, 1])], 1);
     check_grad("Gather", &[], &[rand(&[5, 3]), In::Const(Tensor::from_vec(&[2, 3], vec![0i64, 4, 0, 2, -1, 0]).unwrap())], 1);
+    // Another axis (repeats, a negative index), and int32 indices.
+    let idx = In::Const(Tensor::from_vec(&[2, 2], vec![1i64, 3, 1, -1]).unwrap());
+    check_grad("Gather", &[("axis", Attr::Int(1))], &[rand(&[2, 4, 3]), idx], 1);
+    check_grad("Gather", &[("axis", Attr::Int(-1))], &[rand(&[3, 5]), In::Const(Tensor::from_vec(&[3], vec![4i32, 0, 4]).unwrap())], 1);
+    // Steps other than 1: every other element, reversed, with negative starts.
+    check_grad("Slice", &[], &[rand(&[5, 7]), ints(&[0, -1]), ints(&[5, 0]), ints(&[0, 1]), ints(&[2, -2])], 1);
+    check_grad("Slice", &[], &[rand(&[4, 3, 6]), ints(&[-1]), ints(&[-100]), ints(&[2]), ints(&[-1])], 1);
     check_grad("Expand", &[], &[rand(&[3, 1]), ints(&[2, 3, 4])], 1);
     check_grad("Trilu", &[("upper", Attr::Int(0))], &[rand(&[2, 3, 4]), In::Const(Tensor::scalar(1i64))], 1);
     check_grad("Trilu", &[], &[rand(&[4, 3])], 1);

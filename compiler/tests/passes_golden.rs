@@ -214,6 +214,23 @@ fn simplify_algebra() {
 }
 
 #[test]
+fn broadcast_expand() {
+    let mut b = GraphBuilder::new("expand");
+    let x = x_input(&mut b, &[3, 4]);
+    let axes = b.constant("axes", Tensor::from_vec(&[1], vec![2i64]).unwrap());
+    let s = b.node("ReduceSum", &[x, axes], &[("keepdims", Attr::Int(1))]);
+    let shape = b.node("Shape", &[x], &[]);
+    let e = b.node("Expand", &[s, shape], &[]);
+    // x has the result's shape: the Add reads s.
+    let y = b.node("Add", &[x, e], &[]);
+    // A [3, 1] operand does not: the Mul keeps the Expand.
+    let c = b.constant("c", t(&[3, 1], 2));
+    let z = b.node("Mul", &[e, c], &[]);
+    let g = finish(b, &[(y, "y"), (z, "z")]);
+    assert_eq!(golden("broadcast_expand", g, passes::broadcast_expand, &[2, 3, 4]), 1);
+}
+
+#[test]
 fn eliminate_dead() {
     let mut b = GraphBuilder::new("dead");
     let x = x_input(&mut b, &[4]);

@@ -17,7 +17,7 @@ fn time(mut f: impl FnMut()) -> f64 {
 
 fn main() {
     // (m, n, k): resnet18's 3x3 layers as out-channels x pixels x (in-channels * 9).
-    for &(m, n, k) in &[(64, 3136, 576), (128, 784, 1152), (256, 196, 2304), (512, 49, 4608), (128, 512, 128)] {
+    for &(m, n, k) in &[(64, 3136, 576), (128, 784, 1152), (256, 196, 2304), (512, 49, 4608), (128, 512, 128), (32, 256, 144), (32, 144, 256)] {
         let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
         let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
         let mut c = vec![0f32; m * n];

@@ -39,6 +39,35 @@ pub fn broadcast_strides(dims: &[usize], out: &[usize]) -> Vec<usize> {
         .collect()
 }
 
+/// Merges adjacent dims of `out` that every input walks the same way (contiguously, or
+/// broadcast along both), and drops dims of size 1: the same walk over fewer, longer
+/// dims. Returns the merged dims and each input's strides over them.
+pub fn collapse(out: &[usize], in_strides: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let mut dims: Vec<usize> = vec![];
+    let mut st: Vec<Vec<usize>> = vec![vec![]; in_strides.len()];
+    for d in 0..out.len() {
+        if out[d] == 1 {
+            continue;
+        }
+        let merge = !dims.is_empty() && in_strides.iter().zip(&st).all(|(s, m)| *m.last().expect("one per dim") == s[d] * out[d]);
+        if merge {
+            *dims.last_mut().expect("not empty") *= out[d];
+            for (m, s) in st.iter_mut().zip(in_strides) {
+                *m.last_mut().expect("one per dim") = s[d];
+            }
+        } else {
+            dims.push(out[d]);
+            for (m, s) in st.iter_mut().zip(in_strides) {
+                m.push(s[d]);
+            }
+        }
+    }
+    if dims.is_empty() {
+        return (vec![1], vec![vec![0]; in_strides.len()]);
+    }
+    (dims, st)
+}
+
 /// Iterates, in row-major order over `out`, the offset into each input given their
 /// broadcast strides, calling `f(out_index, offsets)`. Walks an odometer, so it costs a
 /// few adds per element; kernels call it per contiguous chunk via [`for_each_offset_in`].
@@ -91,6 +120,27 @@ pub fn for_each_offset_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn collapse_merges_dims_walked_alike() {
+        // A per-channel operand of NCHW: H and W merge, N and C stay apart.
+        let out = [2, 3, 4, 5];
+        let (dims, st) = collapse(&out, &[strides(&out), broadcast_strides(&[1, 3, 1, 1], &out)]);
+        assert_eq!(dims, vec![2, 3, 20]);
+        assert_eq!(st, vec![vec![60, 20, 1], vec![0, 1, 0]]);
+        // Size-1 dims drop out; a scalar walk is one element.
+        let (dims, st) = collapse(&[1, 6, 1], &[vec![0, 1, 0]]);
+        assert_eq!((dims, st), (vec![6], vec![vec![1]]));
+        assert_eq!(collapse(&[1, 1], &[vec![0, 0]]), (vec![1], vec![vec![0]]));
+        // The walk visits the same offsets as the uncollapsed one.
+        let out = [3, 1, 4, 2];
+        let ins = [broadcast_strides(&[3, 1, 1, 2], &out), broadcast_strides(&[4, 1], &out)];
+        let (mut a, mut b) = (vec![], vec![]);
+        for_each_offset(&out, &ins, |_, o| a.push(o.to_vec()));
+        let (dims, st) = collapse(&out, &ins);
+        for_each_offset(&dims, &st, |_, o| b.push(o.to_vec()));
+        assert_eq!(a, b);
+    }
 
     #[test]
     fn broadcasting() {

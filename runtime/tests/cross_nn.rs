@@ -54,6 +54,10 @@ fn conv_transpose_agrees() {
     let grouped = ct(&[4, 2, 2, 2]).attr("strides", ints(&[2, 2])).attr("group", Attr::Int(2));
     s.check(grouped.attr("output_padding", ints(&[1, 1])), Tolerance::DEFAULT);
     s.check(ct(&[4, 5, 3, 3]).attr("dilations", ints(&[2, 2])), Tolerance::DEFAULT);
+    // Many images of small planes (the CPU takes them side by side in one GEMM), as
+    // training's data gradients: filters as a graph input, groups, a bias.
+    let batched = Case::new("ConvTranspose").opset(11).input(rand_f32(&[37, 4, 4, 3], 4)).input(rand_f32(&[4, 3, 3, 3], 5));
+    s.check(batched.constant(rand_f32(&[6], 6)).attr("group", Attr::Int(2)).attr("pads", ints(&[1, 1, 1, 1])), Tolerance::DEFAULT);
     s.finish();
 }
 
@@ -73,6 +77,7 @@ fn pooling_and_norms_agree() {
     s.check(cwg(&[2, 3, 9, 8], &[2, 4, 5, 8], &[("kernel_shape", ints(&[3, 3])), ("strides", ints(&[2, 1])), ("pads", ints(&[1, 1, 1, 1]))]), Tolerance::f32(1e-5));
     s.check(cwg(&[3, 4, 7, 7], &[3, 6, 3, 5], &[("kernel_shape", ints(&[2, 3])), ("dilations", ints(&[2, 1])), ("strides", ints(&[2, 1])), ("group", Attr::Int(2))]), Tolerance::f32(1e-5));
     s.check(cwg(&[2, 2, 11], &[2, 3, 3], &[("kernel_shape", ints(&[3])), ("strides", ints(&[3]))]), Tolerance::f32(1e-5));
+    s.check(cwg(&[37, 3, 5, 4], &[37, 4, 5, 4], &[("kernel_shape", ints(&[3, 3])), ("pads", ints(&[1, 1, 1, 1]))]), Tolerance::f32(1e-5));
     // MaxPool's gradient: the window maxima found again from X; ties (repeated values)
     // go to the first, as MaxPool's Indices. Overlapping windows add up (CPU).
     let ties = Tensor::from_vec(&[2, 3, 15, 14], (0..2 * 3 * 15 * 14).map(|i| ((i * 7) % 5) as f32).collect()).unwrap();

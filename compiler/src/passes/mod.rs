@@ -2,6 +2,7 @@
 //! testable alone, run in order by [`optimize`]. The [`PassContext`] carries the
 //! registry (custom ops included) and the value types, inferred once per pipeline.
 mod algebraic;
+mod broadcast_expand;
 mod context;
 mod cse;
 mod eliminate_dead;
@@ -21,6 +22,7 @@ mod layout_nchwc;
 mod layout_nhwc_int8;
 
 pub use algebraic::simplify_algebra;
+pub use broadcast_expand::broadcast_expand;
 pub use context::PassContext;
 pub use cse::eliminate_common_subexpressions;
 pub use eliminate_dead::eliminate_dead;
@@ -56,6 +58,7 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "fold-batchnorm", run: fold_batchnorm },
     Pass { name: "cse", run: eliminate_common_subexpressions },
     Pass { name: "simplify-algebra", run: simplify_algebra },
+    Pass { name: "broadcast-expand", run: broadcast_expand },
     Pass { name: "eliminate-dead", run: eliminate_dead },
     Pass { name: "fuse-layernorm", run: fuse_layernorm },
     Pass { name: "fuse-bias", run: fuse_bias },

@@ -116,10 +116,11 @@ pub(crate) fn map2<T: Element, U: Element>(a: &Tensor, b: &Tensor, out: &mut Ten
                 }
             }
         });
-    } else if dims.last().is_some_and(|&n| n > 1) {
-        // General broadcast, a row of the last dim at a time: the row's start offsets
-        // from the outer index, then a stride-0/1 inner loop.
-        let st = [broadcast_strides(a.dims(), &dims), broadcast_strides(b.dims(), &dims)];
+    } else if !dst.is_empty() {
+        let (dims, st) = crate::broadcast::collapse(&dims, &[broadcast_strides(a.dims(), &dims), broadcast_strides(b.dims(), &dims)]);
+        // General broadcast over the merged dims (a per-channel operand of NCHW: rows of
+        // H*W), a row of the last dim at a time: the row's start offsets from the outer
+        // index, then a stride-0/1 inner loop.
         let (rank, n) = (dims.len(), dims[dims.len() - 1]);
         let (sa, sb) = (st[0][rank - 1], st[1][rank - 1]);
         let outer = &dims[..rank - 1];
@@ -137,13 +138,6 @@ pub(crate) fn map2<T: Element, U: Element>(a: &Tensor, b: &Tensor, out: &mut Ten
                     _ => orow.iter_mut().enumerate().for_each(|(k, o)| *o = f(av[oa + k * sa], bv[ob + k * sb])),
                 }
                 row += 1;
-            });
-        });
-    } else {
-        let st = [broadcast_strides(a.dims(), &dims), broadcast_strides(b.dims(), &dims)];
-        cpu::par_chunks_mut(dst, 1, 2, |s, part| {
-            crate::broadcast::for_each_offset_in(&dims, &st, s, s + part.len(), &mut |o, offs| {
-                part[o - s] = f(av[offs[0]], bv[offs[1]]);
             });
         });
     }

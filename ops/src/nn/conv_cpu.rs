@@ -93,6 +93,8 @@ pub(crate) fn conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: 
         }
     } else if p.reduction() <= conv_small_k::MAX_REDUCTION {
         small_k_conv_f32(p, x, w, epi, y);
+    } else if images_per_block(p.batch, p.geo.output_size()) > 1 {
+        batched_conv_f32(p, x, w, epi, y);
     } else {
         gemm_conv_f32(p, x, w, epi, y);
     }
@@ -143,6 +145,67 @@ fn small_k_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mu
     } else {
         cpu::par_ranges(tasks, flops / tasks.max(1), |a, b| (a..b).for_each(&run_task));
     }
+}
+
+/// How many images of `pixels` output pixels each one GEMM covers: 1 for planes big
+/// enough to fill a GEMM on their own, else enough images for about 256 columns (tiny
+/// per-image GEMMs cost more in their setup than in their arithmetic).
+pub(crate) fn images_per_block(batch: usize, pixels: usize) -> usize {
+    if pixels == 0 || pixels >= 128 {
+        return 1;
+    }
+    (256 / pixels).clamp(1, batch.max(1))
+}
+
+/// Convolution of small planes: im2col of a block of images side by side (row `r` of
+/// image `i` at columns `i * P ..`), one GEMM for the block into scratch, then the
+/// epilogue while copying each image's rows out. Parallel over blocks and groups.
+fn batched_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [f32]) {
+    let Epilogue { bias, act, residual } = epi;
+    let (cg, mg, kc) = (p.in_per_group(), p.out_per_group(), p.reduction());
+    let (in_size, out_size) = (p.geo.input_size(), p.geo.output_size());
+    let ipb = images_per_block(p.batch, out_size);
+    let blocks = p.batch.div_ceil(ipb);
+    let tasks = blocks * p.group;
+    let out = SharedOut(y.as_mut_ptr());
+    let run_task = |t: usize| {
+        let (block, g) = (t / p.group, t % p.group);
+        let images = block * ipb..((block + 1) * ipb).min(p.batch);
+        let cols = images.len() * out_size;
+        cpu::with_scratch((kc + mg) * cols, |scratch| {
+            let (col, prod) = scratch.split_at_mut(kc * cols);
+            for (i, img) in images.clone().enumerate() {
+                let xg = &x[(img * p.in_channels + g * cg) * in_size..][..cg * in_size];
+                im2col_strided(&p.geo, xg, cg, 0, out_size, &mut col[i * out_size..], cols);
+            }
+            let wg = &w[g * mg * kc..][..mg * kc];
+            // SAFETY: prod is mg x cols, wg mg x kc, col kc x cols (row strides as given).
+            unsafe {
+                gemm::gemm(
+                    mg, cols, kc, prod.as_mut_ptr(), 1, cols as isize, false, wg.as_ptr(), 1, kc as isize, col.as_ptr(), 1,
+                    cols as isize, 0.0, 1.0, false, false, false, gemm::Parallelism::None,
+                )
+            };
+            for (i, img) in images.clone().enumerate() {
+                for r in 0..mg {
+                    let m = g * mg + r;
+                    // SAFETY: this task alone writes channel m of the images of its block.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr().add((img * p.out_channels + m) * out_size), out_size) };
+                    let src = &prod[r * cols + i * out_size..][..out_size];
+                    let b = bias.map_or(0.0, |b| b[m]);
+                    if residual {
+                        dst.iter_mut().zip(src).for_each(|(o, &v)| *o += v + b);
+                    } else {
+                        dst.iter_mut().zip(src).for_each(|(o, &v)| *o = v + b);
+                    }
+                    if let Some(k) = act {
+                        k.apply_slice_f32_fast(dst);
+                    }
+                }
+            }
+        });
+    };
+    cpu::par_ranges(tasks, 2 * p.macs() as usize / tasks.max(1), |a, b| (a..b).for_each(&run_task));
 }
 
 /// Splits `pixels` output pixels into balanced tiles of about `target` each.
@@ -271,16 +334,59 @@ fn gemm_conv_f32(p: &ConvProblem, x: &[f32], w: &[f32], epi: Epilogue, y: &mut [
 /// `x`: row `(c, kd, kh, kw)`, column `p - p0` holds the input value under that tap
 /// (zero in padding).
 pub(crate) fn im2col(g: &Geometry, x: &[f32], channels: usize, p0: usize, p1: usize, col: &mut [f32]) {
+    im2col_strided(g, x, channels, p0, p1, col, p1 - p0);
+}
+
+/// [`im2col`] into rows `row_stride` apart (the block of one image among several).
+pub(crate) fn im2col_strided(g: &Geometry, x: &[f32], channels: usize, p0: usize, p1: usize, col: &mut [f32], row_stride: usize) {
     let cols = p1 - p0;
     let plane = g.input_size();
+    if (p0, p1) == (0, g.output_size()) && g.output[2] < 16 && g.kernel[0] == 1 && g.input[0] == 1 && g.pad_begin[1] >= 0 && g.pad_begin[2] >= 0 {
+        im2col_narrow_2d(g, x, channels, col, row_stride);
+        return;
+    }
     let mut row_index = 0;
     for c in 0..channels {
         let xc = &x[c * plane..][..plane];
         for kd in 0..g.kernel[0] {
             for kh in 0..g.kernel[1] {
                 for kw in 0..g.kernel[2] {
-                    im2col_row(g, xc, [kd, kh, kw], p0, &mut col[row_index * cols..][..cols]);
+                    im2col_row(g, xc, [kd, kh, kw], p0, &mut col[row_index * row_stride..][..cols]);
                     row_index += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Whole-plane im2col of 2-D planes with short output rows, where [`im2col_row`]'s cost
+/// per row segment dominates: each input plane is copied once into a zero-padded
+/// plane, and every tap's rows are then plain copies (or strided reads) from it.
+fn im2col_narrow_2d(g: &Geometry, x: &[f32], channels: usize, col: &mut [f32], row_stride: usize) {
+    let ([_, ih_n, iw_n], [_, oh_n, ow_n]) = (g.input, g.output);
+    let ([_, kh_n, kw_n], [_, sh, sw], [_, dh, dw]) = (g.kernel, g.stride, g.dilation);
+    let (top, left) = (g.pad_begin[1] as usize, g.pad_begin[2] as usize);
+    // The padded plane spans every position a tap reads.
+    let ph = ((oh_n.max(1) - 1) * sh + (kh_n.max(1) - 1) * dh + 1).max(top + ih_n);
+    let pw = ((ow_n.max(1) - 1) * sw + (kw_n.max(1) - 1) * dw + 1).max(left + iw_n);
+    let mut padded = vec![0f32; ph * pw];
+    let mut row_index = 0;
+    for c in 0..channels {
+        let xc = &x[c * ih_n * iw_n..][..ih_n * iw_n];
+        for (ih, src) in xc.chunks_exact(iw_n.max(1)).enumerate().take(ih_n) {
+            padded[(top + ih) * pw + left..][..iw_n].copy_from_slice(src);
+        }
+        for kh in 0..kh_n {
+            for kw in 0..kw_n {
+                let dst = &mut col[row_index * row_stride..][..oh_n * ow_n];
+                row_index += 1;
+                for (oh, out) in dst.chunks_exact_mut(ow_n.max(1)).enumerate() {
+                    let start = (oh * sh + kh * dh) * pw + kw * dw;
+                    if sw == 1 {
+                        out.copy_from_slice(&padded[start..][..ow_n]);
+                    } else {
+                        out.iter_mut().enumerate().for_each(|(ow, o)| *o = padded[start + ow * sw]);
+                    }
                 }
             }
         }

@@ -5,7 +5,8 @@
 //! invocation summing over the inputs that reach it.
 use super::conv::FLOATS;
 use super::window::{AutoPad, Geometry, WindowAttrs};
-use crate::cpu::{self, CpuKernel};
+use super::conv_cpu::images_per_block;
+use crate::cpu::{self, CpuKernel, SharedOut};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
 use crate::{Arg, Cost, NodeSpec, Op, OpError, Registry, Result, TensorType, TuneValues};
@@ -150,19 +151,18 @@ impl Op for ConvTranspose {
     }
 }
 
-/// Adds column buffer rows of output channel plane `out` (one row per kernel tap, one
-/// column per input pixel) at their output positions.
-fn col2im_plane(g: &Geometry, col: &[f32], out: &mut [f32]) {
-    let p_in = g.input_size();
+/// Adds column buffer rows of output channel plane `out` (one row per kernel tap,
+/// `tap_stride` apart, one column per input pixel) at their output positions.
+fn col2im_plane(g: &Geometry, col: &[f32], tap_stride: usize, out: &mut [f32]) {
     let [_, ih_n, iw_n] = g.input;
     let [_, oh_n, ow_n] = g.output;
     let mut tap = 0;
     for kd in 0..g.kernel[0] {
         for kh in 0..g.kernel[1] {
             for kw in 0..g.kernel[2] {
-                let row = &col[tap * p_in..][..p_in];
+                let row = &col[tap * tap_stride..][..g.input_size()];
                 tap += 1;
-                let offs = [kd, kh, kw].iter().enumerate().map(|(d, &k)| (k * g.dilation[d]) as i64 - g.pad_begin[d]).collect::<Vec<_>>();
+                let offs: [i64; 3] = std::array::from_fn(|d| ([kd, kh, kw][d] * g.dilation[d]) as i64 - g.pad_begin[d]);
                 for id in 0..g.input[0] {
                     let od = (id * g.stride[0]) as i64 + offs[0];
                     if od < 0 || od >= g.output[0] as i64 {
@@ -189,36 +189,71 @@ fn col2im_plane(g: &Geometry, col: &[f32], out: &mut [f32]) {
 }
 
 impl ConvTranspose {
+    /// Per block of images (several when their planes are small, see
+    /// [`images_per_block`]) and group: X's planes side by side, one GEMM (W^T x X)
+    /// into a column buffer, then col2im per image and output channel. Parallel over
+    /// blocks when there are enough of them, else inside the GEMM and col2im.
     fn run_f32(&self, p: &Problem, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
         let g = &p.geo;
         let (cg, mg) = (p.in_channels / p.group, p.out_channels / p.group);
         let (p_in, p_out, ks) = (g.input_size(), g.output_size(), g.kernel_size());
         let rows = mg * ks;
-        cpu::with_scratch(rows * p_in, |col| {
-            for img in 0..p.batch {
-                for grp in 0..p.group {
-                    let xg = &x[(img * p.in_channels + grp * cg) * p_in..][..cg * p_in];
-                    let wg = &w[grp * cg * rows..][..cg * rows];
-                    let par = if 2 * rows * p_in * cg > 1 << 20 && crate::cpu::threads() > 1 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
-                    // SAFETY: col is rows x p_in; wg is cg x rows (read transposed); xg is cg x p_in.
-                    unsafe {
-                        gemm::gemm(
-                            rows, p_in, cg, col.as_mut_ptr(), 1, p_in as isize, false, wg.as_ptr(), rows as isize, 1,
-                            xg.as_ptr(), 1, p_in as isize, 0.0, 1.0, false, false, false, par,
-                        );
-                    }
-                    let yg = &mut y[(img * p.out_channels + grp * mg) * p_out..][..mg * p_out];
-                    let col = &*col;
-                    cpu::par_chunks_mut(yg, p_out, ks * p_in / p_out.max(1) + 1, |first, planes| {
-                        for (i, out) in planes.chunks_mut(p_out).enumerate() {
-                            let m = first + i;
-                            out.fill(bias.map_or(0.0, |b| b[grp * mg + m]));
-                            col2im_plane(g, &col[m * ks * p_in..][..ks * p_in], out);
+        let ipb = images_per_block(p.batch, p_in);
+        let tasks = p.batch.div_ceil(ipb) * p.group;
+        let threads = cpu::threads().max(1);
+        let outer = threads > 1 && tasks >= threads;
+        let out = SharedOut(y.as_mut_ptr());
+        let run_task = |t: usize| {
+            let (block, grp) = (t / p.group, t % p.group);
+            let images = block * ipb..((block + 1) * ipb).min(p.batch);
+            let cols = images.len() * p_in;
+            let wg = &w[grp * cg * rows..][..cg * rows];
+            cpu::with_scratch(rows * cols + cg * cols, |scratch| {
+                let (col, xb) = scratch.split_at_mut(rows * cols);
+                let (rhs, rhs_stride) = if images.len() == 1 {
+                    (x[(images.start * p.in_channels + grp * cg) * p_in..].as_ptr(), p_in)
+                } else {
+                    for (i, img) in images.clone().enumerate() {
+                        for c in 0..cg {
+                            xb[c * cols + i * p_in..][..p_in].copy_from_slice(&x[(img * p.in_channels + grp * cg + c) * p_in..][..p_in]);
                         }
-                    });
+                    }
+                    (xb.as_ptr() as *const f32, cols)
+                };
+                let big = 2 * rows * cols * cg > 1 << 20;
+                let par = if !outer && big && threads > 1 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+                // SAFETY: col is rows x cols; wg is cg x rows (read transposed); rhs is
+                // cg x cols with row stride rhs_stride.
+                unsafe {
+                    gemm::gemm(
+                        rows, cols, cg, col.as_mut_ptr(), 1, cols as isize, false, wg.as_ptr(), rows as isize, 1, rhs, 1,
+                        rhs_stride as isize, 0.0, 1.0, false, false, false, par,
+                    );
                 }
-            }
-        });
+                let col = &*col;
+                for (i, img) in images.clone().enumerate() {
+                    let base = (img * p.out_channels + grp * mg) * p_out;
+                    let plane = |m: usize, dst: &mut [f32]| {
+                        dst.fill(bias.map_or(0.0, |b| b[grp * mg + m]));
+                        col2im_plane(g, &col[m * ks * cols + i * p_in..], cols, dst);
+                    };
+                    // SAFETY: this task alone writes the planes of group grp of image img.
+                    let yg = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(base), mg * p_out) };
+                    if outer {
+                        yg.chunks_mut(p_out).enumerate().for_each(|(m, dst)| plane(m, dst));
+                    } else {
+                        cpu::par_chunks_mut(yg, p_out, ks * p_in / p_out.max(1) + 1, |first, planes| {
+                            planes.chunks_mut(p_out).enumerate().for_each(|(i, dst)| plane(first + i, dst))
+                        });
+                    }
+                }
+            });
+        };
+        if outer {
+            cpu::par_ranges(tasks, 2 * rows * cg * p_in * ipb, |a, b| (a..b).for_each(&run_task));
+        } else {
+            (0..tasks).for_each(run_task);
+        }
     }
 
     fn run_f64(&self, p: &Problem, x: &[f64], w: &[f64], bias: Option<&[f64]>, y: &mut [f64]) {

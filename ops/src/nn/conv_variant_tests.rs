@@ -52,6 +52,39 @@ fn every_variant_matches_the_f64_reference() {
     }
 }
 
+/// Convolutions of many small planes with filters that are not constants (training's
+/// forward pass): the CPU runs blocks of images side by side through one GEMM. With a
+/// bias, a fused residual and a Relu, against the f64 reference.
+#[test]
+fn batches_of_small_planes_match_the_f64_reference() {
+    // x dims, w dims, group, stride, pads.
+    let cases: Vec<(Vec<usize>, Vec<usize>, usize, usize, [i64; 4])> = vec![
+        (vec![37, 16, 4, 4], vec![32, 16, 3, 3], 1, 1, [1, 1, 1, 1]), // LeNet's second convolution
+        (vec![9, 12, 7, 5], vec![10, 6, 3, 3], 2, 2, [1, 0, 1, 2]),   // grouped, strided, uneven pads
+        (vec![20, 40, 3, 3], vec![8, 40, 1, 1], 1, 1, [0; 4]),         // pointwise
+    ];
+    for (xd, wd, group, stride, pads) in cases {
+        let (x, w, b) = (rand_f32(&xd, 71), rand_f32(&wd, 72), rand_f32(&[wd[0]], 73));
+        let out: Vec<usize> = (0..2).map(|d| ((xd[2 + d] as i64 + pads[d] + pads[2 + d] - wd[2 + d] as i64) / stride as i64 + 1) as usize).collect();
+        assert!(super::conv_cpu::images_per_block(xd[0], out[0] * out[1]) > 1, "x{xd:?}: small planes");
+        let r = rand_f32(&[xd[0], wd[0], out[0], out[1]], 74);
+        let conv = reference(&x, &w, Some(&b), group, &[stride, stride], &[1, 1], &pads[..2], &out);
+        let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(c, r)| (c + r).max(0.0)).collect();
+        let attrs = [
+            ("group", Attr::Int(group as i64)),
+            ("strides", ints(&[stride as i64; 2])),
+            ("pads", ints(&pads)),
+            (RESIDUAL_ATTR, Attr::Int(1)),
+            (ACTIVATION_ATTR, Attr::String("Relu".into())),
+            (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![])),
+        ];
+        let op = make("Conv", 19, &attrs, 4, 1).unwrap();
+        let inputs: [Option<&Tensor>; 4] = [Some(&x), Some(&w), Some(&b), Some(&r)];
+        let y = crate::testing::run(op.as_ref(), &as_inputs(&inputs, &[]), &[]).unwrap().remove(0);
+        assert_close(&y, &want, 2e-5, &format!("x{xd:?} w{wd:?} g{group} s{stride}"));
+    }
+}
+
 /// Depthwise convolutions through the blocks of eight channels (with odd channels left
 /// to the per-plane kernel), strided, dilated and padded unevenly, with bias, a fused
 /// residual and a Clip, against the f64 reference.

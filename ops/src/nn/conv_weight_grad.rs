@@ -9,7 +9,7 @@
 //! scheduling); images are split over the threads in fixed chunks whose partial sums
 //! are added in chunk order. f64: the sum as written. GPU: one invocation per element
 //! of dW, summing its `N x P` products (at most [`wgsl::MAX_LOOP_ITERATIONS`]).
-use super::conv_cpu::im2col;
+use super::conv_cpu::{im2col_strided, images_per_block};
 use super::window::{Geometry, WindowAttrs};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
@@ -67,24 +67,43 @@ impl ConvWeightGrad {
             for chunk in lo..hi {
                 let mut acc = vec![0f32; dw.len()];
                 let images = chunk * per..((chunk + 1) * per).min(s.n);
-                cpu::with_scratch(kc * p, |col| {
-                    for (k, img) in images.enumerate() {
+                // Blocks of images side by side (small planes): dW += dY_block x col_block^T
+                // with the reduction over every pixel of the block at once.
+                let ipb = images_per_block(images.len(), p);
+                let mut first = true;
+                for b0 in images.clone().step_by(ipb) {
+                    let block = b0..(b0 + ipb).min(images.end);
+                    let cols = block.len() * p;
+                    cpu::with_scratch(kc * cols + mg * cols, |scratch| {
+                        let (col, dyb) = scratch.split_at_mut(kc * cols);
                         for grp in 0..groups {
-                            let xg = &x[(img * s.c + grp * cg) * plane_in..][..cg * plane_in];
-                            im2col(g, xg, cg, 0, p, col);
-                            let lhs = &dy[(img * s.m + grp * mg) * p..][..mg * p];
+                            for (i, img) in block.clone().enumerate() {
+                                let xg = &x[(img * s.c + grp * cg) * plane_in..][..cg * plane_in];
+                                im2col_strided(g, xg, cg, 0, p, &mut col[i * p..], cols);
+                            }
+                            let (lhs, lhs_stride) = if block.len() == 1 {
+                                (dy[(block.start * s.m + grp * mg) * p..].as_ptr(), p)
+                            } else {
+                                for (i, img) in block.clone().enumerate() {
+                                    for m in 0..mg {
+                                        dyb[m * cols + i * p..][..p].copy_from_slice(&dy[(img * s.m + grp * mg + m) * p..][..p]);
+                                    }
+                                }
+                                (dyb.as_ptr() as *const f32, cols)
+                            };
                             let dst = &mut acc[grp * mg * kc..][..mg * kc];
-                            // SAFETY: dst is mg x kc (row stride kc), lhs mg x p (row
-                            // stride p), col^T p x kc (col is kc x p): all in bounds.
+                            // SAFETY: dst is mg x kc (row stride kc), lhs mg x cols (row
+                            // stride lhs_stride), col^T cols x kc (col is kc x cols).
                             unsafe {
                                 gemm::gemm(
-                                    mg, kc, p, dst.as_mut_ptr(), 1, kc as isize, k > 0, lhs.as_ptr(), 1, p as isize, col.as_ptr(), p as isize, 1,
-                                    1.0, 1.0, false, false, false, gemm::Parallelism::None,
+                                    mg, kc, cols, dst.as_mut_ptr(), 1, kc as isize, !first, lhs, 1, lhs_stride as isize, col.as_ptr(),
+                                    cols as isize, 1, 1.0, 1.0, false, false, false, gemm::Parallelism::None,
                                 )
                             };
                         }
-                    }
-                });
+                    });
+                    first = false;
+                }
                 *partials[chunk].lock().expect("a partial sum") = acc;
             }
         });

@@ -39,38 +39,83 @@ impl MaxPoolGrad {
             return;
         }
         let ranges = window_ranges(g);
-        cpu::par_chunks_mut(dx, in_size, out_size * g.kernel_size(), |first, part| {
+        let [_, oh_n, ow_n] = g.output;
+        let [_, ih_n, iw_n] = g.input;
+        // Each window's first maximum, by MaxPool's rule: strictly larger wins, the
+        // first NaN stays. Branch-free (`&`, `|` and selects): which tap wins is data,
+        // and mispredicted branches cost more than the comparisons.
+        #[allow(clippy::eq_op)]
+        let better = |v: T, best: T| (v > best) | ((v != v) & (best == best));
+        // 2x2 windows at stride 2 without padding: each input in at most one window.
+        let pairs_2x2 = g.input[0] == 1
+            && g.kernel == [1, 2, 2]
+            && g.stride[1..] == [2, 2]
+            && g.dilation[1..] == [1, 1]
+            && g.pad_begin[1..] == [0, 0]
+            && 2 * oh_n <= ih_n
+            && 2 * ow_n <= iw_n;
+        cpu::par_chunks_mut(dx, in_size, out_size * g.kernel_size() + in_size, |first, part| {
             for (i, plane) in part.chunks_mut(in_size).enumerate() {
                 let p = first + i;
                 plane.iter_mut().for_each(|v| *v = T::default());
                 let (xc, gc) = (&x[p * in_size..][..in_size], &dy[p * out_size..][..out_size]);
-                for (o, &grad) in gc.iter().enumerate() {
-                    let [(sd, d0, d1), (sh, h0, h1), (sw, w0, w1)] =
-                        [ranges[0][o / (g.output[1] * g.output[2])], ranges[1][o / g.output[2] % g.output[1]], ranges[2][o % g.output[2]]];
-                    let mut best = neg_inf;
-                    let mut arg = usize::MAX;
-                    for kd in d0..d1 {
-                        let id = (sd + (kd * g.dilation[0]) as i64) as usize;
-                        for kh in h0..h1 {
-                            let row = (id * g.input[1] + (sh + (kh * g.dilation[1]) as i64) as usize) * g.input[2];
-                            for kw in w0..w1 {
-                                let at = row + (sw + (kw * g.dilation[2]) as i64) as usize;
-                                let v = xc[at];
-                                // MaxPool's rule: strictly larger wins, the first NaN stays.
-                                #[allow(clippy::eq_op)]
-                                if arg == usize::MAX || v > best || (v != v && best == best) {
-                                    best = v;
-                                    arg = at;
+                if pairs_2x2 {
+                    pool_2x2_grad(xc, gc, [ih_n, iw_n], [oh_n, ow_n], plane, better);
+                    continue;
+                }
+                let mut grads = gc.iter();
+                for &(sd, d0, d1) in &ranges[0] {
+                    for &(sh, h0, h1) in &ranges[1] {
+                        for &(sw, w0, w1) in &ranges[2] {
+                            let grad = *grads.next().expect("one gradient per window");
+                            let mut best = neg_inf;
+                            let mut arg = usize::MAX;
+                            for kd in d0..d1 {
+                                let id = (sd + (kd * g.dilation[0]) as i64) as usize;
+                                for kh in h0..h1 {
+                                    let row = (id * ih_n + (sh + (kh * g.dilation[1]) as i64) as usize) * iw_n;
+                                    for kw in w0..w1 {
+                                        let at = row + (sw + (kw * g.dilation[2]) as i64) as usize;
+                                        let v = xc[at];
+                                        let take = (arg == usize::MAX) | better(v, best);
+                                        arg ^= (arg ^ at) & (take as usize).wrapping_neg();
+                                        best = xc[arg];
+                                    }
                                 }
+                            }
+                            if arg != usize::MAX {
+                                plane[arg] += grad;
                             }
                         }
                     }
-                    if arg != usize::MAX {
-                        plane[arg] += grad;
-                    }
                 }
+                debug_assert_eq!(ranges[1].len() * ranges[2].len(), oh_n * ow_n);
             }
         });
+    }
+}
+
+/// One plane's gradient for 2x2 windows at stride 2 (no padding, `plane` zeroed): each
+/// window's winner found by selects, independent of the other windows'.
+fn pool_2x2_grad<T: Copy + Default>(xc: &[T], dy: &[T], [ih_n, iw_n]: [usize; 2], [oh_n, ow_n]: [usize; 2], dx: &mut [T], better: impl Fn(T, T) -> bool) {
+    for oh in 0..oh_n {
+        let (r0, r1) = (&xc[2 * oh * iw_n..][..iw_n], &xc[(2 * oh + 1) * iw_n..][..iw_n]);
+        let (top, bottom) = dx[2 * oh * iw_n..][..2 * iw_n].split_at_mut(iw_n);
+        debug_assert!(2 * oh + 1 < ih_n);
+        for (ow, &g) in dy[oh * ow_n..][..ow_n].iter().enumerate() {
+            let (a, b, c, d) = (r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]);
+            let t1 = better(b, a);
+            let m1 = if t1 { b } else { a };
+            let t2 = better(c, m1);
+            let m2 = if t2 { c } else { m1 };
+            let t3 = better(d, m2);
+            let arg = if t3 { 3 } else if t2 { 2 } else { t1 as usize };
+            let z = T::default();
+            top[2 * ow] = if arg == 0 { g } else { z };
+            top[2 * ow + 1] = if arg == 1 { g } else { z };
+            bottom[2 * ow] = if arg == 2 { g } else { z };
+            bottom[2 * ow + 1] = if arg == 3 { g } else { z };
+        }
     }
 }
 

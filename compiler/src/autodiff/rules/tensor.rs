@@ -79,7 +79,7 @@ fn slice(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Resul
             None => Ok(None),
         }
     };
-    let (starts, _ends, axes, steps) = if e.graph.opset() >= 10 {
+    let (starts, _, axes, steps) = if e.graph.opset() >= 10 {
         let starts = get(e, 1)?.unwrap_or_default();
         let ends = get(e, 2)?.unwrap_or_default();
         let axes = get(e, 3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
@@ -90,21 +90,48 @@ fn slice(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Resul
         let axes = ints_attr(n, "axes").unwrap_or_else(|| (0..starts.len() as i64).collect());
         (starts.clone(), ints_attr(n, "ends").unwrap_or_default(), axes, vec![1; starts.len()])
     };
-    // The slice as zero padding of dy: before = start, after = what is left.
-    let mut pads = vec![0i64; 2 * r];
     let out = e.dims(n.outputs[0]);
+    // Each sliced axis: its first input position (normalised as Slice does) and step.
+    let mut first = vec![0i64; r];
+    let mut stride = vec![1i64; r];
     for k in 0..starts.len() {
-        if steps[k] != 1 {
-            return Err(unsupported(n, format!("step {} (only step 1 has a gradient)", steps[k])));
-        }
         let a = axis(axes[k], r);
         let d = xd[a] as i64;
-        let s = if starts[k] < 0 { starts[k].saturating_add(d) } else { starts[k] }.clamp(0, d);
-        pads[a] = s;
-        pads[a + r] = d - s - out[a] as i64;
+        let s = if starts[k] < 0 { starts[k].saturating_add(d) } else { starts[k] };
+        first[a] = if steps[k] > 0 { s.clamp(0, d) } else { s.clamp(0, d - 1) };
+        stride[a] = steps[k];
     }
-    let pads = e.ints(&pads);
-    let mut res = vec![Some(e.op("Pad", &[dy[0].unwrap(), pads], &[])?)];
+    let g = dy[0].unwrap();
+    let dx = if stride.iter().all(|&s| s == 1) {
+        // Step 1: zero padding of dy, before = start, after = what is left.
+        let mut pads = vec![0i64; 2 * r];
+        for a in 0..r {
+            pads[a] = first[a];
+            pads[a + r] = xd[a] as i64 - first[a] - out[a] as i64;
+        }
+        let pads = e.ints(&pads);
+        e.op("Pad", &[g, pads], &[])?
+    } else {
+        // Other steps: dy's elements written at their input positions (distinct, so a
+        // plain scatter) into zeros of X's size.
+        let count: usize = out.iter().product();
+        let x_strides = kiln_ops::broadcast::strides(&xd);
+        let mut at = vec![0i64; count];
+        for (o, slot) in at.iter_mut().enumerate() {
+            let mut rem = o;
+            for a in (0..r).rev() {
+                let i = (rem % out[a]) as i64;
+                rem /= out[a];
+                *slot += (first[a] + i * stride[a]) * x_strides[a] as i64;
+            }
+        }
+        let idx = e.constant(kiln_graph::Tensor::from_vec(&[count, 1], at).map_err(|err| unsupported(n, err.to_string()))?);
+        let flat = e.reshape(g, &[count])?;
+        let zeros = e.zeros(e.dtype(g), &[xd.iter().product()])?;
+        let s = e.op("ScatterND", &[zeros, idx, flat], &[])?;
+        e.reshape(s, &xd)?
+    };
+    let mut res = vec![Some(dx)];
     res.resize(need.len(), None);
     Ok(res)
 }
@@ -113,24 +140,38 @@ fn gather(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Resu
     let (data, idx) = (input(n, 0), input(n, 1));
     let dd = e.dims(data);
     let ax = axis(int_attr(n, "axis", 0), dd.len());
-    if ax != 0 {
-        return Err(unsupported(n, format!("axis {ax} (rows of axis 0 only, as embeddings)")));
-    }
     if !need[0] {
         return Ok(vec![None, None]);
     }
-    // Rows gathered more than once get the sum of their gradients: a scatter-add
-    // of dy's rows into zeros.
+    // Rows gathered more than once get the sum of their gradients: a scatter-add of
+    // dy's rows into zeros, along axis 0. Another axis is moved to the front first (in
+    // data, and dy's index dims), and back after.
     let id = e.dims(idx);
+    let (q, r) = (id.len(), dd.len());
     let count: usize = id.iter().product();
-    let row: Vec<usize> = dd[1..].to_vec();
+    let mut g = dy[0].unwrap();
+    // data dims with `ax` first.
+    let data_perm: Vec<usize> = std::iter::once(ax).chain((0..r).filter(|&a| a != ax)).collect();
+    if ax != 0 {
+        // dy: [data[..ax], idx.., data[ax+1..]] -> [idx.., data[..ax], data[ax+1..]].
+        let perm: Vec<usize> = (ax..ax + q).chain(0..ax).chain(ax + q..r - 1 + q).collect();
+        g = e.transpose(g, &perm)?;
+    }
+    let front: Vec<usize> = data_perm.iter().map(|&a| dd[a]).collect();
     let mut upd_dims = vec![count];
-    upd_dims.extend(&row);
+    upd_dims.extend(&front[1..]);
     let flat_idx = e.reshape(idx, &[count, 1])?;
     let flat_idx = if e.dtype(flat_idx) != kiln_graph::DType::I64 { e.op("Cast", &[flat_idx], &[("to", Attr::Int(7))])? } else { flat_idx };
-    let upd = e.reshape(dy[0].unwrap(), &upd_dims)?;
-    let zeros = e.zeros(e.dtype(upd), &dd)?;
-    let s = e.op("ScatterND", &[zeros, flat_idx, upd], &[("reduction", Attr::String("add".into()))])?;
+    let upd = e.reshape(g, &upd_dims)?;
+    let zeros = e.zeros(e.dtype(upd), &front)?;
+    let mut s = e.op("ScatterND", &[zeros, flat_idx, upd], &[("reduction", Attr::String("add".into()))])?;
+    if ax != 0 {
+        let mut inv = vec![0; r];
+        for (i, &p) in data_perm.iter().enumerate() {
+            inv[p] = i;
+        }
+        s = e.transpose(s, &inv)?;
+    }
     Ok(vec![Some(s), None])
 }
 
