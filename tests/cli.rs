@@ -587,6 +587,34 @@ fn train_learns_the_digits_and_exports_the_model() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// On a GPU the state stays in device memory between steps; the checkpoint and the
+/// exported model read it back, and a CPU run resumes from it.
+#[test]
+fn train_on_the_gpu_keeps_the_state_on_the_device() {
+    let d = tmp("train-gpu");
+    let (out, ck) = (d.join("trained.onnx"), d.join("state.npz"));
+    let (m, data) = (training("lenet_digits_sgd/model.onnx"), training("digits"));
+    let common = ["--lr", "0.05", "--momentum", "0.9", "--batch", "64", "--json"];
+    let mut args = vec!["train", &m, "--data", &data, "--steps", "5", "--device", "gpu", "--checkpoint", ck.to_str().unwrap(), "-o", out.to_str().unwrap()];
+    args.extend(common);
+    let o = kiln(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let fin: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(fin["state_on_device"], true, "{fin}");
+    let mut args = vec!["train", &m, "--data", &data, "--steps", "7", "--device", "cpu", "--resume", ck.to_str().unwrap()];
+    args.extend(common);
+    let o = kiln(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let steps: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(steps[0]["step"], 6, "resumed after step 5: {stdout}");
+    assert_eq!(steps.last().unwrap()["state_on_device"], false);
+    let o = kiln(&["run", out.to_str().unwrap(), "--device", "cpu", "-i", &format!("x={}", training("digits/test_x.npy")), "--output-dir", d.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// Bad training input gets a clear error, and nothing is lost.
 #[test]
 fn train_errors_are_clear_and_keep_the_last_good_state() {

@@ -10,6 +10,7 @@
 mod arena;
 mod bodies;
 mod calibrate;
+mod carried;
 pub mod artifact;
 pub mod cpu;
 mod device;
@@ -30,6 +31,7 @@ pub use gpu::{device_kind, list_devices};
 pub use error::{Result, RuntimeError};
 pub use gpu::{KernelRecord, PipelineCacheData};
 pub use calibrate::calibrate;
+pub use carried::Carried;
 pub use placement::{DeviceProfile, PlacementRule};
 pub use session::{NodeProfile, NodeReport, RunStats, RunTrace, Session, SessionOptions, TraceSlice, MAX_FLOAT_VALUE_INPUT, MAX_VALUE_INPUT};
 pub use tune::{TuneOptions, TuneReport, Tuning, TuningDatabase};

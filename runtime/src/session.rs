@@ -2,6 +2,7 @@
 //! shape signature.
 use crate::bodies::{Compile, CompiledBody, GpuBodies, RunBodies};
 use crate::calibrate::calibrate;
+use crate::carried::{self, Carried};
 use crate::error::poisoned;
 use crate::gpu::{self, GpuContext};
 use crate::placement::{self, Dev, DeviceProfile, Devices};
@@ -572,6 +573,83 @@ impl Session {
     /// The number of CPU worker threads the session's kernels run on.
     pub fn threads(&self) -> usize {
         self.workers.threads()
+    }
+
+    /// State to carry from run to run: each `(input, output)` pair names a graph input
+    /// and the graph output that becomes its value after every run, starting from
+    /// `initial` (one tensor each, of the input's type). See [`Session::run_carried`].
+    pub fn carry(&self, pairs: &[(&str, &str)], initial: Vec<Tensor>) -> Result<Carried> {
+        let inputs: Vec<&str> = self.graph.inputs.iter().map(|&v| self.graph.values[v].name.as_str()).collect();
+        let outputs = self.output_names();
+        if initial.len() != pairs.len() {
+            return Err(RuntimeError::Unsupported { node: "carried state".into(), what: format!("{} initial values for {} variables", initial.len(), pairs.len()) });
+        }
+        let mut idx = vec![];
+        for (&(i, o), t) in pairs.iter().zip(&initial) {
+            let ii = inputs.iter().position(|n| *n == i).ok_or_else(|| RuntimeError::UnknownInput { name: i.to_string(), expected: inputs.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ") })?;
+            let oi = outputs.iter().position(|n| n == o).ok_or_else(|| RuntimeError::Unsupported {
+                node: format!("carried state '{i}'"),
+                what: format!("the model has no output '{o}' (its outputs are {})", outputs.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")),
+            })?;
+            if idx.iter().any(|&(a, b)| a == ii || b == oi) {
+                return Err(RuntimeError::DuplicateInput(format!("{i} (or output '{o}') in the carried state")));
+            }
+            let ty = self.graph.values[self.graph.inputs[ii]].ty.as_ref().expect("checked in new");
+            let fits = ty.kind.is_tensor() && t.dtype() == ty.dtype && ty.shape.rank() == t.rank() && ty.shape.0.iter().zip(t.dims()).all(|(d, &n)| !matches!(d, Dim::Fixed(f) if *f != n));
+            if !fits {
+                return Err(RuntimeError::InputMismatch { name: i.to_string(), expected: ty.to_string(), got: format!("{}{:?}", t.dtype(), t.dims()) });
+            }
+            idx.push((ii, oi));
+        }
+        Ok(Carried::new(pairs.iter().map(|(i, o)| (i.to_string(), o.to_string())).collect(), idx, initial))
+    }
+
+    /// Runs the model with `state` bound to its inputs and updated from its outputs.
+    /// Returns the other outputs, in model order. When the whole run is one GPU
+    /// submit, the state is copied in and out on the device and never read back here.
+    pub fn run_carried(&self, state: &Carried, inputs: &[(&str, &Tensor)]) -> Result<(Vec<Tensor>, RunStats)> {
+        let mut slots = state.lock()?;
+        let names: Vec<&str> = state.names().collect();
+        let hosts = slots.host.clone();
+        let mut feeds: Vec<(&str, &Tensor)> = inputs.to_vec();
+        feeds.extend(names.iter().copied().zip(hosts.iter()));
+        let (tensors, types) = self.bind(&feeds)?;
+        let (plan, specialized) = self.plan(&tensors, types)?;
+        let carried_out: Vec<usize> = state.pairs.iter().map(|&(_, o)| o).collect();
+        let keep = |outs: Vec<Tensor>| outs.into_iter().enumerate().filter(|(j, _)| !carried_out.contains(j)).map(|(_, t)| t).collect::<Vec<_>>();
+        let f32_state = hosts.iter().all(|t| t.dtype() == kiln_graph::DType::F32);
+        if let (Planned::Whole(p), true) = (&plan, f32_state) {
+            if let Some(gp) = p.gpu_only().filter(|g| g.can_carry(&state.pairs)) {
+                if slots.device.as_ref().is_none_or(|r| !gp.same_context(r)) {
+                    slots.to_host()?;
+                    slots.device = Some(gp.resident(hosts.iter().map(|t| t.dims().to_vec()).collect()));
+                }
+                let slots = &mut *slots;
+                let res = slots.device.as_ref().expect("made above");
+                for (k, f) in slots.fresh.iter().enumerate() {
+                    if *f == carried::Fresh::Host {
+                        res.upload(k, &slots.host[k])?;
+                    }
+                }
+                let result = self.workers.run(|| gp.run_carried(&tensors, &state.pairs, res));
+                // The device copies were written in the submit, even if the run then
+                // reports an error.
+                slots.fresh.iter_mut().for_each(|f| *f = carried::Fresh::Device);
+                let (outs, submits) = result?;
+                let stats = RunStats { kernels: gp.dispatch_count(), submits, folded_nodes: p.folded, specialized, memory: p.memory() };
+                return Ok((keep(outs), stats));
+            }
+        }
+        // On the host: the state's current values bound as inputs.
+        drop(tensors);
+        slots.to_host()?;
+        let current = slots.host.clone();
+        let feeds: Vec<(&str, &Tensor)> = inputs.iter().copied().chain(names.iter().copied().zip(current.iter())).collect();
+        let (mut outs, stats) = self.run_with_stats(&feeds)?;
+        for (k, &(_, o)) in state.pairs.iter().enumerate() {
+            slots.host[k] = std::mem::replace(&mut outs[o], Tensor::zeros(kiln_graph::DType::F32, &[0]));
+        }
+        Ok((keep(outs), stats))
     }
 }
 

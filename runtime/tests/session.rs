@@ -469,3 +469,81 @@ fn narrow_dtypes_cast_and_reshape_but_arithmetic_is_refused() {
     let e = cpu_session(g).err().expect("an error").to_string();
     assert!(e.contains("'sum'") && e.contains("f8e5m2") && e.contains("Cast"), "{e}");
 }
+
+/// `y = x * s`, `s:next = s + x`: after k runs from s0, s = s0 + k x. With `constant`,
+/// `s:next` is a constant (ones doubled) that the session folds.
+fn accumulator(constant: bool) -> kiln_graph::Graph {
+    let mut b = GraphBuilder::new("accumulate");
+    let x = b.input("x", DType::F32, [4usize]);
+    let s = b.input("s", DType::F32, [4usize]);
+    let y = b.node("Mul", &[x, s], &[]);
+    let next = if constant {
+        let k = b.constant("k", Tensor::from_vec(&[4], vec![1f32; 4]).unwrap());
+        b.node("Add", &[k, k], &[])
+    } else {
+        b.node("Add", &[s, x], &[])
+    };
+    b.rename(y, "y");
+    b.rename(next, "s:next");
+    b.output(y);
+    b.output(next);
+    b.finish().unwrap()
+}
+
+/// Carried state on every device: the same values, read back on demand; on a GPU the
+/// state stays in device memory between runs (and on the host where a plan cannot
+/// keep it there: a next value that no kernel writes).
+#[test]
+fn carried_state_agrees_on_every_device_and_stays_on_gpus() {
+    let x = Tensor::from_vec(&[4], vec![1f32, 2.0, -0.5, 0.25]).unwrap();
+    let s0 = Tensor::from_vec(&[4], vec![0.5f32, 0.0, 1.0, -2.0]).unwrap();
+    let at = |k: f32| -> Vec<f32> { s0.as_slice::<f32>().unwrap().iter().zip(x.as_slice::<f32>().unwrap()).map(|(s, x)| s + k * x).collect() };
+    for d in devices() {
+        let session = Session::new(accumulator(false), SessionOptions::device(d.choice.clone())).unwrap();
+        let state = session.carry(&[("s", "s:next")], vec![s0.clone()]).unwrap();
+        for k in 0..3 {
+            let (outs, stats) = session.run_carried(&state, &[("x", &x)]).unwrap();
+            assert_eq!(outs.len(), 1, "{}: only y comes back", d.label);
+            let want: Vec<f32> = at(k as f32).iter().zip(x.as_slice::<f32>().unwrap()).map(|(s, x)| s * x).collect();
+            assert_eq!(outs[0].as_slice::<f32>().unwrap(), want.as_slice(), "{}: y of run {k}", d.label);
+            assert_eq!(state.on_device(), !d.is_cpu(), "{}: where the state lives", d.label);
+            if !d.is_cpu() {
+                assert_eq!(stats.submits, 1, "{}", d.label);
+            }
+        }
+        assert_eq!(state.get("s").unwrap().as_slice::<f32>().unwrap(), at(3.0).as_slice(), "{}", d.label);
+        // A value set on the host goes to the device with the next run.
+        state.set("s", s0.clone()).unwrap();
+        session.run_carried(&state, &[("x", &x)]).unwrap();
+        assert_eq!(state.values().unwrap()[0].as_slice::<f32>().unwrap(), at(1.0).as_slice(), "{}", d.label);
+        // A next value no kernel writes (folded to a constant): the state stays on the
+        // host.
+        let session = Session::new(accumulator(true), SessionOptions::device(d.choice.clone())).unwrap();
+        let state = session.carry(&[("s", "s:next")], vec![s0.clone()]).unwrap();
+        let (outs, _) = session.run_carried(&state, &[("x", &x)]).unwrap();
+        assert_eq!(outs[0].as_slice::<f32>().unwrap(), at(0.0).iter().zip(x.as_slice::<f32>().unwrap()).map(|(s, x)| s * x).collect::<Vec<_>>().as_slice());
+        assert!(!state.on_device(), "{}", d.label);
+        assert_eq!(state.get("s").unwrap().as_slice::<f32>().unwrap(), &[2.0; 4], "{}", d.label);
+    }
+}
+
+#[test]
+fn carried_state_errors_name_what_is_wrong() {
+    let s = Session::new(accumulator(false), SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+    let s0 = Tensor::from_vec(&[4], vec![0f32; 4]).unwrap();
+    let err = |r: Result<kiln_runtime::Carried, RuntimeError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    let e = err(s.carry(&[("t", "s:next")], vec![s0.clone()]));
+    assert!(e.contains("'t'") && e.contains("'s'"), "{e}");
+    let e = err(s.carry(&[("s", "t:next")], vec![s0.clone()]));
+    assert!(e.contains("no output 't:next'") && e.contains("'y'"), "{e}");
+    let e = err(s.carry(&[("s", "s:next")], vec![Tensor::from_vec(&[3], vec![0f32; 3]).unwrap()]));
+    assert!(e.contains("input 's'") && e.contains("[3]"), "{e}");
+    let e = err(s.carry(&[("s", "s:next")], vec![]));
+    assert!(e.contains("0 initial values for 1"), "{e}");
+    let state = s.carry(&[("s", "s:next")], vec![s0.clone()]).unwrap();
+    let e = state.set("s", Tensor::from_vec(&[2], vec![0f32; 2]).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("input 's'") && e.contains("[2]"), "{e}");
+    // The state is bound by the session: giving it as an input too is an error.
+    let e = s.run_carried(&state, &[("x", &s0), ("s", &s0)]).unwrap_err().to_string();
+    assert!(e.contains("'s'") && e.contains("more than once"), "{e}");
+}

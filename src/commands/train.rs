@@ -324,16 +324,17 @@ pub fn main(a: Args) -> Result<()> {
     let samples_per_s = (done as f64 * a.batch as f64) / seconds.max(1e-9);
     if a.json {
         let memory = memory.as_ref().map(|m| json!({"step_bytes": m.step.planned, "forward_bytes": m.forward.planned, "step_lower_bound_bytes": m.step.lower_bound, "state_bytes": m.state_bytes}));
-        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "memory": memory, "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
+        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "memory": memory, "state_on_device": trainer.state_on_device(), "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
     } else {
         println!("{done} steps in {seconds:.2} s ({samples_per_s:.0} samples/s), last loss {last_loss:.6}");
         if let Some(m) = &memory {
             println!(
-                "memory: the step plans {} KiB of intermediates ({:.1}x the forward pass's {} KiB), plus {} KiB of parameters and optimizer state",
+                "memory: the step plans {} KiB of intermediates ({:.1}x the forward pass's {} KiB), plus {} KiB of parameters and optimizer state{}",
                 m.step.planned / 1024,
                 m.step.planned as f64 / m.forward.planned.max(1) as f64,
                 m.forward.planned / 1024,
-                m.state_bytes / 1024
+                m.state_bytes / 1024,
+                if trainer.state_on_device() { " (kept in device memory between steps)" } else { "" }
             );
         }
         if let Some(e) = &eval {
@@ -351,7 +352,7 @@ pub fn main(a: Args) -> Result<()> {
 fn evaluate(t: &Trainer, dir: &Path, loss: &Loss, classes: usize, a: &Args) -> Result<serde_json::Value> {
     let (x, y) = read_xy(dir, "test")?;
     let y = labels(y, loss, classes, a.ignore_index)?;
-    let g = t.inference_graph();
+    let g = t.inference_graph()?;
     let input = g.inputs.iter().find(|v| !g.initializers.contains_key(v)).map(|&v| g.values[v].name.clone()).context("the model has no input")?;
     let session = Session::new(g, SessionOptions { threads: a.threads, ..SessionOptions::device(a.device.clone()) })?;
     let n = x.dims()[0];

@@ -17,8 +17,8 @@ fn fingerprint(t: &Trainer) -> i64 {
             h = h.wrapping_mul(0x100_0000_01b3);
         }
     };
-    for (s, v) in t.state() {
-        eat(&format!("{}:{}:{:?}", s.name, v.dtype(), v.dims()));
+    for s in &t.state_vars {
+        eat(&format!("{}:{}:{:?}", s.name, s.initial.dtype(), s.initial.dims()));
     }
     eat(&format!("{:?}", t.optimizer.kind));
     h as i64
@@ -27,7 +27,8 @@ fn fingerprint(t: &Trainer) -> i64 {
 pub fn save(t: &Trainer, path: &Path) -> Result<()> {
     let step = Tensor::from_vec(&[1], vec![t.step as i64]).expect("a vector");
     let fp = Tensor::from_vec(&[1], vec![fingerprint(t)]).expect("a vector");
-    let mut arrays: Vec<(&str, &Tensor)> = t.state().map(|(s, v)| (s.name.as_str(), v)).collect();
+    let state = t.state()?;
+    let mut arrays: Vec<(&str, &Tensor)> = state.iter().map(|(s, v)| (s.name.as_str(), v)).collect();
     arrays.push((STEP, &step));
     arrays.push((FINGERPRINT, &fp));
     npz::write_file(path, &arrays).map_err(|e| TrainError::Checkpoint { path: path.display().to_string(), what: e.to_string() })
@@ -42,8 +43,9 @@ pub fn load(t: &mut Trainer, path: &Path) -> Result<()> {
     };
     let step = scalar(STEP)?;
     // Say what differs before the fingerprint's verdict, so a user sees why.
-    let mut next = Vec::with_capacity(t.state.len());
-    for (s, cur) in t.state() {
+    let mut next = Vec::with_capacity(t.state_vars.len());
+    for s in &t.state_vars {
+        let cur = &s.initial;
         let v = get(&s.name).ok_or_else(|| fail(format!("no '{}': a checkpoint of another model or optimizer", s.name)))?;
         if v.dtype() != cur.dtype() || v.dims() != cur.dims() {
             return Err(fail(format!("'{}' is {}{:?}, this model's is {}{:?}: a checkpoint of another model", s.name, v.dtype(), v.dims(), cur.dtype(), cur.dims())));
@@ -56,7 +58,9 @@ pub fn load(t: &mut Trainer, path: &Path) -> Result<()> {
     if step < 0 {
         return Err(fail(format!("step {step} is negative")));
     }
-    t.state = next;
+    for (s, v) in t.state_vars.iter().zip(next) {
+        t.carried.set(&s.name, v)?;
+    }
     t.step = step as u64;
     Ok(())
 }

@@ -13,12 +13,12 @@ pub fn export_onnx(trainer: &Trainer, source: &Path, dest: &Path) -> Result<()> 
     let bytes = std::fs::read(source).map_err(|e| fail(format!("cannot read '{}': {e}", source.display())))?;
     let mut model = proto::ModelProto::decode(bytes.as_slice()).map_err(|e| fail(format!("'{}' is not an ONNX model: {e}", source.display())))?;
     let graph = model.graph.as_mut().ok_or_else(|| fail(format!("'{}' has no graph", source.display())))?;
-    for (s, t) in trainer.state() {
+    for (s, t) in trainer.state()? {
         if matches!(s.kind, StateKind::Slot { .. }) {
             continue;
         }
         let init = graph.initializer.iter_mut().find(|i| i.name == s.name).ok_or_else(|| fail(format!("the model has no initializer '{}'", s.name)))?;
-        *init = tensor_to_proto(&s.name, t);
+        *init = tensor_to_proto(&s.name, &t);
     }
     for n in &mut graph.node {
         if n.domain.is_empty() || n.domain == "ai.onnx" {

@@ -5,15 +5,15 @@
 //! It sits in the facade because it needs both the compiler (to build the step) and
 //! the runtime (to run it); neither of those depends on it.
 //!
-//! The state lives in the trainer and is bound to the step as inputs; the step's
-//! outputs become the next state. On the CPU that is a hand-over of buffers; on a GPU
-//! every step uploads the state and reads it back (device-resident state is the next
-//! step of this design).
+//! The state is the session's carried state ([`kiln_runtime::Carried`]): bound to the
+//! step as inputs, replaced by the step's outputs. On the CPU that is a hand-over of
+//! buffers; on a GPU that runs the whole step in one submit it stays in device memory
+//! and is read back only when asked for (checkpoints, export, [`Trainer::state`]).
 use kiln_compiler::autodiff::{self, AutodiffError, Loss, Optimizer, StateKind, StateVar, TrainConfig, Trainable};
 use kiln_compiler::passes::{self, Target};
 use kiln_graph::{Graph, Tensor};
 use kiln_ops::TensorType;
-use kiln_runtime::{DeviceChoice, DeviceKind, RuntimeError, Session, SessionOptions};
+use kiln_runtime::{Carried, DeviceChoice, DeviceKind, RuntimeError, Session, SessionOptions};
 use std::path::Path;
 use std::time::Instant;
 
@@ -102,12 +102,14 @@ pub struct Trainer {
     label: (String, TensorType),
     prediction: TensorType,
     state_vars: Vec<StateVar>,
-    state: Vec<Tensor>,
+    /// The state's values, carried by the session from step to step.
+    carried: Carried,
     step: u64,
     optimizer: Optimizer,
     schedule: Schedule,
-    /// Output positions: loss, prediction, then the next state in `state_vars` order.
-    outputs: (usize, usize, Vec<usize>),
+    /// Positions of the loss and the prediction among the step's outputs other than
+    /// the carried state.
+    outputs: (usize, usize),
     /// The memory plan of the step's intermediates (after the first step).
     memory: Option<kiln_runtime::MemoryPlan>,
     options_threads: Option<usize>,
@@ -150,9 +152,12 @@ impl Trainer {
             passes::optimize_for(&mut graph, target);
         }
         let session = Session::new(graph, SessionOptions { threads: options.threads, ..SessionOptions::device(options.device.clone()) })?;
-        let names = session.output_names();
+        let nexts: Vec<&str> = tg.state.iter().map(|s| s.next.as_str()).collect();
+        let names: Vec<String> = session.output_names().into_iter().filter(|n| !nexts.contains(&n.as_str())).collect();
         let pos = |n: &str| names.iter().position(|o| o == n).ok_or_else(|| AutodiffError::Model(format!("the compiled training step lost its output '{n}'")));
-        let outputs = (pos(&tg.loss)?, pos(&tg.prediction)?, tg.state.iter().map(|s| pos(&s.next)).collect::<Result<_, _>>()?);
+        let outputs = (pos(&tg.loss)?, pos(&tg.prediction)?);
+        let pairs: Vec<(&str, &str)> = tg.state.iter().map(|s| (s.name.as_str(), s.next.as_str())).collect();
+        let carried = session.carry(&pairs, tg.state.iter().map(|s| s.initial.clone()).collect())?;
         // `build` checked that every data input has a type in `inputs`.
         let data_inputs = inputs.iter().filter(|(n, _)| tg.data_inputs.contains(n)).cloned().collect();
         Ok(Trainer {
@@ -161,7 +166,7 @@ impl Trainer {
             data_inputs,
             label: (tg.label, tg.label_type),
             prediction: tg.prediction_type,
-            state: tg.state.iter().map(|s| s.initial.clone()).collect(),
+            carried,
             state_vars: tg.state,
             step: 0,
             optimizer: options.optimizer,
@@ -193,12 +198,11 @@ impl Trainer {
         &self.prediction
     }
 
-    /// The feeds of step `step` (inputs, label, the optimizer's scalars, the state).
+    /// The feeds of step `step` but the state (inputs, label, the optimizer's scalars).
     fn feeds<'a>(&'a self, inputs: &[(&'a str, &'a Tensor)], label: &'a Tensor, hyper: &'a [(&'a str, Tensor)]) -> Vec<(&'a str, &'a Tensor)> {
         let mut feeds: Vec<(&str, &Tensor)> = inputs.to_vec();
         feeds.push((self.label.0.as_str(), label));
         feeds.extend(hyper.iter().map(|(n, t)| (*n, t)));
-        feeds.extend(self.state_vars.iter().zip(&self.state).map(|(s, t)| (s.name.as_str(), t)));
         feeds
     }
 
@@ -217,11 +221,15 @@ impl Trainer {
     /// without applying it: the state stays as it is.
     pub fn trace_step(&self, inputs: &[(&str, &Tensor)], label: &Tensor) -> Result<kiln_runtime::RunTrace> {
         let (_, hyper) = self.hyper(self.step + 1);
-        Ok(self.session.trace(&self.feeds(inputs, label, &hyper))?)
+        let state = self.carried.values()?;
+        let mut feeds = self.feeds(inputs, label, &hyper);
+        feeds.extend(self.state_vars.iter().zip(&state).map(|(s, t)| (s.name.as_str(), t)));
+        Ok(self.session.trace(&feeds)?)
     }
 
     /// One optimizer step on a batch: `inputs` by the model's input names, `label` as
-    /// the loss takes it. A non-finite loss leaves the state as it was.
+    /// the loss takes it. A non-finite loss leaves the state as it was (the step's graph
+    /// keeps it, on every device).
     pub fn step(&mut self, inputs: &[(&str, &Tensor)], label: &Tensor) -> Result<StepReport> {
         let lty = &self.label.1;
         if label.dtype() != lty.dtype || label.dims() != lty.dims.as_slice() {
@@ -230,7 +238,7 @@ impl Trainer {
         let started = Instant::now();
         let step = self.step + 1;
         let (lr, hyper) = self.hyper(step);
-        let (mut out, stats) = self.session.run_with_stats(&self.feeds(inputs, label, &hyper))?;
+        let (out, stats) = self.session.run_carried(&self.carried, &self.feeds(inputs, label, &hyper))?;
         if stats.memory.is_some() {
             self.memory = stats.memory;
         }
@@ -238,29 +246,35 @@ impl Trainer {
         if !loss.is_finite() {
             return Err(TrainError::NonFinite { step, loss });
         }
-        for (k, &p) in self.outputs.2.iter().enumerate() {
-            self.state[k] = std::mem::replace(&mut out[p], Tensor::scalar(0f32));
-        }
         self.step = step;
         Ok(StepReport { step, loss, lr, seconds: started.elapsed().as_secs_f64() })
     }
 
     /// The current value of every state variable (parameters, running statistics,
-    /// optimizer slots), by name.
-    pub fn state(&self) -> impl Iterator<Item = (&StateVar, &Tensor)> {
-        self.state_vars.iter().zip(&self.state)
+    /// optimizer slots), by name; read back from the device where it lives there.
+    pub fn state(&self) -> Result<Vec<(&StateVar, Tensor)>> {
+        Ok(self.state_vars.iter().zip(self.carried.values()?).collect())
     }
 
     /// The current value of a parameter or running statistic, by initializer name.
-    pub fn parameter(&self, name: &str) -> Option<&Tensor> {
-        self.state().find(|(s, _)| s.name == name && !matches!(s.kind, StateKind::Slot { .. })).map(|(_, t)| t)
+    pub fn parameter(&self, name: &str) -> Result<Option<Tensor>> {
+        match self.state_vars.iter().find(|s| s.name == name && !matches!(s.kind, StateKind::Slot { .. })) {
+            Some(s) => Ok(Some(self.carried.get(&s.name)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether the state is in device memory between steps now (a GPU session whose
+    /// step runs in one submit).
+    pub fn state_on_device(&self) -> bool {
+        self.carried.on_device()
     }
 
     /// The model for inference with the current weights: initializers replaced,
     /// BatchNormalization in inference mode (running statistics), Dropout the identity.
-    pub fn inference_graph(&self) -> Graph {
+    pub fn inference_graph(&self) -> Result<Graph> {
         let mut g = self.forward.clone();
-        for (s, t) in self.state() {
+        for (s, t) in self.state()? {
             if matches!(s.kind, StateKind::Slot { .. }) {
                 continue;
             }
@@ -278,17 +292,17 @@ impl Trainer {
                 g.outputs.retain(|o| !stats.contains(o));
             }
         }
-        g
+        Ok(g)
     }
 
     /// The step's planned memory against the forward pass alone on the same batch
     /// (`inputs`: one batch), once a step has run (else `None`).
     pub fn memory_report(&self, inputs: &[(&str, &Tensor)]) -> Result<Option<MemoryReport>> {
         let Some(step) = self.memory.clone() else { return Ok(None) };
-        let session = Session::new(self.inference_graph(), SessionOptions { threads: self.options_threads, ..SessionOptions::device(self.device.clone()) })?;
+        let session = Session::new(self.inference_graph()?, SessionOptions { threads: self.options_threads, ..SessionOptions::device(self.device.clone()) })?;
         let (_, stats) = session.run_with_stats(inputs)?;
         let Some(forward) = stats.memory else { return Ok(None) };
-        let state_bytes = self.state.iter().map(|t| t.bytes().len() as u64).sum();
+        let state_bytes = self.state_vars.iter().map(|s| s.initial.bytes().len() as u64).sum();
         Ok(Some(MemoryReport { step, forward, state_bytes }))
     }
 

@@ -3,8 +3,9 @@
 //!
 //! Inputs: the model's inputs, the label, the optimizer's per-step scalars, then the
 //! state (parameters, running statistics, optimizer slots). Outputs: the loss, the
-//! prediction, then each state variable's next value. A runtime keeps the state
-//! between steps and feeds each output back as the matching input.
+//! prediction, then each state variable's next value (the value as it was when the
+//! loss is not finite). A runtime keeps the state between steps and feeds each output
+//! back as the matching input.
 //!
 //! Gradients exist as values between backward and update ([`TrainingGraph::gradients`]):
 //! the point where data-parallel training reduces them across workers.
@@ -243,12 +244,22 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         .collect();
     let mut state = vec![];
     let mut outputs = vec![loss, pred];
-    let mut next_of = |e: &mut Emit, input: ValueId, next: ValueId, kind: StateKind, initial: Tensor, state: &mut Vec<StateVar>| {
+    // A step whose loss is NaN or infinite changes nothing: every next value is the
+    // state as it was unless the loss is finite. In the graph, so that state that stays
+    // on a device between steps is kept as well.
+    e.set_scope("update");
+    let nan = e.op("IsNaN", &[loss], &[])?;
+    let inf = e.op("IsInf", &[loss], &[])?;
+    let bad = e.op("Or", &[nan, inf], &[])?;
+    let finite = e.op("Not", &[bad], &[])?;
+    let mut next_of = |e: &mut Emit, input: ValueId, next: ValueId, kind: StateKind, initial: Tensor, state: &mut Vec<StateVar>| -> Result<()> {
         let name = e.graph.values[input].name.clone();
         let next_name = format!("{name}:next");
-        e.graph.values[next].name = next_name.clone();
-        outputs.push(next);
+        let kept = e.op("Where", &[finite, next, input], &[])?;
+        e.graph.values[kept].name = next_name.clone();
+        outputs.push(kept);
         state.push(StateVar { name, kind, next: next_name, initial });
+        Ok(())
     };
     for (&p, &gr) in params.iter().zip(&grads) {
         let pname = e.graph.values[p].name.clone();
@@ -267,16 +278,16 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         let (new_p, new_slots) = opt.update(&mut e, p, gr, &slot_values, &hyper)?;
         let t = initial.remove(&p).expect("a parameter");
         let (dtype, dims) = (t.dtype(), t.dims().to_vec());
-        next_of(&mut e, p, new_p, StateKind::Parameter, t, &mut state);
+        next_of(&mut e, p, new_p, StateKind::Parameter, t, &mut state)?;
         for ((sv, sname), ns) in slots.into_iter().zip(new_slots) {
-            next_of(&mut e, sv, ns, StateKind::Slot { param: pname.clone(), slot: sname }, Tensor::zeros(dtype, &dims), &mut state);
+            next_of(&mut e, sv, ns, StateKind::Slot { param: pname.clone(), slot: sname }, Tensor::zeros(dtype, &dims), &mut state)?;
         }
     }
     for (v, node, out) in &buffers {
         let Some(t) = initial.remove(v) else { continue };
         let bn_out = forward.nodes[*node].outputs[*out];
         let next = *subst.get(&bn_out).ok_or_else(|| model_err(format!("running statistic '{}' has no update", forward.values[*v].name)))?;
-        next_of(&mut e, *v, next, StateKind::Buffer, t, &mut state);
+        next_of(&mut e, *v, next, StateKind::Buffer, t, &mut state)?;
     }
     let gradients: Vec<(String, String)> = params.iter().zip(&grads).rev().map(|(&p, &gr)| (e.graph.values[p].name.clone(), e.graph.values[gr].name.clone())).collect();
     drop(e);

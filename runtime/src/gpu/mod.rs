@@ -3,9 +3,11 @@
 mod convert;
 mod half;
 mod plan;
+mod resident;
 
 pub(crate) use convert::{from_gpu, to_gpu};
 pub(crate) use plan::{generate, GpuPlan, GpuTiming, WeightCache};
+pub(crate) use resident::Resident;
 
 use crate::error::poisoned;
 use crate::{AdapterInfo, DeviceChoice, DeviceKind, DevicesReport, Result, RuntimeError};

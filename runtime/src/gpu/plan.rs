@@ -2,6 +2,7 @@
 //! compiled once; weights uploaded once per session; per-run buffers and bind groups
 //! allocated once per concurrent runner and reused. A run is one command encoder, one
 //! compute pass and one submit, with no readback before the outputs.
+use super::resident::Resident;
 use super::convert::{from_gpu, to_gpu};
 use super::{half, GpuContext, Pipeline};
 use crate::error::poisoned;
@@ -562,20 +563,58 @@ impl GpuPlan {
     /// [`GpuPlan::run`], filling `timing` when given (host phases, and every kernel's
     /// GPU time where the adapter has timestamp queries).
     pub fn run_timed(&self, inputs: &[&Tensor], timing: Option<&mut GpuTiming>) -> Result<(Vec<Tensor>, usize)> {
+        self.run_pooled(inputs, None, timing)
+    }
+
+    /// Whether these (graph input, graph output) pairs can stay on the device between
+    /// runs ([`GpuPlan::run_carried`]): each output is f32 and written by a kernel, and
+    /// no output passes a carried input through.
+    pub fn can_carry(&self, pairs: &[(usize, usize)]) -> bool {
+        let passed_through = self.outputs.iter().any(|o| matches!(o, OutputSource::Input(i) if pairs.iter().any(|&(pi, _)| pi == *i)));
+        !passed_through && pairs.iter().all(|&(_, o)| matches!(self.outputs.get(o), Some(OutputSource::Buffer(_, ty)) if ty.dtype == DType::F32))
+    }
+
+    /// [`GpuPlan::run`] with carried state: pair `k`'s input is copied from
+    /// `resident.buffers[k]` before the first dispatch (its host tensor in `inputs` is
+    /// not read), and its output copied back there after the last, in the same submit;
+    /// neither is read back. Those outputs come back as empty placeholders.
+    pub fn run_carried(&self, inputs: &[&Tensor], pairs: &[(usize, usize)], resident: &Resident) -> Result<(Vec<Tensor>, usize)> {
+        if !self.same_context(resident) {
+            return Err(RuntimeError::Gpu("carried state lives on another device than this plan's".into()));
+        }
+        self.run_pooled(inputs, Some((pairs, resident)), None)
+    }
+
+    /// Device buffers for carried state of these dims, on this plan's device.
+    pub fn resident(&self, dims: Vec<Vec<usize>>) -> Resident {
+        Resident::new(self.ctx.clone(), dims)
+    }
+
+    /// Whether `resident` lives on this plan's device.
+    pub fn same_context(&self, resident: &Resident) -> bool {
+        Arc::ptr_eq(&self.ctx, &resident.ctx)
+    }
+
+    fn run_pooled(&self, inputs: &[&Tensor], carry: Option<(&[(usize, usize)], &Resident)>, timing: Option<&mut GpuTiming>) -> Result<(Vec<Tensor>, usize)> {
         let state = self.pool.lock().map_err(|_| poisoned())?.pop();
         let state = match state {
             Some(s) => s,
             None => self.new_state(),
         };
-        let result = self.run_with(&state, inputs, timing);
+        let result = self.run_with(&state, inputs, carry, timing);
         self.pool.lock().map_err(|_| poisoned())?.push(state);
         result
     }
 
-    fn run_with(&self, st: &ExecState, inputs: &[&Tensor], mut timing: Option<&mut GpuTiming>) -> Result<(Vec<Tensor>, usize)> {
+    fn run_with(&self, st: &ExecState, inputs: &[&Tensor], carry: Option<(&[(usize, usize)], &Resident)>, mut timing: Option<&mut GpuTiming>) -> Result<(Vec<Tensor>, usize)> {
         let ctx = &self.ctx;
+        let pairs = carry.map_or(&[][..], |(p, _)| p);
+        let carried_output = |o: usize| pairs.iter().position(|&(_, po)| po == o);
         let upload_start = Instant::now();
         for (i, buf, name) in &self.inputs {
+            if pairs.iter().any(|&(pi, _)| pi == *i) {
+                continue;
+            }
             let t = inputs[*i];
             if t.dtype() == DType::F16 && ctx.f16 {
                 // Halves as they are; the buffer is padded to whole words.
@@ -591,6 +630,15 @@ impl GpuPlan {
         }
         let upload_end = Instant::now();
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
+        if let Some((pairs, res)) = carry {
+            for (k, &(i, _)) in pairs.iter().enumerate() {
+                let bytes = res.copy_bytes(k);
+                if let (Some((_, b, _)), true) = (self.inputs.iter().find(|(ii, _, _)| *ii == i), bytes > 0) {
+                    let loc = self.runs[*b];
+                    enc.copy_buffer_to_buffer(&res.buffers[k], 0, &st.buffers[loc.buffer], loc.offset, bytes);
+                }
+            }
+        }
         for (b, _, _) in &self.statuses {
             let loc = self.runs[*b];
             enc.clear_buffer(&st.buffers[loc.buffer], loc.offset, Some(loc.size));
@@ -633,7 +681,14 @@ impl GpuPlan {
         if let Some(q) = &stamps {
             q.resolve(&mut enc);
         }
-        for (o, staging) in self.outputs.iter().zip(&st.staging) {
+        for (j, (o, staging)) in self.outputs.iter().zip(&st.staging).enumerate() {
+            if let (Some(k), Some((_, res)), OutputSource::Buffer(b, _)) = (carried_output(j), carry, o) {
+                let bytes = res.copy_bytes(k);
+                if bytes > 0 {
+                    enc.copy_buffer_to_buffer(&st.buffers[self.runs[*b].buffer], self.runs[*b].offset, &res.buffers[k], 0, bytes);
+                }
+                continue;
+            }
             if let (OutputSource::Buffer(b, _) | OutputSource::Halves(b, _), Some(s), Some(bytes)) = (o, staging, output_bytes(o)) {
                 enc.copy_buffer_to_buffer(&st.buffers[self.runs[*b].buffer], self.runs[*b].offset, s, 0, bytes);
             }
@@ -659,7 +714,7 @@ impl GpuPlan {
             });
         }
         for (k, s) in st.staging.iter().enumerate() {
-            if let Some(s) = s {
+            if let (Some(s), None) = (s, carried_output(k)) {
                 let tx = tx.clone();
                 s.map_async(wgpu::MapMode::Read, .., move |r| {
                     let _ = tx.send((k, r));
@@ -696,7 +751,11 @@ impl GpuPlan {
         }
         let status_error = self.status_error(st)?;
         let mut outs = vec![];
-        for (o, s) in self.outputs.iter().zip(&st.staging) {
+        for (j, (o, s)) in self.outputs.iter().zip(&st.staging).enumerate() {
+            if carried_output(j).is_some() {
+                outs.push(Tensor::zeros(DType::F32, &[0]));
+                continue;
+            }
             outs.push(match (o, s) {
                 (OutputSource::Buffer(_, ty), Some(s)) => {
                     let t = {
