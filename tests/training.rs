@@ -339,3 +339,61 @@ fn dropout_masks_follow_the_seed_on_every_device() {
         assert!((c - g).abs() <= 1e-5 * c.abs(), "CPU {cpu:?} vs GPU {gpu:?}");
     }
 }
+
+/// A model that computes its own loss (SoftmaxCrossEntropyLoss as its output, the
+/// label a model input) trains step for step as the same network with Kiln's
+/// cross-entropy appended, on every device; class weights and ignored labels too.
+#[test]
+fn a_model_with_its_own_onnx_loss_trains_like_the_built_in_loss() {
+    use kiln::graph::{rng::Rng, Attr, GraphBuilder};
+    gpu_env();
+    let mlp = |own_loss: bool| {
+        let mut b = GraphBuilder::new("mlp");
+        let x = b.input("x", DType::F32, [6usize, 5]);
+        let mut rng = Rng::new(11);
+        let w1 = b.constant("w1", rng.tensor(&[8, 5], 0.5).unwrap());
+        let w2 = b.constant("w2", rng.tensor(&[3, 8], 0.5).unwrap());
+        let h = b.node("Gemm", &[x, w1], &[("transB", Attr::Int(1))]);
+        let h = b.node("Tanh", &[h], &[]);
+        let logits = b.node("Gemm", &[h, w2], &[("transB", Attr::Int(1))]);
+        if own_loss {
+            let y = b.input("labels", DType::I64, [6usize]);
+            let loss = b.node("SoftmaxCrossEntropyLoss", &[logits, y], &[("ignore_index", Attr::Int(-1))]);
+            b.output(loss);
+        } else {
+            b.output(logits);
+        }
+        kiln::train::Model { graph: b.finish().unwrap(), initializers: vec!["w1".into(), "w2".into()] }
+    };
+    let xs = Rng::new(4).tensor(&[6, 5], 1.0).unwrap();
+    let ys = Tensor::from_vec(&[6], vec![0i64, 2, -1, 1, 2, 0]).unwrap();
+    let x_type = ("x".to_string(), TensorType::new(DType::F32, vec![6, 5]));
+    let run = |device: DeviceChoice, own: bool| -> Vec<f32> {
+        let adam = Optimizer::new(OptimizerKind::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8 });
+        let (loss, types) = if own {
+            (Loss::ModelOutput { label: "labels".into() }, vec![x_type.clone(), ("labels".to_string(), TensorType::new(DType::I64, vec![6]))])
+        } else {
+            (Loss::CrossEntropy { ignore_index: Some(-1), label_smoothing: 0.0 }, vec![x_type.clone()])
+        };
+        let mut opts = TrainOptions::new(loss, adam, Schedule::constant(0.05));
+        opts.device = device;
+        let mut t = Trainer::new(&mlp(own), &types, opts).unwrap();
+        assert_eq!(t.batch_types().1, &TensorType::new(DType::I64, vec![6]), "the label's type");
+        (0..8).map(|_| t.step(&[("x", &xs)], &ys).unwrap().loss).collect()
+    };
+    let builtin = run(DeviceChoice::Cpu, false);
+    assert!(builtin[7] < builtin[0] * 0.7, "it learns: {builtin:?}");
+    for device in [DeviceChoice::Cpu, DeviceChoice::Gpu] {
+        let own = run(device.clone(), true);
+        for (k, (a, b)) in own.iter().zip(&builtin).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{device:?} step {}: {own:?} vs {builtin:?}", k + 1);
+        }
+    }
+    // A model output that is not a scalar is not a loss; an unknown label input is named.
+    let sgd = || Optimizer::new(OptimizerKind::Sgd { momentum: 0.0, nesterov: false });
+    let opts = |label: &str| TrainOptions::new(Loss::ModelOutput { label: label.into() }, sgd(), Schedule::constant(0.1));
+    let err = Trainer::new(&mlp(false), &[x_type.clone()], opts("x")).err().unwrap().to_string();
+    assert!(err.contains("must be a scalar") && err.contains("[6, 3]"), "{err}");
+    let err = Trainer::new(&mlp(true), &[x_type.clone(), ("labels".into(), TensorType::new(DType::I64, vec![6]))], opts("y")).err().unwrap().to_string();
+    assert!(err.contains("no input 'y'") && err.contains("labels"), "{err}");
+}

@@ -262,10 +262,30 @@ fn losses() {
     check_full("Identity", &[], &[rand(&[3, 4])], 1, 21, Some((Loss::MeanSquaredError, target)));
 }
 
+/// The ONNX loss ops in the model: NegativeLogLikelihoodLoss (a rule) and
+/// SoftmaxCrossEntropyLoss (lowered to LogSoftmax and NLL), every reduction, class
+/// weights, ignored targets (one outside the classes), extra dims after the classes.
+#[test]
+fn onnx_loss_ops() {
+    let t = |d: &[usize], v: Vec<i64>| In::Const(Tensor::from_vec(d, v).unwrap());
+    let weights = || In::Const(Tensor::from_vec(&[3], vec![0.5f64, 2.0, 1.25]).unwrap());
+    let red = |r: &str| ("reduction", Attr::String(r.into()));
+    for op in ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"] {
+        let outs = if op == "SoftmaxCrossEntropyLoss" { 2 } else { 1 };
+        check_grad(op, &[], &[rand(&[4, 3]), t(&[4], vec![1, 0, 2, 1])], outs);
+        check_grad(op, &[red("sum")], &[rand(&[2, 3, 5]), t(&[2, 5], vec![0, 1, 2, 2, 1, 0, 0, 1, 2, 1]), weights()], outs);
+        let ignored = t(&[2, 4], vec![0, -1, 2, 1, -1, 2, 2, 0]);
+        check_grad(op, &[red("none"), ("ignore_index", Attr::Int(-1))], &[rand(&[2, 3, 4]), ignored.clone()], outs);
+        let outside = t(&[2, 4], vec![0, 7, 2, 1, 7, 2, 2, 0]);
+        check_grad(op, &[("ignore_index", Attr::Int(7))], &[rand(&[2, 3, 4]), outside, weights()], outs);
+        check_grad(op, &[red("mean"), ("ignore_index", Attr::Int(-1))], &[rand(&[2, 3, 4]), ignored, weights()], outs);
+    }
+}
+
 /// Every rule the autodiff module has is exercised above (keep this list in step).
 #[test]
 fn every_rule_is_checked() {
-    let checked = "Add Sub Mul Div Pow Neg Relu Sigmoid Tanh Exp Erf Identity Log Sqrt Reciprocal Where MatMul Gemm Conv MaxPool GlobalAveragePool AveragePool Trilu Softmax LogSoftmax ReduceSum ReduceMean Reshape Flatten Unsqueeze Squeeze Transpose Concat Split Slice Gather Expand Cast";
+    let checked = "Add Sub Mul Div Pow Neg Relu Sigmoid Tanh Exp Erf Identity Log Sqrt Reciprocal Where MatMul Gemm Conv MaxPool GlobalAveragePool AveragePool Trilu Softmax LogSoftmax ReduceSum ReduceMean Reshape Flatten Unsqueeze Squeeze Transpose Concat Split Slice Gather Expand Cast NegativeLogLikelihoodLoss";
     for op in kiln_compiler::autodiff::rules::supported() {
         assert!(checked.split(' ').any(|c| c == op), "{op} has a rule but no finite-difference check");
     }

@@ -174,6 +174,7 @@ fn labels(y: Tensor, loss: &Loss, classes: usize, ignore: Option<i64>) -> Result
             }
             Ok(y)
         }
+        Loss::ModelOutput { .. } => Ok(y),
     }
 }
 
@@ -379,6 +380,7 @@ fn evaluate(t: &Trainer, dir: &Path, loss: &Loss, classes: usize, a: &Args) -> R
                     counted += 1;
                 }
             }
+            Loss::ModelOutput { .. } => bail!("evaluation computes cross-entropy or mse; the model's own loss has no evaluation here"),
             Loss::MeanSquaredError => {
                 let want = yb.to_f64_vec();
                 total += pred.iter().zip(&want).map(|(p, w)| (p - w) * (p - w)).sum::<f64>();
@@ -389,6 +391,6 @@ fn evaluate(t: &Trainer, dir: &Path, loss: &Loss, classes: usize, a: &Args) -> R
     let mean = total / counted.max(1) as f64;
     Ok(match loss {
         Loss::CrossEntropy { .. } => json!({"samples": n, "loss": mean, "accuracy": correct as f64 / counted.max(1) as f64}),
-        Loss::MeanSquaredError => json!({"samples": n, "mse": mean}),
+        Loss::MeanSquaredError | Loss::ModelOutput { .. } => json!({"samples": n, "mse": mean}),
     })
 }

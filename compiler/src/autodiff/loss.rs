@@ -16,6 +16,10 @@ pub enum Loss {
     },
     /// Mean squared error against a float target of the prediction's dims.
     MeanSquaredError,
+    /// The model computes its own loss: the output the step reads is a scalar (an
+    /// ONNX loss op such as SoftmaxCrossEntropyLoss), and `label` names the model input
+    /// that takes the label.
+    ModelOutput { label: String },
 }
 
 impl Loss {
@@ -23,11 +27,13 @@ impl Loss {
         Loss::CrossEntropy { ignore_index: None, label_smoothing: 0.0 }
     }
 
-    /// The label input's dtype and dims for a prediction of `dims`.
-    pub fn label_type(&self, pred_dtype: DType, dims: &[usize]) -> (DType, Vec<usize>) {
+    /// The label input's dtype and dims for a prediction of `dims` (`None` for
+    /// [`Loss::ModelOutput`], whose label is a model input of its own type).
+    pub fn label_type(&self, pred_dtype: DType, dims: &[usize]) -> Option<(DType, Vec<usize>)> {
         match self {
-            Loss::CrossEntropy { .. } => (DType::I64, dims[..dims.len().saturating_sub(1)].to_vec()),
-            Loss::MeanSquaredError => (pred_dtype, dims.to_vec()),
+            Loss::CrossEntropy { .. } => Some((DType::I64, dims[..dims.len().saturating_sub(1)].to_vec())),
+            Loss::MeanSquaredError => Some((pred_dtype, dims.to_vec())),
+            Loss::ModelOutput { .. } => None,
         }
     }
 
@@ -40,6 +46,13 @@ impl Loss {
             return Err(AutodiffError::Model(format!("the loss needs a float prediction, the model's output is {dtype}")));
         }
         match self {
+            Loss::ModelOutput { .. } => {
+                if pd.iter().product::<usize>() != 1 {
+                    return Err(AutodiffError::Model(format!("the model's output is its loss, so it must be a scalar; it is {dtype}{pd:?}")));
+                }
+                let one = e.reshape(pred, &[])?;
+                e.op("Identity", &[one], &[])
+            }
             Loss::MeanSquaredError => {
                 let d = e.sub(pred, label)?;
                 let d2 = e.mul(d, d)?;

@@ -8,6 +8,7 @@
 //!   InvStdDev outputs.
 //! - Dropout in training mode: the input times a `kiln.DropoutMask` drawn from the
 //!   graph input [`DROPOUT_SEED`] (a new seed each step), one stream per node.
+//! - SoftmaxCrossEntropyLoss: LogSoftmax, then NegativeLogLikelihoodLoss.
 use super::emit::Emit;
 use super::rules::{axis, float_attr, input, int_attr};
 use super::{replace_uses, Result};
@@ -42,6 +43,7 @@ pub fn lower(e: &mut Emit) -> Result<Lowered> {
             }
             "BatchNormalization" if n.domain.is_empty() && is_training_bn(&n) => batch_norm(e, &n, &mut subst)?,
             "LayerNormalization" if n.domain.is_empty() => layer_norm(e, &n, &mut subst)?,
+            "SoftmaxCrossEntropyLoss" if n.domain.is_empty() => softmax_cross_entropy(e, &n, &mut subst)?,
             _ => e.graph.nodes.push(n),
         }
     }
@@ -138,6 +140,23 @@ fn layer_norm(e: &mut Emit, n: &Node, subst: &mut HashMap<ValueId, ValueId>) -> 
     }
     if let Some(&s) = n.outputs.get(2) {
         subst.insert(s, inv);
+    }
+    Ok(())
+}
+
+/// SoftmaxCrossEntropyLoss as LogSoftmax over the class axis and
+/// NegativeLogLikelihoodLoss (same reduction, ignore_index and weights); its optional
+/// `log_prob` output is the LogSoftmax.
+fn softmax_cross_entropy(e: &mut Emit, n: &Node, subst: &mut HashMap<ValueId, ValueId>) -> Result<()> {
+    e.set_scope(n.name.clone());
+    let logp = e.op("LogSoftmax", &[input(n, 0)], &[("axis", kiln_graph::Attr::Int(1))])?;
+    let mut ins = vec![Some(logp), n.inputs.get(1).copied().flatten()];
+    ins.extend(n.inputs.get(2).copied());
+    let attrs: Vec<(&str, kiln_graph::Attr)> = n.attrs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let loss = e.node("", "NegativeLogLikelihoodLoss", &ins, &attrs, 1)?[0];
+    subst.insert(n.outputs[0], loss);
+    if let Some(&lp) = n.outputs.get(1) {
+        subst.insert(lp, logp);
     }
     Ok(())
 }

@@ -221,10 +221,20 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
 
     let pred_ty = e.ty(pred).clone();
     e.graph.values[pred].ty = Some(ValueType::new(pred_ty.dtype, pred_ty.dims.clone()));
-    let (ldtype, ldims) = config.loss.label_type(pred_ty.dtype, &pred_ty.dims);
-    let label_type = TensorType::new(ldtype, ldims);
-    let label = e.value_of_type(LABEL, label_type.clone());
-    e.graph.inputs.push(label);
+    let (label, label_type) = match config.loss.label_type(pred_ty.dtype, &pred_ty.dims) {
+        Some((ldtype, ldims)) => {
+            let label_type = TensorType::new(ldtype, ldims);
+            let label = e.value_of_type(LABEL, label_type.clone());
+            e.graph.inputs.push(label);
+            (label, label_type)
+        }
+        None => {
+            // The model's own loss: its label is one of its inputs.
+            let Loss::ModelOutput { label: name } = &config.loss else { unreachable!("only a model's own loss has no label type") };
+            let v = data_inputs.iter().copied().find(|&v| e.graph.values[v].name == *name).ok_or_else(|| model_err(format!("the model has no input '{name}' for the label (its inputs: {})", names(e.graph, &data_inputs))))?;
+            (v, e.ty(v).clone())
+        }
+    };
     let loss = config.loss.emit(&mut e, pred, label)?;
     e.graph.values[loss].name = LOSS.into();
 
@@ -294,8 +304,8 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     g.outputs = outputs;
     g.validate().map_err(|err| model_err(err.to_string()))?;
     Ok(TrainingGraph {
-        data_inputs: data_inputs.iter().map(|&v| g.values[v].name.clone()).collect(),
-        label: LABEL.into(),
+        data_inputs: data_inputs.iter().filter(|&&v| v != label).map(|&v| g.values[v].name.clone()).collect(),
+        label: g.values[label].name.clone(),
         label_type,
         prediction_type: pred_ty,
         hyper: opt.hyper_names().into_iter().map(String::from).collect(),

@@ -8,6 +8,7 @@ use kiln_graph::{Attr, Node, ValueId};
 
 mod elementwise;
 mod linalg;
+mod loss;
 mod nn;
 mod reduce;
 mod tensor;
@@ -20,7 +21,7 @@ pub fn find(domain: &str, op_type: &str) -> Option<Rule> {
     if !(domain.is_empty() || domain == "ai.onnx") {
         return None;
     }
-    [elementwise::RULES, linalg::RULES, nn::RULES, reduce::RULES, tensor::RULES]
+    [elementwise::RULES, linalg::RULES, loss::RULES, nn::RULES, reduce::RULES, tensor::RULES]
         .iter()
         .flat_map(|r| r.iter())
         .find(|(name, _)| *name == op_type)
@@ -29,7 +30,7 @@ pub fn find(domain: &str, op_type: &str) -> Option<Rule> {
 
 /// Every op type with a rule (for documentation and tests).
 pub fn supported() -> Vec<&'static str> {
-    let mut v: Vec<&str> = [elementwise::RULES, linalg::RULES, nn::RULES, reduce::RULES, tensor::RULES].iter().flat_map(|r| r.iter().map(|(n, _)| *n)).collect();
+    let mut v: Vec<&str> = [elementwise::RULES, linalg::RULES, loss::RULES, nn::RULES, reduce::RULES, tensor::RULES].iter().flat_map(|r| r.iter().map(|(n, _)| *n)).collect();
     v.sort_unstable();
     v
 }
