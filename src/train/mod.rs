@@ -116,6 +116,9 @@ pub struct Trainer {
     device: DeviceChoice,
     /// The dropout seed input and the run's seed.
     dropout: Option<(String, u64)>,
+    /// The step keeps the state itself when the loss is not finite
+    /// (`TrainConfig::keep_state_unless_finite`).
+    guarded: bool,
 }
 
 /// Memory of training against inference, in bytes.
@@ -135,17 +138,21 @@ impl Trainer {
     /// batch fixed).
     pub fn new(model: &Model, inputs: &[(String, TensorType)], options: TrainOptions) -> Result<Trainer> {
         let forward = &model.graph;
+        let kind = kiln_runtime::device_kind(&options.device)?;
         let config = TrainConfig {
             inputs: inputs.to_vec(),
             output: options.output.clone(),
             loss: options.loss.clone(),
             optimizer: options.optimizer.clone(),
             trainable: Trainable::Among(model.initializers.clone()),
+            // On a GPU the state stays in device memory, so the step itself keeps it
+            // after a non-finite loss; on the CPU `step` puts the old values back.
+            keep_state_unless_finite: kind == DeviceKind::Gpu,
         };
         let tg = autodiff::build(forward, &config, kiln_ops::Registry::builtin())?;
         let mut graph = tg.graph;
         if options.optimize {
-            let target = match kiln_runtime::device_kind(&options.device)? {
+            let target = match kind {
                 DeviceKind::Cpu => Target::Cpu,
                 DeviceKind::Gpu => Target::Gpu,
             };
@@ -176,6 +183,7 @@ impl Trainer {
             options_threads: options.threads,
             device: options.device,
             dropout: tg.dropout_seed.map(|n| (n, options.seed)),
+            guarded: config.keep_state_unless_finite,
         })
     }
 
@@ -228,8 +236,7 @@ impl Trainer {
     }
 
     /// One optimizer step on a batch: `inputs` by the model's input names, `label` as
-    /// the loss takes it. A non-finite loss leaves the state as it was (the step's graph
-    /// keeps it, on every device).
+    /// the loss takes it. A non-finite loss leaves the state as it was, on every device.
     pub fn step(&mut self, inputs: &[(&str, &Tensor)], label: &Tensor) -> Result<StepReport> {
         let lty = &self.label.1;
         if label.dtype() != lty.dtype || label.dims() != lty.dims.as_slice() {
@@ -238,12 +245,18 @@ impl Trainer {
         let started = Instant::now();
         let step = self.step + 1;
         let (lr, hyper) = self.hyper(step);
+        // Without the step's own guard: the state to put back after a non-finite loss
+        // (tensors are shared, not copied).
+        let before = if self.guarded { None } else { Some(self.carried.values()?) };
         let (out, stats) = self.session.run_carried(&self.carried, &self.feeds(inputs, label, &hyper))?;
         if stats.memory.is_some() {
             self.memory = stats.memory;
         }
         let loss = out[self.outputs.0].to_f64_vec().first().copied().unwrap_or(f64::NAN) as f32;
         if !loss.is_finite() {
+            for (s, v) in self.state_vars.iter().zip(before.into_iter().flatten()) {
+                self.carried.set(&s.name, v)?;
+            }
             return Err(TrainError::NonFinite { step, loss });
         }
         self.step = step;

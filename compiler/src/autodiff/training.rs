@@ -3,9 +3,9 @@
 //!
 //! Inputs: the model's inputs, the label, the optimizer's per-step scalars, then the
 //! state (parameters, running statistics, optimizer slots). Outputs: the loss, the
-//! prediction, then each state variable's next value (the value as it was when the
-//! loss is not finite). A runtime keeps the state between steps and feeds each output
-//! back as the matching input.
+//! prediction, then each state variable's next value (optionally the value as it was
+//! when the loss is not finite). A runtime keeps the state between steps and feeds each
+//! output back as the matching input.
 //!
 //! Gradients exist as values between backward and update ([`TrainingGraph::gradients`]):
 //! the point where data-parallel training reduces them across workers.
@@ -26,6 +26,11 @@ pub struct TrainConfig {
     pub loss: Loss,
     pub optimizer: Optimizer,
     pub trainable: Trainable,
+    /// Each next state value is the value as it was unless the loss is finite: a step
+    /// whose loss is NaN or infinite then changes nothing, even where the state never
+    /// leaves the device. It costs a select per state variable; a runtime that keeps
+    /// the state on the host can restore it there instead.
+    pub keep_state_unless_finite: bool,
 }
 
 /// Which initializers train. BatchNormalization's running statistics never do (the
@@ -254,18 +259,24 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         .collect();
     let mut state = vec![];
     let mut outputs = vec![loss, pred];
-    // A step whose loss is NaN or infinite changes nothing: every next value is the
-    // state as it was unless the loss is finite. In the graph, so that state that stays
-    // on a device between steps is kept as well.
+    // With `keep_state_unless_finite`, a step whose loss is NaN or infinite changes
+    // nothing: every next value is the state as it was unless the loss is finite.
     e.set_scope("update");
-    let nan = e.op("IsNaN", &[loss], &[])?;
-    let inf = e.op("IsInf", &[loss], &[])?;
-    let bad = e.op("Or", &[nan, inf], &[])?;
-    let finite = e.op("Not", &[bad], &[])?;
+    let finite = if config.keep_state_unless_finite {
+        let nan = e.op("IsNaN", &[loss], &[])?;
+        let inf = e.op("IsInf", &[loss], &[])?;
+        let bad = e.op("Or", &[nan, inf], &[])?;
+        Some(e.op("Not", &[bad], &[])?)
+    } else {
+        None
+    };
     let mut next_of = |e: &mut Emit, input: ValueId, next: ValueId, kind: StateKind, initial: Tensor, state: &mut Vec<StateVar>| -> Result<()> {
         let name = e.graph.values[input].name.clone();
         let next_name = format!("{name}:next");
-        let kept = e.op("Where", &[finite, next, input], &[])?;
+        let kept = match finite {
+            Some(f) => e.op("Where", &[f, next, input], &[])?,
+            None => next,
+        };
         e.graph.values[kept].name = next_name.clone();
         outputs.push(kept);
         state.push(StateVar { name, kind, next: next_name, initial });
