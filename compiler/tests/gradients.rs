@@ -200,6 +200,15 @@ fn convolution_and_pooling() {
     check_grad("Conv", &[("dilations", i(&[2, 1])), ("strides", i(&[1, 2]))], &[rand(&[1, 2, 7, 6]), rand(&[3, 2, 2, 3])], 1);
     check_grad("Conv", &[("group", Attr::Int(2)), ("pads", i(&[1, 1, 1, 1]))], &[rand(&[2, 4, 5, 5]), rand(&[6, 2, 3, 3]), rand(&[6])], 1);
     check_grad("Conv", &[("strides", i(&[3]))], &[rand(&[2, 2, 10]), rand(&[3, 2, 4])], 1);
+    // auto_pad: the odd pad at the end (UPPER) or the beginning (LOWER), strided.
+    let same = |mode: &str| ("auto_pad", Attr::String(mode.into()));
+    check_grad("Conv", &[same("SAME_UPPER"), ("strides", i(&[2, 1]))], &[rand(&[2, 2, 7, 6]), rand(&[3, 2, 3, 2]), rand(&[3])], 1);
+    check_grad("Conv", &[same("SAME_LOWER"), ("dilations", i(&[2, 1]))], &[rand(&[1, 2, 6, 5]), rand(&[2, 2, 3, 2])], 1);
+    check_grad("Conv", &[same("VALID"), ("strides", i(&[2, 1]))], &[rand(&[1, 2, 7, 5]), rand(&[2, 2, 3, 3])], 1);
+    check_grad("AveragePool", &[same("SAME_UPPER"), ("kernel_shape", i(&[3, 2])), ("strides", i(&[2, 2]))], &[rand(&[1, 2, 7, 6])], 1);
+    let avg_same = [same("SAME_LOWER"), ("kernel_shape", i(&[2, 3])), ("strides", i(&[2, 1])), ("count_include_pad", Attr::Int(1))];
+    check_grad("AveragePool", &avg_same, &[rand(&[2, 1, 5, 6])], 1);
+    check_grad("MaxPool", &[same("SAME_UPPER"), ("kernel_shape", i(&[3, 3])), ("strides", i(&[2, 2])), ("storage_order", Attr::Int(1))], &[rand(&[1, 2, 5, 6])], 1);
     check_grad("MaxPool", &[("kernel_shape", i(&[2, 2])), ("strides", i(&[2, 2]))], &[rand(&[2, 3, 4, 6])], 1);
     check_grad("MaxPool", &[("kernel_shape", i(&[3, 3])), ("strides", i(&[2, 2])), ("pads", i(&[1, 1, 1, 1]))], &[rand(&[1, 2, 5, 5])], 1);
     check_grad("GlobalAveragePool", &[], &[rand(&[2, 3, 4, 5])], 1);

@@ -39,14 +39,36 @@ fn conv_geometry(e: &Emit, n: &Node) -> Result<ConvGeometry> {
     let get = |name: &str, default: usize, len: usize| -> Vec<usize> {
         ints_attr(n, name).map(|v| v.iter().map(|&x| x as usize).collect()).unwrap_or_else(|| vec![default; len])
     };
+    let (strides, dilations) = (get("strides", 1, sp), get("dilations", 1, sp));
+    let pads = resolved_pads(n, &e.dims(input(n, 0))[2..], &kernel, &strides, &dilations)?;
+    Ok(ConvGeometry { kernel, strides, dilations, pads, group: int_attr(n, "group", 1) as usize })
+}
+
+/// The explicit pads (begin then end) of a window op over spatial dims `input`:
+/// `pads`, or what `auto_pad` SAME_UPPER / SAME_LOWER / VALID makes of them (the
+/// output `ceil(input / stride)` for SAME, the odd pad at the end for UPPER).
+fn resolved_pads(n: &Node, input: &[usize], kernel: &[usize], strides: &[usize], dilations: &[usize]) -> Result<Vec<usize>> {
+    let sp = input.len();
     let auto_pad = match n.attr("auto_pad") {
         Some(Attr::String(s)) => s.clone(),
         _ => "NOTSET".into(),
     };
-    if auto_pad != "NOTSET" && auto_pad != "VALID" {
-        return Err(unsupported(n, format!("auto_pad {auto_pad} (give explicit pads)")));
+    match auto_pad.as_str() {
+        "NOTSET" => Ok(ints_attr(n, "pads").map(|v| v.iter().map(|&x| x.max(0) as usize).collect()).unwrap_or_else(|| vec![0; 2 * sp])),
+        "VALID" => Ok(vec![0; 2 * sp]),
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let mut pads = vec![0; 2 * sp];
+            for i in 0..sp {
+                let out = input[i].div_ceil(strides[i].max(1));
+                let span = (kernel[i].max(1) - 1) * dilations[i] + 1;
+                let total = ((out.max(1) - 1) * strides[i] + span).saturating_sub(input[i]);
+                let small = total / 2;
+                (pads[i], pads[i + sp]) = if auto_pad == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
+            }
+            Ok(pads)
+        }
+        other => Err(unsupported(n, format!("auto_pad '{other}'"))),
     }
-    Ok(ConvGeometry { kernel, strides: get("strides", 1, sp), dilations: get("dilations", 1, sp), pads: get("pads", 0, 2 * sp), group: int_attr(n, "group", 1) as usize })
 }
 
 fn conv(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Result<Vec<Option<ValueId>>> {
@@ -98,9 +120,7 @@ fn conv(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Result
 
 /// The gradient goes to each window's maximum: kiln.MaxPoolGrad finds it again from X.
 fn max_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
-    if int_attr(n, "storage_order", 0) != 0 {
-        return Err(unsupported(n, "storage_order=1"));
-    }
+    // storage_order orders the Indices output only, which has no gradient.
     let attrs: Vec<(&str, Attr)> = n.attrs.iter().filter(|(k, _)| k.as_str() != "storage_order").map(|(k, v)| (k.as_str(), v.clone())).collect();
     let dx = e.node("kiln", "MaxPoolGrad", &[Some(input(n, 0)), dy[0]], &attrs, 1)?[0];
     Ok(vec![Some(dx)])
@@ -112,13 +132,6 @@ fn average_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> R
     if int_attr(n, "ceil_mode", 0) != 0 {
         return Err(unsupported(n, "ceil_mode=1"));
     }
-    let auto_pad = match n.attr("auto_pad") {
-        Some(Attr::String(s)) => s.clone(),
-        _ => "NOTSET".into(),
-    };
-    if auto_pad != "NOTSET" && auto_pad != "VALID" {
-        return Err(unsupported(n, format!("auto_pad {auto_pad} (give explicit pads)")));
-    }
     let x = input(n, 0);
     let xd = e.dims(x);
     let dy = dy[0].unwrap();
@@ -126,7 +139,8 @@ fn average_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> R
     let sp = xd.len() - 2;
     let kernel: Vec<usize> = ints_attr(n, "kernel_shape").unwrap_or_default().iter().map(|&k| k as usize).collect();
     let get = |name: &str, default: usize, len: usize| -> Vec<usize> { ints_attr(n, name).map(|v| v.iter().map(|&x| x as usize).collect()).unwrap_or_else(|| vec![default; len]) };
-    let (strides, dilations, pads) = (get("strides", 1, sp), get("dilations", 1, sp), get("pads", 0, 2 * sp));
+    let (strides, dilations) = (get("strides", 1, sp), get("dilations", 1, sp));
+    let pads = resolved_pads(n, &xd[2..], &kernel, &strides, &dilations)?;
     let window: usize = kernel.iter().product();
     // The count of each window: all of it, or (count_include_pad=0) the part inside X.
     let scaled = if int_attr(n, "count_include_pad", 0) != 0 || pads.iter().all(|&p| p == 0) {
