@@ -157,6 +157,23 @@ pub(crate) fn images_per_block(batch: usize, pixels: usize) -> usize {
     (256 / pixels).clamp(1, batch.max(1))
 }
 
+/// Channels `c0 .. c0 + channels` of `images` (NC.. tensor `t` with `total` channels
+/// of `plane` elements) as one matrix: row `c` holds image `i`'s plane at columns
+/// `i * plane ..`. Returns its start and row stride: `t` itself for one image, else
+/// `scratch` (`channels x images.len() * plane`), filled.
+pub(crate) fn planes_side_by_side(t: &[f32], images: std::ops::Range<usize>, (c0, channels, total): (usize, usize, usize), plane: usize, scratch: &mut [f32]) -> (*const f32, usize) {
+    if images.len() == 1 {
+        return (t[(images.start * total + c0) * plane..].as_ptr(), plane);
+    }
+    let cols = images.len() * plane;
+    for (i, img) in images.enumerate() {
+        for c in 0..channels {
+            scratch[c * cols + i * plane..][..plane].copy_from_slice(&t[(img * total + c0 + c) * plane..][..plane]);
+        }
+    }
+    (scratch.as_ptr(), cols)
+}
+
 /// Convolution of small planes: im2col of a block of images side by side (row `r` of
 /// image `i` at columns `i * P ..`), one GEMM for the block into scratch, then the
 /// epilogue while copying each image's rows out. Parallel over blocks and groups.

@@ -5,7 +5,7 @@
 //! invocation summing over the inputs that reach it.
 use super::conv::FLOATS;
 use super::window::{AutoPad, Geometry, WindowAttrs};
-use super::conv_cpu::images_per_block;
+use super::conv_cpu::{images_per_block, planes_side_by_side};
 use crate::cpu::{self, CpuKernel, SharedOut};
 use crate::op::{expect_dtype, required};
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
@@ -210,16 +210,7 @@ impl ConvTranspose {
             let wg = &w[grp * cg * rows..][..cg * rows];
             cpu::with_scratch(rows * cols + cg * cols, |scratch| {
                 let (col, xb) = scratch.split_at_mut(rows * cols);
-                let (rhs, rhs_stride) = if images.len() == 1 {
-                    (x[(images.start * p.in_channels + grp * cg) * p_in..].as_ptr(), p_in)
-                } else {
-                    for (i, img) in images.clone().enumerate() {
-                        for c in 0..cg {
-                            xb[c * cols + i * p_in..][..p_in].copy_from_slice(&x[(img * p.in_channels + grp * cg + c) * p_in..][..p_in]);
-                        }
-                    }
-                    (xb.as_ptr() as *const f32, cols)
-                };
+                let (rhs, rhs_stride) = planes_side_by_side(x, images.clone(), (grp * cg, cg, p.in_channels), p_in, xb);
                 let big = 2 * rows * cols * cg > 1 << 20;
                 let par = if !outer && big && threads > 1 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
                 // SAFETY: col is rows x cols; wg is cg x rows (read transposed); rhs is

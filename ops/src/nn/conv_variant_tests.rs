@@ -9,6 +9,25 @@ use crate::linalg::RESIDUAL_ATTR;
 use crate::testing::{as_inputs, assert_close, ints, make, rand_f32, run_cpu_variants};
 use kiln_graph::{Attr, Tensor};
 
+/// A Conv with a bias, a fused residual and a Relu over random data of these dims:
+/// the op, its inputs (x, w, b, residual) and the f64 reference of its output.
+fn residual_relu_case(xd: &[usize], wd: &[usize], group: usize, stride: usize, pads: [i64; 4], seed: u64) -> (Box<dyn crate::Op>, Vec<Tensor>, Vec<f64>) {
+    let (x, w, b) = (rand_f32(xd, seed), rand_f32(wd, seed + 1), rand_f32(&[wd[0]], seed + 2));
+    let out: Vec<usize> = (0..2).map(|d| ((xd[2 + d] as i64 + pads[d] + pads[2 + d] - wd[2 + d] as i64) / stride as i64 + 1) as usize).collect();
+    let r = rand_f32(&[xd[0], wd[0], out[0], out[1]], seed + 3);
+    let conv = reference(&x, &w, Some(&b), group, &[stride, stride], &[1, 1], &pads[..2], &out);
+    let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(c, r)| (c + r).max(0.0)).collect();
+    let attrs = [
+        ("group", Attr::Int(group as i64)),
+        ("strides", ints(&[stride as i64; 2])),
+        ("pads", ints(&pads)),
+        (RESIDUAL_ATTR, Attr::Int(1)),
+        (ACTIVATION_ATTR, Attr::String("Relu".into())),
+        (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![])),
+    ];
+    (make("Conv", 19, &attrs, 4, 1).unwrap(), vec![x, w, b, r], want)
+}
+
 #[test]
 fn every_variant_matches_the_f64_reference() {
     // x dims, w dims, group, stride, pads.
@@ -25,22 +44,8 @@ fn every_variant_matches_the_f64_reference() {
         (vec![2, 9, 17, 16], vec![19, 9, 3, 3], 1, 3, [1, 0, 2, 1]),   // stride 3, asymmetric pads
     ];
     for (xd, wd, group, stride, pads) in cases {
-        let (x, w, b) = (rand_f32(&xd, 51), rand_f32(&wd, 52), rand_f32(&[wd[0]], 53));
-        let out: Vec<usize> = (0..2).map(|d| ((xd[2 + d] as i64 + pads[d] + pads[2 + d] - wd[2 + d] as i64) / stride as i64 + 1) as usize).collect();
-        let yd = vec![xd[0], wd[0], out[0], out[1]];
-        let r = rand_f32(&yd, 54);
-        let conv = reference(&x, &w, Some(&b), group, &[stride, stride], &[1, 1], &pads[..2], &out);
-        let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(c, r)| (c + r).max(0.0)).collect();
-        let attrs = [
-            ("group", Attr::Int(group as i64)),
-            ("strides", ints(&[stride as i64; 2])),
-            ("pads", ints(&pads)),
-            (RESIDUAL_ATTR, Attr::Int(1)),
-            (ACTIVATION_ATTR, Attr::String("Relu".into())),
-            (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![])),
-        ];
-        let op = make("Conv", 19, &attrs, 4, 1).unwrap();
-        let inputs: [Option<&Tensor>; 4] = [Some(&x), Some(&w), Some(&b), Some(&r)];
+        let (op, t, want) = residual_relu_case(&xd, &wd, group, stride, pads, 51);
+        let inputs: Vec<Option<&Tensor>> = t.iter().map(Some).collect();
         let variants = run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap();
         // The packed variants are offered for these shapes.
         assert!(variants.iter().any(|(n, _)| n == "algo=1"), "x{xd:?} w{wd:?}: {:?}", variants.iter().map(|v| &v.0).collect::<Vec<_>>());
@@ -64,22 +69,10 @@ fn batches_of_small_planes_match_the_f64_reference() {
         (vec![20, 40, 3, 3], vec![8, 40, 1, 1], 1, 1, [0; 4]),         // pointwise
     ];
     for (xd, wd, group, stride, pads) in cases {
-        let (x, w, b) = (rand_f32(&xd, 71), rand_f32(&wd, 72), rand_f32(&[wd[0]], 73));
-        let out: Vec<usize> = (0..2).map(|d| ((xd[2 + d] as i64 + pads[d] + pads[2 + d] - wd[2 + d] as i64) / stride as i64 + 1) as usize).collect();
+        let (op, t, want) = residual_relu_case(&xd, &wd, group, stride, pads, 71);
+        let out = &t[3].dims()[2..];
         assert!(super::conv_cpu::images_per_block(xd[0], out[0] * out[1]) > 1, "x{xd:?}: small planes");
-        let r = rand_f32(&[xd[0], wd[0], out[0], out[1]], 74);
-        let conv = reference(&x, &w, Some(&b), group, &[stride, stride], &[1, 1], &pads[..2], &out);
-        let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(c, r)| (c + r).max(0.0)).collect();
-        let attrs = [
-            ("group", Attr::Int(group as i64)),
-            ("strides", ints(&[stride as i64; 2])),
-            ("pads", ints(&pads)),
-            (RESIDUAL_ATTR, Attr::Int(1)),
-            (ACTIVATION_ATTR, Attr::String("Relu".into())),
-            (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![])),
-        ];
-        let op = make("Conv", 19, &attrs, 4, 1).unwrap();
-        let inputs: [Option<&Tensor>; 4] = [Some(&x), Some(&w), Some(&b), Some(&r)];
+        let inputs: Vec<Option<&Tensor>> = t.iter().map(Some).collect();
         let y = crate::testing::run(op.as_ref(), &as_inputs(&inputs, &[]), &[]).unwrap().remove(0);
         assert_close(&y, &want, 2e-5, &format!("x{xd:?} w{wd:?} g{group} s{stride}"));
     }

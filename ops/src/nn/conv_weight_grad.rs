@@ -9,7 +9,7 @@
 //! scheduling); images are split over the threads in fixed chunks whose partial sums
 //! are added in chunk order. f64: the sum as written. GPU: one invocation per element
 //! of dW, summing its `N x P` products (at most [`wgsl::MAX_LOOP_ITERATIONS`]).
-use super::conv_cpu::{im2col_strided, images_per_block};
+use super::conv_cpu::{im2col_strided, images_per_block, planes_side_by_side};
 use super::window::{Geometry, WindowAttrs};
 use crate::cpu::{self, CpuKernel};
 use crate::op::{expect_dtype, required};
@@ -81,16 +81,7 @@ impl ConvWeightGrad {
                                 let xg = &x[(img * s.c + grp * cg) * plane_in..][..cg * plane_in];
                                 im2col_strided(g, xg, cg, 0, p, &mut col[i * p..], cols);
                             }
-                            let (lhs, lhs_stride) = if block.len() == 1 {
-                                (dy[(block.start * s.m + grp * mg) * p..].as_ptr(), p)
-                            } else {
-                                for (i, img) in block.clone().enumerate() {
-                                    for m in 0..mg {
-                                        dyb[m * cols + i * p..][..p].copy_from_slice(&dy[(img * s.m + grp * mg + m) * p..][..p]);
-                                    }
-                                }
-                                (dyb.as_ptr() as *const f32, cols)
-                            };
+                            let (lhs, lhs_stride) = planes_side_by_side(dy, block.clone(), (grp * mg, mg, s.m), p, dyb);
                             let dst = &mut acc[grp * mg * kc..][..mg * kc];
                             // SAFETY: dst is mg x kc (row stride kc), lhs mg x cols (row
                             // stride lhs_stride), col^T cols x kc (col is kc x cols).
