@@ -208,6 +208,11 @@ fn convolution_and_pooling() {
     check_grad("AveragePool", &[same("SAME_UPPER"), ("kernel_shape", i(&[3, 2])), ("strides", i(&[2, 2]))], &[rand(&[1, 2, 7, 6])], 1);
     let avg_same = [same("SAME_LOWER"), ("kernel_shape", i(&[2, 3])), ("strides", i(&[2, 1])), ("count_include_pad", Attr::Int(1))];
     check_grad("AveragePool", &avg_same, &[rand(&[2, 1, 5, 6])], 1);
+    // ceil_mode: windows hanging over the end, counting pads or not.
+    for include in [0, 1] {
+        let a = [("kernel_shape", i(&[3, 2])), ("strides", i(&[2, 2])), ("pads", i(&[1, 0, 0, 0])), ("ceil_mode", Attr::Int(1)), ("count_include_pad", Attr::Int(include))];
+        check_grad("AveragePool", &a, &[rand(&[1, 2, 6, 5])], 1);
+    }
     check_grad("MaxPool", &[same("SAME_UPPER"), ("kernel_shape", i(&[3, 3])), ("strides", i(&[2, 2])), ("storage_order", Attr::Int(1))], &[rand(&[1, 2, 5, 6])], 1);
     check_grad("MaxPool", &[("kernel_shape", i(&[2, 2])), ("strides", i(&[2, 2]))], &[rand(&[2, 3, 4, 6])], 1);
     check_grad("MaxPool", &[("kernel_shape", i(&[3, 3])), ("strides", i(&[2, 2])), ("pads", i(&[1, 1, 1, 1]))], &[rand(&[1, 2, 5, 5])], 1);

@@ -127,44 +127,62 @@ fn max_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Resul
 }
 
 /// Each input element gets the gradients of the windows over it, each divided by its
-/// window's count: a depthwise ConvTranspose of `dy / count` by a kernel of ones.
+/// window's divisor: a depthwise ConvTranspose of `dy / divisor` by a kernel of ones.
+/// The divisors are AveragePool's own (taps inside X, or inside X and its explicit pads
+/// with count_include_pad), known from the shapes; windows that ceil_mode adds hang
+/// over the end, where the transposed convolution crops them.
 fn average_pool(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], _: &[bool]) -> Result<Vec<Option<ValueId>>> {
-    if int_attr(n, "ceil_mode", 0) != 0 {
-        return Err(unsupported(n, "ceil_mode=1"));
-    }
     let x = input(n, 0);
-    let xd = e.dims(x);
+    let (xd, dtype) = (e.dims(x), e.dtype(x));
     let dy = dy[0].unwrap();
     let dyd = e.dims(dy);
     let sp = xd.len() - 2;
     let kernel: Vec<usize> = ints_attr(n, "kernel_shape").unwrap_or_default().iter().map(|&k| k as usize).collect();
+    if kernel.len() != sp {
+        return Err(unsupported(n, format!("kernel_shape {kernel:?} for {sp} spatial dims")));
+    }
     let get = |name: &str, default: usize, len: usize| -> Vec<usize> { ints_attr(n, name).map(|v| v.iter().map(|&x| x as usize).collect()).unwrap_or_else(|| vec![default; len]) };
     let (strides, dilations) = (get("strides", 1, sp), get("dilations", 1, sp));
-    let pads = resolved_pads(n, &xd[2..], &kernel, &strides, &dilations)?;
-    let window: usize = kernel.iter().product();
-    // The count of each window: all of it, or (count_include_pad=0) the part inside X.
-    let scaled = if int_attr(n, "count_include_pad", 0) != 0 || pads.iter().all(|&p| p == 0) {
-        e.scale(dy, 1.0 / window as f64)?
-    } else {
-        let ones = e.scalar(1.0, e.dtype(x));
-        let ones = e.expand(ones, &xd)?;
-        let mut attrs: Vec<(&str, Attr)> = n.attrs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        attrs.retain(|(k, _)| *k != "count_include_pad");
-        attrs.push(("count_include_pad", Attr::Int(1)));
-        let frac = e.op("AveragePool", &[ones], &attrs)?;
-        let count = e.scale(frac, window as f64)?;
-        e.div(dy, count)?
-    };
-    let mut wdims = vec![xd[1], 1];
-    wdims.extend(&kernel);
-    let one = e.scalar(1.0, e.dtype(x));
-    let w = e.expand(one, &wdims)?;
-    let out_pad: Vec<usize> = (0..sp)
+    let mut pads = resolved_pads(n, &xd[2..], &kernel, &strides, &dilations)?;
+    let include_pad = int_attr(n, "count_include_pad", 0) != 0;
+    // Per dim and output coordinate: the taps the average counts.
+    let counts: Vec<Vec<usize>> = (0..sp)
         .map(|i| {
-            let full = (dyd[i + 2] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1;
-            (xd[i + 2] + pads[i] + pads[i + sp]).saturating_sub(full)
+            let (pb, pe) = (pads[i] as i64, pads[i + sp] as i64);
+            let (lo, hi) = if include_pad { (-pb, xd[i + 2] as i64 + pe) } else { (0, xd[i + 2] as i64) };
+            (0..dyd[i + 2])
+                .map(|o| (0..kernel[i]).filter(|&k| (lo..hi).contains(&((o * strides[i]) as i64 - pb + (k * dilations[i]) as i64))).count())
+                .collect()
         })
         .collect();
+    let out: Vec<usize> = dyd[2..].to_vec();
+    let inv: Vec<f64> = (0..out.iter().product::<usize>())
+        .map(|flat| {
+            let mut rem = flat;
+            let mut count = 1;
+            for i in (0..sp).rev() {
+                count *= counts[i][rem % out[i]];
+                rem /= out[i];
+            }
+            if count == 0 { 0.0 } else { 1.0 / count as f64 }
+        })
+        .collect();
+    let mut inv_dims = vec![1, 1];
+    inv_dims.extend(&out);
+    let inv = e.constant(kiln_graph::Tensor::from_f64(dtype, &inv_dims, &inv).map_err(|err| unsupported(n, err.to_string()))?);
+    let scaled = e.mul(dy, inv)?;
+    let mut wdims = vec![xd[1], 1];
+    wdims.extend(&kernel);
+    let one = e.scalar(1.0, dtype);
+    let w = e.expand(one, &wdims)?;
+    // The end pad grows over the windows ceil_mode adds, so that the transposed
+    // convolution comes back to X's size.
+    let mut out_pad = vec![0; sp];
+    for i in 0..sp {
+        let full = (dyd[i + 2] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1;
+        pads[i + sp] = pads[i + sp].max(full.saturating_sub(xd[i + 2] + pads[i]));
+        out_pad[i] = (xd[i + 2] + pads[i] + pads[i + sp]).saturating_sub(full);
+    }
     let attrs = [
         ("strides", ints(&strides)),
         ("dilations", ints(&dilations)),
