@@ -261,6 +261,7 @@ fn data_movement() {
     // Steps other than 1: every other element, reversed, with negative starts.
     check_grad("Slice", &[], &[rand(&[5, 7]), ints(&[0, -1]), ints(&[5, 0]), ints(&[0, 1]), ints(&[2, -2])], 1);
     check_grad("Slice", &[], &[rand(&[4, 3, 6]), ints(&[-1]), ints(&[-100]), ints(&[2]), ints(&[-1])], 1);
+    check_grad("Slice", &[], &[rand(&[3, 2, 8]), ints(&[1, 1]), ints(&[3, 8]), ints(&[0, 2]), ints(&[1, 3])], 1);
     check_grad("Expand", &[], &[rand(&[3, 1]), ints(&[2, 3, 4])], 1);
     check_grad("Trilu", &[("upper", Attr::Int(0))], &[rand(&[2, 3, 4]), In::Const(Tensor::scalar(1i64))], 1);
     check_grad("Trilu", &[], &[rand(&[4, 3])], 1);

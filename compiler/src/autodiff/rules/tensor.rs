@@ -102,34 +102,51 @@ fn slice(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Resul
         stride[a] = steps[k];
     }
     let g = dy[0].unwrap();
-    let dx = if stride.iter().all(|&s| s == 1) {
-        // Step 1: zero padding of dy, before = start, after = what is left.
-        let mut pads = vec![0i64; 2 * r];
+    // dy's elements go back to their input positions, zeros elsewhere. Along each
+    // sliced axis: reversed for a negative step, then spread `step` apart (a zero pad
+    // after each element, the trailing zeros cut to what fits); then one zero Pad for
+    // the offsets before and the rest after.
+    let mut g = dy[0].unwrap();
+    let mut pads = vec![0i64; 2 * r];
+    if out.contains(&0) {
+        g = e.zeros(e.dtype(g), &xd)?;
+    } else {
         for a in 0..r {
-            pads[a] = first[a];
-            pads[a + r] = xd[a] as i64 - first[a] - out[a] as i64;
+            let (n_a, mut step, mut lo) = (out[a] as i64, stride[a], first[a]);
+            if step < 0 {
+                let (starts, ends, axes, steps) = (e.ints(&[-1]), e.ints(&[i64::MIN]), e.ints(&[a as i64]), e.ints(&[-1]));
+                g = e.op("Slice", &[g, starts, ends, axes, steps], &[])?;
+                (lo, step) = (lo + (n_a - 1) * step, -step);
+            }
+            let mut len = n_a;
+            if step > 1 {
+                let mut d = e.dims(g);
+                d.insert(a + 1, 1);
+                g = e.reshape(g, &d)?;
+                let mut spread = vec![0i64; 2 * (r + 1)];
+                spread[a + 1 + r + 1] = step - 1;
+                let spread = e.ints(&spread);
+                g = e.op("Pad", &[g, spread], &[])?;
+                d.remove(a + 1);
+                d[a] *= step as usize;
+                g = e.reshape(g, &d)?;
+                let room = xd[a] as i64 - lo;
+                len = n_a * step;
+                if len > room {
+                    let (starts, ends, axes) = (e.ints(&[0]), e.ints(&[room]), e.ints(&[a as i64]));
+                    g = e.op("Slice", &[g, starts, ends, axes], &[])?;
+                    len = room;
+                }
+            }
+            pads[a] = lo;
+            pads[a + r] = xd[a] as i64 - lo - len;
         }
+    }
+    let dx = if pads.iter().all(|&p| p == 0) {
+        g
+    } else {
         let pads = e.ints(&pads);
         e.op("Pad", &[g, pads], &[])?
-    } else {
-        // Other steps: dy's elements written at their input positions (distinct, so a
-        // plain scatter) into zeros of X's size.
-        let count: usize = out.iter().product();
-        let x_strides = kiln_ops::broadcast::strides(&xd);
-        let mut at = vec![0i64; count];
-        for (o, slot) in at.iter_mut().enumerate() {
-            let mut rem = o;
-            for a in (0..r).rev() {
-                let i = (rem % out[a]) as i64;
-                rem /= out[a];
-                *slot += (first[a] + i * stride[a]) * x_strides[a] as i64;
-            }
-        }
-        let idx = e.constant(kiln_graph::Tensor::from_vec(&[count, 1], at).map_err(|err| unsupported(n, err.to_string()))?);
-        let flat = e.reshape(g, &[count])?;
-        let zeros = e.zeros(e.dtype(g), &[xd.iter().product()])?;
-        let s = e.op("ScatterND", &[zeros, idx, flat], &[])?;
-        e.reshape(s, &xd)?
     };
     let mut res = vec![Some(dx)];
     res.resize(need.len(), None);
