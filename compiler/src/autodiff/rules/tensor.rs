@@ -101,7 +101,6 @@ fn slice(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Resul
         first[a] = if steps[k] > 0 { s.clamp(0, d) } else { s.clamp(0, d - 1) };
         stride[a] = steps[k];
     }
-    let g = dy[0].unwrap();
     // dy's elements go back to their input positions, zeros elsewhere. Along each
     // sliced axis: reversed for a negative step, then spread `step` apart (a zero pad
     // after each element, the trailing zeros cut to what fits); then one zero Pad for
