@@ -106,6 +106,94 @@ pub trait WgslKernel: Send + Sync {
     }
 
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram>;
+
+    /// Whether this kernel can bind f16 tensors as `array<f16>` (see [`Halves`]).
+    fn half_storage(&self) -> HalfStorage {
+        HalfStorage::No
+    }
+
+    /// [`Self::generate`] with some f16 tensors stored as halves. Only kernels whose
+    /// [`Self::half_storage`] allows it are asked for halves.
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &Halves) -> Result<WgslProgram> {
+        if halves.any() {
+            return Err(crate::OpError::Unsupported("this kernel binds f16 tensors as f32 only".into()));
+        }
+        self.generate(inputs, outputs, tune)
+    }
+}
+
+/// How a kernel can bind f16 tensors on adapters with SHADER_F16. Every f16 tensor is
+/// stored as f32 by default (the conventions above); the runtime stores one as halves
+/// when its producer and every consumer can bind it so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfStorage {
+    No,
+    /// Each f16 input and output as f32 or as halves, independently.
+    Each,
+    /// The f16 input 0 and output 0 both as f32 or both as halves (data movement).
+    Together,
+}
+
+/// Which f16 inputs and outputs of a step are stored as halves (`array<f16>`); missing
+/// entries are f32.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Halves {
+    pub inputs: Vec<bool>,
+    pub outputs: Vec<bool>,
+}
+
+impl Halves {
+    pub fn input(&self, i: usize) -> bool {
+        self.inputs.get(i).copied().unwrap_or(false)
+    }
+    pub fn output(&self, i: usize) -> bool {
+        self.outputs.get(i).copied().unwrap_or(false)
+    }
+    pub fn any(&self) -> bool {
+        self.inputs.iter().chain(&self.outputs).any(|&h| h)
+    }
+}
+
+/// WGSL of f16 storage: the `enable` directive that must open the module, and
+/// `kiln_half`/`kiln_half4`, f32 to f16 as the CPU's Cast rounds (beyond the f16 range
+/// to infinity, NaN kept; WGSL leaves out-of-range conversions undefined, so the bits
+/// are chosen first and the f32 holding exactly them converted).
+pub const HALF_HEADER: &str = "enable f16;\n";
+pub const HALF_FNS: &str = "fn kiln_half(x: f32) -> f16 {
+    var bits = pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu;
+    if (x != x) { bits = 0x7e00u; }
+    if (x >= 65520.0) { bits = 0x7c00u; }
+    if (x <= -65520.0) { bits = 0xfc00u; }
+    return f16(unpack2x16float(bits).x);
+}
+fn kiln_half4(v: vec4<f32>) -> vec4<f16> {
+    return vec4<f16>(kiln_half(v.x), kiln_half(v.y), kiln_half(v.z), kiln_half(v.w));
+}
+";
+
+/// The storage element type of a binding: `ty` (a vector or scalar of f32), or its
+/// f16 counterpart when stored as halves.
+pub fn stored(ty: &str, half: bool) -> String {
+    if half { ty.replace("f32", "f16") } else { ty.to_string() }
+}
+
+/// An f32 (`ty`) expression of element `e` of a binding stored as `stored(ty, half)`.
+pub fn load(e: &str, ty: &str, half: bool) -> String {
+    if half { format!("{ty}({e})") } else { e.to_string() }
+}
+
+/// The value to store of f32 (`ty`) expression `e` in a binding stored as halves or not.
+pub fn store(e: &str, ty: &str, half: bool) -> String {
+    match (half, ty.starts_with("vec4")) {
+        (false, _) => e.to_string(),
+        (true, true) => format!("kiln_half4({e})"),
+        (true, false) => format!("kiln_half({e})"),
+    }
+}
+
+/// `source` with f16 storage enabled (when `halves`) and the helpers added.
+pub fn with_halves(source: String, halves: bool) -> String {
+    if halves { format!("{HALF_HEADER}{HALF_FNS}{source}") } else { source }
 }
 
 /// The usual 1-D workgroup size parameter.
@@ -251,4 +339,57 @@ pub fn lanes_for(iterations: usize) -> Option<u32> {
 /// WGSL for `for (var {var} = {start}; {var} < {end}; {var} += {step}) { body }`.
 pub fn for_loop(var: &str, start: &str, end: &str, step: &str, body: &str) -> String {
     format!("for (var {var} = {start}; {var} < {end}; {var} = {var} + {step}) {{\n{body}\n}}\n")
+}
+
+#[cfg(test)]
+mod half_tests {
+    use super::*;
+    use kiln_graph::{Graph, Node};
+
+    fn op(op_type: &str, attrs: &[(&str, kiln_graph::Attr)]) -> Box<dyn crate::Op> {
+        let mut g = Graph::default();
+        let node = Node { name: "n".into(), op_type: op_type.into(), domain: String::new(), attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(), inputs: vec![], outputs: vec![] };
+        let _ = &mut g;
+        crate::Registry::builtin().create(&crate::NodeSpec::new(&node, 17)).unwrap()
+    }
+
+    /// Every kernel that binds halves generates valid WGSL for each mix of halves and
+    /// f32 bindings it allows, and uses f16 storage exactly where asked.
+    #[test]
+    fn kernels_with_half_storage_generate_valid_wgsl() {
+        let h = |dims: &[usize]| TensorType::new(DType::F16, dims.to_vec());
+        let f = |dims: &[usize]| TensorType::new(DType::F32, dims.to_vec());
+        let cases: Vec<(Box<dyn crate::Op>, Vec<TensorType>, usize)> = vec![
+            (op("MatMul", &[]), vec![h(&[2, 5, 8]), h(&[8, 12])], 2),
+            (op("MatMul", &[]), vec![h(&[3, 7]), h(&[7, 5])], 2),
+            (op("Gemm", &[("transB", kiln_graph::Attr::Int(1))]), vec![h(&[4, 6]), h(&[3, 6]), h(&[3])], 3),
+            (op("Transpose", &[("perm", kiln_graph::Attr::Ints(vec![1, 0]))]), vec![h(&[3, 5])], 1),
+            (op("Cast", &[("to", kiln_graph::Attr::Int(DType::F32.onnx_code() as i64))]), vec![h(&[9])], 1),
+            (op("Cast", &[("to", kiln_graph::Attr::Int(DType::F16.onnx_code() as i64))]), vec![f(&[9])], 1),
+        ];
+        for (op, types, n_in) in cases {
+            let args: Vec<Option<Arg>> = types.iter().map(|ty| Some(Arg { ty, value: None })).collect();
+            let outs = op.infer(&args).unwrap();
+            let k = op.wgsl().unwrap();
+            assert_ne!(k.half_storage(), HalfStorage::No, "{}", op.name());
+            let halves = Halves { inputs: types.iter().map(|t| t.dtype == DType::F16).collect(), outputs: outs.iter().map(|t| t.dtype == DType::F16).collect() };
+            let mut mixes = vec![halves.clone()];
+            if k.half_storage() == HalfStorage::Each {
+                // One half at a time, the rest f32.
+                for i in 0..n_in {
+                    if halves.input(i) {
+                        mixes.push(Halves { inputs: (0..n_in).map(|j| j == i).collect(), outputs: vec![false] });
+                    }
+                }
+            }
+            for mix in mixes {
+                let p = k.generate_halves(&args, &outs, &TuneValues::default(), &mix).unwrap();
+                for d in &p.dispatches {
+                    crate::testing::validate_wgsl(&d.source);
+                    assert_eq!(d.source.contains("array<f16>") || d.source.contains("array<vec4<f16>>"), mix.any(), "{}: {mix:?}\n{}", op.name(), d.source);
+                }
+            }
+            assert!(k.generate_halves(&args, &outs, &TuneValues::default(), &Halves { inputs: vec![], outputs: vec![false] }).is_ok());
+        }
+    }
 }

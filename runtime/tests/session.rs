@@ -311,6 +311,60 @@ fn f16_models_run_on_every_adapter_with_or_without_shader_f16() {
     }
 }
 
+/// f16 values between kernels that bind halves (MatMul, Transpose, Cast) live on
+/// SHADER_F16 adapters as halves: f16 inputs are uploaded and outputs read back as they
+/// are (no widening or narrowing kernels), and the intermediates take half the bytes of
+/// the same graph in f32. The results agree with the CPU's to f16 precision.
+#[test]
+fn f16_values_between_kernels_that_bind_halves_are_stored_as_halves() {
+    gpu_env();
+    let build = |dtype: DType| {
+        let mut b = GraphBuilder::new("halves");
+        let x = b.input("x", dtype, kiln_graph::Shape::fixed(&[6, 8]));
+        let wv: Vec<f64> = (0..8 * 12).map(|i| ((i * 7) % 13) as f64 / 13.0 - 0.5).collect();
+        let w = b.constant("w", Tensor::from_f64(dtype, &[8, 12], &wv).unwrap());
+        let z = b.node("MatMul", &[x, w], &[]);
+        let t = b.node("Transpose", &[z], &[("perm", Attr::Ints(vec![1, 0]))]);
+        let y = b.node("Cast", &[t], &[("to", Attr::Int(DType::F32.onnx_code() as i64))]);
+        b.rename(z, "z");
+        b.rename(y, "y");
+        b.output(z);
+        b.output(y);
+        b.finish().unwrap()
+    };
+    let xv: Vec<f64> = (0..48).map(|i| (i as f64 - 20.0) * 0.173).collect();
+    let x16 = Tensor::from_f64(DType::F16, &[6, 8], &xv).unwrap();
+    let x32 = Tensor::from_f64(DType::F32, &[6, 8], &xv).unwrap();
+    let cpu = Session::new(build(DType::F16), SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+    let want = cpu.run(&[("x", &x16)]).unwrap();
+    let report = kiln_runtime::list_devices();
+    let tested: Vec<&str> = devices().iter().map(|d| d.label.as_str()).collect();
+    let adapters: Vec<_> = report.adapters.iter().filter(|a| tested.iter().any(|l| l.starts_with(&format!("gpu:{} ", a.index)))).collect();
+    assert!(!adapters.is_empty(), "no GPU among the test devices {tested:?}");
+    for a in adapters {
+        let device = || SessionOptions::device(DeviceChoice::Adapter(format!("gpu:{}", a.index)));
+        let s = Session::new(build(DType::F16), device()).unwrap();
+        let (got, stats) = s.run_with_stats(&[("x", &x16)]).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.dtype(), w.dtype());
+            for (i, (p, q)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+                assert!((p - q).abs() <= 2e-3 * q.abs().max(1.0), "{} element {i}: {p} vs {q}", a.name);
+            }
+        }
+        if !a.features.iter().any(|f| f == "shader-f16") {
+            println!("{}: no SHADER_F16, f16 stored as f32", a.name);
+            continue;
+        }
+        assert_eq!(stats.kernels, 3, "{}: MatMul, Transpose and Cast, nothing widened or narrowed", a.name);
+        let f32_session = Session::new(build(DType::F32), device()).unwrap();
+        let (_, f32_stats) = f32_session.run_with_stats(&[("x", &x32)]).unwrap();
+        let (half, full) = (stats.memory.unwrap().unshared, f32_stats.memory.unwrap().unshared);
+        // x, z and the transpose as halves; the f32 output y as it is.
+        assert_eq!(full - half, (48 + 72 + 72) * 2, "{}: {half} bytes against {full} in f32", a.name);
+        println!("{} ({}): f16 stored as halves, {half} bytes against {full} in f32", a.name, a.backend);
+    }
+}
+
 #[test]
 fn scatter_and_gather_nd_indices_out_of_range_are_errors_on_every_backend() {
     gpu_env();

@@ -183,9 +183,17 @@ impl WgslKernel for Gemm {
     }
 
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         let (p, bias) = self.plan(required(inputs, 0)?.dims(), required(inputs, 1)?.dims(), dims_of(inputs, 2))?;
         let epi = Epilogue { alpha: self.alpha as f64, beta: self.beta as f64, bias, residual: false, activation: self.activation };
-        product_wgsl::generate("Gemm", &p, wgsl::elem(outputs[0].dtype), &epi, tune)
+        product_wgsl::generate_halves("Gemm", &p, wgsl::elem(outputs[0].dtype), &epi, tune, halves)
     }
 }
 

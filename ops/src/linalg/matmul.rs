@@ -161,11 +161,19 @@ impl WgslKernel for MatMul {
     }
 
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         let (a, b) = (required(inputs, 0)?, required(inputs, 1)?);
         let (p, _) = plan(a.dims(), b.dims())?;
         let bias = self.bias.then_some((0, 1));
         let epi = Epilogue { activation: self.activation, bias, beta: 1.0, residual: self.residual, ..Epilogue::NONE };
-        product_wgsl::generate("MatMul", &p, wgsl::elem(outputs[0].dtype), &epi, tune)
+        product_wgsl::generate_halves("MatMul", &p, wgsl::elem(outputs[0].dtype), &epi, tune, halves)
     }
 }
 

@@ -5,7 +5,7 @@
 //! sizes need not be multiples of the tile. Batches (with broadcasting) run on the z
 //! axis of the grid. An optional epilogue computes `alpha * AB + beta * C` (Gemm).
 use super::product::BatchedProduct;
-use crate::wgsl::{self, Binding, Dispatch, TuneParam, WgslProgram, MAX_GROUPS};
+use crate::wgsl::{self, Binding, Dispatch, Halves, TuneParam, WgslProgram, MAX_GROUPS};
 use crate::{OpError, Result, TuneValues};
 use std::fmt::Write;
 
@@ -44,6 +44,16 @@ pub fn params() -> Vec<TuneParam> {
 /// Generates the product kernel. Bindings: A = input 0, B = input 1, C = input 2 when
 /// the epilogue has a bias, output 0. `ty` is the WGSL element type.
 pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune: &TuneValues) -> Result<WgslProgram> {
+    generate_halves(label, p, ty, epi, tune, &Halves::default())
+}
+
+/// [`generate`] with the f16 operands of `halves` (inputs A, B, C, residual; output 0)
+/// stored as halves: they are read into f32, which the product accumulates in.
+pub fn generate_halves(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune: &TuneValues, halves: &Halves) -> Result<WgslProgram> {
+    if halves.any() && ty != "f32" {
+        return Err(OpError::Unsupported(format!("f16 storage for a {ty} product")));
+    }
+    let (ha, hb, hc, hres, hout) = (halves.input(0), halves.input(1), halves.input(2), halves.input(3), halves.output(0));
     let tm = tune.get(&rows_param()).clamp(1, 16) as usize;
     let wx = tune.get(&wg_x_param()).clamp(1, 256);
     let wy = tune.get(&wg_y_param()).clamp(1, 256);
@@ -69,20 +79,20 @@ pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune:
     let v4 = format!("vec4<{ty}>");
     let lit = |v: f64| wgsl::literal(ty, v);
 
-    let mut buffers: Vec<(&str, String, bool)> = vec![
-        ("a", if a_vec { v4.clone() } else { ty.to_string() }, true),
-        ("b", if b_vec { v4.clone() } else { ty.to_string() }, true),
-    ];
+    let a_ty = if a_vec { v4.clone() } else { ty.to_string() };
+    let b_ty = if b_vec { v4.clone() } else { ty.to_string() };
+    let out_ty = if out_vec { v4.clone() } else { ty.to_string() };
+    let mut buffers: Vec<(&str, String, bool)> = vec![("a", wgsl::stored(&a_ty, ha), true), ("b", wgsl::stored(&b_ty, hb), true)];
     let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
     if epi.bias.is_some() {
-        buffers.push(("c", ty.to_string(), true));
+        buffers.push(("c", wgsl::stored(ty, hc), true));
         bindings.push(Binding::Input(2));
     }
     if epi.residual {
-        buffers.push(("res", if out_vec { v4.clone() } else { ty.to_string() }, true));
+        buffers.push(("res", wgsl::stored(&out_ty, hres), true));
         bindings.push(Binding::Input(3));
     }
-    buffers.push(("out", if out_vec { v4.clone() } else { ty.to_string() }, false));
+    buffers.push(("out", wgsl::stored(&out_ty, hout), false));
     bindings.push(Binding::Output(0));
     let decl: Vec<(&str, &str, bool)> = buffers.iter().map(|(nm, t, r)| (*nm, t.as_str(), *r)).collect();
 
@@ -117,10 +127,11 @@ pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune:
     }
     let load_b = |kk: &str| -> String {
         if b_vec {
-            format!("b[bc + ({kk}) * {}u]", p.b.rs / 4)
+            wgsl::load(&format!("b[bc + ({kk}) * {}u]", p.b.rs / 4), &v4, hb)
         } else {
             let rs = p.b.rs;
-            format!("{v4}(b[bc0 + ({kk}) * {rs}u], b[bc1 + ({kk}) * {rs}u], b[bc2 + ({kk}) * {rs}u], b[bc3 + ({kk}) * {rs}u])")
+            let lanes: Vec<String> = (0..4).map(|c| wgsl::load(&format!("b[bc{c} + ({kk}) * {rs}u]"), ty, hb)).collect();
+            format!("{v4}({})", lanes.join(", "))
         }
     };
     if a_vec {
@@ -129,14 +140,14 @@ pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune:
             let _ = writeln!(s, "        let b{q} = {};", load_b(&format!("k + {q}u")));
         }
         for r in 0..tm {
-            let _ = writeln!(s, "        let a{r} = a[ar{r} + k / 4u];");
+            let _ = writeln!(s, "        let a{r} = {};", wgsl::load(&format!("a[ar{r} + k / 4u]"), &v4, ha));
             let _ = writeln!(s, "        acc{r} = acc{r} + a{r}.x * b0 + a{r}.y * b1 + a{r}.z * b2 + a{r}.w * b3;");
         }
     } else {
         let _ = writeln!(s, "    for (var k = 0u; k < {k}u; k = k + 1u) {{");
         let _ = writeln!(s, "        let b0 = {};", load_b("k"));
         for r in 0..tm {
-            let _ = writeln!(s, "        acc{r} = acc{r} + a[ar{r} + k * {}u] * b0;", p.a.cs);
+            let _ = writeln!(s, "        acc{r} = acc{r} + {} * b0;", wgsl::load(&format!("a[ar{r} + k * {}u]", p.a.cs), ty, ha));
         }
     }
     s += "    }\n";
@@ -148,16 +159,16 @@ pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune:
         }
         if let Some((crs, ccs)) = epi.bias {
             let ci = format!("min(row + {r}u, {last_row}u) * {crs}u");
-            let cols: Vec<String> = (0..4).map(|c| format!("c[{ci} + min(col + {c}u, {last_col}u) * {ccs}u]")).collect();
+            let cols: Vec<String> = (0..4).map(|c| wgsl::load(&format!("c[{ci} + min(col + {c}u, {last_col}u) * {ccs}u]"), ty, hc)).collect();
             let cv = format!("{v4}({})", cols.join(", "));
             v = if epi.beta == 1.0 { format!("{v} + {cv}") } else { format!("{v} + {} * {cv}", lit(epi.beta)) };
         }
         if epi.residual {
             let ri = format!("{ob} + min(row + {r}u, {last_row}u) * {n}u");
             v = if out_vec {
-                format!("{v} + res[({ri}) / 4u + gid.x]")
+                format!("{v} + {}", wgsl::load(&format!("res[({ri}) / 4u + gid.x]"), &v4, hres))
             } else {
-                let cols: Vec<String> = (0..4).map(|c| format!("res[{ri} + min(col + {c}u, {last_col}u)]")).collect();
+                let cols: Vec<String> = (0..4).map(|c| wgsl::load(&format!("res[{ri} + min(col + {c}u, {last_col}u)]"), ty, hres)).collect();
                 format!("{v} + {v4}({})", cols.join(", "))
             };
         }
@@ -166,12 +177,13 @@ pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune:
         }
         let _ = writeln!(s, "    let v{r} = {v};");
         if out_vec {
-            let _ = writeln!(s, "    if (row + {r}u < {m}u) {{ out[({ob} + (row + {r}u) * {n}u) / 4u + gid.x] = v{r}; }}");
+            let _ = writeln!(s, "    if (row + {r}u < {m}u) {{ out[({ob} + (row + {r}u) * {n}u) / 4u + gid.x] = {}; }}", wgsl::store(&format!("v{r}"), &v4, hout));
         } else {
             for (c, lane) in ["x", "y", "z", "w"].iter().enumerate() {
                 let _ = writeln!(
                     s,
-                    "    if (row + {r}u < {m}u && col + {c}u < {n}u) {{ out[{ob} + (row + {r}u) * {n}u + col + {c}u] = v{r}.{lane}; }}"
+                    "    if (row + {r}u < {m}u && col + {c}u < {n}u) {{ out[{ob} + (row + {r}u) * {n}u + col + {c}u] = {}; }}",
+                    wgsl::store(&format!("v{r}.{lane}"), ty, hout)
                 );
             }
         }
@@ -179,7 +191,7 @@ pub fn generate(label: &str, p: &BatchedProduct, ty: &str, epi: &Epilogue, tune:
     s += "}\n";
     Ok(WgslProgram::single(Dispatch {
         label: label.to_string(),
-        source: s,
+        source: wgsl::with_halves(s, halves.any()),
         entry_point: "main".into(),
         workgroups: [groups[0] as u32, groups[1] as u32, groups[2] as u32],
         bindings,

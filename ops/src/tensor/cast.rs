@@ -307,21 +307,43 @@ impl CpuKernel for Cast {
 
 impl WgslKernel for Cast {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    /// An f16 source stored as halves is read into f32; an f16 result stored as halves
+    /// is rounded once, from the source's f32 value, by `kiln_half`.
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         let from = required(inputs, 0)?.dtype();
         let to = outputs[0].dtype;
         if from.is_string() || to.is_string() {
             return Err(OpError::Unsupported("string tensors stay on the host".into()));
         }
-        let body = format!("let x = src[i];\n    dst[i] = {};", wgsl_cast("x", from, to, self.rounding));
-        Ok(WgslProgram::single(wgsl::simple_kernel(
+        let (half_in, half_out) = (halves.input(0) && from == DType::F16, halves.output(0) && to == DType::F16);
+        if halves.any() && !(half_in || half_out) {
+            return Err(OpError::Unsupported(format!("halves for a Cast from {from} to {to}")));
+        }
+        let src = if half_in { "f32(src[i])" } else { "src[i]" };
+        let body = if half_out {
+            format!("let x = {src};\n    dst[i] = kiln_half({});", wgsl_cast("x", from, DType::F32, self.rounding))
+        } else {
+            format!("let x = {src};\n    dst[i] = {};", wgsl_cast("x", from, to, self.rounding))
+        };
+        let (src_ty, dst_ty) = (wgsl::stored(wgsl::elem(from), half_in), wgsl::stored(wgsl::elem(to), half_out));
+        let mut d = wgsl::simple_kernel(
             self.name(),
             outputs[0].len(),
             tune.get(&wgsl::workgroup_param()),
-            &[("src", wgsl::elem(from), true), ("dst", wgsl::elem(to), false)],
+            &[("src", &src_ty, true), ("dst", &dst_ty, false)],
             vec![Binding::Input(0), Binding::Output(0)],
             if to.is_narrow_float() { NARROW_WGSL } else { "" },
             &body,
-        )))
+        );
+        d.source = wgsl::with_halves(d.source, half_in || half_out);
+        Ok(WgslProgram::single(d))
     }
 }
 

@@ -436,10 +436,29 @@ impl<T: PlansIndexMap> crate::CpuKernel for MappedOp<T> {
 
 impl<T: PlansIndexMap> crate::WgslKernel for MappedOp<T> {
     fn generate(&self, inputs: &[Option<crate::Arg>], outputs: &[crate::TensorType], tune: &crate::TuneValues) -> Result<crate::WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &crate::wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> crate::wgsl::HalfStorage {
+        crate::wgsl::HalfStorage::Together
+    }
+
+    /// Moves halves as they are when both sides are stored as halves.
+    fn generate_halves(&self, inputs: &[Option<crate::Arg>], outputs: &[crate::TensorType], tune: &crate::TuneValues, halves: &crate::wgsl::Halves) -> Result<crate::WgslProgram> {
         let map = self.0.plan(inputs)?;
-        let ty = crate::wgsl::elem(outputs[0].dtype);
+        let half = halves.input(0) && halves.output(0) && outputs[0].dtype == kiln_graph::DType::F16;
+        if halves.any() && !half {
+            return Err(OpError::Unsupported(format!("{}: halves on one side only", T::NAME)));
+        }
+        let (ty, fill) = if half { ("f16", "f16(0.0)".to_string()) } else {
+            let ty = crate::wgsl::elem(outputs[0].dtype);
+            (ty, crate::wgsl::literal(ty, 0.0))
+        };
         let wg = tune.get(&crate::wgsl::workgroup_param());
-        let d = map.dispatch(T::NAME, ty, wg, crate::Binding::Input(0), crate::Binding::Output(0), &crate::wgsl::literal(ty, 0.0), &[]);
+        let mut d = map.dispatch(T::NAME, ty, wg, crate::Binding::Input(0), crate::Binding::Output(0), &fill, &[]);
+        if half {
+            d.source = format!("{}{}", crate::wgsl::HALF_HEADER, d.source);
+        }
         Ok(crate::WgslProgram::single(d))
     }
 }

@@ -11,8 +11,9 @@ use kiln_ops::infer::Specialized;
 use crate::{Result, RuntimeError};
 use kiln_graph::{DType, Graph, Tensor, ValueId};
 use kiln_ops::infer::Step;
-use kiln_ops::{wgsl::Binding, Op, OpError, TensorType, TuneValues, WgslProgram};
-use std::collections::HashMap;
+use kiln_ops::wgsl::{Binding, HalfStorage, Halves};
+use kiln_ops::{Op, OpError, TensorType, TuneValues, WgslProgram};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -52,7 +53,7 @@ struct Loc {
 
 enum OutputSource {
     Buffer(usize, TensorType),
-    /// A buffer of halves written by a narrowing kernel.
+    /// A buffer of halves (f16 storage, or written by a narrowing kernel).
     Halves(usize, TensorType),
     Const(Tensor),
     Input(usize),
@@ -263,6 +264,69 @@ pub(crate) fn generate(op: &dyn Op, spec: &Specialized, step: &Step) -> std::res
     kernel.generate(&spec.args(&step.inputs), &out_types, &TuneValues::default()).map(Some)
 }
 
+/// The f16 values of a plan stored as halves (`array<f16>`, 2 bytes each) rather than
+/// as f32: on adapters with SHADER_F16, each f16 value that is not a constant and whose
+/// producer and every consumer can bind halves ([`HalfStorage`]). A view and a
+/// `Together` kernel tie their input 0 and output 0: both are halves or neither is.
+fn half_values(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized) -> HashSet<ValueId> {
+    let n = graph.values.len();
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn root(parent: &mut [usize], mut v: usize) -> usize {
+        while parent[v] != v {
+            parent[v] = parent[parent[v]];
+            v = parent[v];
+        }
+        v
+    }
+    let mut ok = vec![false; n];
+    for &v in &graph.inputs {
+        ok[v] = spec.ty(v).dtype == DType::F16;
+    }
+    for step in &spec.steps {
+        for &o in &step.outputs {
+            ok[o] = spec.ty(o).dtype == DType::F16 && !spec.constants.contains_key(&o);
+        }
+    }
+    for step in &spec.steps {
+        let op = &ops[step.node];
+        let how = if op.is_view() { HalfStorage::Together } else { op.wgsl().map_or(HalfStorage::No, |k| k.half_storage()) };
+        match how {
+            HalfStorage::Each => {}
+            HalfStorage::No => step.inputs.iter().flatten().chain(&step.outputs).for_each(|&v| ok[v] = false),
+            HalfStorage::Together => {
+                let (x, y) = (step.inputs.first().copied().flatten(), step.outputs.first().copied());
+                if let (Some(x), Some(y)) = (x, y) {
+                    let (rx, ry) = (root(&mut parent, x), root(&mut parent, y));
+                    parent[rx] = ry;
+                }
+                for &v in step.inputs.iter().skip(1).flatten().chain(step.outputs.iter().skip(1)) {
+                    ok[v] = false;
+                }
+            }
+        }
+    }
+    // A group is halves only if every member may be.
+    let mut group_ok: HashMap<usize, bool> = HashMap::new();
+    let touched: HashSet<ValueId> = graph.inputs.iter().copied().chain(spec.steps.iter().flat_map(|s| s.inputs.iter().flatten().copied().chain(s.outputs.iter().copied()))).collect();
+    for &v in &touched {
+        let r = root(&mut parent, v);
+        let e = group_ok.entry(r).or_insert(true);
+        *e &= ok[v];
+    }
+    touched.into_iter().filter(|&v| ok[v] && group_ok[&root(&mut parent, v)]).collect()
+}
+
+/// The kernel of a step some of whose f16 values are stored as halves.
+fn generate_halves(op: &dyn Op, spec: &Specialized, step: &Step, halves: &HashSet<ValueId>) -> std::result::Result<WgslProgram, OpError> {
+    let kernel = op.wgsl().ok_or_else(|| OpError::Unsupported("no WGSL kernel".into()))?;
+    let out_types: Vec<TensorType> = step.outputs.iter().map(|&o| spec.ty(o).clone()).collect();
+    let which = Halves {
+        inputs: step.inputs.iter().map(|v| v.is_some_and(|v| halves.contains(&v))).collect(),
+        outputs: step.outputs.iter().map(|v| halves.contains(v)).collect(),
+    };
+    kernel.generate_halves(&spec.args(&step.inputs), &out_types, &TuneValues::default(), &which)
+}
+
 impl GpuPlan {
     /// The plan of `spec`'s steps; `programs[i]` is step `i`'s kernel when placement
     /// already generated it (generated here otherwise).
@@ -295,12 +359,22 @@ impl GpuPlan {
         if let Some(&v) = graph.inputs.iter().chain(&graph.outputs).chain(spec.steps.iter().flat_map(|s| s.inputs.iter().flatten().chain(&s.outputs))).find(|&&v| spec.ty(v).dtype.is_string()) {
             return Err(RuntimeError::Gpu(format!("value '{}' is a string tensor, which a GPU buffer cannot hold; string tensors stay on the host", graph.values[v].name)));
         }
+        let halves = if ctx.f16 { half_values(graph, ops, spec) } else { HashSet::new() };
+        // Bytes of a value's run buffer.
+        let bytes_of = |v: ValueId| if halves.contains(&v) { half::packed_bytes(spec.ty(v).len()) } else { gpu_bytes(spec.ty(v)) };
         let mut inputs = vec![];
         let mut dispatches = vec![];
         for (i, &v) in graph.inputs.iter().enumerate() {
             let ty = spec.ty(v);
             let name = &graph.values[v].name;
             check_size(gpu_bytes(ty), &format!("input '{name}'"))?;
+            if halves.contains(&v) {
+                // Uploaded as halves and kept so.
+                where_is.insert(v, Buf::Run(run_sizes.len()));
+                run_sizes.push(bytes_of(v));
+                inputs.push((i, run_sizes.len() - 1, name.clone()));
+                continue;
+            }
             where_is.insert(v, Buf::Run(run_sizes.len()));
             run_sizes.push(gpu_bytes(ty));
             if ty.dtype == DType::F16 && ctx.f16 {
@@ -347,7 +421,6 @@ impl GpuPlan {
         for (step, program) in spec.steps.iter().zip(programs) {
             let node = &graph.nodes[step.node];
             let op = &ops[step.node];
-            let out_types: Vec<TensorType> = step.outputs.iter().map(|&o| spec.ty(o).clone()).collect();
             if op.is_view() {
                 let src = step.inputs.first().copied().flatten().ok_or_else(|| {
                     RuntimeError::node(node, kiln_ops::OpError::input(0, "a view op needs its data input"))
@@ -360,7 +433,9 @@ impl GpuPlan {
                 // Extra outputs of views (Dropout's mask) are not supported on the GPU.
                 continue;
             }
+            let touches_halves = step.inputs.iter().flatten().chain(&step.outputs).any(|v| halves.contains(v));
             let program = match program {
+                _ if touches_halves => generate_halves(op.as_ref(), spec, step, &halves).map_err(|e| RuntimeError::node(node, e))?,
                 Some(p) => p,
                 None => generate(op.as_ref(), spec, step)
                     .map_err(|e| RuntimeError::node(node, e))?
@@ -370,12 +445,12 @@ impl GpuPlan {
                     })?,
             };
             for (k, &o) in step.outputs.iter().enumerate() {
-                check_size(gpu_bytes(&out_types[k]), &format!("output {k} of node '{}' ({})", node.name, node.op_type))?;
+                check_size(bytes_of(o), &format!("output {k} of node '{}' ({})", node.name, node.op_type))?;
                 where_is.insert(o, Buf::Run(run_sizes.len()));
                 if op.overwrites_outputs() {
                     shareable.insert(run_sizes.len());
                 }
-                run_sizes.push(gpu_bytes(&out_types[k]));
+                run_sizes.push(bytes_of(o));
             }
             let scratch: Vec<Buf> = program
                 .scratch_bytes
@@ -443,6 +518,7 @@ impl GpuPlan {
                 outputs.push(OutputSource::Input(i));
             } else {
                 match where_is.get(&o) {
+                    Some(Buf::Run(b)) if halves.contains(&o) => outputs.push(OutputSource::Halves(*b, spec.ty(o).clone())),
                     Some(Buf::Run(b)) if spec.ty(o).dtype == DType::F16 && ctx.f16 => {
                         let ty = spec.ty(o).clone();
                         let (source, workgroups) = half::narrow(ty.len());
