@@ -397,3 +397,130 @@ fn a_model_with_its_own_onnx_loss_trains_like_the_built_in_loss() {
     let err = Trainer::new(&mlp(true), &[x_type.clone(), ("labels".into(), TensorType::new(DType::I64, vec![6]))], opts("y")).err().unwrap().to_string();
     assert!(err.contains("no input 'y'") && err.contains("labels"), "{err}");
 }
+
+/// Mixed precision on a GPU with SHADER_F16 (lavapipe has it): tiny_gpt's matrix
+/// products in f16 follow PyTorch's f32 trajectory to f16 precision, the products'
+/// operands live as halves, and the exported model is f32.
+#[test]
+fn mixed_precision_follows_the_f32_trajectory_on_the_gpu() {
+    use kiln::compiler::autodiff::MixedPrecision;
+    gpu_env();
+    let r = run("tiny_gpt_adamw");
+    let losses: Vec<f64> = r.reference["losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect();
+    let model = kiln::train::import_model(&training().join(r.name).join("model.onnx")).unwrap();
+    let options = |device: DeviceChoice| {
+        let mut opts = TrainOptions::new(Loss::cross_entropy(), optimizer(&r.reference), Schedule::constant(f(&r.reference, "lr")));
+        opts.device = device;
+        opts.mixed_precision = Some(MixedPrecision::default());
+        opts
+    };
+    let types = [(r.input.clone(), r.input_type.clone())];
+    let err = Trainer::new(&model, &types, options(DeviceChoice::Cpu)).err().expect("mixed precision is refused on the CPU").to_string();
+    assert!(err.contains("mixed precision") && err.contains("CPU"), "{err}");
+    let mut t = Trainer::new(&model, &types, options(DeviceChoice::Gpu)).unwrap();
+    let mut skipped = 0;
+    let mut k = 0;
+    let mut worst: f64 = 0.0;
+    while t.steps_done() < losses.len() as u64 {
+        let (x, y) = (r.batch)(t.steps_done() as usize);
+        let rep = t.step(&[(r.input.as_str(), &x)], &y).unwrap();
+        k += 1;
+        assert!(k <= losses.len() + 10, "more than 10 steps skipped");
+        let scale = rep.loss_scale.expect("mixed precision reports its scale");
+        if rep.skipped {
+            skipped += 1;
+            continue;
+        }
+        let want = losses[rep.step as usize - 1];
+        let e = (rep.loss as f64 - want).abs() / want;
+        worst = worst.max(e);
+        assert!(e <= 1e-2, "step {}: loss {} against PyTorch's f32 {want} (relative {e:.1e}, scale {scale})", rep.step, rep.loss);
+        if rep.step == 1 {
+            check_params(&r, &t, 1, 5e-2, "gpu, mixed precision");
+        }
+    }
+    // Every parameter within 5e-3 of PyTorch's after the last step (f32 on the GPU:
+    // 1e-3 to 1e-2), but the key thirds of the attention biases: their gradient is zero
+    // in exact arithmetic (a query's scores move together), so Adam turns rounding noise
+    // into steps of at most lr; those are checked element by element.
+    let steps = losses.len() as u64;
+    let want = npz::read_file(training().join(r.name).join(format!("step_{steps}.npz"))).unwrap();
+    let lr = f(&r.reference, "lr");
+    for (name, w) in &want {
+        let got = t.parameter(name).unwrap().unwrap();
+        if name.ends_with("qkv.bias") {
+            let (g, w) = (got.to_f64_vec(), w.to_f64_vec());
+            let d = g.len() / 3;
+            for (part, range) in [("query", 0..d), ("value", 2 * d..3 * d)] {
+                let (gp, wp) = (Tensor::from_f64(DType::F32, &[d], &g[range.clone()]).unwrap(), Tensor::from_f64(DType::F32, &[d], &w[range]).unwrap());
+                let e = rel_l2(&gp, &wp);
+                assert!(e <= 5e-3, "'{name}' ({part} part) after step {steps}: relative L2 {e:.2e}");
+            }
+            let moved = g[d..2 * d].iter().zip(&w[d..2 * d]).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(moved <= 2.0 * lr * steps as f64, "'{name}' (key part, zero gradient) is {moved} from PyTorch's");
+            continue;
+        }
+        let e = rel_l2(&got, w);
+        assert!(e <= 5e-3, "'{name}' after step {steps}: relative L2 {e:.2e} > 5e-3");
+    }
+    let exported = t.inference_graph().unwrap();
+    assert!(exported.initializers.values().all(|w| w.dtype() != DType::F16), "f32 master weights");
+    eprintln!("tiny_gpt mixed precision ({}): {} steps, {skipped} skipped, losses within {worst:.1e} of PyTorch's f32", t.device_name(), losses.len());
+}
+
+/// Dynamic loss scaling: at a scale where the f16 gradients overflow, each step is
+/// skipped (the state stays bit for bit, the step count too) and the scale halves,
+/// until a step applies; a scale that never works is an error, not a silent loop.
+#[test]
+fn loss_scaling_skips_overflowing_steps_and_halves_the_scale() {
+    use kiln::compiler::autodiff::MixedPrecision;
+    use kiln::graph::{rng::Rng, Attr, GraphBuilder};
+    gpu_env();
+    let mut b = GraphBuilder::new("mlp");
+    let x = b.input("x", DType::F32, [8usize, 16]);
+    let mut rng = Rng::new(5);
+    let w1 = b.constant("w1", rng.tensor(&[32, 16], 0.5).unwrap());
+    let w2 = b.constant("w2", rng.tensor(&[4, 32], 0.5).unwrap());
+    let h = b.node("Gemm", &[x, w1], &[("transB", Attr::Int(1))]);
+    let h = b.node("Relu", &[h], &[]);
+    let y = b.node("Gemm", &[h, w2], &[("transB", Attr::Int(1))]);
+    b.output(y);
+    let model = kiln::train::Model { graph: b.finish().unwrap(), initializers: vec!["w1".into(), "w2".into()] };
+    let xs = Rng::new(6).tensor(&[8, 16], 1.0).unwrap();
+    let ys = Tensor::from_vec(&[8], vec![0i64, 1, 2, 3, 0, 1, 2, 3]).unwrap();
+    let trainer = |init_scale: f32| {
+        let mut opts = TrainOptions::new(Loss::cross_entropy(), Optimizer::new(OptimizerKind::Sgd { momentum: 0.9, nesterov: false }), Schedule::constant(0.1));
+        opts.device = DeviceChoice::Gpu;
+        opts.mixed_precision = Some(MixedPrecision { init_scale, ..MixedPrecision::default() });
+        Trainer::new(&model, &[("x".into(), TensorType::new(DType::F32, vec![8, 16]))], opts).unwrap()
+    };
+    let mut t = trainer(2f32.powi(40));
+    let w0 = t.parameter("w1").unwrap().unwrap();
+    let mut scales = vec![];
+    loop {
+        let rep = t.step(&[("x", &xs)], &ys).unwrap();
+        scales.push(rep.loss_scale.unwrap());
+        if !rep.skipped {
+            break;
+        }
+        assert_eq!(t.steps_done(), 0);
+        assert_eq!(t.parameter("w1").unwrap().unwrap().bytes(), w0.bytes(), "a skipped step changes nothing");
+    }
+    assert!(scales.len() >= 2, "2^40 overflows f16: {scales:?}");
+    assert!(scales.windows(2).all(|w| w[1] == w[0] / 2.0), "halved at each skip: {scales:?}");
+    assert_eq!(t.steps_done(), 1);
+    // The applied step matches one from a trainer that started at that scale.
+    let mut u = trainer(*scales.last().unwrap());
+    let rep = u.step(&[("x", &xs)], &ys).unwrap();
+    assert!(!rep.skipped);
+    assert_eq!(t.parameter("w1").unwrap().unwrap().bytes(), u.parameter("w1").unwrap().unwrap().bytes());
+    // NaN in the data: every scale fails; training stops with an error.
+    let mut bad = xs.clone();
+    bad.as_mut_slice::<f32>().unwrap()[0] = f32::INFINITY;
+    let err = (0..100).find_map(|_| t.step(&[("x", &bad)], &ys).err());
+    match err {
+        Some(TrainError::NonFinite { .. }) | Some(TrainError::NonFiniteGradients { .. }) => {}
+        other => panic!("expected a non-finite error, got {other:?}"),
+    }
+    assert_eq!(t.steps_done(), 1);
+}

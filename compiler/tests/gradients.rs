@@ -330,6 +330,7 @@ fn training_graph_errors_name_what_is_wrong() {
         optimizer: Optimizer::new(OptimizerKind::Sgd { momentum: 0.0, nesterov: false }),
         trainable,
         keep_state_unless_finite: false,
+        mixed_precision: None,
     };
     let err = build(&g, &config(Trainable::All, "x"), Registry::builtin()).err().expect("no gradient for Cos and Sin").to_string();
     assert!(err.contains("2 node(s)") && err.contains("(Cos)") && err.contains("(Sin)"), "{err}");

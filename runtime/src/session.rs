@@ -294,6 +294,13 @@ impl Session {
         }
     }
 
+    /// Whether the session's GPU has SHADER_F16, so that f16 values between kernels
+    /// that bind halves are stored as halves (false on the CPU, which computes f16 ops
+    /// from f32 and rounds).
+    pub fn stores_halves(&self) -> bool {
+        matches!(self.backend, Backend::Gpu) && self.gpus.iter().all(|g| g.0.f16)
+    }
+
     /// A human-readable name of the device, e.g. `cpu (2 threads)` or
     /// `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)`.
     pub fn device_name(&self) -> String {

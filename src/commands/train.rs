@@ -2,7 +2,7 @@
 //! throughput per step, evaluate, checkpoint, and export the trained model as ONNX.
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
-use kiln::compiler::autodiff::{Loss, Optimizer, OptimizerKind};
+use kiln::compiler::autodiff::{Loss, MixedPrecision, Optimizer, OptimizerKind};
 use kiln::graph::rng::Rng;
 use kiln::graph::Tensor;
 use kiln::ops::TensorType;
@@ -79,6 +79,13 @@ pub struct Args {
     /// CPU worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Matrix products in f16 with f32 master weights and dynamic loss scaling (GPUs
+    /// with SHADER_F16 only).
+    #[arg(long)]
+    mixed_precision: bool,
+    /// The first loss scale of --mixed-precision.
+    #[arg(long, default_value_t = 65536.0, requires = "mixed_precision")]
+    loss_scale: f32,
     /// Held-out data, evaluated at the end (x.npy and y.npy, or test_x.npy and test_y.npy).
     #[arg(long)]
     eval: Option<PathBuf>,
@@ -242,6 +249,9 @@ pub fn main(a: Args) -> Result<()> {
     options.device = a.device.clone();
     options.threads = a.threads;
     options.seed = a.seed;
+    if a.mixed_precision {
+        options.mixed_precision = Some(MixedPrecision { init_scale: a.loss_scale, ..MixedPrecision::default() });
+    }
     let compiling = Progress::spinner("compiling the training step", a.json);
     let mut trainer = Trainer::new(&model, &[(input_name.clone(), input_ty)], options)?;
     compiling.finish();
@@ -282,9 +292,15 @@ pub fn main(a: Args) -> Result<()> {
         bar.set(rep.step, &format!("loss {:.4}  {:.0} samples/s", rep.loss, sps));
         if rep.step % a.log_every.max(1) == 0 || rep.step == total {
             if a.json {
-                println!("{}", json!({"step": rep.step, "loss": rep.loss, "lr": rep.lr, "samples_per_s": sps}));
+                let mut line = json!({"step": rep.step, "loss": rep.loss, "lr": rep.lr, "samples_per_s": sps});
+                if let Some(scale) = rep.loss_scale {
+                    line["loss_scale"] = json!(scale);
+                    line["skipped"] = json!(rep.skipped);
+                }
+                println!("{line}");
             } else if !bar.is_shown() {
-                println!("step {:>6}  loss {:.6}  lr {:.3e}  {:.0} samples/s", rep.step, rep.loss, rep.lr, sps);
+                let scale = rep.loss_scale.map(|s| format!("  loss scale {s}{}", if rep.skipped { " (gradients not finite: skipped)" } else { "" })).unwrap_or_default();
+                println!("step {:>6}  loss {:.6}  lr {:.3e}  {:.0} samples/s{scale}", rep.step, rep.loss, rep.lr, sps);
             }
         }
         if let Some(c) = &a.checkpoint {

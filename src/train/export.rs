@@ -14,7 +14,7 @@ pub fn export_onnx(trainer: &Trainer, source: &Path, dest: &Path) -> Result<()> 
     let mut model = proto::ModelProto::decode(bytes.as_slice()).map_err(|e| fail(format!("'{}' is not an ONNX model: {e}", source.display())))?;
     let graph = model.graph.as_mut().ok_or_else(|| fail(format!("'{}' has no graph", source.display())))?;
     for (s, t) in trainer.state()? {
-        if matches!(s.kind, StateKind::Slot { .. }) {
+        if matches!(s.kind, StateKind::Slot { .. } | StateKind::LossScale) {
             continue;
         }
         let init = graph.initializer.iter_mut().find(|i| i.name == s.name).ok_or_else(|| fail(format!("the model has no initializer '{}'", s.name)))?;

@@ -9,7 +9,7 @@
 //! step as inputs, replaced by the step's outputs. On the CPU that is a hand-over of
 //! buffers; on a GPU that runs the whole step in one submit it stays in device memory
 //! and is read back only when asked for (checkpoints, export, [`Trainer::state`]).
-use kiln_compiler::autodiff::{self, AutodiffError, Loss, Optimizer, StateKind, StateVar, TrainConfig, Trainable};
+use kiln_compiler::autodiff::{self, AutodiffError, Loss, MixedPrecision, Optimizer, StateKind, StateVar, TrainConfig, Trainable};
 use kiln_compiler::passes::{self, Target};
 use kiln_graph::{Graph, Tensor};
 use kiln_ops::TensorType;
@@ -33,6 +33,9 @@ pub enum TrainError {
     /// The loss is NaN or infinite: the step's update was not applied.
     #[error("step {step}: the loss is {loss}; training stopped, the state is that after step {}", step - 1)]
     NonFinite { step: u64, loss: f32 },
+    /// Mixed precision: the gradients stayed non-finite as the loss scale halved.
+    #[error("step {step}: the gradients are not finite at any loss scale (the last tried: {scale:e}); training stopped, the state is that after step {}", step - 1)]
+    NonFiniteGradients { step: u64, scale: f32 },
     #[error("{0}")]
     Data(String),
     #[error("checkpoint '{path}': {what}")]
@@ -77,13 +80,19 @@ pub struct TrainOptions {
     pub optimize: bool,
     /// Seeds training-mode dropout: step `k` draws its masks from `seed` and `k`.
     pub seed: u64,
+    /// Mixed precision, on GPUs with SHADER_F16 only (an error elsewhere).
+    pub mixed_precision: Option<MixedPrecision>,
 }
 
 impl TrainOptions {
     pub fn new(loss: Loss, optimizer: Optimizer, schedule: Schedule) -> TrainOptions {
-        TrainOptions { device: DeviceChoice::Cpu, threads: None, loss, optimizer, schedule, output: None, optimize: true, seed: 0 }
+        TrainOptions { device: DeviceChoice::Cpu, threads: None, loss, optimizer, schedule, output: None, optimize: true, seed: 0, mixed_precision: None }
     }
 }
+
+/// Mixed precision gives up after this many skipped steps in a row (the scale has then
+/// halved as often: 2^16 down to 2^-48).
+const MAX_SKIPPED_IN_ROW: u32 = 64;
 
 /// What one step did.
 #[derive(Clone, Debug)]
@@ -93,6 +102,11 @@ pub struct StepReport {
     pub loss: f32,
     pub lr: f64,
     pub seconds: f64,
+    /// With mixed precision: the loss scale this step ran at, and whether its update
+    /// was skipped (a gradient was not finite at that scale; the step count stays, and
+    /// the next batch runs at half the scale).
+    pub loss_scale: Option<f32>,
+    pub skipped: bool,
 }
 
 pub struct Trainer {
@@ -119,6 +133,11 @@ pub struct Trainer {
     /// The step keeps the state itself when the loss is not finite
     /// (`TrainConfig::keep_state_unless_finite`).
     guarded: bool,
+    /// With mixed precision: positions of the "applied" flag and the loss scale among
+    /// the step's outputs other than the carried state.
+    scaler: Option<(usize, usize)>,
+    /// Steps skipped in a row (mixed precision).
+    skipped_in_row: u32,
 }
 
 /// Memory of training against inference, in bytes.
@@ -139,6 +158,9 @@ impl Trainer {
     pub fn new(model: &Model, inputs: &[(String, TensorType)], options: TrainOptions) -> Result<Trainer> {
         let forward = &model.graph;
         let kind = kiln_runtime::device_kind(&options.device)?;
+        if options.mixed_precision.is_some() && kind != DeviceKind::Gpu {
+            return Err(TrainError::Data("mixed precision runs on GPUs with SHADER_F16; the CPU trains in f32 (leave out --mixed-precision or pick --device gpu)".into()));
+        }
         let config = TrainConfig {
             inputs: inputs.to_vec(),
             output: options.output.clone(),
@@ -148,6 +170,7 @@ impl Trainer {
             // On a GPU the state stays in device memory, so the step itself keeps it
             // after a non-finite loss; on the CPU `step` puts the old values back.
             keep_state_unless_finite: kind == DeviceKind::Gpu,
+            mixed_precision: options.mixed_precision.clone(),
         };
         let tg = autodiff::build(forward, &config, kiln_ops::Registry::builtin())?;
         let mut graph = tg.graph;
@@ -159,10 +182,17 @@ impl Trainer {
             passes::optimize_for(&mut graph, target);
         }
         let session = Session::new(graph, SessionOptions { threads: options.threads, ..SessionOptions::device(options.device.clone()) })?;
+        if options.mixed_precision.is_some() && !session.stores_halves() {
+            return Err(TrainError::Data(format!("mixed precision needs a GPU with SHADER_F16; {} has none", session.device_name())));
+        }
         let nexts: Vec<&str> = tg.state.iter().map(|s| s.next.as_str()).collect();
         let names: Vec<String> = session.output_names().into_iter().filter(|n| !nexts.contains(&n.as_str())).collect();
         let pos = |n: &str| names.iter().position(|o| o == n).ok_or_else(|| AutodiffError::Model(format!("the compiled training step lost its output '{n}'")));
         let outputs = (pos(&tg.loss)?, pos(&tg.prediction)?);
+        let scaler = match &tg.mixed_precision {
+            Some((applied, scale)) => Some((pos(applied)?, pos(scale)?)),
+            None => None,
+        };
         let pairs: Vec<(&str, &str)> = tg.state.iter().map(|s| (s.name.as_str(), s.next.as_str())).collect();
         let carried = session.carry(&pairs, tg.state.iter().map(|s| s.initial.clone()).collect())?;
         // `build` checked that every data input has a type in `inputs`.
@@ -183,7 +213,9 @@ impl Trainer {
             options_threads: options.threads,
             device: options.device,
             dropout: tg.dropout_seed.map(|n| (n, options.seed)),
-            guarded: config.keep_state_unless_finite,
+            guarded: config.keep_state_unless_finite || scaler.is_some(),
+            scaler,
+            skipped_in_row: 0,
         })
     }
 
@@ -259,8 +291,21 @@ impl Trainer {
             }
             return Err(TrainError::NonFinite { step, loss });
         }
-        self.step = step;
-        Ok(StepReport { step, loss, lr, seconds: started.elapsed().as_secs_f64() })
+        let (mut loss_scale, mut skipped) = (None, false);
+        if let Some((applied, scale)) = self.scaler {
+            skipped = out[applied].to_f64_vec().first() != Some(&1.0);
+            loss_scale = out[scale].to_f64_vec().first().map(|&s| s as f32);
+        }
+        if skipped {
+            self.skipped_in_row += 1;
+            if self.skipped_in_row >= MAX_SKIPPED_IN_ROW {
+                return Err(TrainError::NonFiniteGradients { step, scale: loss_scale.unwrap_or(f32::NAN) });
+            }
+        } else {
+            self.skipped_in_row = 0;
+            self.step = step;
+        }
+        Ok(StepReport { step, loss, lr, seconds: started.elapsed().as_secs_f64(), loss_scale, skipped })
     }
 
     /// The current value of every state variable (parameters, running statistics,
@@ -271,7 +316,7 @@ impl Trainer {
 
     /// The current value of a parameter or running statistic, by initializer name.
     pub fn parameter(&self, name: &str) -> Result<Option<Tensor>> {
-        match self.state_vars.iter().find(|s| s.name == name && !matches!(s.kind, StateKind::Slot { .. })) {
+        match self.state_vars.iter().find(|s| s.name == name && !matches!(s.kind, StateKind::Slot { .. } | StateKind::LossScale)) {
             Some(s) => Ok(Some(self.carried.get(&s.name)?)),
             None => Ok(None),
         }
@@ -288,7 +333,7 @@ impl Trainer {
     pub fn inference_graph(&self) -> Result<Graph> {
         let mut g = self.forward.clone();
         for (s, t) in self.state()? {
-            if matches!(s.kind, StateKind::Slot { .. }) {
+            if matches!(s.kind, StateKind::Slot { .. } | StateKind::LossScale) {
                 continue;
             }
             if let Some(v) = g.find_value(&s.name) {

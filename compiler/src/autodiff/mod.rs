@@ -8,18 +8,21 @@
 //! - [`gradients`]: the reverse sweep. Each op's gradient is a rule in `rules/`, one file
 //!   per op family, written in Kiln ops, so every backend runs it.
 //! - `loss` and `optimizer`: losses and update rules, also graphs of Kiln ops.
+//! - `mixed`: mixed precision (chosen ops in f16, dynamic loss scaling).
 use kiln_graph::{Graph, NodeId, ValueId};
 use std::collections::HashMap;
 
 pub mod emit;
 mod loss;
 pub mod lower;
+mod mixed;
 pub mod optimizer;
 pub mod rules;
 pub mod training;
 
 pub use emit::Emit;
 pub use loss::Loss;
+pub use mixed::MixedPrecision;
 pub use optimizer::{Optimizer, OptimizerKind};
 pub use training::{build, StateKind, StateVar, TrainConfig, Trainable, TrainingGraph};
 

@@ -12,6 +12,7 @@
 use super::emit::Emit;
 use super::loss::Loss;
 use super::lower::{is_training_bn, lower};
+use super::mixed::{self, MixedPrecision};
 use super::optimizer::Optimizer;
 use super::{gradients, AutodiffError, Result};
 use kiln_graph::{DType, Graph, Tensor, ValueId, ValueType};
@@ -31,6 +32,9 @@ pub struct TrainConfig {
     /// leaves the device. It costs a select per state variable; a runtime that keeps
     /// the state on the host can restore it there instead.
     pub keep_state_unless_finite: bool,
+    /// Mixed precision (f16 products, dynamic loss scaling); for GPUs with SHADER_F16.
+    /// It implies keeping the state when a gradient is not finite.
+    pub mixed_precision: Option<MixedPrecision>,
 }
 
 /// Which initializers train. BatchNormalization's running statistics never do (the
@@ -56,6 +60,8 @@ pub enum StateKind {
     Buffer,
     /// Optimizer state of a parameter.
     Slot { param: String, slot: &'static str },
+    /// Mixed precision's loss scale, or its count of finite steps in a row.
+    LossScale,
 }
 
 #[derive(Clone, Debug)]
@@ -89,10 +95,21 @@ pub struct TrainingGraph {
     /// The int64 scalar input that seeds training-mode dropout, when there is some: a
     /// new value each step gives new masks.
     pub dropout_seed: Option<String>,
+    /// With mixed precision, the outputs [`STEP_APPLIED`] and [`STEP_LOSS_SCALE`]: a step
+    /// whose gradients were not finite applied nothing, and the next one runs at half
+    /// the scale.
+    pub mixed_precision: Option<(String, String)>,
 }
 
 pub const LABEL: &str = "kiln.label";
 pub const LOSS: &str = "kiln.loss";
+/// Mixed precision's state (f32 scalars): the loss scale and the finite steps in a row.
+pub const LOSS_SCALE: &str = "kiln.loss_scale";
+pub const LOSS_SCALE_GOOD_STEPS: &str = "kiln.loss_scale_good_steps";
+/// Mixed precision's outputs: whether the step applied its update (bool), and the
+/// loss scale it used.
+pub const STEP_APPLIED: &str = "kiln.step_applied";
+pub const STEP_LOSS_SCALE: &str = "kiln.step_loss_scale";
 
 fn model_err(what: impl Into<String>) -> AutodiffError {
     AutodiffError::Model(what.into())
@@ -206,6 +223,10 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     let lowered = lower(&mut e)?;
     let subst = lowered.subst;
     let pred = *subst.get(&pred).unwrap_or(&pred);
+    if let Some(mp) = &config.mixed_precision {
+        let n = mixed::autocast(&mut e, &mp.ops)?;
+        log::info!("mixed precision: {n} node(s) of {:?} run in f16", mp.ops);
+    }
 
     // Parameters the loss does not depend on are left out (or refused, when named).
     let reached = reaching(e.graph, pred);
@@ -243,8 +264,34 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     let loss = config.loss.emit(&mut e, pred, label)?;
     e.graph.values[loss].name = LOSS.into();
 
+    // With mixed precision, the gradients of `loss * scale`, unscaled.
+    let scaler = match &config.mixed_precision {
+        Some(mp) => {
+            let ty = TensorType::new(DType::F32, vec![]);
+            let scale = e.value_of_type(LOSS_SCALE, ty.clone());
+            let good = e.value_of_type(LOSS_SCALE_GOOD_STEPS, ty);
+            e.graph.inputs.extend([scale, good]);
+            e.set_scope("loss_scale");
+            let scaled = e.mul(loss, scale)?;
+            Some((mp, scale, good, scaled))
+        }
+        None => None,
+    };
     let order = e.graph.validate().map_err(|err| model_err(err.to_string()))?;
-    let grads = gradients(&mut e, &order, loss, &params)?;
+    let grads = match scaler {
+        Some((_, scale, _, scaled)) => {
+            let grads = gradients(&mut e, &order, scaled, &params)?;
+            e.set_scope("loss_scale");
+            let one = e.scalar(1.0, DType::F32);
+            let inv = e.div(one, scale)?;
+            grads.iter().map(|&g| if e.dtype(g) == DType::F32 { e.mul(g, inv) } else { Ok(g) }).collect::<Result<Vec<_>>>()?
+        }
+        None => gradients(&mut e, &order, loss, &params)?,
+    };
+    let grads_finite = match scaler {
+        Some(_) => mixed::all_finite(&mut e, &grads)?,
+        None => None,
+    };
     let grads = config.optimizer.clip(&mut e, &grads)?;
 
     let opt = &config.optimizer;
@@ -262,14 +309,36 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     // With `keep_state_unless_finite`, a step whose loss is NaN or infinite changes
     // nothing: every next value is the state as it was unless the loss is finite.
     e.set_scope("update");
-    let finite = if config.keep_state_unless_finite {
+    let finite = if config.keep_state_unless_finite || scaler.is_some() {
         let nan = e.op("IsNaN", &[loss], &[])?;
         let inf = e.op("IsInf", &[loss], &[])?;
         let bad = e.op("Or", &[nan, inf], &[])?;
-        Some(e.op("Not", &[bad], &[])?)
+        let ok = e.op("Not", &[bad], &[])?;
+        Some(match grads_finite {
+            Some(g) => e.op("And", &[ok, g], &[])?,
+            None => ok,
+        })
     } else {
         None
     };
+    // Mixed precision: whether this step applied its update (read by the runtime), and
+    // the loss scale it used.
+    let mut applied = None;
+    if let (Some((mp, scale, good, _)), Some(f)) = (scaler, finite) {
+        let (scale_next, good_next) = mixed::next_scale(&mut e, scale, good, f, mp.growth_interval)?;
+        for (next, name, init) in [(scale_next, LOSS_SCALE, mp.init_scale), (good_next, LOSS_SCALE_GOOD_STEPS, 0.0)] {
+            let next_name = format!("{name}:next");
+            e.graph.values[next].name = next_name.clone();
+            outputs.push(next);
+            state.push(StateVar { name: name.into(), kind: StateKind::LossScale, next: next_name, initial: Tensor::scalar(init) });
+        }
+        let flag = e.op("Identity", &[f], &[])?;
+        e.graph.values[flag].name = STEP_APPLIED.into();
+        let used = e.op("Identity", &[scale], &[])?;
+        e.graph.values[used].name = STEP_LOSS_SCALE.into();
+        outputs.extend([flag, used]);
+        applied = Some((STEP_APPLIED.to_string(), STEP_LOSS_SCALE.to_string()));
+    }
     let mut next_of = |e: &mut Emit, input: ValueId, next: ValueId, kind: StateKind, initial: Tensor, state: &mut Vec<StateVar>| -> Result<()> {
         let name = e.graph.values[input].name.clone();
         let next_name = format!("{name}:next");
@@ -325,6 +394,7 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         state,
         gradients,
         dropout_seed: lowered.seed.map(|_| super::lower::DROPOUT_SEED.to_string()),
+        mixed_precision: applied,
         graph: g,
     })
 }

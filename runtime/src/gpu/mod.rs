@@ -174,6 +174,7 @@ pub(crate) struct GpuContext {
     pub limits: wgpu::Limits,
     /// SHADER_F16 is enabled: f16 graph inputs and outputs cross the bus as 2-byte
     /// halves and are converted by GPU kernels (`half.rs`); without it the host converts.
+    /// f16 values between kernels that bind halves are stored as halves (`plan.rs`).
     pub f16: bool,
     /// TIMESTAMP_QUERY is enabled: the tuner times kernels with the GPU's timestamps.
     pub timestamps: bool,

@@ -360,6 +360,10 @@ impl GpuPlan {
             return Err(RuntimeError::Gpu(format!("value '{}' is a string tensor, which a GPU buffer cannot hold; string tensors stay on the host", graph.values[v].name)));
         }
         let halves = if ctx.f16 { half_values(graph, ops, spec) } else { HashSet::new() };
+        if !halves.is_empty() {
+            let f16s = spec.steps.iter().flat_map(|s| &s.outputs).filter(|&&o| spec.ty(o).dtype == DType::F16).count();
+            log::info!("GPU plan: {} f16 values stored as halves ({} f16 step outputs in all)", halves.len(), f16s);
+        }
         // Bytes of a value's run buffer.
         let bytes_of = |v: ValueId| if halves.contains(&v) { half::packed_bytes(spec.ty(v).len()) } else { gpu_bytes(spec.ty(v)) };
         let mut inputs = vec![];

@@ -1,0 +1,130 @@
+//! Mixed precision: the chosen ops (matrix products by default) run in f16 with f32
+//! master weights, and the loss is scaled dynamically so that small f16 gradients do
+//! not flush to zero.
+//!
+//! - `autocast` rewrites each chosen node before differentiation: its f32 float inputs
+//!   are cast to f16 (once per value), it computes in f16, and its result is cast back
+//!   to f32 for the ops around it. The reverse sweep then differentiates through the
+//!   casts, so the node's gradients are f16 products too, and the gradients of the
+//!   parameters arrive in f32.
+//! - The step differentiates `loss * scale` and multiplies the gradients by `1/scale`.
+//!   When any gradient is not finite the update is skipped (every state variable keeps
+//!   its value) and the scale halves; after `growth_interval` finite steps in a row it
+//!   doubles. Both the scale and the count of finite steps are state variables.
+use super::emit::Emit;
+use super::Result;
+use kiln_graph::{Attr, DType, Node, ValueId};
+use std::collections::HashMap;
+
+/// How a training step uses f16.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MixedPrecision {
+    /// The op types (default domain) run in f16.
+    pub ops: Vec<String>,
+    /// The first loss scale.
+    pub init_scale: f32,
+    /// Finite steps in a row after which the scale doubles.
+    pub growth_interval: u32,
+}
+
+impl Default for MixedPrecision {
+    /// PyTorch's GradScaler defaults, and autocast's matrix products.
+    fn default() -> Self {
+        MixedPrecision { ops: vec!["MatMul".into(), "Gemm".into()], init_scale: 65536.0, growth_interval: 2000 }
+    }
+}
+
+/// The float inputs of an op that autocast casts (all of them must be f32 or f16).
+fn float_slots(op_type: &str) -> &'static [usize] {
+    match op_type {
+        "MatMul" => &[0, 1],
+        "Gemm" | "Conv" | "ConvTranspose" => &[0, 1, 2],
+        _ => &[],
+    }
+}
+
+fn cast(e: &mut Emit, v: ValueId, to: DType) -> Result<ValueId> {
+    e.op("Cast", &[v], &[("to", Attr::Int(to.onnx_code() as i64))])
+}
+
+/// Runs every node of `ops` in f16 (see the module docs). Returns how many nodes.
+pub(super) fn autocast(e: &mut Emit, ops: &[String]) -> Result<usize> {
+    let mut halves: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut count = 0;
+    for k in 0..e.graph.nodes.len() {
+        let node = e.graph.nodes[k].clone();
+        let slots = float_slots(&node.op_type);
+        if !node.domain.is_empty() || !ops.iter().any(|o| *o == node.op_type) || slots.is_empty() || node.outputs.len() != 1 {
+            continue;
+        }
+        let present: Vec<(usize, ValueId)> = slots.iter().filter_map(|&i| node.inputs.get(i).copied().flatten().map(|v| (i, v))).collect();
+        let y = node.outputs[0];
+        if present.iter().any(|&(_, v)| e.dtype(v) != DType::F32) || e.dtype(y) != DType::F32 {
+            continue;
+        }
+        e.set_scope(format!("{}/autocast", node.name));
+        for (i, v) in present {
+            let h = match halves.get(&v) {
+                Some(&h) => h,
+                None => {
+                    let h = cast(e, v, DType::F16)?;
+                    halves.insert(v, h);
+                    h
+                }
+            };
+            e.graph.nodes[k].inputs[i] = Some(h);
+        }
+        // The node now writes an f16 value; a Cast writes its old output from it.
+        let mut ty = e.ty(y).clone();
+        ty.dtype = DType::F16;
+        let y16 = e.value_of_type(&format!("{}:f16", e.graph.values[y].name), ty);
+        e.graph.nodes[k].outputs[0] = y16;
+        let name = format!("{}/autocast/to_f32", node.name);
+        let attrs = [("to".to_string(), Attr::Int(DType::F32.onnx_code() as i64))].into_iter().collect();
+        e.graph.nodes.push(Node { name, op_type: "Cast".into(), domain: String::new(), attrs, inputs: vec![Some(y16)], outputs: vec![y] });
+        // A later node of `ops` reading `y` reads the f16 value itself.
+        halves.insert(y, y16);
+        count += 1;
+    }
+    e.set_scope("");
+    Ok(count)
+}
+
+/// Whether every gradient is finite (a bool scalar): their squares summed in f32, which
+/// is NaN or infinite exactly when one of them is (or, beyond 1e19, overflows).
+pub(super) fn all_finite(e: &mut Emit, grads: &[ValueId]) -> Result<Option<ValueId>> {
+    e.set_scope("loss_scale");
+    let mut total: Option<ValueId> = None;
+    for &g in grads {
+        let sq = e.mul(g, g)?;
+        let all: Vec<usize> = (0..e.rank(g)).collect();
+        let s = e.reduce_sum(sq, &all, false)?;
+        let s = e.reshape(s, &[])?;
+        total = Some(match total {
+            Some(t) => e.add(t, s)?,
+            None => s,
+        });
+    }
+    let Some(total) = total else { return Ok(None) };
+    let nan = e.op("IsNaN", &[total], &[])?;
+    let inf = e.op("IsInf", &[total], &[])?;
+    let bad = e.op("Or", &[nan, inf], &[])?;
+    Ok(Some(e.op("Not", &[bad], &[])?))
+}
+
+/// The next loss scale and count of finite steps in a row (f32 scalars).
+pub(super) fn next_scale(e: &mut Emit, scale: ValueId, good: ValueId, finite: ValueId, growth_interval: u32) -> Result<(ValueId, ValueId)> {
+    e.set_scope("loss_scale");
+    let one = e.scalar(1.0, DType::F32);
+    let zero = e.scalar(0.0, DType::F32);
+    let good1 = e.add(good, one)?;
+    let interval = e.scalar(growth_interval as f64, DType::F32);
+    let grow = e.op("GreaterOrEqual", &[good1, interval], &[])?;
+    let doubled = e.scale(scale, 2.0)?;
+    let halved = e.scale(scale, 0.5)?;
+    let scale_ok = e.op("Where", &[grow, doubled, scale], &[])?;
+    let good_ok = e.op("Where", &[grow, zero, good1], &[])?;
+    let scale_next = e.op("Where", &[finite, scale_ok, halved], &[])?;
+    let good_next = e.op("Where", &[finite, good_ok, zero], &[])?;
+    Ok((scale_next, good_next))
+}
