@@ -615,6 +615,36 @@ fn train_on_the_gpu_keeps_the_state_on_the_device() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// `--mixed-precision` on the GPU logs the loss scale and skipped steps, resumes (also
+/// in f32 on the CPU) from its checkpoint, and is refused on the CPU.
+#[test]
+fn train_with_mixed_precision() {
+    let d = tmp("train-mixed");
+    let ck = d.join("state.npz");
+    let (m, data) = (training("lenet_digits_sgd/model.onnx"), training("digits"));
+    let common = ["--lr", "0.05", "--momentum", "0.9", "--batch", "64", "--json"];
+    // 2^30: the first steps overflow f16 and are skipped at halving scales.
+    let mut args = vec!["train", &m, "--data", &data, "--steps", "4", "--device", "gpu", "--mixed-precision", "--loss-scale", "1073741824", "--checkpoint", ck.to_str().unwrap()];
+    args.extend(common);
+    let o = kiln(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let steps: Vec<&serde_json::Value> = lines.iter().filter(|l| l.get("final").is_none()).collect();
+    assert_eq!(steps[0]["loss_scale"], 1073741824.0, "{stdout}");
+    assert_eq!(steps[0]["skipped"], true, "{stdout}");
+    assert_eq!(steps.iter().filter(|s| s["skipped"] == false).count(), 4, "{stdout}");
+    assert_eq!(lines.last().unwrap()["steps"], 4);
+    let mut args = vec!["train", &m, "--data", &data, "--steps", "6", "--device", "cpu", "--resume", ck.to_str().unwrap()];
+    args.extend(common);
+    let o = kiln(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = kiln(&["train", &m, "--data", &data, "--steps", "1", "--mixed-precision", "--lr", "0.1", "--batch", "8"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("mixed precision") && stderr(&o).contains("CPU"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// Bad training input gets a clear error, and nothing is lost.
 #[test]
 fn train_errors_are_clear_and_keep_the_last_good_state() {

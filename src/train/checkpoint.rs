@@ -1,6 +1,9 @@
 //! Checkpoints: every state variable by name, the step count and a fingerprint of the
 //! training step (state names, dtypes and dims, and the optimizer), in one .npz file.
+//! Mixed precision's loss scale is saved but not fingerprinted: a run may go on with or
+//! without mixed precision (a scale missing from the checkpoint starts afresh).
 use super::{Result, TrainError, Trainer};
+use kiln_compiler::autodiff::StateKind;
 use kiln_graph::Tensor;
 use kiln_runtime::npz;
 use std::path::Path;
@@ -17,7 +20,7 @@ fn fingerprint(t: &Trainer) -> i64 {
             h = h.wrapping_mul(0x100_0000_01b3);
         }
     };
-    for s in &t.state_vars {
+    for s in t.state_vars.iter().filter(|s| s.kind != StateKind::LossScale) {
         eat(&format!("{}:{}:{:?}", s.name, s.initial.dtype(), s.initial.dims()));
     }
     eat(&format!("{:?}", t.optimizer.kind));
@@ -46,7 +49,11 @@ pub fn load(t: &mut Trainer, path: &Path) -> Result<()> {
     let mut next = Vec::with_capacity(t.state_vars.len());
     for s in &t.state_vars {
         let cur = &s.initial;
-        let v = get(&s.name).ok_or_else(|| fail(format!("no '{}': a checkpoint of another model or optimizer", s.name)))?;
+        let v = match get(&s.name) {
+            Some(v) => v,
+            None if s.kind == StateKind::LossScale => cur,
+            None => return Err(fail(format!("no '{}': a checkpoint of another model or optimizer", s.name))),
+        };
         if v.dtype() != cur.dtype() || v.dims() != cur.dims() {
             return Err(fail(format!("'{}' is {}{:?}, this model's is {}{:?}: a checkpoint of another model", s.name, v.dtype(), v.dims(), cur.dtype(), cur.dims())));
         }
