@@ -344,12 +344,11 @@ pub fn for_loop(var: &str, start: &str, end: &str, step: &str, body: &str) -> St
 #[cfg(test)]
 mod half_tests {
     use super::*;
-    use kiln_graph::{Graph, Node};
+    use kiln_graph::{Attr, Node};
 
     fn op(op_type: &str, attrs: &[(&str, kiln_graph::Attr)]) -> Box<dyn crate::Op> {
-        let mut g = Graph::default();
-        let node = Node { name: "n".into(), op_type: op_type.into(), domain: String::new(), attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(), inputs: vec![], outputs: vec![] };
-        let _ = &mut g;
+        let (domain, op_type) = op_type.split_once('.').unwrap_or(("", op_type));
+        let node = Node { name: "n".into(), op_type: op_type.into(), domain: domain.into(), attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(), inputs: vec![], outputs: vec![] };
         crate::Registry::builtin().create(&crate::NodeSpec::new(&node, 17)).unwrap()
     }
 
@@ -366,6 +365,11 @@ mod half_tests {
             (op("Transpose", &[("perm", kiln_graph::Attr::Ints(vec![1, 0]))]), vec![h(&[3, 5])], 1),
             (op("Cast", &[("to", kiln_graph::Attr::Int(DType::F32.onnx_code() as i64))]), vec![h(&[9])], 1),
             (op("Cast", &[("to", kiln_graph::Attr::Int(DType::F16.onnx_code() as i64))]), vec![f(&[9])], 1),
+            (op("Conv", &[("pads", Attr::Ints(vec![1, 1, 1, 1]))]), vec![h(&[2, 3, 6, 5]), h(&[4, 3, 3, 3]), h(&[4])], 3),
+            (op("ConvTranspose", &[("strides", Attr::Ints(vec![2, 2]))]), vec![h(&[2, 3, 4, 4]), h(&[3, 2, 3, 3]), h(&[2])], 3),
+            (op("kiln.ConvWeightGrad", &[("kernel_shape", Attr::Ints(vec![3, 3]))]), vec![h(&[2, 3, 6, 5]), h(&[2, 4, 4, 3])], 2),
+            (op("ReduceSum", &[("axes", Attr::Ints(vec![0, 2])), ("keepdims", Attr::Int(0))]), vec![h(&[4, 3, 5])], 1),
+            (op("ReduceSum", &[("axes", Attr::Ints(vec![0])), ("keepdims", Attr::Int(0))]), vec![h(&[5000, 3])], 1),
         ];
         for (op, types, n_in) in cases {
             let args: Vec<Option<Arg>> = types.iter().map(|ty| Some(Arg { ty, value: None })).collect();

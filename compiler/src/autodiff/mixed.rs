@@ -1,4 +1,4 @@
-//! Mixed precision: the chosen ops (matrix products by default) run in f16 with f32
+//! Mixed precision: the chosen ops (products and convolutions by default) run in f16 with f32
 //! master weights, and the loss is scaled dynamically so that small f16 gradients do
 //! not flush to zero.
 //!
@@ -28,9 +28,9 @@ pub struct MixedPrecision {
 }
 
 impl Default for MixedPrecision {
-    /// PyTorch's GradScaler defaults, and autocast's matrix products.
+    /// PyTorch's GradScaler defaults, and autocast's f16 list: products and convolutions.
     fn default() -> Self {
-        MixedPrecision { ops: vec!["MatMul".into(), "Gemm".into()], init_scale: 65536.0, growth_interval: 2000 }
+        MixedPrecision { ops: ["MatMul", "Gemm", "Conv", "ConvTranspose"].map(String::from).to_vec(), init_scale: 65536.0, growth_interval: 2000 }
     }
 }
 

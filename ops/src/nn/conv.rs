@@ -299,11 +299,22 @@ impl WgslKernel for Conv {
     }
 
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    /// f16 operands stored as halves are read into the f32 the kernel accumulates in.
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         if outputs.iter().all(|o| o.is_empty()) {
             return Ok(WgslProgram::default());
         }
         let (x, w) = (required(inputs, 0)?, required(inputs, 1)?);
         let p = self.problem(x.dims(), w.dims())?;
+        let (hx, hw, hb, hres, hy) = (halves.input(0), halves.input(1), halves.input(2), halves.input(3), halves.output(0));
+        let ld = |e: String, half: bool| wgsl::load(&e, "f32", half);
         let has_bias = inputs.get(2).copied().flatten().is_some();
         if self.residual {
             // Checked by infer; the kernel indexes the residual like the output.
@@ -318,17 +329,18 @@ impl WgslKernel for Conv {
         let invocations = p.batch * p.group * m_blocks * g.output[0] * g.output[1] * w_blocks;
         let (grid, index) = wgsl::grid_1d(invocations, wg);
 
-        let mut buffers = vec![("x", "f32", true), ("w", "f32", true)];
+        let ty = |half: bool| if half { "f16" } else { "f32" };
+        let mut buffers = vec![("x", ty(hx), true), ("w", ty(hw), true)];
         let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
         if has_bias {
-            buffers.push(("b", "f32", true));
+            buffers.push(("b", ty(hb), true));
             bindings.push(Binding::Input(2));
         }
         if self.residual {
-            buffers.push(("res", "f32", true));
+            buffers.push(("res", ty(hres), true));
             bindings.push(Binding::Input(3));
         }
-        buffers.push(("y", "f32", false));
+        buffers.push(("y", ty(hy), false));
         bindings.push(Binding::Output(0));
 
         let mut s = String::new();
@@ -403,14 +415,15 @@ impl WgslKernel for Conv {
                     let _ = writeln!(s, "                    let iw{q} = iwb + {};", q * g.stride[2]);
                     let _ = writeln!(
                         s,
-                        "                    let x{q} = select(0.0, x[xrow + u32(clamp(iw{q}, 0, i32(IW) - 1))], iw{q} >= 0 && iw{q} < i32(IW));"
+                        "                    let x{q} = select(0.0, {}, iw{q} >= 0 && iw{q} < i32(IW));",
+                        ld(format!("x[xrow + u32(clamp(iw{q}, 0, i32(IW) - 1))]"), hx)
                     );
                 } else {
-                    let _ = writeln!(s, "                    let x{q} = x[xrow + u32(iwb) + {}u];", q * g.stride[2]);
+                    let _ = writeln!(s, "                    let x{q} = {};", ld(format!("x[xrow + u32(iwb) + {}u]", q * g.stride[2]), hx));
                 }
             }
             for o in 0..ocb {
-                let _ = writeln!(s, "                    let w{o} = w[wrow{o} + k];");
+                let _ = writeln!(s, "                    let w{o} = {};", ld(format!("w[wrow{o} + k]"), hw));
                 for q in 0..pxb {
                     let _ = writeln!(s, "                    acc{o}_{q} = fma(w{o}, x{q}, acc{o}_{q});");
                 }
@@ -424,19 +437,19 @@ impl WgslKernel for Conv {
             let _ = writeln!(s, "    if (mo0 + {o}u < MG) {{");
             let _ = writeln!(s, "        let m = g * MG + mo0 + {o}u;");
             let _ = writeln!(s, "        let ybase = (n * M + m) * OD * OH * OW + orow + ow0;");
-            let bias = if has_bias { "b[m]" } else { "0.0" };
+            let bias = if has_bias { ld("b[m]".into(), hb) } else { "0.0".into() };
             let _ = writeln!(s, "        let bias = {bias};");
             for q in 0..pxb {
-                let sum = if self.residual { format!("acc{o}_{q} + bias + res[ybase + {q}u]") } else { format!("acc{o}_{q} + bias") };
+                let sum = if self.residual { format!("acc{o}_{q} + bias + {}", ld(format!("res[ybase + {q}u]"), hres)) } else { format!("acc{o}_{q} + bias") };
                 let value = if self.activation.is_some() { format!("kiln_act({sum})") } else { sum };
-                let _ = writeln!(s, "        if (ow0 + {q}u < OW) {{ y[ybase + {q}u] = {value}; }}");
+                let _ = writeln!(s, "        if (ow0 + {q}u < OW) {{ y[ybase + {q}u] = {}; }}", wgsl::store(&value, "f32", hy));
             }
             s += "    }\n";
         }
         s += "}\n";
         Ok(WgslProgram::single(wgsl::Dispatch {
             label: format!("Conv[{ocb}oc x {pxb}px]"),
-            source: s,
+            source: wgsl::with_halves(s, halves.any()),
             entry_point: "main".into(),
             workgroups: grid,
             bindings,

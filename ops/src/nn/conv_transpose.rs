@@ -305,6 +305,15 @@ impl CpuKernel for ConvTranspose {
 
 impl WgslKernel for ConvTranspose {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    /// f16 operands stored as halves are read into the f32 the kernel accumulates in.
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         if outputs.iter().all(|o| o.is_empty()) {
             return Ok(WgslProgram::default());
         }
@@ -313,13 +322,15 @@ impl WgslKernel for ConvTranspose {
         let has_bias = inputs.get(2).copied().flatten().is_some();
         let wg = tune.get(&wgsl::workgroup_param());
         let (cg, mg) = (p.in_channels / p.group, p.out_channels / p.group);
-        let mut buffers = vec![("x", "f32", true), ("w", "f32", true)];
+        let ty = |half: bool| if half { "f16" } else { "f32" };
+        let (hx, hw, hb, hy) = (halves.input(0), halves.input(1), halves.input(2), halves.output(0));
+        let mut buffers = vec![("x", ty(hx), true), ("w", ty(hw), true)];
         let mut bindings = vec![Binding::Input(0), Binding::Input(1)];
         if has_bias {
-            buffers.push(("b", "f32", true));
+            buffers.push(("b", ty(hb), true));
             bindings.push(Binding::Input(2));
         }
-        buffers.push(("y", "f32", false));
+        buffers.push(("y", ty(hy), false));
         bindings.push(Binding::Output(0));
         let helpers = format!(
             "{}const C: u32 = {}u;\nconst M: u32 = {}u;\nconst CG: u32 = {cg}u;\nconst MG: u32 = {mg}u;\n",
@@ -351,15 +362,20 @@ impl WgslKernel for ConvTranspose {
                     let tw = i32(ow) + PW - i32(kw * DW);
                     if (tw < 0 || tw % i32(SW) != 0 || tw / i32(SW) >= i32(IW)) {{ continue; }}
                     let xi = xplane + ((u32(td) / SD) * IH + u32(th) / SH) * IW + u32(tw) / SW;
-                    acc += x[xi] * w[wbase + (kd * KH + kh) * KW + kw];
+                    acc += {xv} * {wv};
                 }}
             }}
         }}
     }}
-    y[i] = acc;",
-            bias = if has_bias { "b[m]" } else { "0.0" }
+    y[i] = {result};",
+            bias = if has_bias { wgsl::load("b[m]", "f32", hb) } else { "0.0".into() },
+            xv = wgsl::load("x[xi]", "f32", hx),
+            wv = wgsl::load("w[wbase + (kd * KH + kh) * KW + kw]", "f32", hw),
+            result = wgsl::store("acc", "f32", hy),
         );
-        Ok(WgslProgram::single(wgsl::simple_kernel("ConvTranspose", outputs[0].len(), wg, &buffers, bindings, &helpers, &body)))
+        let mut d = wgsl::simple_kernel("ConvTranspose", outputs[0].len(), wg, &buffers, bindings, &helpers, &body);
+        d.source = wgsl::with_halves(d.source, halves.any());
+        Ok(WgslProgram::single(d))
     }
 }
 

@@ -195,8 +195,19 @@ impl CpuKernel for ConvWeightGrad {
 
 impl WgslKernel for ConvWeightGrad {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    /// f16 operands stored as halves are read into the f32 the kernel sums in.
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         let (x, dy) = (required(inputs, 0)?, required(inputs, 1)?);
-        if x.dtype() != DType::F32 {
+        let ty = |half: bool| if half { "f16" } else { "f32" };
+        let (hx, hdy, hdw) = (halves.input(0), halves.input(1), halves.output(0));
+        if !matches!(x.dtype(), DType::F32 | DType::F16) {
             return Err(OpError::Unsupported(format!("ConvWeightGrad of {} on the GPU", x.dtype())));
         }
         let s = self.shape(x.dims(), dy.dims())?;
@@ -207,8 +218,10 @@ impl WgslKernel for ConvWeightGrad {
         }
         if s.n * p * s.g.input_size() == 0 {
             // Nothing to sum: the gradient is zero.
-            let buffers = [("dw", "f32", false)];
-            return Ok(WgslProgram::single(wgsl::simple_kernel("ConvWeightGrad", n_out, tune.get(&wgsl::workgroup_param()), &buffers, vec![Binding::Output(0)], "", "dw[i] = 0.0;")));
+            let buffers = [("dw", ty(hdw), false)];
+            let mut d = wgsl::simple_kernel("ConvWeightGrad", n_out, tune.get(&wgsl::workgroup_param()), &buffers, vec![Binding::Output(0)], "", &format!("dw[i] = {};", wgsl::store("0.0", "f32", hdw)));
+            d.source = wgsl::with_halves(d.source, hdw);
+            return Ok(WgslProgram::single(d));
         }
         if s.n * p > wgsl::MAX_LOOP_ITERATIONS {
             return Err(OpError::Unsupported(format!(
@@ -225,24 +238,30 @@ impl WgslKernel for ConvWeightGrad {
             s.c,
             s.m
         );
-        let body = "let tap = i % (KD * KH * KW);\n    let c = (i / (KD * KH * KW)) % CG;\n    let m = i / (KD * KH * KW * CG);\n    \
+        let body = format!("let tap = i % (KD * KH * KW);\n    let c = (i / (KD * KH * KW)) % CG;\n    let m = i / (KD * KH * KW * CG);\n    \
              let kd = i32(tap / (KH * KW));\n    let kh = i32((tap / KW) % KH);\n    let kw = i32(tap % KW);\n    \
              let plane = ID * IH * IW;\n    let ch = (m / MG) * CG + c;\n    var sum = 0.0;\n    \
-             for (var q = 0u; q < N * OD * OH * OW; q = q + 1u) {\n        let img = q / (OD * OH * OW);\n        let o = q % (OD * OH * OW);\n        \
+             for (var q = 0u; q < N * OD * OH * OW; q = q + 1u) {{\n        let img = q / (OD * OH * OW);\n        let o = q % (OD * OH * OW);\n        \
              let id = i32(o / (OH * OW)) * i32(SD) - PD + kd * i32(DD);\n        let ih = i32((o / OW) % OH) * i32(SH) - PH + kh * i32(DH);\n        \
              let iw = i32(o % OW) * i32(SW) - PW + kw * i32(DW);\n        \
-             if (id < 0 || id >= i32(ID) || ih < 0 || ih >= i32(IH) || iw < 0 || iw >= i32(IW)) { continue; }\n        \
-             sum = sum + dy[(img * M + m) * OD * OH * OW + o] * x[(img * C + ch) * plane + (u32(id) * IH + u32(ih)) * IW + u32(iw)];\n    }\n    \
-             dw[i] = sum;";
-        Ok(WgslProgram::single(wgsl::simple_kernel(
+             if (id < 0 || id >= i32(ID) || ih < 0 || ih >= i32(IH) || iw < 0 || iw >= i32(IW)) {{ continue; }}\n        \
+             sum = sum + {} * {};\n    }}\n    \
+             dw[i] = {};",
+            wgsl::load("dy[(img * M + m) * OD * OH * OW + o]", "f32", hdy),
+            wgsl::load("x[(img * C + ch) * plane + (u32(id) * IH + u32(ih)) * IW + u32(iw)]", "f32", hx),
+            wgsl::store("sum", "f32", hdw)
+        );
+        let mut d = wgsl::simple_kernel(
             "ConvWeightGrad",
             outputs[0].len(),
             tune.get(&wgsl::workgroup_param()),
-            &[("x", "f32", true), ("dy", "f32", true), ("dw", "f32", false)],
+            &[("x", ty(hx), true), ("dy", ty(hdy), true), ("dw", ty(hdw), false)],
             vec![Binding::Input(0), Binding::Input(1), Binding::Output(0)],
             &consts,
-            body,
-        )))
+            &body,
+        );
+        d.source = wgsl::with_halves(d.source, halves.any());
+        Ok(WgslProgram::single(d))
     }
 }
 

@@ -189,7 +189,18 @@ impl WgslKernel for Reduce {
     }
 
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    /// An f16 input or output stored as halves is read into (stored from) the f32 the
+    /// reduction accumulates in.
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         let x = required(inputs, 0)?;
+        let (hx, hout) = (halves.input(0), halves.output(0));
         let axes = self.axes(x.rank(), self.axes_tensor(inputs)?)?;
         let layout = ReduceLayout::new(x.dims(), &axes);
         let ty = wgsl::elem(x.dtype());
@@ -205,7 +216,7 @@ impl WgslKernel for Reduce {
             off = format!("{off} + {idx} * {stride}u");
             div *= size;
         }
-        let read = if acc_ty == ty { format!("x[{off}]") } else { format!("{acc_ty}(x[{off}])") };
+        let read = if acc_ty == ty && !hx { format!("x[{off}]") } else { format!("{acc_ty}(x[{off}])") };
         // Loop passes over the reduced elements, and the lanes (invocations per output)
         // that keep each invocation within the driver's loop budget.
         let passes = if k == ReduceKind::LogSumExp { 2 } else { 1 };
@@ -213,8 +224,9 @@ impl WgslKernel for Reduce {
             OpError::Unsupported(format!("{} over {total} elements per output exceeds the GPU loop budget", self.name()))
         })?;
         let lanes = if lanes == 1 && total >= 4096 && outputs[0].len() < 256 { 64 } else { lanes };
-        let store = |res: &str| if acc_ty == ty { res.to_string() } else { format!("{ty}({res})") };
-        let out_ty = wgsl::elem(outputs[0].dtype);
+        let store = |res: &str| if hout { wgsl::store(res, "f32", true) } else if acc_ty == ty { res.to_string() } else { format!("{ty}({res})") };
+        let out_ty = if hout { "f16" } else { wgsl::elem(outputs[0].dtype) };
+        let x_ty = if hx { "f16" } else { ty };
         let n = outputs[0].len();
         let helpers = wgsl::offset_fn("outer_base", &layout.outer.iter().map(|g| g.0).collect::<Vec<_>>(), &layout.outer.iter().map(|g| g.1).collect::<Vec<_>>());
         let prologue = format!("let base = outer_base(i / {inner}u) + i % {inner}u;\n", inner = layout.inner);
@@ -234,8 +246,9 @@ impl WgslKernel for Reduce {
                 let _ = writeln!(body, "let res = {};", k.wgsl_finish("acc", total, acc_ty));
             }
             let _ = writeln!(body, "out[i] = {};", store("res"));
-            let buffers = [("x", ty, true), ("out", out_ty, false)];
-            let d = wgsl::simple_kernel(self.name(), n, wg, &buffers, vec![Binding::Input(0), Binding::Output(0)], &helpers, &body);
+            let buffers = [("x", x_ty, true), ("out", out_ty, false)];
+            let mut d = wgsl::simple_kernel(self.name(), n, wg, &buffers, vec![Binding::Input(0), Binding::Output(0)], &helpers, &body);
+            d.source = wgsl::with_halves(d.source, halves.any());
             return Ok(WgslProgram::single(d));
         }
         // A workgroup of `lanes` invocations per output: strided partial folds, then a
@@ -274,11 +287,11 @@ impl WgslKernel for Reduce {
             "{}\nvar<workgroup> red: array<{acc_ty}, {lanes}>;\n{helpers}\n@compute @workgroup_size({lanes})\n\
              fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{\n\
              let i = wid.x + wid.y * {gx}u;\nif (i >= {n}u) {{ return; }}\n{body}}}\n",
-            wgsl::declare(&[("x", ty, true), ("out", out_ty, false)])
+            wgsl::declare(&[("x", x_ty, true), ("out", out_ty, false)])
         );
         Ok(WgslProgram::single(Dispatch {
             label: self.name().into(),
-            source,
+            source: wgsl::with_halves(source, halves.any()),
             entry_point: "main".into(),
             workgroups: [gx as u32, gy as u32, 1],
             bindings: vec![Binding::Input(0), Binding::Output(0)],

@@ -297,6 +297,11 @@ impl Op for Cast {
     fn wgsl(&self) -> Option<&dyn WgslKernel> {
         Some(self)
     }
+
+    /// Every element is converted, so a recycled buffer may hold the result.
+    fn overwrites_outputs(&self) -> bool {
+        true
+    }
 }
 
 impl CpuKernel for Cast {

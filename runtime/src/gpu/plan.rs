@@ -292,7 +292,13 @@ fn half_values(graph: &Graph, ops: &[Box<dyn Op>], spec: &Specialized) -> HashSe
         let how = if op.is_view() { HalfStorage::Together } else { op.wgsl().map_or(HalfStorage::No, |k| k.half_storage()) };
         match how {
             HalfStorage::Each => {}
-            HalfStorage::No => step.inputs.iter().flatten().chain(&step.outputs).for_each(|&v| ok[v] = false),
+            HalfStorage::No => {
+                if step.inputs.iter().flatten().chain(&step.outputs).any(|&v| spec.ty(v).dtype == DType::F16) {
+                    let n = &graph.nodes[step.node];
+                    log::debug!("node '{}' ({}) binds f16 values as f32 only", n.name, n.op_type);
+                }
+                step.inputs.iter().flatten().chain(&step.outputs).for_each(|&v| ok[v] = false)
+            }
             HalfStorage::Together => {
                 let (x, y) = (step.inputs.first().copied().flatten(), step.outputs.first().copied());
                 if let (Some(x), Some(y)) = (x, y) {
