@@ -370,6 +370,11 @@ mod half_tests {
             (op("kiln.ConvWeightGrad", &[("kernel_shape", Attr::Ints(vec![3, 3]))]), vec![h(&[2, 3, 6, 5]), h(&[2, 4, 4, 3])], 2),
             (op("ReduceSum", &[("axes", Attr::Ints(vec![0, 2])), ("keepdims", Attr::Int(0))]), vec![h(&[4, 3, 5])], 1),
             (op("ReduceSum", &[("axes", Attr::Ints(vec![0])), ("keepdims", Attr::Int(0))]), vec![h(&[5000, 3])], 1),
+            (op("MaxPool", &[("kernel_shape", Attr::Ints(vec![2, 2])), ("strides", Attr::Ints(vec![2, 2]))]), vec![h(&[2, 3, 6, 6])], 1),
+            (op("kiln.MaxPoolGrad", &[("kernel_shape", Attr::Ints(vec![2, 2])), ("strides", Attr::Ints(vec![2, 2]))]), vec![h(&[2, 3, 6, 6]), h(&[2, 3, 3, 3])], 2),
+            (op("Relu", &[]), vec![h(&[7])], 1),
+            (op("Add", &[]), vec![h(&[2, 3]), h(&[3])], 2),
+            (op("Div", &[]), vec![h(&[4]), h(&[])], 2),
         ];
         for (op, types, n_in) in cases {
             let args: Vec<Option<Arg>> = types.iter().map(|ty| Some(Arg { ty, value: None })).collect();

@@ -91,6 +91,15 @@ fn pooling_and_norms_agree() {
         s.check(grad(3, 3, &[1, 1, 1, 0]), Tolerance::EXACT);
         s.check(grad(3, 2, &[1, 1, 1, 1]), Tolerance::f32(1e-6));
     }
+    // f16 (mixed-precision training): on SHADER_F16 adapters a one-node graph's f16
+    // inputs and outputs are stored as halves by these kernels.
+    let h = |dims: &[usize], seed: u64| Tensor::from_f64(DType::F16, dims, &rand_f32(dims, seed).to_f64_vec()).unwrap();
+    let k22 = [("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2]))];
+    s.check(Case::new("MaxPoolGrad").domain("kiln").input(h(&[2, 3, 6, 6], 1)).input(h(&[2, 3, 3, 3], 2)).attrs(&k22), Tolerance::EXACT);
+    s.check(Case::new("MaxPool").input(h(&[2, 3, 6, 6], 1)).attrs(&k22), Tolerance::EXACT);
+    s.check(Case::new("Conv").input(h(&[2, 3, 7, 6], 3)).input(h(&[4, 3, 3, 3], 4)).input(h(&[4], 5)).attrs(&[("pads", ints(&[1, 1, 1, 1]))]), Tolerance::DEFAULT);
+    s.check(Case::new("ConvTranspose").input(h(&[2, 3, 4, 4], 6)).input(h(&[3, 2, 3, 3], 7)).attrs(&[("strides", ints(&[2, 2]))]), Tolerance::DEFAULT);
+    s.check(cwg(&[2, 3, 9, 8], &[2, 4, 5, 8], &[("kernel_shape", ints(&[3, 3])), ("strides", ints(&[2, 1])), ("pads", ints(&[1, 1, 1, 1]))]).with_floats_as(DType::F16), Tolerance::DEFAULT);
     let same = pool("MaxPool", 12).attr("kernel_shape", ints(&[2, 2])).attr("dilations", ints(&[2, 2]));
     s.check(same.attr("auto_pad", string("SAME_UPPER")), Tolerance::EXACT);
     s.check(pool("AveragePool", 19).attr("kernel_shape", ints(&[3, 2])).attr("auto_pad", string("SAME_LOWER")), Tolerance::f32(1e-6));

@@ -4,9 +4,12 @@
 //!
 //! - `autocast` rewrites each chosen node before differentiation: its f32 float inputs
 //!   are cast to f16 (once per value), it computes in f16, and its result is cast back
-//!   to f32 for the ops around it. The reverse sweep then differentiates through the
-//!   casts, so the node's gradients are f16 products too, and the gradients of the
-//!   parameters arrive in f32.
+//!   to f32 for the ops that need f32. Activations, elementwise arithmetic and reshapes
+//!   whose float inputs are such f16 results (or weights) follow in f16, so f16 flows
+//!   from one product to the next as under PyTorch's autocast; reductions,
+//!   normalizations, softmax and losses read the f32 casts. The reverse sweep then
+//!   differentiates through the casts, so the gradients of the f16 nodes are f16 too,
+//!   and the gradients of the parameters arrive in f32.
 //! - The step differentiates `loss * scale` and multiplies the gradients by `1/scale`.
 //!   When any gradient is not finite the update is skipped (every state variable keeps
 //!   its value) and the scale halves; after `growth_interval` finite steps in a row it
@@ -47,19 +50,42 @@ fn cast(e: &mut Emit, v: ValueId, to: DType) -> Result<ValueId> {
     e.op("Cast", &[v], &[("to", Attr::Int(to.onnx_code() as i64))])
 }
 
-/// Runs every node of `ops` in f16 (see the module docs). Returns how many nodes.
-pub(super) fn autocast(e: &mut Emit, ops: &[String]) -> Result<usize> {
+/// Ops that run in f16 when their float inputs are f16 results of other f16 nodes or
+/// weights (cast once), as autocast lets an op follow its inputs' type: activations,
+/// elementwise arithmetic, max pooling (exact in any type) and reshaping between
+/// products. Reductions, normalizations,
+/// softmax and losses stay f32.
+const FOLLOWERS: &[&str] = &[
+    "Relu", "LeakyRelu", "Tanh", "Sigmoid", "Erf", "Gelu", "Neg", "Add", "Sub", "Mul", "Div", "MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity",
+];
+
+/// Runs every node of `ops` in f16, and the nodes of [`FOLLOWERS`] whose float inputs
+/// are f16 already or weights (`weights`: parameters and constants), so that f16 flows
+/// from product to product (see the module docs). Returns how many nodes run in f16.
+pub(super) fn autocast(e: &mut Emit, ops: &[String], weights: &std::collections::HashSet<ValueId>) -> Result<usize> {
+    let order = e.graph.validate().map_err(|err| super::AutodiffError::Model(err.to_string()))?;
     let mut halves: HashMap<ValueId, ValueId> = HashMap::new();
     let mut count = 0;
-    for k in 0..e.graph.nodes.len() {
+    for k in order {
         let node = e.graph.nodes[k].clone();
-        let slots = float_slots(&node.op_type);
-        if !node.domain.is_empty() || !ops.iter().any(|o| *o == node.op_type) || slots.is_empty() || node.outputs.len() != 1 {
+        if !node.domain.is_empty() || node.outputs.len() != 1 {
             continue;
         }
-        let present: Vec<(usize, ValueId)> = slots.iter().filter_map(|&i| node.inputs.get(i).copied().flatten().map(|v| (i, v))).collect();
         let y = node.outputs[0];
-        if present.iter().any(|&(_, v)| e.dtype(v) != DType::F32) || e.dtype(y) != DType::F32 {
+        let present: Vec<(usize, ValueId)> = if ops.iter().any(|o| *o == node.op_type) {
+            float_slots(&node.op_type).iter().filter_map(|&i| node.inputs.get(i).copied().flatten().map(|v| (i, v))).collect()
+        } else if FOLLOWERS.contains(&node.op_type.as_str()) {
+            let floats: Vec<(usize, ValueId)> = node.inputs.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i, v))).filter(|&(_, v)| e.dtype(v).is_float()).collect();
+            // Only after an f16 result, and with nothing but f16 results and weights.
+            let follows = floats.iter().any(|(_, v)| halves.contains_key(v)) && floats.iter().all(|(_, v)| halves.contains_key(v) || weights.contains(v));
+            if !follows {
+                continue;
+            }
+            floats
+        } else {
+            continue;
+        };
+        if present.is_empty() || present.iter().any(|&(_, v)| e.dtype(v) != DType::F32) || e.dtype(y) != DType::F32 {
             continue;
         }
         e.set_scope(format!("{}/autocast", node.name));
@@ -82,7 +108,7 @@ pub(super) fn autocast(e: &mut Emit, ops: &[String]) -> Result<usize> {
         let name = format!("{}/autocast/to_f32", node.name);
         let attrs = [("to".to_string(), Attr::Int(DType::F32.onnx_code() as i64))].into_iter().collect();
         e.graph.nodes.push(Node { name, op_type: "Cast".into(), domain: String::new(), attrs, inputs: vec![Some(y16)], outputs: vec![y] });
-        // A later node of `ops` reading `y` reads the f16 value itself.
+        // A later f16 node reading `y` reads the f16 value itself.
         halves.insert(y, y16);
         count += 1;
     }

@@ -224,8 +224,9 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     let subst = lowered.subst;
     let pred = *subst.get(&pred).unwrap_or(&pred);
     if let Some(mp) = &config.mixed_precision {
-        let n = mixed::autocast(&mut e, &mp.ops)?;
-        log::info!("mixed precision: {n} node(s) of {:?} run in f16", mp.ops);
+        let weights: HashSet<ValueId> = params.iter().copied().chain(e.graph.initializers.keys().copied()).collect();
+        let n = mixed::autocast(&mut e, &mp.ops, &weights)?;
+        log::info!("mixed precision: {n} node(s) run in f16 (the products and convolutions of {:?}, and the ops between them)", mp.ops);
     }
 
     // Parameters the loss does not depend on are left out (or refused, when named).

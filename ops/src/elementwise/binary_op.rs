@@ -269,12 +269,24 @@ impl CpuKernel for Binary {
 
 impl WgslKernel for Binary {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    /// f16 operands stored as halves are computed on in f32.
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         let out = &outputs[0];
         if required(inputs, 0)?.dtype() == DType::String {
             return Err(OpError::Unsupported("string tensors stay on the host".into()));
         }
         let in_ty = wgsl::elem(required(inputs, 0)?.dtype());
-        let out_ty = wgsl::elem(out.dtype);
+        if halves.any() && in_ty != "f32" {
+            return Err(OpError::Unsupported(format!("halves for {} of {}", self.name(), required(inputs, 0)?.dtype())));
+        }
+        let out_ty = if halves.output(0) { "f16" } else { wgsl::elem(out.dtype) };
         let wg = tune.get(&wgsl::workgroup_param());
         let names: Vec<String> = (0..inputs.len()).map(|i| format!("in{i}")).collect();
         let mut buffers = vec![];
@@ -282,7 +294,7 @@ impl WgslKernel for Binary {
         let mut bindings = vec![];
         for (i, name) in names.iter().enumerate() {
             let a = required(inputs, i)?;
-            buffers.push((name.as_str(), wgsl::elem(a.dtype()), true));
+            buffers.push((name.as_str(), if halves.input(i) { "f16" } else { wgsl::elem(a.dtype()) }, true));
             bindings.push(Binding::Input(i));
             helpers += &wgsl::offset_fn(&format!("off{i}"), &out.dims, &broadcast_strides(a.dims(), &out.dims));
         }
@@ -292,7 +304,7 @@ impl WgslKernel for Binary {
         let read = |i: usize| -> Result<String> {
             let a = required(inputs, i)?;
             let raw = format!("in{i}[off{i}(i)]");
-            Ok(if wgsl::elem(a.dtype()) != in_ty { format!("{in_ty}({raw})") } else { raw })
+            Ok(if wgsl::elem(a.dtype()) != in_ty || halves.input(i) { format!("{in_ty}({raw})") } else { raw })
         };
         let wide = matches!(out.dtype, DType::I64 | DType::U64);
         if let Some(overflow) = self.kind.wgsl_overflow().filter(|_| wide) {
@@ -320,9 +332,11 @@ impl WgslKernel for Binary {
         if self.kind.averages() {
             expr = format!("({expr} / {})", wgsl::literal(in_ty, inputs.len() as f64));
         }
-        let body = format!("out[i] = {expr};");
+        let body = format!("out[i] = {};", wgsl::store(&expr, "f32", halves.output(0)));
         let refs: Vec<(&str, &str, bool)> = buffers.iter().map(|(n, t, r)| (*n, *t, *r)).collect();
-        Ok(WgslProgram::single(wgsl::simple_kernel(self.name(), out.len(), wg, &refs, bindings, &helpers, &body)))
+        let mut d = wgsl::simple_kernel(self.name(), out.len(), wg, &refs, bindings, &helpers, &body);
+        d.source = wgsl::with_halves(d.source, halves.any());
+        Ok(WgslProgram::single(d))
     }
 }
 

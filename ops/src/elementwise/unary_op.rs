@@ -129,9 +129,22 @@ impl CpuKernel for Unary {
 
 impl WgslKernel for Unary {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    /// f16 operands stored as halves are computed on in f32.
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         let ty = wgsl::elem(outputs[0].dtype);
+        if halves.any() && ty != "f32" {
+            return Err(OpError::Unsupported(format!("halves for {} of {}", self.name(), outputs[0].dtype)));
+        }
+        let stored = |half: bool| if half { "f16" } else { ty };
         let wg = tune.get(&wgsl::workgroup_param());
-        let mut buffers = vec![("x", ty, true)];
+        let mut buffers = vec![("x", stored(halves.input(0)), true)];
         let mut bindings = vec![Binding::Input(0)];
         let mut prelude = String::new();
         if let UnaryKind::Clip { min, max } = self.kind {
@@ -144,9 +157,9 @@ impl WgslKernel for Unary {
                     }
                     Some(_) => {
                         let buf = if i == 1 { "lo_buf" } else { "hi_buf" };
-                        buffers.push((buf, ty, true));
+                        buffers.push((buf, stored(halves.input(i)), true));
                         bindings.push(Binding::Input(i));
-                        prelude += &format!("let {name} = {buf}[0];\n    ");
+                        prelude += &format!("let {name} = {};\n    ", wgsl::load(&format!("{buf}[0]"), ty, halves.input(i)));
                     }
                     None => {
                         let v = if ty == "f32" { default as f64 } else if i == 1 { f64::MIN } else { f64::MAX };
@@ -155,23 +168,17 @@ impl WgslKernel for Unary {
                 }
             }
         }
-        buffers.push(("y", ty, false));
+        buffers.push(("y", stored(halves.output(0)), false));
         bindings.push(Binding::Output(0));
         let expr = match self.kind {
             UnaryKind::Clip { .. } => clip_expr("x", "clip_lo", "clip_hi", ty),
             k => k.wgsl_expr("x", ty),
         };
-        let body = format!("{prelude}let x = x[i];\n    y[i] = {expr};");
+        let body = format!("{prelude}let x = {};\n    y[i] = {};", wgsl::load("x[i]", ty, halves.input(0)), wgsl::store(&expr, ty, halves.output(0)));
         let helpers = self.kind.wgsl_helpers();
-        Ok(WgslProgram::single(wgsl::simple_kernel(
-            self.name(),
-            outputs[0].len(),
-            wg,
-            &buffers,
-            bindings,
-            helpers,
-            &body,
-        )))
+        let mut d = wgsl::simple_kernel(self.name(), outputs[0].len(), wg, &buffers, bindings, helpers, &body);
+        d.source = wgsl::with_halves(d.source, halves.any());
+        Ok(WgslProgram::single(d))
     }
 }
 

@@ -129,7 +129,7 @@ impl Op for MaxPoolGrad {
     }
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        let dtype = expect_dtype(inputs, 0, &[DType::F32, DType::F64])?;
+        let dtype = expect_dtype(inputs, 0, &[DType::F32, DType::F64, DType::F16])?;
         let (x, dy) = (required(inputs, 0)?, required(inputs, 1)?);
         let g = self.geometry(x.dims())?;
         let mut want = x.dims()[..2].to_vec();
@@ -154,6 +154,14 @@ impl CpuKernel for MaxPoolGrad {
         let (x, dy) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?);
         let g = self.geometry(x.dims())?;
         match x.dtype() {
+            DType::F16 => {
+                // Exact through f32: the maximum is found and dY's values are moved.
+                let wide = |t: &Tensor| Tensor::from_f64(DType::F32, t.dims(), &t.to_f64_vec());
+                let (xw, dyw) = (wide(x)?, wide(dy)?);
+                let mut dx = Tensor::zeros(DType::F32, x.dims());
+                self.run_typed(&g, xw.as_slice::<f32>()?, dyw.as_slice::<f32>()?, dx.as_mut_slice::<f32>()?, f32::NEG_INFINITY);
+                outputs[0] = Tensor::from_f64(DType::F16, x.dims(), &dx.to_f64_vec())?;
+            }
             DType::F32 => self.run_typed(&g, x.as_slice::<f32>()?, dy.as_slice::<f32>()?, outputs[0].as_mut_slice::<f32>()?, f32::NEG_INFINITY),
             _ => self.run_typed(&g, x.as_slice::<f64>()?, dy.as_slice::<f64>()?, outputs[0].as_mut_slice::<f64>()?, f64::NEG_INFINITY),
         }
@@ -163,8 +171,19 @@ impl CpuKernel for MaxPoolGrad {
 
 impl WgslKernel for MaxPoolGrad {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    /// f16 operands stored as halves are compared and moved as f32.
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         let x = required(inputs, 0)?;
-        if x.dtype() != DType::F32 {
+        let (hx, hdy, hdx) = (halves.input(0), halves.input(1), halves.output(0));
+        let ty = |half: bool| if half { "f16" } else { "f32" };
+        if !matches!(x.dtype(), DType::F32 | DType::F16) {
             return Err(OpError::Unsupported(format!("MaxPoolGrad of {} on the GPU", x.dtype())));
         }
         let g = self.geometry(x.dims())?;
@@ -181,7 +200,7 @@ impl WgslKernel for MaxPoolGrad {
              let pad = vec3<i32>(PD, PH, PW);\n    let s = vec3<i32>(i32(SD), i32(SH), i32(SW));\n    \
              let dl = vec3<i32>(i32(DD), i32(DH), i32(DW));\n    let k = vec3<i32>(i32(KD), i32(KH), i32(KW));\n    \
              let on = vec3<i32>(i32(OD), i32(OH), i32(OW));\n    let off = c + pad;\n    let o = off / s;\n    let t = off - o * s;\n    \
-             dx[i] = 0.0;\n    \
+             dx[i] = ZERO;\n    \
              if (any(t % dl != vec3<i32>(0)) || any(t / dl >= k) || any(o >= on)) { return; }\n    \
              let base = plane * ID * IH * IW;\n    var best = 0.0;\n    var arg = -1;\n    \
              for (var kd = 0; kd < k.x; kd = kd + 1) {\n        let id = o.x * s.x - pad.x + kd * dl.x;\n        \
@@ -190,20 +209,25 @@ impl WgslKernel for MaxPoolGrad {
              if (ih < 0 || ih >= i32(IH)) { continue; }\n            \
              for (var kw = 0; kw < k.z; kw = kw + 1) {\n                let iw = o.z * s.z - pad.z + kw * dl.z;\n                \
              if (iw < 0 || iw >= i32(IW)) { continue; }\n                \
-             let at = (id * i32(IH) + ih) * i32(IW) + iw;\n                let v = x[base + u32(at)];\n                \
+             let at = (id * i32(IH) + ih) * i32(IW) + iw;\n                let v = LOAD_X;\n                \
              if (arg < 0 || v > best || (ISNAN_V && !ISNAN_B)) { best = v; arg = at; }\n            }\n        }\n    }\n    \
-             if (arg == i32(r)) { dx[i] = dy[plane * OD * OH * OW + (u32(o.x) * OH + u32(o.y)) * OW + u32(o.z)]; }"
+             if (arg == i32(r)) { dx[i] = STORE_DY; }"
             .replace("ISNAN_V", &elementwise::wgsl_isnan("v"))
-            .replace("ISNAN_B", &elementwise::wgsl_isnan("best"));
-        Ok(WgslProgram::single(wgsl::simple_kernel(
+            .replace("ISNAN_B", &elementwise::wgsl_isnan("best"))
+            .replace("ZERO", &wgsl::store("0.0", "f32", hdx))
+            .replace("LOAD_X", &wgsl::load("x[base + u32(at)]", "f32", hx))
+            .replace("STORE_DY", &wgsl::store(&wgsl::load("dy[plane * OD * OH * OW + (u32(o.x) * OH + u32(o.y)) * OW + u32(o.z)]", "f32", hdy), "f32", hdx));
+        let mut d = wgsl::simple_kernel(
             "MaxPoolGrad",
             outputs[0].len(),
             tune.get(&wgsl::workgroup_param()),
-            &[("x", "f32", true), ("dy", "f32", true), ("dx", "f32", false)],
+            &[("x", ty(hx), true), ("dy", ty(hdy), true), ("dx", ty(hdx), false)],
             vec![Binding::Input(0), Binding::Input(1), Binding::Output(0)],
             &g.wgsl_consts(),
             &body,
-        )))
+        );
+        d.source = wgsl::with_halves(d.source, halves.any());
+        Ok(WgslProgram::single(d))
     }
 }
 

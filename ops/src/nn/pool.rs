@@ -618,14 +618,27 @@ impl CpuKernel for Pool {
 
 impl WgslKernel for Pool {
     fn generate(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues) -> Result<WgslProgram> {
+        self.generate_halves(inputs, outputs, tune, &wgsl::Halves::default())
+    }
+
+    fn half_storage(&self) -> wgsl::HalfStorage {
+        wgsl::HalfStorage::Each
+    }
+
+    /// An f16 input or output stored as halves is computed on in f32.
+    fn generate_halves(&self, inputs: &[Option<Arg>], outputs: &[TensorType], tune: &TuneValues, halves: &wgsl::Halves) -> Result<WgslProgram> {
         if outputs.iter().all(|o| o.is_empty()) {
             return Ok(WgslProgram::default());
         }
         let x = required(inputs, 0)?;
         let g = self.geometry(x.dims())?;
         let ty = wgsl::elem(x.dtype());
+        let (hx, hy) = (halves.input(0), halves.output(0));
+        if halves.any() && ty != "f32" {
+            return Err(OpError::Unsupported(format!("halves for {} of {}", self.name(), x.dtype())));
+        }
         let wg = tune.get(&wgsl::workgroup_param());
-        let mut buffers = vec![("x", ty, true), ("y", ty, false)];
+        let mut buffers = vec![("x", if hx { "f16" } else { ty }, true), ("y", if hy { "f16" } else { ty }, false)];
         let mut bindings = vec![Binding::Input(0), Binding::Output(0)];
         if self.with_indices {
             buffers.push(("idx", "i32", false));
@@ -682,12 +695,12 @@ impl WgslKernel for Pool {
                 if (id >= {b0} && id < {e0} && ih >= {b1} && ih < {e1} && iw >= {b2} && iw < {e2}) {{ count += 1u; }}
                 if (id < 0 || id >= i32(ID) || ih < 0 || ih >= i32(IH) || iw < 0 || iw >= i32(IW)) {{ continue; }}
                 let j = (u32(id) * IH + u32(ih)) * IW + u32(iw);
-                let v = x[xbase + j];
+                let v = {load};
                 {accumulate}
             }}
         }}
     }}
-    y[i] = {finish};
+    y[i] = {store};
     {index_out}",
             b0 = begins[0],
             b1 = begins[1],
@@ -695,9 +708,13 @@ impl WgslKernel for Pool {
             e0 = ends[0],
             e1 = ends[1],
             e2 = ends[2],
+            load = wgsl::load("x[xbase + j]", ty, hx),
+            store = wgsl::store(&finish, ty, hy),
         );
         let n = outputs[0].len();
-        Ok(WgslProgram::single(wgsl::simple_kernel(self.name(), n, wg, &buffers, bindings, &helpers, &body)))
+        let mut d = wgsl::simple_kernel(self.name(), n, wg, &buffers, bindings, &helpers, &body);
+        d.source = wgsl::with_halves(d.source, halves.any());
+        Ok(WgslProgram::single(d))
     }
 }
 
