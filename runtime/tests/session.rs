@@ -270,9 +270,10 @@ fn negative_dims_in_shape_inputs_are_errors_naming_the_node_and_value() {
     }
 }
 
-/// f16 in and out: on adapters with SHADER_F16 the halves cross the bus as they are
-/// and GPU kernels widen/narrow them (two more dispatches); elsewhere the host converts.
-/// Every adapter must agree with the CPU.
+/// f16 in and out: on adapters with SHADER_F16 the halves cross the bus as they are;
+/// kernels that bind halves (Mul, Add) read and write them in place, and for one that
+/// does not (Softmax) GPU kernels widen its input and narrow its output (two more
+/// dispatches); elsewhere the host converts. Every adapter must agree with the CPU.
 #[test]
 fn f16_models_run_on_every_adapter_with_or_without_shader_f16() {
     use half::f16;
@@ -284,13 +285,18 @@ fn f16_models_run_on_every_adapter_with_or_without_shader_f16() {
     let z = b.node("Add", &[y, x], &[]);
     b.rename(z, "z");
     b.output(z);
+    let u = b.input("u", DType::F16, sym(&["m"], &[]));
+    let sm = b.node("Softmax", &[u], &[("axis", Attr::Int(0))]);
+    b.rename(sm, "s");
+    b.output(sm);
     let g = b.finish().unwrap();
+    let u = Tensor::from_vec(&[37], (0..37).map(|i| f16::from_f32(i as f32 * 0.05 - 0.7)).collect()).unwrap();
     let vals: Vec<f16> = (0..1001).map(|i| f16::from_f32((i as f32 - 500.0) * 0.37)).collect::<Vec<_>>();
     let mut vals = vals;
     vals.extend([f16::INFINITY, f16::NAN, f16::from_f32(60000.0)]); // 1.5 * 60000 overflows to inf
     let x = Tensor::from_vec(&[vals.len()], vals).unwrap();
     let cpu = Session::new(g.clone(), SessionOptions::device(DeviceChoice::Cpu)).unwrap();
-    let (want, base) = cpu.run_with_stats(&[("x", &x)]).unwrap();
+    let (want, base) = cpu.run_with_stats(&[("x", &x), ("u", &u)]).unwrap();
     let report = kiln_runtime::list_devices();
     assert!(!report.adapters.is_empty(), "no GPU adapter (install mesa-vulkan-drivers)");
     // The adapters the test devices include (KILN_TEST_DEVICES narrows them).
@@ -299,15 +305,17 @@ fn f16_models_run_on_every_adapter_with_or_without_shader_f16() {
     assert!(!adapters.is_empty(), "no GPU among the test devices {tested:?}");
     for a in adapters {
         let s = Session::new(g.clone(), SessionOptions::device(DeviceChoice::Adapter(format!("gpu:{}", a.index)))).unwrap();
-        let (got, stats) = s.run_with_stats(&[("x", &x)]).unwrap();
-        assert_eq!(got[0].dtype(), DType::F16);
-        let (g, w): (Vec<f64>, Vec<f64>) = (got[0].to_f64_vec(), want[0].to_f64_vec());
-        for (i, (a_, b_)) in g.iter().zip(&w).enumerate() {
-            assert!((a_.is_nan() && b_.is_nan()) || a_ == b_ || (a_ - b_).abs() <= 1e-3 * b_.abs(), "{} element {i}: {a_} vs {b_}", a.name);
+        let (got, stats) = s.run_with_stats(&[("x", &x), ("u", &u)]).unwrap();
+        for (got, want) in got.iter().zip(&want) {
+            assert_eq!(got.dtype(), DType::F16);
+            let (g, w): (Vec<f64>, Vec<f64>) = (got.to_f64_vec(), want.to_f64_vec());
+            for (i, (a_, b_)) in g.iter().zip(&w).enumerate() {
+                assert!((a_.is_nan() && b_.is_nan()) || a_ == b_ || (a_ - b_).abs() <= 1e-3 * b_.abs(), "{} element {i}: {a_} vs {b_}", a.name);
+            }
         }
         let f16_path = a.features.iter().any(|f| f == "shader-f16");
         assert_eq!(stats.kernels, base.kernels + if f16_path { 2 } else { 0 }, "{} ({}): f16 path {f16_path}", a.name, a.backend);
-        println!("{} ({}): f16 {}", a.name, a.backend, if f16_path { "converted on the GPU (SHADER_F16)" } else { "converted on the host" });
+        println!("{} ({}): f16 {}", a.name, a.backend, if f16_path { "as halves on the GPU (SHADER_F16)" } else { "converted on the host" });
     }
 }
 
