@@ -194,6 +194,30 @@ impl<'g> Emit<'g> {
         self.expand(z, dims)
     }
 
+    /// The sum of the squares of every element of `values` (a scalar), `None` for none.
+    pub fn sum_of_squares(&mut self, values: &[ValueId]) -> Result<Option<ValueId>> {
+        let mut total: Option<ValueId> = None;
+        for &g in values {
+            let sq = self.mul(g, g)?;
+            let all: Vec<usize> = (0..self.rank(g)).collect();
+            let s = self.reduce_sum(sq, &all, false)?;
+            let s = self.reshape(s, &[])?;
+            total = Some(match total {
+                Some(t) => self.add(t, s)?,
+                None => s,
+            });
+        }
+        Ok(total)
+    }
+
+    /// Whether `v` is neither NaN nor infinite (bool, elementwise).
+    pub fn is_finite(&mut self, v: ValueId) -> Result<ValueId> {
+        let nan = self.op("IsNaN", &[v], &[])?;
+        let inf = self.op("IsInf", &[v], &[])?;
+        let bad = self.op("Or", &[nan, inf], &[])?;
+        self.op("Not", &[bad], &[])
+    }
+
     /// Sums a gradient of a broadcast result down to the dims of the operand it came
     /// from (numpy broadcasting: leading axes added, size-1 axes stretched).
     pub fn sum_to(&mut self, grad: ValueId, dims: &[usize]) -> Result<ValueId> {

@@ -120,22 +120,10 @@ pub(super) fn autocast(e: &mut Emit, ops: &[String], weights: &std::collections:
 /// is NaN or infinite exactly when one of them is (or, beyond 1e19, overflows).
 pub(super) fn all_finite(e: &mut Emit, grads: &[ValueId]) -> Result<Option<ValueId>> {
     e.set_scope("loss_scale");
-    let mut total: Option<ValueId> = None;
-    for &g in grads {
-        let sq = e.mul(g, g)?;
-        let all: Vec<usize> = (0..e.rank(g)).collect();
-        let s = e.reduce_sum(sq, &all, false)?;
-        let s = e.reshape(s, &[])?;
-        total = Some(match total {
-            Some(t) => e.add(t, s)?,
-            None => s,
-        });
+    match e.sum_of_squares(grads)? {
+        Some(total) => Ok(Some(e.is_finite(total)?)),
+        None => Ok(None),
     }
-    let Some(total) = total else { return Ok(None) };
-    let nan = e.op("IsNaN", &[total], &[])?;
-    let inf = e.op("IsInf", &[total], &[])?;
-    let bad = e.op("Or", &[nan, inf], &[])?;
-    Ok(Some(e.op("Not", &[bad], &[])?))
 }
 
 /// The next loss scale and count of finite steps in a row (f32 scalars).

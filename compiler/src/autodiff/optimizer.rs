@@ -82,18 +82,7 @@ impl Optimizer {
     pub fn clip(&self, e: &mut Emit, grads: &[ValueId]) -> Result<Vec<ValueId>> {
         let Some(max) = self.clip_norm else { return Ok(grads.to_vec()) };
         e.set_scope("clip");
-        let mut total: Option<ValueId> = None;
-        for &g in grads {
-            let sq = e.mul(g, g)?;
-            let all: Vec<usize> = (0..e.rank(g)).collect();
-            let s = e.reduce_sum(sq, &all, false)?;
-            let s = e.reshape(s, &[])?;
-            total = Some(match total {
-                Some(t) => e.add(t, s)?,
-                None => s,
-            });
-        }
-        let Some(total) = total else { return Ok(vec![]) };
+        let Some(total) = e.sum_of_squares(grads)? else { return Ok(vec![]) };
         let dtype = e.dtype(total);
         let norm = e.op("Sqrt", &[total], &[])?;
         let eps = e.scalar(1e-6, dtype);

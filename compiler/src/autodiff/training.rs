@@ -311,10 +311,7 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     // nothing: every next value is the state as it was unless the loss is finite.
     e.set_scope("update");
     let finite = if config.keep_state_unless_finite || scaler.is_some() {
-        let nan = e.op("IsNaN", &[loss], &[])?;
-        let inf = e.op("IsInf", &[loss], &[])?;
-        let bad = e.op("Or", &[nan, inf], &[])?;
-        let ok = e.op("Not", &[bad], &[])?;
+        let ok = e.is_finite(loss)?;
         Some(match grads_finite {
             Some(g) => e.op("And", &[ok, g], &[])?,
             None => ok,
