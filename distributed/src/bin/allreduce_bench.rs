@@ -1,0 +1,85 @@
+//! All-reduce bandwidth: the ring over MPI point-to-point messages against MPI's own
+//! Allreduce, f32 sums, message sizes from 4 KB to 256 MB. Run under mpirun:
+//!
+//!     mpirun -np 4 --oversubscribe target/release/kiln-allreduce-bench [--max-mb 256] [--json]
+//!
+//! Each size: one warm-up, then repeated ops (a barrier before each, the input copied
+//! outside the timing); the time of an op is the slowest rank's mean. Algorithm
+//! bandwidth = bytes / time. The ring's bytes per rank are counted as they are sent and
+//! printed against the 2(N-1)/N of the buffer that the algorithm promises. Both results
+//! are checked equal (integer-valued data, so exact).
+use kiln_distributed::mpi_transport::MpiTransport;
+use kiln_distributed::{ring, Transport};
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let json = args.iter().any(|a| a == "--json");
+    let max_mb: usize = args.iter().position(|a| a == "--max-mb").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(256);
+    let t = match MpiTransport::init() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("kiln-allreduce-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let (n, rank) = (t.size(), t.rank());
+    let mut bytes = 4096usize;
+    if rank == 0 && !json {
+        println!("{n} ranks; algbw GB/s (time per op); ring bytes sent per rank / buffer (2(N-1)/N = {:.3})", 2.0 * (n as f64 - 1.0) / n as f64);
+        println!("| size | MPI Allreduce | ring | ring/MPI | ring bytes sent / buffer |");
+        println!("|---|---|---|---|---|");
+    }
+    while bytes <= max_mb << 20 {
+        let len = bytes / 4;
+        let input: Vec<f32> = (0..len).map(|i| ((i * 7 + rank * 13) % 31) as f32).collect();
+        let mut out = vec![0f32; len];
+        let mut work = input.clone();
+        let iters = match bytes {
+            b if b <= 64 << 10 => 200,
+            b if b <= 1 << 20 => 50,
+            b if b <= 4 << 20 => 20,
+            b if b <= 16 << 20 => 10,
+            b if b <= 64 << 20 => 5,
+            _ => 3,
+        };
+        let time = |ring_op: bool, out: &mut Vec<f32>, work: &mut Vec<f32>| -> (f64, u64) {
+            let mut total = 0.0;
+            let mut sent = 0;
+            for k in 0..iters + 1 {
+                work.copy_from_slice(&input);
+                t.barrier();
+                let start = Instant::now();
+                if ring_op {
+                    sent = ring::all_reduce(&t, work).expect("ring all-reduce").sent;
+                } else {
+                    t.mpi_all_reduce(&input, out).expect("MPI all-reduce");
+                }
+                if k > 0 {
+                    total += start.elapsed().as_secs_f64();
+                }
+            }
+            (t.max_over_ranks(total / iters as f64), sent)
+        };
+        let (mpi_s, _) = time(false, &mut out, &mut work);
+        let (ring_s, sent) = time(true, &mut out, &mut work);
+        assert_eq!(work, out, "rank {rank}: the ring's sums differ from MPI's at {bytes} bytes");
+        let gbs = |s: f64| bytes as f64 / s / 1e9;
+        if rank == 0 {
+            let ratio = sent as f64 / bytes as f64;
+            if json {
+                println!(
+                    "{{\"ranks\": {n}, \"bytes\": {bytes}, \"mpi_gbs\": {:.4}, \"ring_gbs\": {:.4}, \"mpi_us\": {:.2}, \"ring_us\": {:.2}, \"ring_sent_bytes\": {sent}, \"ring_sent_ratio\": {ratio:.4}}}",
+                    gbs(mpi_s),
+                    gbs(ring_s),
+                    mpi_s * 1e6,
+                    ring_s * 1e6
+                );
+            } else {
+                let size = if bytes >= 1 << 20 { format!("{} MB", bytes >> 20) } else { format!("{} KB", bytes >> 10) };
+                println!("| {size} | {:.2} ({:.0} us) | {:.2} ({:.0} us) | {:.2}x | {ratio:.3} |", gbs(mpi_s), mpi_s * 1e6, gbs(ring_s), ring_s * 1e6, mpi_s / ring_s);
+            }
+        }
+        bytes *= 4;
+    }
+}

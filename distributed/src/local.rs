@@ -1,0 +1,65 @@
+//! An in-process [`Transport`] of threads and channels: the stand-in the reduction
+//! algorithms are tested on without MPI. Training runs on MPI ([`crate::mpi_transport`]).
+use crate::{CommError, Result, Transport};
+use std::sync::mpsc::{channel, Receiver, Sender};
+
+pub struct LocalTransport {
+    rank: usize,
+    size: usize,
+    /// `to[k]`: messages to rank k.
+    to: Vec<Sender<Vec<f32>>>,
+    /// `from[k]`: messages from rank k.
+    from: Vec<Receiver<Vec<f32>>>,
+}
+
+impl Transport for LocalTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn send_receive(&self, send: &[f32], to: usize, recv: &mut [f32], from: usize) -> Result<()> {
+        let fail = |what: String| CommError::Transport { rank: self.rank, what };
+        self.to[to].send(send.to_vec()).map_err(|_| fail(format!("rank {to} is gone")))?;
+        let got = self.from[from].recv().map_err(|_| fail(format!("rank {from} is gone")))?;
+        if got.len() != recv.len() {
+            return Err(CommError::Buffer { rank: self.rank, len: recv.len(), what: format!("rank {from} sent {} elements", got.len()) });
+        }
+        recv.copy_from_slice(&got);
+        Ok(())
+    }
+}
+
+/// `n` transports wired to each other (channels are unbounded, so a send never waits).
+pub fn group(n: usize) -> Vec<LocalTransport> {
+    // senders[i][k]: i -> k; receivers[k][i]: at k, from i.
+    let mut senders: Vec<Vec<Sender<Vec<f32>>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
+    let mut receivers: Vec<Vec<Option<Receiver<Vec<f32>>>>> = (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+    for (i, row) in senders.iter_mut().enumerate() {
+        for recv_row in receivers.iter_mut() {
+            let (s, r) = channel();
+            row.push(s);
+            recv_row[i] = Some(r);
+        }
+    }
+    senders
+        .into_iter()
+        .zip(receivers)
+        .enumerate()
+        .map(|(rank, (to, from))| LocalTransport { rank, size: n, to, from: from.into_iter().map(|r| r.expect("wired")).collect() })
+        .collect()
+}
+
+/// Runs `f` on `n` ranks, one thread each; their results by rank.
+pub fn run<R: Send + 'static>(n: usize, f: impl Fn(&LocalTransport) -> R + Send + Sync + 'static) -> Vec<R> {
+    let f = std::sync::Arc::new(f);
+    let handles: Vec<_> = group(n)
+        .into_iter()
+        .map(|t| {
+            let f = f.clone();
+            std::thread::spawn(move || f(&t))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
+}

@@ -1,0 +1,81 @@
+//! [`Transport`] over MPI (Open MPI through the `mpi` crate), and MPI's own Allreduce
+//! as the baseline the ring is measured against.
+//!
+//! A rank that panics calls MPI_Abort, which ends the whole job with an error within a
+//! second: with Rust's default unwinding the crate's MPI_Finalize never completes and
+//! the other ranks wait forever.
+use crate::{CommError, Result, Traffic, Transport};
+use mpi::collective::SystemOperation;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+pub struct MpiTransport {
+    world: SimpleCommunicator,
+    _universe: mpi::environment::Universe,
+}
+
+/// The exit code of a job that a rank's panic aborted.
+pub const PANIC_EXIT_CODE: i32 = 70;
+
+impl MpiTransport {
+    /// Initialises MPI (once per process) and makes a panic on any rank abort the job.
+    pub fn init() -> Result<MpiTransport> {
+        let universe = mpi::initialize().ok_or_else(|| CommError::Transport { rank: 0, what: "MPI is already initialised in this process".into() })?;
+        let world = universe.world();
+        let rank = world.rank();
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            eprintln!("kiln: rank {rank} panicked; aborting the MPI job");
+            // SAFETY: MPI is initialised (the hook is installed after it) and the world
+            // communicator is valid until finalisation; MPI_Abort does not return.
+            unsafe {
+                mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, PANIC_EXIT_CODE);
+            }
+        }));
+        Ok(MpiTransport { world, _universe: universe })
+    }
+
+    pub fn world(&self) -> &SimpleCommunicator {
+        &self.world
+    }
+
+    /// Sums `send` over every rank into `recv` with MPI's Allreduce (the baseline).
+    pub fn mpi_all_reduce(&self, send: &[f32], recv: &mut [f32]) -> Result<Traffic> {
+        if send.len() != recv.len() {
+            return Err(CommError::Buffer { rank: self.rank(), len: recv.len(), what: format!("the input has {} elements", send.len()) });
+        }
+        self.world.all_reduce_into(send, recv, SystemOperation::sum());
+        // MPI does not say what it moved.
+        Ok(Traffic::default())
+    }
+
+    pub fn barrier(&self) {
+        self.world.barrier();
+    }
+
+    /// The largest of every rank's `value` (for timings: the slowest rank's).
+    pub fn max_over_ranks(&self, value: f64) -> f64 {
+        let mut out = 0.0;
+        self.world.all_reduce_into(&value, &mut out, SystemOperation::max());
+        out
+    }
+}
+
+impl Transport for MpiTransport {
+    fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+    fn size(&self) -> usize {
+        self.world.size() as usize
+    }
+    fn send_receive(&self, send: &[f32], to: usize, recv: &mut [f32], from: usize) -> Result<()> {
+        let (to_p, from_p) = (self.world.process_at_rank(to as i32), self.world.process_at_rank(from as i32));
+        let status = mpi::point_to_point::send_receive_into(send, &to_p, recv, &from_p);
+        let got = status.count(f32::equivalent_datatype()) as usize;
+        if got != recv.len() {
+            return Err(CommError::Buffer { rank: self.rank(), len: recv.len(), what: format!("rank {from} sent {got} elements") });
+        }
+        Ok(())
+    }
+}
