@@ -4,6 +4,9 @@
 #   - a fresh virtual environment (.cache/venv) with Kiln's Python package built by
 #     maturin (pip fetches it), pytest, onnx and onnxruntime;
 #   - Mesa's lavapipe (software Vulkan), so the GPU path runs for real without a GPU;
+#   - Open MPI and libclang (Debian), for kiln-distributed's mpi feature and its
+#     multi-rank tests (mpirun --oversubscribe on loopback; as root, with Open MPI's
+#     OMPI_ALLOW_RUN_AS_ROOT variables, which the tests set);
 #   - the onnx Python package, whose backend node tests are materialised once into
 #     $KILN_ONNX_TESTS (default .cache/onnx-node-tests);
 #   - the model zoo is expected at $KILN_ZOO (default ../shared/zoo);
@@ -26,6 +29,12 @@ if ! command -v cc >/dev/null 2>&1; then
   echo "== installing a C compiler (custom-op C kernels and the C API are tested with it)"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+fi
+
+if ! command -v mpirun >/dev/null 2>&1 || ! dpkg -s libopenmpi-dev libclang-dev >/dev/null 2>&1; then
+  echo "== installing Open MPI and libclang (kiln-distributed's mpi feature and its multi-rank tests)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev libclang-dev clang pkg-config >/dev/null
 fi
 
 if ! python3 -c "import onnx, numpy" 2>/dev/null; then
@@ -65,6 +74,8 @@ echo "== unit and integration tests"
 # processes; it needs nothing installed beyond the zoo. Real fuzzing (nightly, cargo-fuzz)
 # is fuzz/run.sh; see docs/reliability.md.
 cargo test --release --workspace --exclude kiln
+echo "== data parallelism over MPI (the mpi feature): multi-rank runs under mpirun on loopback"
+cargo test --release -p kiln-distributed --features mpi
 echo "== end-to-end tests: the zoo and the ONNX conformance suite, on the CPU and the GPU"
 cargo test --release -p kiln -- --nocapture --test-threads 2
 echo "== the Python package: the wheel built and installed into a fresh venv, pytest against onnxruntime on the CPU and the GPU"

@@ -3,6 +3,9 @@
 //!
 //!     mpirun -np 4 --oversubscribe target/release/kiln-allreduce-bench [--max-mb 256] [--json]
 //!
+//! `--fail-rank R` makes rank R panic before the first reduction: the job must end
+//! with an error naming the rank (the test of the panic hook), never hang.
+//!
 //! Each size: one warm-up, then repeated ops (a barrier before each, the input copied
 //! outside the timing); the time of an op is the slowest rank's mean. Algorithm
 //! bandwidth = bytes / time. The ring's bytes per rank are counted as they are sent and
@@ -15,7 +18,9 @@ use std::time::Instant;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let json = args.iter().any(|a| a == "--json");
-    let max_mb: usize = args.iter().position(|a| a == "--max-mb").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(256);
+    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse::<usize>().ok());
+    let max_mb = flag("--max-mb").unwrap_or(256);
+    let fail_rank = flag("--fail-rank");
     let t = match MpiTransport::init() {
         Ok(t) => t,
         Err(e) => {
@@ -24,6 +29,9 @@ fn main() {
         }
     };
     let (n, rank) = (t.size(), t.rank());
+    if fail_rank == Some(rank) {
+        panic!("rank {rank} fails on purpose (--fail-rank)");
+    }
     let mut bytes = 4096usize;
     if rank == 0 && !json {
         println!("{n} ranks; algbw GB/s (time per op); ring bytes sent per rank / buffer (2(N-1)/N = {:.3})", 2.0 * (n as f64 - 1.0) / n as f64);
@@ -64,6 +72,9 @@ fn main() {
         let (mpi_s, _) = time(false, &mut out, &mut work);
         let (ring_s, sent) = time(true, &mut out, &mut work);
         assert_eq!(work, out, "rank {rank}: the ring's sums differ from MPI's at {bytes} bytes");
+        // Counted bytes: 2(N-1)/N of the buffer, up to one element per chunk sent.
+        let promised = 2.0 * (n as f64 - 1.0) / n as f64 * bytes as f64;
+        assert!((sent as f64 - promised).abs() <= 8.0 * n as f64, "rank {rank}: the ring sent {sent} bytes of a {bytes}-byte buffer, {promised} promised");
         let gbs = |s: f64| bytes as f64 / s / 1e9;
         if rank == 0 {
             let ratio = sent as f64 / bytes as f64;
