@@ -555,3 +555,57 @@ fn loss_scaling_skips_overflowing_steps_and_halves_the_scale() {
     }
     assert_eq!(t.steps_done(), 1);
 }
+
+/// The step cut at the gradients (where data parallelism sums them across workers)
+/// computes what the whole step does, bit for bit, when the gradients go from one half
+/// to the other unchanged: LeNet (BatchNormalization's running statistics updated in
+/// the backward half; momentum, weight decay, clipping, the finite-loss guard crossing
+/// the cut) and tiny_gpt (AdamW), on the CPU.
+#[test]
+fn the_step_split_at_the_gradients_equals_the_whole_step() {
+    use kiln::compiler::autodiff::{build, TrainConfig, Trainable};
+    use kiln::runtime::{Session, SessionOptions};
+    for name in ["lenet_digits_sgd", "tiny_gpt_adamw"] {
+        let r = run(name);
+        let model = kiln::train::import_model(&training().join(name).join("model.onnx")).unwrap();
+        let mut optimizer = optimizer(&r.reference);
+        optimizer.clip_norm = Some(1.0);
+        let config = TrainConfig {
+            inputs: vec![(r.input.clone(), r.input_type.clone())],
+            output: None,
+            loss: Loss::cross_entropy(),
+            optimizer: optimizer.clone(),
+            trainable: Trainable::Among(model.initializers.clone()),
+            keep_state_unless_finite: true,
+            mixed_precision: None,
+        };
+        let tg = build(&model.graph, &config, kiln::ops::Registry::builtin()).unwrap();
+        let split = tg.split_at_gradients().unwrap();
+        assert_eq!(split.gradients.len(), tg.gradients.len());
+        // The finite-loss guard is computed before the cut and read after it.
+        assert!(!split.passed.is_empty(), "{name}: nothing crosses the cut but the gradients");
+        let (x, y) = (r.batch)(0);
+        let hyper: Vec<(String, Tensor)> = optimizer.hyper_inputs(1, f(&r.reference, "lr")).into_iter().map(|(n, v)| (n.to_string(), Tensor::scalar(v))).collect();
+        let mut feeds: Vec<(String, Tensor)> = vec![(r.input.clone(), x), (tg.label.clone(), y)];
+        feeds.extend(hyper);
+        feeds.extend(tg.state.iter().map(|s| (s.name.clone(), s.initial.clone())));
+        let run_graph = |g: &kiln::graph::Graph, feeds: &[(String, Tensor)]| -> Vec<(String, Tensor)> {
+            let s = Session::new(g.clone(), SessionOptions::device(DeviceChoice::Cpu)).unwrap();
+            let names: Vec<String> = s.inputs().into_iter().map(|(n, _)| n).collect();
+            let f: Vec<(&str, &Tensor)> = feeds.iter().filter(|(n, _)| names.contains(n)).map(|(n, t)| (n.as_str(), t)).collect();
+            assert_eq!(f.len(), names.len(), "{name}: feeds for {names:?}");
+            s.output_names().into_iter().zip(s.run(&f).unwrap()).collect()
+        };
+        let whole = run_graph(&tg.graph, &feeds);
+        let first = run_graph(&split.backward, &feeds);
+        let mut feeds2 = feeds.clone();
+        feeds2.extend(first.iter().cloned());
+        let second = run_graph(&split.update, &feeds2);
+        let halves: Vec<(String, Tensor)> = first.into_iter().chain(second).collect();
+        for (n, t) in &whole {
+            let (_, h) = halves.iter().find(|(m, _)| m == n).unwrap_or_else(|| panic!("{name}: the split step lost output '{n}'"));
+            assert_eq!(t.bytes(), h.bytes(), "{name}: output '{n}'");
+        }
+        eprintln!("{name}: {} gradients cut, {} values passed, {} + {} nodes", split.gradients.len(), split.passed.len(), split.backward.nodes.len(), split.update.nodes.len());
+    }
+}

@@ -9,6 +9,7 @@
 //!   per op family, written in Kiln ops, so every backend runs it.
 //! - `loss` and `optimizer`: losses and update rules, also graphs of Kiln ops.
 //! - `mixed`: mixed precision (chosen ops in f16, dynamic loss scaling).
+//! - `split`: the step cut at the gradients, where data parallelism reduces them.
 use kiln_graph::{Graph, NodeId, ValueId};
 use std::collections::HashMap;
 
@@ -18,12 +19,14 @@ pub mod lower;
 mod mixed;
 pub mod optimizer;
 pub mod rules;
+mod split;
 pub mod training;
 
 pub use emit::Emit;
 pub use loss::Loss;
 pub use mixed::MixedPrecision;
 pub use optimizer::{Optimizer, OptimizerKind};
+pub use split::SplitStep;
 pub use training::{build, StateKind, StateVar, TrainConfig, Trainable, TrainingGraph};
 
 #[derive(Debug, thiserror::Error)]

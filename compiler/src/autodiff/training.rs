@@ -90,7 +90,9 @@ pub struct TrainingGraph {
     pub prediction: String,
     /// The prediction's type for this batch.
     pub prediction_type: TensorType,
-    /// Each parameter's gradient (names of values of `graph`), in reverse layer order.
+    /// Each parameter's gradient (names of values of `graph`), in reverse layer order:
+    /// the values data parallelism sums across workers, before clipping and the
+    /// finiteness checks ([`TrainingGraph::split_at_gradients`]).
     pub gradients: Vec<(String, String)>,
     /// The int64 scalar input that seeds training-mode dropout, when there is some: a
     /// new value each step gives new masks.
@@ -289,6 +291,9 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         }
         None => gradients(&mut e, &order, loss, &params)?,
     };
+    // Where data parallelism sums the gradients across workers (before the finiteness
+    // check and the clipping, which must see the summed gradients).
+    let reducible = grads.clone();
     let grads_finite = match scaler {
         Some(_) => mixed::all_finite(&mut e, &grads)?,
         None => None,
@@ -377,7 +382,7 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         let next = *subst.get(&bn_out).ok_or_else(|| model_err(format!("running statistic '{}' has no update", forward.values[*v].name)))?;
         next_of(&mut e, *v, next, StateKind::Buffer, t, &mut state)?;
     }
-    let gradients: Vec<(String, String)> = params.iter().zip(&grads).rev().map(|(&p, &gr)| (e.graph.values[p].name.clone(), e.graph.values[gr].name.clone())).collect();
+    let gradients: Vec<(String, String)> = params.iter().zip(&reducible).rev().map(|(&p, &gr)| (e.graph.values[p].name.clone(), e.graph.values[gr].name.clone())).collect();
     drop(e);
     g.outputs = outputs;
     g.validate().map_err(|err| model_err(err.to_string()))?;
