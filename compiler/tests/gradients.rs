@@ -339,3 +339,43 @@ fn training_graph_errors_name_what_is_wrong() {
     let err = build(&g, &config(Trainable::All, "images"), Registry::builtin()).err().unwrap().to_string();
     assert!(err.contains("no input 'images'"), "{err}");
 }
+
+/// Mixed precision's autocast: the products run in f16, an activation after one follows
+/// in f16, an addition of a constant beyond f16's range (a -1e9 mask) stays f32, and
+/// the step has the loss scale's state and outputs.
+#[test]
+fn autocast_runs_products_and_followers_in_f16() {
+    use kiln_compiler::autodiff::training::{build, TrainConfig, Trainable, STEP_APPLIED};
+    use kiln_compiler::autodiff::{MixedPrecision, Optimizer, OptimizerKind, StateKind};
+    let mut b = kiln_graph::GraphBuilder::new("mlp");
+    let x = b.input("x", DType::F32, [4usize, 6]);
+    let w1 = b.constant("w1", Rng::new(1).tensor(&[6, 8], 0.5).unwrap());
+    let w2 = b.constant("w2", Rng::new(2).tensor(&[8, 3], 0.5).unwrap());
+    let mask = b.constant("mask", Tensor::from_vec(&[3], vec![0f32, -1e9, 0.0]).unwrap());
+    let h = b.node("MatMul", &[x, w1], &[]);
+    let h = b.node("Relu", &[h], &[]);
+    let y = b.node("MatMul", &[h, w2], &[]);
+    let y = b.node("Add", &[y, mask], &[]);
+    b.output(y);
+    let g = b.finish().unwrap();
+    let config = TrainConfig {
+        inputs: vec![("x".into(), TensorType::new(DType::F32, vec![4, 6]))],
+        output: None,
+        loss: Loss::MeanSquaredError,
+        optimizer: Optimizer::new(OptimizerKind::Sgd { momentum: 0.0, nesterov: false }),
+        trainable: Trainable::Among(vec!["w1".into(), "w2".into()]),
+        keep_state_unless_finite: false,
+        mixed_precision: Some(MixedPrecision::default()),
+    };
+    let tg = build(&g, &config, Registry::builtin()).unwrap();
+    let t = &tg.graph;
+    // A node runs in f16 when autocast widened its output back to f32 by a Cast.
+    let in_f16 = |n: &Node| t.nodes.iter().any(|c| c.op_type == "Cast" && c.name == format!("{}/autocast/to_f32", n.name));
+    let f16_ops: Vec<&str> = t.nodes.iter().filter(|n| in_f16(n)).map(|n| n.op_type.as_str()).collect();
+    assert_eq!(f16_ops.iter().filter(|o| **o == "MatMul").count(), 2, "{f16_ops:?}");
+    assert!(f16_ops.contains(&"Relu"), "Relu follows the product: {f16_ops:?}");
+    let masked = t.nodes.iter().find(|n| n.op_type == "Add" && n.inputs.iter().any(|&v| v.is_some_and(|v| t.values[v].name == "mask"))).expect("the mask's Add");
+    assert!(!in_f16(masked), "-1e9 is beyond f16: the Add stays f32");
+    assert_eq!(tg.state.iter().filter(|s| s.kind == StateKind::LossScale).count(), 2);
+    assert_eq!(tg.mixed_precision.as_ref().map(|m| m.0.as_str()), Some(STEP_APPLIED));
+}

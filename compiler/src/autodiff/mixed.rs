@@ -53,14 +53,14 @@ fn cast(e: &mut Emit, v: ValueId, to: DType) -> Result<ValueId> {
 /// Ops that run in f16 when their float inputs are f16 results of other f16 nodes or
 /// weights (cast once), as autocast lets an op follow its inputs' type: activations,
 /// elementwise arithmetic, max pooling (exact in any type) and reshaping between
-/// products. Reductions, normalizations,
-/// softmax and losses stay f32.
+/// products. Reductions, normalizations, softmax and losses stay f32.
 const FOLLOWERS: &[&str] = &[
     "Relu", "LeakyRelu", "Tanh", "Sigmoid", "Erf", "Gelu", "Neg", "Add", "Sub", "Mul", "Div", "MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity",
 ];
 
 /// Runs every node of `ops` in f16, and the nodes of [`FOLLOWERS`] whose float inputs
-/// are f16 already or weights (`weights`: parameters and constants), so that f16 flows
+/// are f16 already or weights (`weights`: parameters and constants; a constant beyond
+/// f16's range, an attention mask of -1e9 say, keeps its node in f32), so that f16 flows
 /// from product to product (see the module docs). Returns how many nodes run in f16.
 pub(super) fn autocast(e: &mut Emit, ops: &[String], weights: &std::collections::HashSet<ValueId>) -> Result<usize> {
     let order = e.graph.validate().map_err(|err| super::AutodiffError::Model(err.to_string()))?;
@@ -77,7 +77,8 @@ pub(super) fn autocast(e: &mut Emit, ops: &[String], weights: &std::collections:
         } else if FOLLOWERS.contains(&node.op_type.as_str()) {
             let floats: Vec<(usize, ValueId)> = node.inputs.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i, v))).filter(|&(_, v)| e.dtype(v).is_float()).collect();
             // Only after an f16 result, and with nothing but f16 results and weights.
-            let follows = floats.iter().any(|(_, v)| halves.contains_key(v)) && floats.iter().all(|(_, v)| halves.contains_key(v) || weights.contains(v));
+            let fits_f16 = |v: ValueId| e.value(v).is_none_or(|t| t.to_f64_vec().iter().all(|x| !x.is_finite() || x.abs() <= 65504.0));
+            let follows = floats.iter().any(|(_, v)| halves.contains_key(v)) && floats.iter().all(|&(_, v)| halves.contains_key(&v) || (weights.contains(&v) && fits_f16(v)));
             if !follows {
                 continue;
             }
@@ -100,9 +101,14 @@ pub(super) fn autocast(e: &mut Emit, ops: &[String], weights: &std::collections:
             };
             e.graph.nodes[k].inputs[i] = Some(h);
         }
-        // The node now writes an f16 value; a Cast writes its old output from it.
+        // The node now writes an f16 value (its op must take f16: checked here, naming
+        // it); a Cast writes its old output from it.
         let mut ty = e.ty(y).clone();
         ty.dtype = DType::F16;
+        let inferred = e.infer(&e.graph.nodes[k].clone())?;
+        if inferred.first() != Some(&ty) {
+            return Err(super::AutodiffError::Build { node: node.name.clone(), op: node.op_type.clone(), what: format!("in f16 it gives {inferred:?}, not {ty:?}") });
+        }
         let y16 = e.value_of_type(&format!("{}:f16", e.graph.values[y].name), ty);
         e.graph.nodes[k].outputs[0] = y16;
         let name = format!("{}/autocast/to_f32", node.name);
