@@ -1,6 +1,7 @@
 //! Kiln: a cross-vendor heterogeneous compute architecture. This facade re-exports the
 //! layers: the graph IR, the operator library, the runtime and the compiler.
 pub use kiln_compiler as compiler;
+pub use kiln_distributed as distributed;
 pub use kiln_graph as graph;
 pub use kiln_ops as ops;
 pub use kiln_runtime as runtime;

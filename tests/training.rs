@@ -5,6 +5,7 @@
 //! 1e-2 on the GPU), the final loss within 2%.
 mod common;
 
+use common::runs::*;
 use common::*;
 use kiln::compiler::autodiff::{Loss, Optimizer, OptimizerKind};
 use kiln::graph::{DType, Tensor};
@@ -16,73 +17,6 @@ use std::path::PathBuf;
 
 fn training() -> PathBuf {
     training_dir()
-}
-
-fn f(v: &Value, k: &str) -> f64 {
-    v[k].as_f64().unwrap_or_else(|| panic!("reference.json has no number '{k}'"))
-}
-
-/// The optimizer a reference run used.
-fn optimizer(r: &Value) -> Optimizer {
-    let kind = match r["optimizer"].as_str().unwrap() {
-        "sgd" => OptimizerKind::Sgd { momentum: f(r, "momentum") as f32, nesterov: r["nesterov"].as_bool().unwrap_or(false) },
-        "adam" => OptimizerKind::Adam { beta1: f(r, "beta1") as f32, beta2: f(r, "beta2") as f32, eps: f(r, "epsilon") as f32 },
-        "adamw" => OptimizerKind::AdamW { beta1: f(r, "beta1") as f32, beta2: f(r, "beta2") as f32, eps: f(r, "epsilon") as f32 },
-        o => panic!("optimizer {o}"),
-    };
-    Optimizer { kind, weight_decay: r["weight_decay"].as_f64().unwrap_or(0.0) as f32, clip_norm: None }
-}
-
-/// A run's data: batch `k` as (input name, input, label).
-struct Run {
-    name: &'static str,
-    reference: Value,
-    input: String,
-    batch: Box<dyn Fn(usize) -> (Tensor, Tensor)>,
-    input_type: TensorType,
-}
-
-fn gather_rows(x: &Tensor, rows: &[usize]) -> Tensor {
-    let row: usize = x.dims()[1..].iter().product();
-    let size = x.dtype().size();
-    let mut bytes = Vec::with_capacity(rows.len() * row * size);
-    for &r in rows {
-        bytes.extend_from_slice(&x.bytes()[r * row * size..(r + 1) * row * size]);
-    }
-    let mut dims = x.dims().to_vec();
-    dims[0] = rows.len();
-    Tensor::from_bytes(x.dtype(), &dims, &bytes).unwrap()
-}
-
-fn run(name: &'static str) -> Run {
-    let dir = training().join(name);
-    let reference: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
-    let batches: Vec<Vec<usize>> = reference["batches"].as_array().unwrap().iter().map(|b| b.as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as usize).collect()).collect();
-    let bsize = batches[0].len();
-    if name.starts_with("lenet") {
-        let x = npy::read_file(training().join("digits/train_x.npy")).unwrap();
-        let y = npy::read_file(training().join("digits/train_y.npy")).unwrap();
-        let mut dims = x.dims().to_vec();
-        dims[0] = bsize;
-        Run { name, reference, input: "x".into(), input_type: TensorType::new(DType::F32, dims), batch: Box::new(move |k| (gather_rows(&x, &batches[k]), gather_rows(&y, &batches[k]))) }
-    } else {
-        let corpus = std::fs::read(training().join("corpus.txt")).unwrap();
-        let ctx = reference["context"].as_u64().unwrap() as usize;
-        let stride = reference["sample_stride"].as_u64().unwrap() as usize;
-        Run {
-            name,
-            reference,
-            input: "ids".into(),
-            input_type: TensorType::new(DType::I64, vec![bsize, ctx]),
-            batch: Box::new(move |k| {
-                let take = |off: usize| -> Tensor {
-                    let v: Vec<i64> = batches[k].iter().flat_map(|&i| corpus[stride * i + off..stride * i + off + ctx].iter().map(|&b| b as i64)).collect();
-                    Tensor::from_vec(&[bsize, ctx], v).unwrap()
-                };
-                (take(0), take(1))
-            }),
-        }
-    }
 }
 
 fn trainer(r: &Run, device: DeviceChoice) -> Trainer {
@@ -578,6 +512,7 @@ fn the_step_split_at_the_gradients_equals_the_whole_step() {
             trainable: Trainable::Among(model.initializers.clone()),
             keep_state_unless_finite: true,
             mixed_precision: None,
+            data_parallel: None,
         };
         let tg = build(&model.graph, &config, kiln::ops::Registry::builtin()).unwrap();
         let split = tg.split_at_gradients().unwrap();

@@ -95,7 +95,7 @@ fn build(op: &str, attrs: &[(&str, Attr)], ins: &[In], n_out: usize, opset: i64,
     let wrt: Vec<ValueId> = g.inputs.clone();
     let reg = Registry::builtin();
     let mut e = Emit::new(&mut g, tys, reg);
-    let lowered = lower(&mut e).unwrap();
+    let lowered = lower(&mut e, None).unwrap();
     let subst = lowered.subst;
     // A dropout seed becomes a constant: the masks are fixed for the differences.
     if let Some(s) = lowered.seed {
@@ -331,6 +331,7 @@ fn training_graph_errors_name_what_is_wrong() {
         trainable,
         keep_state_unless_finite: false,
         mixed_precision: None,
+        data_parallel: None,
     };
     let err = build(&g, &config(Trainable::All, "x"), Registry::builtin()).err().expect("no gradient for Cos and Sin").to_string();
     assert!(err.contains("2 node(s)") && err.contains("(Cos)") && err.contains("(Sin)"), "{err}");
@@ -366,6 +367,7 @@ fn autocast_runs_products_and_followers_in_f16() {
         trainable: Trainable::Among(vec!["w1".into(), "w2".into()]),
         keep_state_unless_finite: false,
         mixed_precision: Some(MixedPrecision::default()),
+        data_parallel: None,
     };
     let tg = build(&g, &config, Registry::builtin()).unwrap();
     let t = &tg.graph;

@@ -8,8 +8,13 @@
 //!   all-gather, around the ring of ranks), which moves 2(N-1)/N of the buffer's bytes
 //!   per rank whatever N is, and counts them.
 //!
+//! - [`communicator::Communicator`]: a transport and an algorithm (the ring, or the
+//!   engine's own all-reduce) behind the interface of Kiln's collective ops
+//!   ([`kiln_ops::collective`]), which data-parallel training graphs call.
+//!
 //! Every reduction sums in a fixed order that depends only on the rank count, never on
 //! timing, so a run can be reproduced.
+pub mod communicator;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi_transport;
@@ -33,6 +38,10 @@ pub trait Transport {
     /// Sends `send` to rank `to` and receives `recv.len()` elements from rank `from`, at
     /// once (MPI_Sendrecv): neither side waits for the other to post first.
     fn send_receive(&self, send: &[f32], to: usize, recv: &mut [f32], from: usize) -> Result<()>;
+    /// The engine's own all-reduce (sum, in place), where it has one.
+    fn native_all_reduce(&self, _data: &mut [f32]) -> Option<Result<()>> {
+        None
+    }
 }
 
 /// Bytes one rank sent and received in a reduction, counted as they are handed to the
@@ -42,3 +51,5 @@ pub struct Traffic {
     pub sent: u64,
     pub received: u64,
 }
+
+pub use communicator::{Algorithm, CommStats, Communicator};

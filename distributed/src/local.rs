@@ -51,14 +51,15 @@ pub fn group(n: usize) -> Vec<LocalTransport> {
         .collect()
 }
 
-/// Runs `f` on `n` ranks, one thread each; their results by rank.
-pub fn run<R: Send + 'static>(n: usize, f: impl Fn(&LocalTransport) -> R + Send + Sync + 'static) -> Vec<R> {
+/// Runs `f` on `n` ranks, one thread each, each given its transport; their results by
+/// rank.
+pub fn run<R: Send + 'static>(n: usize, f: impl Fn(LocalTransport) -> R + Send + Sync + 'static) -> Vec<R> {
     let f = std::sync::Arc::new(f);
     let handles: Vec<_> = group(n)
         .into_iter()
         .map(|t| {
             let f = f.clone();
-            std::thread::spawn(move || f(&t))
+            std::thread::spawn(move || f(t))
         })
         .collect();
     handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect()

@@ -14,24 +14,28 @@ pub struct MpiTransport {
     _universe: mpi::environment::Universe,
 }
 
+// SAFETY: MPI is initialised with MPI_THREAD_SERIALIZED (checked in `init`): any thread
+// may call it, one at a time. The handles are plain values valid on every thread; Kiln
+// uses a transport from one thread at a time (a `Communicator` holds it in a mutex).
+unsafe impl Send for MpiTransport {}
+
 /// The exit code of a job that a rank's panic aborted.
 pub const PANIC_EXIT_CODE: i32 = 70;
 
 impl MpiTransport {
     /// Initialises MPI (once per process) and makes a panic on any rank abort the job.
     pub fn init() -> Result<MpiTransport> {
-        let universe = mpi::initialize().ok_or_else(|| CommError::Transport { rank: 0, what: "MPI is already initialised in this process".into() })?;
+        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Serialized).ok_or_else(|| CommError::Transport { rank: 0, what: "MPI is already initialised in this process".into() })?;
         let world = universe.world();
+        if threading < mpi::Threading::Serialized {
+            return Err(CommError::Transport { rank: world.rank() as usize, what: format!("this MPI offers {threading:?} threading; Kiln needs Serialized") });
+        }
         let rank = world.rank();
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             previous(info);
             eprintln!("kiln: rank {rank} panicked; aborting the MPI job");
-            // SAFETY: MPI is initialised (the hook is installed after it) and the world
-            // communicator is valid until finalisation; MPI_Abort does not return.
-            unsafe {
-                mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, PANIC_EXIT_CODE);
-            }
+            abort(PANIC_EXIT_CODE);
         }));
         Ok(MpiTransport { world, _universe: universe })
     }
@@ -62,7 +66,23 @@ impl MpiTransport {
     }
 }
 
+/// Ends the whole MPI job with `code` (every rank), after this rank's error: the others
+/// would otherwise wait for it in their next collective forever. Call only after
+/// [`MpiTransport::init`].
+pub fn abort(code: i32) -> ! {
+    // SAFETY: MPI is initialised (callers hold or held a transport) and the world
+    // communicator is valid until finalisation; MPI_Abort does not return.
+    unsafe {
+        mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
+    }
+    std::process::exit(code)
+}
+
 impl Transport for MpiTransport {
+    fn native_all_reduce(&self, data: &mut [f32]) -> Option<Result<()>> {
+        let send = data.to_vec();
+        Some(self.mpi_all_reduce(&send, data).map(|_| ()))
+    }
     fn rank(&self) -> usize {
         self.world.rank() as usize
     }

@@ -77,7 +77,7 @@ mod tests {
             for len in [0usize, 1, 5, 97, 4096] {
                 let results = local::run(n, move |t| {
                     let mut v: Vec<f32> = (0..len).map(|i| ((i * 7 + t.rank() * 13) % 31) as f32).collect();
-                    let traffic = all_reduce(t, &mut v).unwrap();
+                    let traffic = all_reduce(&t, &mut v).unwrap();
                     (v, traffic)
                 });
                 let want: Vec<f32> = (0..len).map(|i| (0..n).map(|r| ((i * 7 + r * 13) % 31) as f32).sum()).collect();
@@ -107,7 +107,7 @@ mod tests {
             (0..len).map(|_| { s ^= s << 13; s ^= s >> 17; s ^= s << 5; (s as f32 / u32::MAX as f32) - 0.5 }).collect()
         };
         for n in [2, 3, 4, 8] {
-            let go = || local::run(n, move |t| { let mut v = data(t.rank(), 1001); all_reduce(t, &mut v).unwrap(); v });
+            let go = || local::run(n, move |t| { let mut v = data(t.rank(), 1001); all_reduce(&t, &mut v).unwrap(); v });
             let (a, b) = (go(), go());
             assert_eq!(a, b, "n {n}: run to run");
             assert!(a.iter().all(|v| v == &a[0]), "n {n}: rank to rank");

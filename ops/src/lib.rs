@@ -8,6 +8,7 @@
 //! generated as text, and the runtime compiles and dispatches it.
 
 pub mod broadcast;
+pub mod collective;
 mod control;
 pub use control::{with_body_runner, BodyRunner};
 pub mod cpu;

@@ -52,6 +52,7 @@ impl Registry {
             crate::rnn::register(&mut r);
             crate::sequence::register(&mut r);
             crate::random::register(&mut r);
+            crate::collective::register(&mut r);
             crate::signal::register(&mut r);
             crate::tensor::register(&mut r);
             crate::text::register(&mut r);

@@ -37,6 +37,11 @@ pub struct SessionOptions {
     /// Whether the CPU worker threads flush subnormal floats to zero (see
     /// [`crate::threads`]; on by default).
     pub denormals_are_zero: bool,
+    /// CPU worker threads of the session's own, shared with no other session (by
+    /// default sessions of the same thread count share one pool and their runs take
+    /// turns on it). For sessions in one process that wait on each other while they
+    /// run: data-parallel workers, whose collectives pair up.
+    pub private_threads: bool,
     /// Where tuned kernel choices come from: choices embedded in an artifact, then a
     /// tuning database; default: none (every kernel with its defaults). The CLI uses the
     /// user's database ([`Tuning::user_cache`]).
@@ -53,6 +58,7 @@ impl Default for SessionOptions {
             memory_limit: None,
             threads: None,
             denormals_are_zero: true,
+            private_threads: false,
             tuning: Tuning::off(),
         }
     }
@@ -260,7 +266,8 @@ impl Session {
             }
             _ => None,
         };
-        let workers = threads::Workers::new(ThreadConfig::new(options.threads, options.denormals_are_zero)?)?;
+        let config = ThreadConfig::new(options.threads, options.denormals_are_zero)?;
+        let workers = if options.private_threads { threads::Workers::private(config)? } else { threads::Workers::new(config)? };
         let choices = Choices::new(options.tuning);
         Ok(Session {
             graph,

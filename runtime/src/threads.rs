@@ -53,6 +53,13 @@ impl Workers {
         Ok(Workers { pool: pool(config)?, denormals_are_zero: config.denormals_are_zero })
     }
 
+    /// Workers of a pool of their own, shared with no other session: for sessions that
+    /// wait on each other while they run (data-parallel workers in one process, whose
+    /// collectives pair up), which one shared pool would run one after the other.
+    pub fn private(config: ThreadConfig) -> Result<Workers> {
+        Ok(Workers { pool: Arc::new(build_pool(config)?), denormals_are_zero: config.denormals_are_zero })
+    }
+
     /// Runs `f` on the pool (the calling thread waits), with the pool's other threads
     /// held as a gang for `f`'s parallel loops (`kiln_ops::cpu::gang`).
     pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -121,16 +128,19 @@ pub fn pool(config: ThreadConfig) -> Result<Arc<rayon::ThreadPool>> {
     if let Some(p) = pools.get(&config) {
         return Ok(p.clone());
     }
+    let pool = Arc::new(build_pool(config)?);
+    pools.insert(config, pool.clone());
+    Ok(pool)
+}
+
+fn build_pool(config: ThreadConfig) -> Result<rayon::ThreadPool> {
     let daz = config.denormals_are_zero;
-    let pool = rayon::ThreadPoolBuilder::new()
+    rayon::ThreadPoolBuilder::new()
         .num_threads(config.threads)
         .thread_name(|i| format!("kiln-cpu-{i}"))
         .start_handler(move |_| set_denormals_are_zero(daz))
         .build()
-        .map_err(|e| RuntimeError::Unsupported { node: "the session's CPU threads".into(), what: format!("cannot start {} worker threads: {e}", config.threads) })?;
-    let pool = Arc::new(pool);
-    pools.insert(config, pool.clone());
-    Ok(pool)
+        .map_err(|e| RuntimeError::Unsupported { node: "the session's CPU threads".into(), what: format!("cannot start {} worker threads: {e}", config.threads) })
 }
 
 /// Sets (or clears) flush-to-zero and denormals-are-zero on the calling thread.

@@ -110,6 +110,55 @@ pub struct Args {
     /// Log every N steps.
     #[arg(long, default_value_t = 1)]
     log_every: u64,
+    /// Data-parallel training: run under `mpirun -np N`; each rank trains on its share
+    /// of every --batch (the global batch), gradients summed over MPI. Rank 0 logs,
+    /// checkpoints, evaluates and exports. Needs a kiln built with `--features mpi`.
+    #[arg(long)]
+    distributed: bool,
+    /// The gradients' all-reduce: ring (Baidu's, over MPI point-to-point messages) or
+    /// mpi (MPI_Allreduce).
+    #[arg(long, default_value = "ring", requires = "distributed")]
+    allreduce: String,
+    /// Gradients are summed in buckets of this many MB, in reverse layer order.
+    #[arg(long, default_value_t = 25.0, requires = "distributed")]
+    bucket_mb: f64,
+    /// Each rank's BatchNormalization uses its own rows' statistics (default: the global
+    /// batch's, synchronized).
+    #[arg(long, requires = "distributed")]
+    no_sync_batch_norm: bool,
+}
+
+/// The MPI job's communicator, when --distributed.
+#[cfg(feature = "mpi")]
+fn communicator(a: &Args) -> Result<Option<std::sync::Arc<dyn kiln::ops::collective::Communicator>>> {
+    use kiln::distributed::{mpi_transport::MpiTransport, Algorithm, Communicator};
+    if !a.distributed {
+        return Ok(None);
+    }
+    let algorithm: Algorithm = a.allreduce.parse().map_err(anyhow::Error::msg)?;
+    let t = MpiTransport::init()?;
+    Ok(Some(std::sync::Arc::new(Communicator::new(t, algorithm))))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn communicator(a: &Args) -> Result<Option<std::sync::Arc<dyn kiln::ops::collective::Communicator>>> {
+    if a.distributed {
+        bail!("--distributed needs a kiln built with MPI: `cargo build --release --features mpi` (Open MPI and libclang: apt-get install openmpi-bin libopenmpi-dev libclang-dev), then `mpirun -np N target/release/kiln train ... --distributed`");
+    }
+    Ok(None)
+}
+
+/// Ends the whole MPI job after this rank's error (the other ranks would wait for it
+/// in their next collective forever).
+#[cfg(feature = "mpi")]
+fn abort_job(rank: usize, e: &anyhow::Error) -> ! {
+    eprintln!("kiln: rank {rank}: {e:#}");
+    kiln::distributed::mpi_transport::abort(1)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn abort_job(rank: usize, e: &anyhow::Error) -> ! {
+    unreachable!("rank {rank} without MPI: {e:#}")
 }
 
 /// x and y of a data folder: `x.npy`/`y.npy`, else `{prefix}_x.npy`/`{prefix}_y.npy`.
@@ -202,6 +251,22 @@ fn optimizer(a: &Args) -> Result<Optimizer> {
 }
 
 pub fn main(a: Args) -> Result<()> {
+    let comm = communicator(&a)?;
+    let rank = comm.as_ref().map(|c| c.rank());
+    match train(a, comm) {
+        Err(e) if rank.is_some() => abort_job(rank.unwrap_or(0), &e),
+        other => other,
+    }
+}
+
+fn train(mut a: Args, comm: Option<std::sync::Arc<dyn kiln::ops::collective::Communicator>>) -> Result<()> {
+    let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+    // Only rank 0 speaks, and writes files; the others train.
+    let root = rank == 0;
+    if !root {
+        a.json = false;
+    }
+    let quiet = a.json || !root;
     let loss = match a.loss.as_str() {
         "cross_entropy" => Loss::CrossEntropy { ignore_index: a.ignore_index, label_smoothing: a.label_smoothing },
         "mse" => Loss::MeanSquaredError,
@@ -220,6 +285,11 @@ pub fn main(a: Args) -> Result<()> {
     if samples < a.batch {
         bail!("--batch {} is more than the {} samples of '{}'", a.batch, samples, a.data.display());
     }
+    if a.batch < ranks {
+        bail!("--batch {} gives no rows to some of the {ranks} ranks: the global batch needs at least one row per rank", a.batch);
+    }
+    // This rank's rows of each global batch.
+    let mine = kiln::train::shard(a.batch, rank, ranks);
     let per_epoch = (samples / a.batch) as u64;
     let total = match (a.steps, a.epochs) {
         (Some(s), _) => s,
@@ -242,7 +312,7 @@ pub fn main(a: Args) -> Result<()> {
         }
     }
     let mut dims = x.dims().to_vec();
-    dims[0] = a.batch;
+    dims[0] = mine.len();
     let input_ty = TensorType::new(x.dtype(), dims);
     let schedule = Schedule { base: a.lr, warmup: a.warmup, decay, total };
     let mut options = TrainOptions::new(loss.clone(), opt, schedule);
@@ -252,7 +322,17 @@ pub fn main(a: Args) -> Result<()> {
     if a.mixed_precision {
         options.mixed_precision = Some(MixedPrecision { init_scale: a.loss_scale, ..MixedPrecision::default() });
     }
-    let compiling = Progress::spinner("compiling the training step", a.json);
+    if let Some(comm) = &comm {
+        if !(a.bucket_mb.is_finite() && a.bucket_mb >= 0.0) {
+            bail!("--bucket-mb must be a number of at least 0, found {}", a.bucket_mb);
+        }
+        options.distributed = Some(kiln::train::Distributed {
+            bucket_bytes: (a.bucket_mb * 1024.0 * 1024.0) as usize,
+            sync_batch_norm: !a.no_sync_batch_norm,
+            ..kiln::train::Distributed::new(comm.clone(), a.batch)
+        });
+    }
+    let compiling = Progress::spinner("compiling the training step", quiet);
     let mut trainer = Trainer::new(&model, &[(input_name.clone(), input_ty)], options)?;
     compiling.finish();
     let classes = trainer.prediction_type().dims.last().copied().unwrap_or(0);
@@ -262,25 +342,27 @@ pub fn main(a: Args) -> Result<()> {
     }
     if let Some(r) = &a.resume {
         trainer.load_checkpoint(r)?;
-        if !a.json {
+        if !quiet {
             eprintln!("resumed from '{}' after step {}", r.display(), trainer.steps_done());
         }
     }
-    if !a.json {
-        println!("training '{}' on {}: {} samples, batch {}, {} steps ({} per epoch)", a.model.display(), trainer.device_name(), samples, a.batch, total, per_epoch);
+    if !quiet {
+        let on = if ranks > 1 { format!("{ranks} ranks (rank 0 on {})", trainer.device_name()) } else { trainer.device_name() };
+        println!("training '{}' on {on}: {} samples, batch {}, {} steps ({} per epoch)", a.model.display(), samples, a.batch, total, per_epoch);
     }
-    let bar = Progress::bar(total, "steps", a.json);
+    let bar = Progress::bar(total, "steps", quiet);
     let started = Instant::now();
     let first = trainer.steps_done();
     let mut last_loss = f32::NAN;
     while trainer.steps_done() < total {
         let k = trainer.steps_done();
         let idx = batch_indices(k, per_epoch, a.batch, samples, a.seed);
-        let (xb, yb) = (rows(&x, &idx)?, rows(&y, &idx)?);
+        let idx = &idx[mine.clone()];
+        let (xb, yb) = (rows(&x, idx)?, rows(&y, idx)?);
         let rep = match trainer.step(&[(input_name.as_str(), &xb)], &yb) {
             Ok(r) => r,
             Err(e) => {
-                if let Some(c) = &a.checkpoint {
+                if let (Some(c), true) = (&a.checkpoint, root) {
                     trainer.save_checkpoint(c)?;
                     eprintln!("the state after step {} is saved in '{}'", trainer.steps_done(), c.display());
                 }
@@ -290,6 +372,9 @@ pub fn main(a: Args) -> Result<()> {
         last_loss = rep.loss;
         let sps = a.batch as f64 / rep.seconds;
         bar.set(rep.step, &format!("loss {:.4}  {:.0} samples/s", rep.loss, sps));
+        if !root {
+            continue;
+        }
         if rep.step % a.log_every.max(1) == 0 || rep.step == total {
             if a.json {
                 let mut line = json!({"step": rep.step, "loss": rep.loss, "lr": rep.lr, "samples_per_s": sps});
@@ -312,12 +397,17 @@ pub fn main(a: Args) -> Result<()> {
     bar.finish();
     let seconds = started.elapsed().as_secs_f64();
     let done = trainer.steps_done() - first;
-    if let Some(c) = &a.checkpoint {
+    if let (Some(c), true) = (&a.checkpoint, root) {
         trainer.save_checkpoint(c)?;
     }
     if a.profile {
+        // Every rank traces (the step's collectives pair up); rank 0 prints.
         let idx = batch_indices(trainer.steps_done(), per_epoch, a.batch, samples, a.seed);
-        let trace = trainer.trace_step(&[(input_name.as_str(), &rows(&x, &idx)?)], &rows(&y, &idx)?)?;
+        let idx = &idx[mine.clone()];
+        let trace = trainer.trace_step(&[(input_name.as_str(), &rows(&x, idx)?)], &rows(&y, idx)?)?;
+        if !root {
+            return Ok(());
+        }
         let mut slices: Vec<_> = trace.slices.iter().filter(|s| s.category != "host").collect();
         slices.sort_by(|p, q| q.duration.cmp(&p.duration));
         let total: f64 = slices.iter().map(|s| s.duration.as_secs_f64()).sum();
@@ -327,9 +417,12 @@ pub fn main(a: Args) -> Result<()> {
             eprintln!("  {:>9.3} ms  {}", s.duration.as_secs_f64() * 1e3, s.name);
         }
     }
+    if !root {
+        return Ok(());
+    }
     let memory = {
         let idx = batch_indices(0, per_epoch, a.batch, samples, a.seed);
-        trainer.memory_report(&[(input_name.as_str(), &rows(&x, &idx)?)])?
+        trainer.memory_report(&[(input_name.as_str(), &rows(&x, &idx[mine.clone()])?)])?
     };
     let eval = match &a.eval {
         Some(dir) => Some(evaluate(&trainer, dir, &loss, classes, &a)?),
@@ -341,7 +434,7 @@ pub fn main(a: Args) -> Result<()> {
     let samples_per_s = (done as f64 * a.batch as f64) / seconds.max(1e-9);
     if a.json {
         let memory = memory.as_ref().map(|m| json!({"step_bytes": m.step.planned, "forward_bytes": m.forward.planned, "step_lower_bound_bytes": m.step.lower_bound, "state_bytes": m.state_bytes}));
-        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "memory": memory, "state_on_device": trainer.state_on_device(), "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
+        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "memory": memory, "state_on_device": trainer.state_on_device(), "ranks": ranks, "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
     } else {
         println!("{done} steps in {seconds:.2} s ({samples_per_s:.0} samples/s), last loss {last_loss:.6}");
         if let Some(m) = &memory {

@@ -9,12 +9,19 @@
 //! step as inputs, replaced by the step's outputs. On the CPU that is a hand-over of
 //! buffers; on a GPU that runs the whole step in one submit it stays in device memory
 //! and is read back only when asked for (checkpoints, export, [`Trainer::state`]).
-use kiln_compiler::autodiff::{self, AutodiffError, Loss, MixedPrecision, Optimizer, StateKind, StateVar, TrainConfig, Trainable};
+//!
+//! Data parallelism ([`Distributed`]): each worker's trainer compiles the step for its
+//! rows of the global batch with the compiler's collectives in it (loss, gradients,
+//! synchronized BatchNormalization), bound to the worker's communicator; the workers
+//! start from rank 0's state and stay equal step after step.
+use kiln_compiler::autodiff::{self, AutodiffError, DataParallel, Loss, MixedPrecision, Optimizer, StateKind, StateVar, TrainConfig, Trainable};
 use kiln_compiler::passes::{self, Target};
 use kiln_graph::{Graph, Tensor};
 use kiln_ops::TensorType;
 use kiln_runtime::{Carried, DeviceChoice, DeviceKind, RuntimeError, Session, SessionOptions};
+use kiln_ops::collective::Communicator;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 mod checkpoint;
@@ -42,6 +49,9 @@ pub enum TrainError {
     Checkpoint { path: String, what: String },
     #[error("exporting: {0}")]
     Export(String),
+    /// A collective outside the step failed (the broadcast of the state).
+    #[error("data parallelism: {0}")]
+    Distributed(String),
 }
 
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
@@ -82,12 +92,44 @@ pub struct TrainOptions {
     pub seed: u64,
     /// Mixed precision, on GPUs with SHADER_F16 only (an error elsewhere).
     pub mixed_precision: Option<MixedPrecision>,
+    /// This trainer is one worker of a data-parallel run.
+    pub distributed: Option<Distributed>,
 }
 
 impl TrainOptions {
     pub fn new(loss: Loss, optimizer: Optimizer, schedule: Schedule) -> TrainOptions {
-        TrainOptions { device: DeviceChoice::Cpu, threads: None, loss, optimizer, schedule, output: None, optimize: true, seed: 0, mixed_precision: None }
+        TrainOptions { device: DeviceChoice::Cpu, threads: None, loss, optimizer, schedule, output: None, optimize: true, seed: 0, mixed_precision: None, distributed: None }
     }
+}
+
+/// One worker of data-parallel training. The batch the trainer is compiled for (the
+/// model inputs' first dim) is this worker's rows of each global batch ([`shard`]).
+#[derive(Clone)]
+pub struct Distributed {
+    /// The workers' engine (kiln-distributed's `Communicator` over MPI, say).
+    pub comm: Arc<dyn Communicator>,
+    /// The rows of every worker together.
+    pub global_batch: usize,
+    /// Gradients are summed in messages of about this many bytes, in reverse layer
+    /// order (default 25 MB, as PyTorch's DistributedDataParallel).
+    pub bucket_bytes: usize,
+    /// BatchNormalization normalises with the global batch's statistics (default on:
+    /// the run then equals one worker's on the whole batch).
+    pub sync_batch_norm: bool,
+}
+
+impl Distributed {
+    pub fn new(comm: Arc<dyn Communicator>, global_batch: usize) -> Distributed {
+        Distributed { comm, global_batch, bucket_bytes: autodiff::parallel::DEFAULT_BUCKET_BYTES, sync_batch_norm: true }
+    }
+}
+
+/// The rows of a global batch of `global_batch` that worker `rank` of `size` takes:
+/// consecutive, sizes differing by at most one.
+pub fn shard(global_batch: usize, rank: usize, size: usize) -> std::ops::Range<usize> {
+    let (base, extra) = (global_batch / size, global_batch % size);
+    let start = rank * base + rank.min(extra);
+    start..start + base + usize::from(rank < extra)
 }
 
 /// Mixed precision gives up after this many skipped steps in a row (the scale has then
@@ -138,6 +180,8 @@ pub struct Trainer {
     scaler: Option<(usize, usize)>,
     /// Steps skipped in a row (mixed precision).
     skipped_in_row: u32,
+    /// The communicator of a data-parallel worker.
+    comm: Option<Arc<dyn Communicator>>,
 }
 
 /// Memory of training against inference, in bytes.
@@ -171,8 +215,21 @@ impl Trainer {
             // after a non-finite loss; on the CPU `step` puts the old values back.
             keep_state_unless_finite: kind == DeviceKind::Gpu,
             mixed_precision: options.mixed_precision.clone(),
+            data_parallel: match &options.distributed {
+                Some(d) => {
+                    let rows = inputs.first().and_then(|(_, t)| t.dims.first().copied()).ok_or_else(|| TrainError::Data("data parallelism needs a model input with a batch dimension".into()))?;
+                    Some(DataParallel { rows, global_batch: d.global_batch, bucket_bytes: d.bucket_bytes, sync_batch_norm: d.sync_batch_norm })
+                }
+                None => None,
+            },
         };
-        let tg = autodiff::build(forward, &config, kiln_ops::Registry::builtin())?;
+        // A worker's collectives reduce through its communicator.
+        let registry = options.distributed.as_ref().map(|d| {
+            let mut r = kiln_ops::Registry::builtin().clone();
+            kiln_ops::collective::bind(&mut r, d.comm.clone());
+            r
+        });
+        let tg = autodiff::build(forward, &config, registry.as_ref().unwrap_or(kiln_ops::Registry::builtin()))?;
         let mut graph = tg.graph;
         if options.optimize {
             let target = match kind {
@@ -181,7 +238,10 @@ impl Trainer {
             };
             passes::optimize_for(&mut graph, target);
         }
-        let session = Session::new(graph, SessionOptions { threads: options.threads, ..SessionOptions::device(options.device.clone()) })?;
+        // A worker's runs wait on the other workers': in one process (threads as
+        // workers) a shared thread pool would run them in turn, and deadlock.
+        let private_threads = options.distributed.is_some();
+        let session = Session::new(graph, SessionOptions { threads: options.threads, registry, private_threads, ..SessionOptions::device(options.device.clone()) })?;
         if options.mixed_precision.is_some() && !session.stores_halves() {
             return Err(TrainError::Data(format!("mixed precision needs a GPU with SHADER_F16; {} has none", session.device_name())));
         }
@@ -197,7 +257,10 @@ impl Trainer {
         let carried = session.carry(&pairs, tg.state.iter().map(|s| s.initial.clone()).collect())?;
         // `build` checked that every data input has a type in `inputs`.
         let data_inputs = inputs.iter().filter(|(n, _)| tg.data_inputs.contains(n)).cloned().collect();
-        Ok(Trainer {
+        let comm = options.distributed.map(|d| d.comm);
+        // Workers draw different dropout masks for their different rows.
+        let seed = options.seed.wrapping_add(comm.as_ref().map_or(0, |c| c.rank() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut trainer = Trainer {
             session,
             forward: forward.clone(),
             data_inputs,
@@ -212,11 +275,46 @@ impl Trainer {
             memory: None,
             options_threads: options.threads,
             device: options.device,
-            dropout: tg.dropout_seed.map(|n| (n, options.seed)),
+            dropout: tg.dropout_seed.map(|n| (n, seed)),
             guarded: config.keep_state_unless_finite || scaler.is_some(),
             scaler,
             skipped_in_row: 0,
-        })
+            comm,
+        };
+        trainer.broadcast_state()?;
+        Ok(trainer)
+    }
+
+    /// With data parallelism: this worker's rank and the worker count.
+    pub fn rank(&self) -> Option<(usize, usize)> {
+        self.comm.as_ref().map(|c| (c.rank(), c.size()))
+    }
+
+    /// With data parallelism: every worker takes rank 0's state (its f32 values, in one
+    /// message: rank 0's values plus zeros from the others, exact). Every worker must
+    /// call it at the same point; `new` and `load_checkpoint` do.
+    pub fn broadcast_state(&mut self) -> Result<()> {
+        let Some(comm) = self.comm.clone() else { return Ok(()) };
+        let values = self.carried.values()?;
+        let f32s: Vec<usize> = (0..values.len()).filter(|&i| values[i].dtype() == kiln_graph::DType::F32).collect();
+        let mut buf: Vec<f32> = Vec::with_capacity(f32s.iter().map(|&i| values[i].len()).sum());
+        for &i in &f32s {
+            let v = values[i].as_slice::<f32>().map_err(|e| TrainError::Distributed(e.to_string()))?;
+            if comm.rank() == 0 {
+                buf.extend_from_slice(v);
+            } else {
+                buf.resize(buf.len() + v.len(), 0.0);
+            }
+        }
+        comm.all_reduce_sum(&mut buf).map_err(|e| TrainError::Distributed(format!("broadcasting rank 0's state: {e}")))?;
+        let mut at = 0;
+        for &i in &f32s {
+            let n = values[i].len();
+            let t = Tensor::from_vec(values[i].dims(), buf[at..at + n].to_vec()).map_err(|e| TrainError::Distributed(e.to_string()))?;
+            at += n;
+            self.carried.set(&self.state_vars[i].name, t)?;
+        }
+        Ok(())
     }
 
     /// Steps done so far.
@@ -371,7 +469,9 @@ impl Trainer {
 
     /// Restores a checkpoint of this model and optimizer: training goes on from its
     /// step, bit for bit as if it had not stopped (on the CPU).
+    /// With data parallelism every worker reads the file, then takes rank 0's values.
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
-        checkpoint::load(self, path)
+        checkpoint::load(self, path)?;
+        self.broadcast_state()
     }
 }

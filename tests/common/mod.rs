@@ -5,6 +5,8 @@ use kiln::graph::Tensor;
 use kiln::runtime::DeviceChoice;
 use std::path::{Path, PathBuf};
 
+pub mod runs;
+
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

@@ -3,13 +3,15 @@
 //!
 //! - BatchNormalization in training mode: batch statistics, normalisation, and the
 //!   running statistics updated as its extra outputs (PyTorch's convention: the
-//!   running variance takes the unbiased batch variance).
+//!   running variance takes the unbiased batch variance). Synchronized across
+//!   data-parallel workers when asked: the statistics' sums are all-reduced.
 //! - LayerNormalization: statistics over the trailing axes, with its optional Mean and
 //!   InvStdDev outputs.
 //! - Dropout in training mode: the input times a `kiln.DropoutMask` drawn from the
 //!   graph input [`DROPOUT_SEED`] (a new seed each step), one stream per node.
 //! - SoftmaxCrossEntropyLoss: LogSoftmax, then NegativeLogLikelihoodLoss.
 use super::emit::Emit;
+use super::parallel::{self, DataParallel};
 use super::rules::{axis, float_attr, input, int_attr};
 use super::{replace_uses, Result};
 use kiln_graph::{DType, Node, ValueId};
@@ -29,8 +31,9 @@ pub struct Lowered {
 }
 
 /// Lowers the nodes of `e`'s graph in place; the graph's nodes are left in a
-/// topological order.
-pub fn lower(e: &mut Emit) -> Result<Lowered> {
+/// topological order. With `sync`, BatchNormalization's statistics are those of the
+/// global batch.
+pub fn lower(e: &mut Emit, sync: Option<&DataParallel>) -> Result<Lowered> {
     let nodes = std::mem::take(&mut e.graph.nodes);
     let mut subst = HashMap::new();
     let mut seed = None;
@@ -41,7 +44,7 @@ pub fn lower(e: &mut Emit) -> Result<Lowered> {
                 dropout(e, &n, &mut subst, &mut seed, streams)?;
                 streams += 1;
             }
-            "BatchNormalization" if n.domain.is_empty() && is_training_bn(&n) => batch_norm(e, &n, &mut subst)?,
+            "BatchNormalization" if n.domain.is_empty() && is_training_bn(&n) => batch_norm(e, &n, &mut subst, sync)?,
             "LayerNormalization" if n.domain.is_empty() => layer_norm(e, &n, &mut subst)?,
             "SoftmaxCrossEntropyLoss" if n.domain.is_empty() => softmax_cross_entropy(e, &n, &mut subst)?,
             _ => e.graph.nodes.push(n),
@@ -65,14 +68,20 @@ pub fn is_training_bn(n: &Node) -> bool {
 }
 
 /// Mean and variance (biased) over `axes`, kept as size-1 dims, and `1/sqrt(var+eps)`.
-fn moments(e: &mut Emit, x: ValueId, axes: &[usize], eps: f32) -> Result<(ValueId, ValueId, ValueId, ValueId)> {
+/// With `global`, the sums are all-reduced across workers and divided by the global
+/// element count `global`.
+fn moments(e: &mut Emit, x: ValueId, axes: &[usize], eps: f32, global: Option<usize>) -> Result<(ValueId, ValueId, ValueId, ValueId)> {
     let xd = e.dims(x);
-    let count: usize = axes.iter().map(|&a| xd[a]).product();
-    let s = e.reduce_sum(x, axes, true)?;
+    let count: usize = global.unwrap_or_else(|| axes.iter().map(|&a| xd[a]).product());
+    let sum = |e: &mut Emit, v: ValueId| -> Result<ValueId> {
+        let s = e.reduce_sum(v, axes, true)?;
+        Ok(if global.is_some() { parallel::all_reduce(e, &[s])?[0] } else { s })
+    };
+    let s = sum(e, x)?;
     let mean = e.scale(s, 1.0 / count as f64)?;
     let d = e.sub(x, mean)?;
     let d2 = e.mul(d, d)?;
-    let s2 = e.reduce_sum(d2, axes, true)?;
+    let s2 = sum(e, d2)?;
     let var = e.scale(s2, 1.0 / count as f64)?;
     let epsv = e.scalar(eps as f64, e.dtype(x));
     let ve = e.add(var, epsv)?;
@@ -82,16 +91,29 @@ fn moments(e: &mut Emit, x: ValueId, axes: &[usize], eps: f32) -> Result<(ValueI
     Ok((mean, var, d, inv))
 }
 
-fn batch_norm(e: &mut Emit, n: &Node, subst: &mut HashMap<ValueId, ValueId>) -> Result<()> {
+fn batch_norm(e: &mut Emit, n: &Node, subst: &mut HashMap<ValueId, ValueId>, sync: Option<&DataParallel>) -> Result<()> {
     e.set_scope(n.name.clone());
     let (x, scale, bias, rmean, rvar) = (input(n, 0), input(n, 1), input(n, 2), input(n, 3), input(n, 4));
     let xd = e.dims(x);
     let c = xd[1];
     let axes: Vec<usize> = std::iter::once(0).chain(2..xd.len()).collect();
-    let count: usize = axes.iter().map(|&a| xd[a]).product();
+    let mut count: usize = axes.iter().map(|&a| xd[a]).product();
+    let global = match sync {
+        Some(dp) if xd[0] != dp.rows => {
+            return Err(super::AutodiffError::Model(format!(
+                "synchronized BatchNormalization: node '{}' normalises {} rows, but this worker trains on {} rows of the global batch",
+                n.name, xd[0], dp.rows
+            )))
+        }
+        Some(dp) => {
+            count = count / dp.rows * dp.global_batch;
+            Some(count)
+        }
+        None => None,
+    };
     let eps = float_attr(n, "epsilon", 1e-5);
     let momentum = float_attr(n, "momentum", 0.9) as f64;
-    let (mean, var, d, inv) = moments(e, x, &axes, eps)?;
+    let (mean, var, d, inv) = moments(e, x, &axes, eps, global)?;
     let mut bshape = vec![1; xd.len()];
     bshape[1] = c;
     let xhat = e.mul(d, inv)?;
@@ -128,7 +150,7 @@ fn layer_norm(e: &mut Emit, n: &Node, subst: &mut HashMap<ValueId, ValueId>) -> 
     let r = e.rank(x);
     let first = axis(int_attr(n, "axis", -1), r);
     let axes: Vec<usize> = (first..r).collect();
-    let (mean, _, d, inv) = moments(e, x, &axes, float_attr(n, "epsilon", 1e-5))?;
+    let (mean, _, d, inv) = moments(e, x, &axes, float_attr(n, "epsilon", 1e-5), None)?;
     let xhat = e.mul(d, inv)?;
     let mut y = e.mul(xhat, scale)?;
     if let Some(b) = n.inputs.get(2).copied().flatten() {

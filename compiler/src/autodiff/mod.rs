@@ -9,6 +9,8 @@
 //!   per op family, written in Kiln ops, so every backend runs it.
 //! - `loss` and `optimizer`: losses and update rules, also graphs of Kiln ops.
 //! - `mixed`: mixed precision (chosen ops in f16, dynamic loss scaling).
+//! - `parallel`: data parallelism (the loss, gradients and BatchNormalization statistics
+//!   summed across workers by `kiln.AllReduce` nodes).
 //! - `split`: the step cut at the gradients, where data parallelism reduces them.
 use kiln_graph::{Graph, NodeId, ValueId};
 use std::collections::HashMap;
@@ -18,6 +20,7 @@ mod loss;
 pub mod lower;
 mod mixed;
 pub mod optimizer;
+pub mod parallel;
 pub mod rules;
 mod split;
 pub mod training;
@@ -26,6 +29,7 @@ pub use emit::Emit;
 pub use loss::Loss;
 pub use mixed::MixedPrecision;
 pub use optimizer::{Optimizer, OptimizerKind};
+pub use parallel::DataParallel;
 pub use split::SplitStep;
 pub use training::{build, StateKind, StateVar, TrainConfig, Trainable, TrainingGraph};
 

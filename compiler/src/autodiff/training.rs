@@ -14,6 +14,7 @@ use super::loss::Loss;
 use super::lower::{is_training_bn, lower};
 use super::mixed::{self, MixedPrecision};
 use super::optimizer::Optimizer;
+use super::parallel::{self, DataParallel};
 use super::{gradients, AutodiffError, Result};
 use kiln_graph::{DType, Graph, Tensor, ValueId, ValueType};
 use kiln_ops::{Registry, TensorType};
@@ -35,6 +36,10 @@ pub struct TrainConfig {
     /// Mixed precision (f16 products, dynamic loss scaling); for GPUs with SHADER_F16.
     /// It implies keeping the state when a gradient is not finite.
     pub mixed_precision: Option<MixedPrecision>,
+    /// This worker's part of a data-parallel step ([`super::parallel`]): the graph then
+    /// holds `kiln.AllReduce` nodes, and runs only where the registry binds a
+    /// communicator.
+    pub data_parallel: Option<DataParallel>,
 }
 
 /// Which initializers train. BatchNormalization's running statistics never do (the
@@ -92,7 +97,8 @@ pub struct TrainingGraph {
     pub prediction_type: TensorType,
     /// Each parameter's gradient (names of values of `graph`), in reverse layer order:
     /// the values data parallelism sums across workers, before clipping and the
-    /// finiteness checks ([`TrainingGraph::split_at_gradients`]).
+    /// finiteness checks ([`TrainingGraph::split_at_gradients`]). With
+    /// [`TrainConfig::data_parallel`], this worker's own, before the sum.
     pub gradients: Vec<(String, String)>,
     /// The int64 scalar input that seeds training-mode dropout, when there is some: a
     /// new value each step gives new masks.
@@ -105,6 +111,9 @@ pub struct TrainingGraph {
 
 pub const LABEL: &str = "kiln.label";
 pub const LOSS: &str = "kiln.loss";
+/// With data parallelism: this worker's own mean loss (the step's loss output is the
+/// global batch's).
+pub const LOCAL_LOSS: &str = "kiln.local_loss";
 /// Mixed precision's state (f32 scalars): the loss scale and the finite steps in a row.
 pub const LOSS_SCALE: &str = "kiln.loss_scale";
 pub const LOSS_SCALE_GOOD_STEPS: &str = "kiln.loss_scale_good_steps";
@@ -221,8 +230,12 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         return Err(model_err(format!("the output '{}' has no type for this batch", g.values[pred].name)));
     }
 
+    let dp = config.data_parallel.as_ref();
+    if let Some(dp) = dp {
+        dp.check()?;
+    }
     let mut e = Emit::new(&mut g, spec.types, registry);
-    let lowered = lower(&mut e)?;
+    let lowered = lower(&mut e, dp.filter(|dp| dp.sync_batch_norm))?;
     let subst = lowered.subst;
     let pred = *subst.get(&pred).unwrap_or(&pred);
     if let Some(mp) = &config.mixed_precision {
@@ -264,7 +277,17 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
             (v, e.ty(v).clone())
         }
     };
-    let loss = config.loss.emit(&mut e, pred, label)?;
+    let mut loss = config.loss.emit(&mut e, pred, label)?;
+    // The value differentiated: the loss, or with data parallelism this worker's share
+    // of the global loss (whose sum over workers is reported as the loss).
+    let mut objective = loss;
+    if let Some(dp) = dp {
+        e.set_scope("data_parallel");
+        e.graph.values[loss].name = LOCAL_LOSS.into();
+        let weight = e.scalar(dp.weight(), e.dtype(loss));
+        objective = e.mul(loss, weight)?;
+        loss = parallel::all_reduce(&mut e, &[objective])?[0];
+    }
     e.graph.values[loss].name = LOSS.into();
 
     // With mixed precision, the gradients of `loss * scale`, unscaled.
@@ -275,7 +298,7 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
             let good = e.value_of_type(LOSS_SCALE_GOOD_STEPS, ty);
             e.graph.inputs.extend([scale, good]);
             e.set_scope("loss_scale");
-            let scaled = e.mul(loss, scale)?;
+            let scaled = e.mul(objective, scale)?;
             Some((mp, scale, good, scaled))
         }
         None => None,
@@ -289,11 +312,18 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
             let inv = e.div(one, scale)?;
             grads.iter().map(|&g| if e.dtype(g) == DType::F32 { e.mul(g, inv) } else { Ok(g) }).collect::<Result<Vec<_>>>()?
         }
-        None => gradients(&mut e, &order, loss, &params)?,
+        None => gradients(&mut e, &order, objective, &params)?,
     };
     // Where data parallelism sums the gradients across workers (before the finiteness
     // check and the clipping, which must see the summed gradients).
     let reducible = grads.clone();
+    let grads = match dp {
+        Some(dp) => {
+            e.set_scope("data_parallel");
+            parallel::reduce_gradients(&mut e, &grads, dp.bucket_bytes)?
+        }
+        None => grads,
+    };
     let grads_finite = match scaler {
         Some(_) => mixed::all_finite(&mut e, &grads)?,
         None => None,

@@ -15,7 +15,7 @@ pub fn eliminate_common_subexpressions(g: &mut Graph, _cx: &mut PassContext) -> 
         let mut dup: Option<(usize, usize)> = None;
         for &n in &order {
             let node = &g.nodes[n];
-            if node.op_type.starts_with("Random") || node.op_type == "Bernoulli" || node.op_type == "Multinomial" {
+            if node.op_type.starts_with("Random") || node.op_type == "Bernoulli" || node.op_type == "Multinomial" || kiln_ops::collective::is_collective(&node.domain, &node.op_type) {
                 continue;
             }
             let key = format!("{}|{}|{:?}|{:?}|{}", node.domain, node.op_type, node.attrs, node.inputs, node.outputs.len());

@@ -6,6 +6,7 @@ use super::emit::Emit;
 use super::{AutodiffError, Result};
 use kiln_graph::{Attr, Node, ValueId};
 
+mod collective;
 mod elementwise;
 mod linalg;
 mod loss;
@@ -18,6 +19,9 @@ pub type Rule = fn(&mut Emit, &Node, &[Option<ValueId>], &[bool]) -> Result<Vec<
 
 /// The rule of an op of the default domain, if it has one.
 pub fn find(domain: &str, op_type: &str) -> Option<Rule> {
+    if domain == kiln_ops::collective::DOMAIN {
+        return collective::RULES.iter().find(|(name, _)| *name == op_type).map(|(_, rule)| *rule);
+    }
     if !(domain.is_empty() || domain == "ai.onnx") {
         return None;
     }
