@@ -76,6 +76,7 @@ echo "== unit and integration tests"
 cargo test --release --workspace --exclude kiln
 echo "== data parallelism over MPI (the mpi feature): multi-rank runs under mpirun on loopback"
 cargo test --release -p kiln-distributed --features mpi
+cargo test --release -p kiln --features mpi --test distributed_mpi -- --nocapture --test-threads 1
 echo "== end-to-end tests: the zoo and the ONNX conformance suite, on the CPU and the GPU"
 cargo test --release -p kiln -- --nocapture --test-threads 2
 echo "== the Python package: the wheel built and installed into a fresh venv, pytest against onnxruntime on the CPU and the GPU"
