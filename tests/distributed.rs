@@ -23,7 +23,7 @@ struct Outcome {
 
 /// `steps` steps of the reference run `name` on `workers` workers (0: no data
 /// parallelism at all), each on its shard of every global batch.
-fn train(name: &'static str, workers: usize, steps: usize, bucket_bytes: usize, sync_batch_norm: bool) -> Vec<Outcome> {
+fn train(name: &'static str, workers: usize, steps: usize, bucket_bytes: usize, sync_batch_norm: bool, overlap: bool) -> Vec<Outcome> {
     let go = move |comm: Option<Arc<dyn kiln::ops::collective::Communicator>>| -> Outcome {
         let r = run(name);
         let global = r.input_type.dims[0];
@@ -34,7 +34,7 @@ fn train(name: &'static str, workers: usize, steps: usize, bucket_bytes: usize, 
         let model = kiln::train::import_model(&training_dir().join(name).join("model.onnx")).unwrap();
         let mut opts = TrainOptions::new(Loss::cross_entropy(), optimizer(&r.reference), Schedule::constant(f(&r.reference, "lr")));
         opts.threads = Some(1);
-        opts.distributed = comm.map(|comm| Distributed { bucket_bytes, sync_batch_norm, ..Distributed::new(comm, global) });
+        opts.distributed = comm.map(|comm| Distributed { bucket_bytes, sync_batch_norm, overlap, ..Distributed::new(comm, global) });
         let mut t = Trainer::new(&model, &[(r.input.clone(), TensorType::new(r.input_type.dtype, dims))], opts).unwrap_or_else(|e| panic!("{name}, rank {rank} of {size}: {e}"));
         let mut losses = vec![];
         for k in 0..steps {
@@ -90,7 +90,7 @@ fn farthest(name: &str, a: &Outcome, b: &Outcome, lr: f64, steps: usize) -> (f64
 
 fn equivalent_on_any_worker_count(name: &'static str) {
     let steps = 20;
-    let single = train(name, 0, steps, 0, true).remove(0);
+    let single = train(name, 0, steps, 0, true, false).remove(0);
     let lr = f(&run(name).reference, "lr");
     let losses: Vec<f64> = run(name).reference["losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect();
     for (k, (got, want)) in single.losses.iter().zip(&losses).enumerate() {
@@ -98,12 +98,13 @@ fn equivalent_on_any_worker_count(name: &'static str) {
         assert!(e <= 1e-4, "{name}: loss at step {} is {got}, PyTorch's {want} (relative error {e:.2e})", k + 1);
     }
     // Buckets of 16 KB cut both models' gradients into several messages; 0 sends each
-    // gradient on its own; 25 MB sends them all in one.
-    for (workers, bucket) in [(1, 16 << 10), (2, 16 << 10), (3, 0), (4, 25 << 20)] {
-        let outcomes = train(name, workers, steps, bucket, true);
+    // gradient on its own; 25 MB sends them all in one. Reductions overlapped with
+    // backward or not.
+    for (workers, bucket, overlap) in [(1, 16 << 10, true), (2, 16 << 10, true), (2, 16 << 10, false), (3, 0, true), (4, 25 << 20, false), (4, 16 << 10, true)] {
+        let outcomes = train(name, workers, steps, bucket, true, overlap);
         workers_agree(name, &outcomes);
         let (e, at) = farthest(name, &outcomes[0], &single, lr, steps);
-        eprintln!("{name}: {workers} worker(s), buckets of {bucket} bytes: farthest from one process at '{at}', relative L2 {e:.2e}");
+        eprintln!("{name}: {workers} worker(s), buckets of {bucket} bytes, overlap {overlap}: farthest from one process at '{at}', relative L2 {e:.2e}");
         assert!(e <= 1e-5, "{name}: {workers} worker(s) after {steps} steps: '{at}' is {e:.2e} (relative L2) from the single-process run");
         for (k, (got, want)) in outcomes[0].losses.iter().zip(&single.losses).enumerate() {
             let e = (got - want).abs() / want.abs();
@@ -127,8 +128,8 @@ fn tiny_gpt_trains_alike_on_one_to_four_workers() {
 /// meaningful), while the workers still agree on the parameters.
 #[test]
 fn batch_norm_without_sync_departs_from_one_process() {
-    let single = train("lenet_digits_sgd", 0, 5, 0, true).remove(0);
-    let outcomes = train("lenet_digits_sgd", 2, 5, 0, false);
+    let single = train("lenet_digits_sgd", 0, 5, 0, true, false).remove(0);
+    let outcomes = train("lenet_digits_sgd", 2, 5, 0, false, true);
     let (e, at) = farthest("lenet_digits_sgd", &outcomes[0], &single, 0.05, 5);
     assert!(e > 1e-3, "unsynchronized BatchNormalization on 2 workers should depart from one process; farthest '{at}' at {e:.2e}");
 }

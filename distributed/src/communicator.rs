@@ -2,8 +2,16 @@
 //! collective ops see it ([`kiln_ops::collective::Communicator`]). It serialises the
 //! transport's use (a session's kernels may call from any thread) and counts what the
 //! reductions moved and how long they took.
+//!
+//! Started reductions run on a thread of the communicator's own, one after the other
+//! in the order they were started; a blocking reduction asked for meanwhile queues
+//! behind them, so every rank performs its reductions in the same order. The thread
+//! starts with the first started reduction and is joined when the communicator drops.
 use crate::{ring, Traffic, Transport};
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 /// Which all-reduce to run.
@@ -37,48 +45,142 @@ pub struct CommStats {
     pub traffic: Traffic,
     /// Seconds spent inside the reductions (waiting for other ranks included).
     pub seconds: f64,
+    /// Seconds the callers were blocked: in blocking reductions, and waiting for
+    /// started ones. `seconds - blocked` of the reductions' time was hidden behind
+    /// other work.
+    pub blocked: f64,
 }
 
-pub struct Communicator<T> {
+/// The transport and the counters, shared with the reduction thread.
+struct Shared<T> {
     transport: Mutex<T>,
     algorithm: Algorithm,
-    rank: usize,
-    size: usize,
     stats: Mutex<CommStats>,
 }
 
-impl<T: Transport> Communicator<T> {
-    pub fn new(transport: T, algorithm: Algorithm) -> Communicator<T> {
-        let (rank, size) = (transport.rank(), transport.size());
-        Communicator { transport: Mutex::new(transport), algorithm, rank, size, stats: Mutex::new(CommStats::default()) }
-    }
+type Reply = Sender<Result<Vec<f32>, String>>;
 
-    pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
-    }
+/// The reduction thread, once started.
+struct Background {
+    jobs: Sender<(Vec<f32>, Reply)>,
+    thread: JoinHandle<()>,
+}
 
-    pub fn stats(&self) -> CommStats {
-        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
-    }
+pub struct Communicator<T> {
+    shared: Arc<Shared<T>>,
+    rank: usize,
+    size: usize,
+    background: Mutex<Option<Background>>,
+    /// Started reductions not yet waited for, by ticket.
+    pending: Mutex<HashMap<u64, Receiver<Result<Vec<f32>, String>>>>,
+    next_ticket: Mutex<u64>,
+}
 
-    /// Runs `f` with the transport (for collectives the op set does not cover: a
-    /// barrier, a maximum over ranks).
-    pub fn with_transport<R>(&self, f: impl FnOnce(&T) -> R) -> R {
-        f(&self.transport.lock().unwrap_or_else(|p| p.into_inner()))
-    }
+fn lock<X>(m: &Mutex<X>) -> std::sync::MutexGuard<'_, X> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
-    fn reduce(&self, data: &mut [f32]) -> crate::Result<Traffic> {
-        let t = self.transport.lock().unwrap_or_else(|p| p.into_inner());
-        if self.algorithm == Algorithm::Native {
-            if let Some(done) = t.native_all_reduce(data) {
-                return done.map(|()| Traffic::default());
+impl<T: Transport> Shared<T> {
+    fn reduce(&self, mut data: Vec<f32>) -> Result<Vec<f32>, String> {
+        if data.is_empty() {
+            return Ok(data);
+        }
+        let start = Instant::now();
+        let traffic = {
+            let t = lock(&self.transport);
+            match (self.algorithm, t.native_all_reduce(&mut data)) {
+                (Algorithm::Native, Some(done)) => done.map(|()| Traffic::default()),
+                _ => ring::all_reduce(&*t, &mut data),
             }
         }
-        ring::all_reduce(&*t, data)
+        .map_err(|e| e.to_string())?;
+        let mut s = lock(&self.stats);
+        s.calls += 1;
+        s.bytes += 4 * data.len() as u64;
+        s.traffic.sent += traffic.sent;
+        s.traffic.received += traffic.received;
+        s.seconds += start.elapsed().as_secs_f64();
+        Ok(data)
     }
 }
 
-impl<T: Transport + Send> kiln_ops::collective::Communicator for Communicator<T> {
+impl<T: Transport + Send + 'static> Communicator<T> {
+    pub fn new(transport: T, algorithm: Algorithm) -> Communicator<T> {
+        let (rank, size) = (transport.rank(), transport.size());
+        Communicator {
+            shared: Arc::new(Shared { transport: Mutex::new(transport), algorithm, stats: Mutex::new(CommStats::default()) }),
+            rank,
+            size,
+            background: Mutex::new(None),
+            pending: Mutex::new(HashMap::new()),
+            next_ticket: Mutex::new(0),
+        }
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        self.shared.algorithm
+    }
+
+    pub fn stats(&self) -> CommStats {
+        *lock(&self.shared.stats)
+    }
+
+    /// Runs `f` with the transport (for collectives the op set does not cover: a
+    /// barrier, a maximum over ranks), after every started reduction has finished.
+    pub fn with_transport<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        self.drain();
+        f(&lock(&self.shared.transport))
+    }
+
+    /// Queues a reduction on the background thread (starting it first).
+    fn enqueue(&self, data: Vec<f32>) -> Result<Receiver<Result<Vec<f32>, String>>, String> {
+        let mut bg = lock(&self.background);
+        if bg.is_none() {
+            let (jobs, queue) = channel::<(Vec<f32>, Reply)>();
+            let shared = self.shared.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("kiln-allreduce-{}", self.rank))
+                .spawn(move || {
+                    for (data, reply) in queue {
+                        // The caller may have given up waiting; nothing to do then.
+                        let _ = reply.send(shared.reduce(data));
+                    }
+                })
+                .map_err(|e| format!("rank {}: cannot start the reduction thread: {e}", self.rank))?;
+            *bg = Some(Background { jobs, thread });
+        }
+        let (reply, answer) = channel();
+        bg.as_ref().expect("started above").jobs.send((data, reply)).map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))?;
+        Ok(answer)
+    }
+
+    /// Waits for every started reduction (their results stay for their waits).
+    fn drain(&self) {
+        if lock(&self.background).is_none() {
+            return;
+        }
+        if let Ok(done) = self.enqueue(vec![]) {
+            let _ = done.recv();
+        }
+    }
+
+    fn blocked_for(&self, start: Instant) {
+        lock(&self.shared.stats).blocked += start.elapsed().as_secs_f64();
+    }
+}
+
+impl<T> Drop for Communicator<T> {
+    fn drop(&mut self) {
+        // Stop the reduction thread and join it, so that the transport (MPI's
+        // finalisation with it) is dropped on the thread that drops the communicator.
+        if let Some(bg) = self.background.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            drop(bg.jobs);
+            let _ = bg.thread.join();
+        }
+    }
+}
+
+impl<T: Transport + Send + 'static> kiln_ops::collective::Communicator for Communicator<T> {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -87,14 +189,30 @@ impl<T: Transport + Send> kiln_ops::collective::Communicator for Communicator<T>
     }
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), String> {
         let start = Instant::now();
-        let traffic = self.reduce(data).map_err(|e| e.to_string())?;
-        let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
-        s.calls += 1;
-        s.bytes += 4 * data.len() as u64;
-        s.traffic.sent += traffic.sent;
-        s.traffic.received += traffic.received;
-        s.seconds += start.elapsed().as_secs_f64();
+        // Behind any started reductions, so the order is the same on every rank.
+        let summed = if lock(&self.background).is_some() {
+            self.enqueue(data.to_vec())?.recv().map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))??
+        } else {
+            self.shared.reduce(data.to_vec())?
+        };
+        data.copy_from_slice(&summed);
+        self.blocked_for(start);
         Ok(())
+    }
+    fn start_all_reduce(&self, data: Vec<f32>) -> Result<u64, String> {
+        let answer = self.enqueue(data)?;
+        let mut next = lock(&self.next_ticket);
+        let ticket = *next;
+        *next += 1;
+        lock(&self.pending).insert(ticket, answer);
+        Ok(ticket)
+    }
+    fn wait_all_reduce(&self, ticket: u64) -> Result<Vec<f32>, String> {
+        let start = Instant::now();
+        let answer = lock(&self.pending).remove(&ticket).ok_or_else(|| format!("rank {}: no started all-reduce has ticket {ticket}", self.rank))?;
+        let summed = answer.recv().map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))?;
+        self.blocked_for(start);
+        summed
     }
 }
 
@@ -103,6 +221,28 @@ mod tests {
     use super::*;
     use crate::local;
     use kiln_ops::collective::Communicator as _;
+
+    /// Started reductions finish in the order they were started, blocking ones queue
+    /// behind them, and a ticket is good once.
+    #[test]
+    fn started_reductions_keep_their_order() {
+        let out = local::run(3, |t| {
+            let comm = Communicator::new(t, Algorithm::Ring);
+            let r = comm.rank() as f32;
+            let a = comm.start_all_reduce(vec![r; 4]).unwrap();
+            let b = comm.start_all_reduce(vec![10.0 * r; 2]).unwrap();
+            let mut c = vec![100.0 * r; 3];
+            comm.all_reduce_sum(&mut c).unwrap();
+            let (vb, va) = (comm.wait_all_reduce(b).unwrap(), comm.wait_all_reduce(a).unwrap());
+            assert!(comm.wait_all_reduce(a).is_err());
+            (va, vb, c, comm.stats())
+        });
+        for (va, vb, c, stats) in out {
+            assert_eq!((va, vb, c), (vec![3.0; 4], vec![30.0; 2], vec![300.0; 3]));
+            assert_eq!(stats.calls, 3);
+            assert!(stats.blocked >= 0.0 && stats.seconds > 0.0);
+        }
+    }
 
     #[test]
     fn sums_and_counts_through_the_op_interface() {

@@ -41,7 +41,7 @@ mod training;
 
 pub use cpu::CpuKernel;
 pub use error::{OpError, Result};
-pub use op::{constant, expect_dtype, norm_axis, required, Arg, Cost, ElementwiseFn, Op, TensorType};
+pub use op::{constant, expect_dtype, norm_axis, required, Arg, Cost, ElementwiseFn, Op, Schedule, TensorType};
 pub use registry::{canonical_domain, OpFactory, Registry};
 pub use linalg::{BIAS_ATTR as MATMUL_BIAS_ATTR, RESIDUAL_ATTR as MATMUL_RESIDUAL_ATTR};
 pub use nn::INPUT_BLOCKED_ATTR as CONV_INPUT_BLOCKED_ATTR;

@@ -186,6 +186,25 @@ pub trait Op: Send + Sync + fmt::Debug {
     fn varies_between_runs(&self) -> bool {
         false
     }
+
+    /// Where a runtime should place the node among those its dependencies leave free
+    /// ([`Schedule`]); `Any` by default.
+    fn schedule(&self) -> Schedule {
+        Schedule::Any
+    }
+}
+
+/// Where a node goes in a run's order, within what its dependencies allow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// Wherever the topological order puts it.
+    Any,
+    /// As soon as its inputs are ready (it starts work that goes on in the background:
+    /// kiln.AllReduceStart).
+    Early,
+    /// As late as its readers allow, after every node that does not depend on it (it
+    /// waits for background work: kiln.AllReduceWait).
+    Late,
 }
 
 /// Required input `i`, or an error saying it is missing.

@@ -21,6 +21,7 @@ pub mod npy;
 pub mod npz;
 mod placement;
 mod plan;
+mod schedule;
 mod session;
 pub mod threads;
 pub mod tune;

@@ -238,6 +238,7 @@ impl Session {
         let order = graph.validate()?;
         let registry = options.registry.as_ref().unwrap_or_else(|| Registry::builtin());
         let ops = infer::create_ops(&graph, registry)?;
+        let order = crate::schedule::order(&graph, &ops, order);
         for &v in &graph.inputs {
             if graph.values[v].ty.is_none() {
                 return Err(RuntimeError::InputMismatch {

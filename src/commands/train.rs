@@ -126,22 +126,30 @@ pub struct Args {
     /// batch's, synchronized).
     #[arg(long, requires = "distributed")]
     no_sync_batch_norm: bool,
+    /// Reduce each gradient bucket where backward produces it, backward waiting
+    /// (default: the reduction overlaps the rest of the backward pass).
+    #[arg(long, requires = "distributed")]
+    no_overlap: bool,
 }
+
+/// A data-parallel run's communicator, and what its reductions did so far.
+type Comm = (std::sync::Arc<dyn kiln::ops::collective::Communicator>, Box<dyn Fn() -> kiln::distributed::CommStats>);
 
 /// The MPI job's communicator, when --distributed.
 #[cfg(feature = "mpi")]
-fn communicator(a: &Args) -> Result<Option<std::sync::Arc<dyn kiln::ops::collective::Communicator>>> {
+fn communicator(a: &Args) -> Result<Option<Comm>> {
     use kiln::distributed::{mpi_transport::MpiTransport, Algorithm, Communicator};
     if !a.distributed {
         return Ok(None);
     }
     let algorithm: Algorithm = a.allreduce.parse().map_err(anyhow::Error::msg)?;
-    let t = MpiTransport::init()?;
-    Ok(Some(std::sync::Arc::new(Communicator::new(t, algorithm))))
+    let comm = std::sync::Arc::new(Communicator::new(MpiTransport::init()?, algorithm));
+    let stats = comm.clone();
+    Ok(Some((comm, Box::new(move || stats.stats()))))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn communicator(a: &Args) -> Result<Option<std::sync::Arc<dyn kiln::ops::collective::Communicator>>> {
+fn communicator(a: &Args) -> Result<Option<Comm>> {
     if a.distributed {
         bail!("--distributed needs a kiln built with MPI: `cargo build --release --features mpi` (Open MPI and libclang: apt-get install openmpi-bin libopenmpi-dev libclang-dev), then `mpirun -np N target/release/kiln train ... --distributed`");
     }
@@ -252,15 +260,15 @@ fn optimizer(a: &Args) -> Result<Optimizer> {
 
 pub fn main(a: Args) -> Result<()> {
     let comm = communicator(&a)?;
-    let rank = comm.as_ref().map(|c| c.rank());
+    let rank = comm.as_ref().map(|c| c.0.rank());
     match train(a, comm) {
         Err(e) if rank.is_some() => abort_job(rank.unwrap_or(0), &e),
         other => other,
     }
 }
 
-fn train(mut a: Args, comm: Option<std::sync::Arc<dyn kiln::ops::collective::Communicator>>) -> Result<()> {
-    let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+fn train(mut a: Args, comm: Option<Comm>) -> Result<()> {
+    let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.0.rank(), c.0.size()));
     // Only rank 0 speaks, and writes files; the others train.
     let root = rank == 0;
     if !root {
@@ -322,13 +330,14 @@ fn train(mut a: Args, comm: Option<std::sync::Arc<dyn kiln::ops::collective::Com
     if a.mixed_precision {
         options.mixed_precision = Some(MixedPrecision { init_scale: a.loss_scale, ..MixedPrecision::default() });
     }
-    if let Some(comm) = &comm {
+    if let Some((comm, _)) = &comm {
         if !(a.bucket_mb.is_finite() && a.bucket_mb >= 0.0) {
             bail!("--bucket-mb must be a number of at least 0, found {}", a.bucket_mb);
         }
         options.distributed = Some(kiln::train::Distributed {
             bucket_bytes: (a.bucket_mb * 1024.0 * 1024.0) as usize,
             sync_batch_norm: !a.no_sync_batch_norm,
+            overlap: !a.no_overlap,
             ..kiln::train::Distributed::new(comm.clone(), a.batch)
         });
     }
@@ -397,6 +406,8 @@ fn train(mut a: Args, comm: Option<std::sync::Arc<dyn kiln::ops::collective::Com
     bar.finish();
     let seconds = started.elapsed().as_secs_f64();
     let done = trainer.steps_done() - first;
+    // What the reductions did on this rank during the steps.
+    let comm_stats = comm.as_ref().map(|c| c.1());
     if let (Some(c), true) = (&a.checkpoint, root) {
         trainer.save_checkpoint(c)?;
     }
@@ -434,7 +445,8 @@ fn train(mut a: Args, comm: Option<std::sync::Arc<dyn kiln::ops::collective::Com
     let samples_per_s = (done as f64 * a.batch as f64) / seconds.max(1e-9);
     if a.json {
         let memory = memory.as_ref().map(|m| json!({"step_bytes": m.step.planned, "forward_bytes": m.forward.planned, "step_lower_bound_bytes": m.step.lower_bound, "state_bytes": m.state_bytes}));
-        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "memory": memory, "state_on_device": trainer.state_on_device(), "ranks": ranks, "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
+        let allreduce = comm_stats.map(|s| json!({"calls": s.calls, "bytes": s.bytes, "sent_bytes": s.traffic.sent, "received_bytes": s.traffic.received, "seconds": s.seconds, "blocked_seconds": s.blocked}));
+        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "memory": memory, "state_on_device": trainer.state_on_device(), "ranks": ranks, "allreduce": allreduce, "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
     } else {
         println!("{done} steps in {seconds:.2} s ({samples_per_s:.0} samples/s), last loss {last_loss:.6}");
         if let Some(m) = &memory {

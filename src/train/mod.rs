@@ -116,11 +116,14 @@ pub struct Distributed {
     /// BatchNormalization normalises with the global batch's statistics (default on:
     /// the run then equals one worker's on the whole batch).
     pub sync_batch_norm: bool,
+    /// Each gradient bucket's all-reduce overlaps the rest of the backward pass (default
+    /// on); else it runs where the bucket is produced, backward waiting.
+    pub overlap: bool,
 }
 
 impl Distributed {
     pub fn new(comm: Arc<dyn Communicator>, global_batch: usize) -> Distributed {
-        Distributed { comm, global_batch, bucket_bytes: autodiff::parallel::DEFAULT_BUCKET_BYTES, sync_batch_norm: true }
+        Distributed { comm, global_batch, bucket_bytes: autodiff::parallel::DEFAULT_BUCKET_BYTES, sync_batch_norm: true, overlap: true }
     }
 }
 
@@ -218,7 +221,7 @@ impl Trainer {
             data_parallel: match &options.distributed {
                 Some(d) => {
                     let rows = inputs.first().and_then(|(_, t)| t.dims.first().copied()).ok_or_else(|| TrainError::Data("data parallelism needs a model input with a batch dimension".into()))?;
-                    Some(DataParallel { rows, global_batch: d.global_batch, bucket_bytes: d.bucket_bytes, sync_batch_norm: d.sync_batch_norm })
+                    Some(DataParallel { rows, global_batch: d.global_batch, bucket_bytes: d.bucket_bytes, sync_batch_norm: d.sync_batch_norm, overlap: d.overlap })
                 }
                 None => None,
             },

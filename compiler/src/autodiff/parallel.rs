@@ -17,7 +17,7 @@
 use super::emit::Emit;
 use super::{AutodiffError, Result};
 use kiln_graph::ValueId;
-use kiln_ops::collective::{ALL_REDUCE, DOMAIN};
+use kiln_ops::collective::{ALL_REDUCE, ALL_REDUCE_START, ALL_REDUCE_WAIT, DOMAIN};
 
 /// This worker's part of a data-parallel step.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,6 +33,11 @@ pub struct DataParallel {
     /// statistics (else each worker's own, and the running statistics differ between
     /// workers).
     pub sync_batch_norm: bool,
+    /// Each bucket's reduction starts as soon as backward has produced it and is waited
+    /// for only by the update (`kiln.AllReduceStart` / `kiln.AllReduceWait`), so that it
+    /// overlaps the rest of the backward pass; else each bucket is reduced where it is
+    /// produced, backward waiting.
+    pub overlap: bool,
 }
 
 /// PyTorch DistributedDataParallel's default bucket: 25 MB.
@@ -58,9 +63,18 @@ pub fn all_reduce(e: &mut Emit, values: &[ValueId]) -> Result<Vec<ValueId>> {
     e.node(DOMAIN, ALL_REDUCE, &inputs, &[], values.len())
 }
 
+/// `values` summed across workers by a started reduction and its wait (see
+/// [`DataParallel::overlap`]).
+fn all_reduce_overlapped(e: &mut Emit, values: &[ValueId]) -> Result<Vec<ValueId>> {
+    let inputs: Vec<Option<ValueId>> = values.iter().map(|&v| Some(v)).collect();
+    let ticket = e.node(DOMAIN, ALL_REDUCE_START, &inputs, &[], 1)?[0];
+    let waited: Vec<Option<ValueId>> = std::iter::once(Some(ticket)).chain(inputs).collect();
+    e.node(DOMAIN, ALL_REDUCE_WAIT, &waited, &[], values.len())
+}
+
 /// The gradients (in the parameters' order) summed across workers, bucket by bucket in
 /// reverse order; returned in the parameters' order.
-pub(crate) fn reduce_gradients(e: &mut Emit, grads: &[ValueId], bucket_bytes: usize) -> Result<Vec<ValueId>> {
+pub(crate) fn reduce_gradients(e: &mut Emit, grads: &[ValueId], bucket_bytes: usize, overlap: bool) -> Result<Vec<ValueId>> {
     let mut reduced = grads.to_vec();
     let mut bucket: Vec<usize> = vec![];
     let mut bytes = 0;
@@ -69,7 +83,8 @@ pub(crate) fn reduce_gradients(e: &mut Emit, grads: &[ValueId], bucket_bytes: us
         bytes += e.ty(grads[k]).bytes();
         if bytes >= bucket_bytes || k == 0 {
             let values: Vec<ValueId> = bucket.iter().map(|&i| grads[i]).collect();
-            for (&i, r) in bucket.iter().zip(all_reduce(e, &values)?) {
+            let summed = if overlap { all_reduce_overlapped(e, &values)? } else { all_reduce(e, &values)? };
+            for (&i, r) in bucket.iter().zip(summed) {
                 reduced[i] = r;
             }
             bucket.clear();

@@ -320,7 +320,7 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
     let grads = match dp {
         Some(dp) => {
             e.set_scope("data_parallel");
-            parallel::reduce_gradients(&mut e, &grads, dp.bucket_bytes)?
+            parallel::reduce_gradients(&mut e, &grads, dp.bucket_bytes, dp.overlap)?
         }
         None => grads,
     };

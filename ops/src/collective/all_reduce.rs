@@ -8,7 +8,7 @@ use super::Communicator;
 use crate::cpu::CpuKernel;
 use crate::wgsl::WgslKernel;
 use crate::{Arg, NodeSpec, Op, OpError, Registry, Result, TensorType};
-use kiln_graph::{DType, Tensor};
+use kiln_graph::Tensor;
 use std::sync::Arc;
 
 pub struct AllReduce {
@@ -39,20 +39,7 @@ impl Op for AllReduce {
     }
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        if inputs.is_empty() {
-            return Err(OpError::invalid("AllReduce needs at least one input"));
-        }
-        inputs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| {
-                let a = a.as_ref().ok_or_else(|| OpError::input(i, "is missing (every input of AllReduce is required)"))?;
-                if a.dtype() != DType::F32 || !a.ty.is_tensor() {
-                    return Err(OpError::input(i, format!("AllReduce sums f32 tensors; found {}", a.ty)));
-                }
-                Ok(a.ty.clone())
-            })
-            .collect()
+        super::float_inputs(inputs, 0, "AllReduce")
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {
@@ -75,29 +62,18 @@ impl Op for AllReduce {
 
 impl CpuKernel for AllReduce {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        let comm = self.comm.as_ref().ok_or_else(|| {
-            OpError::Unsupported("kiln.AllReduce needs a communicator: it runs in data-parallel training (a distributed Trainer, `kiln train --distributed`), whose registry binds one".into())
-        })?;
-        let parts: Vec<&[f32]> = (0..inputs.len()).map(|i| crate::cpu::input(inputs, i)?.as_slice::<f32>().map_err(|e| OpError::input(i, e.to_string()))).collect::<Result<_>>()?;
-        let mut buf: Vec<f32> = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-        for p in &parts {
-            buf.extend_from_slice(p);
-        }
+        let comm = self.comm.as_ref().ok_or_else(|| super::unbound("AllReduce"))?;
+        let mut buf = super::pack(inputs, 0)?;
         comm.all_reduce_sum(&mut buf).map_err(|what| OpError::invalid(format!("all-reduce of {} elements: {what}", buf.len())))?;
-        let mut at = 0;
-        for out in outputs.iter_mut() {
-            let o = out.as_mut_slice::<f32>()?;
-            o.copy_from_slice(&buf[at..at + o.len()]);
-            at += o.len();
-        }
-        Ok(())
+        super::unpack(&buf, outputs)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::{bind, DOMAIN};
+    use crate::collective::{bind, ALL_REDUCE_START, ALL_REDUCE_WAIT, DOMAIN};
+    use kiln_graph::DType;
     use std::sync::Mutex;
 
     /// A communicator of one worker that records what it was asked to reduce and adds
@@ -117,12 +93,24 @@ mod tests {
             data.iter_mut().for_each(|v| *v += 100.0);
             Ok(())
         }
+        fn start_all_reduce(&self, mut data: Vec<f32>) -> Result<u64, String> {
+            self.all_reduce_sum(&mut data)?;
+            self.seen.lock().unwrap().push(data);
+            Ok(self.seen.lock().unwrap().len() as u64 - 1)
+        }
+        fn wait_all_reduce(&self, ticket: u64) -> Result<Vec<f32>, String> {
+            Ok(self.seen.lock().unwrap()[ticket as usize].clone())
+        }
     }
 
     fn node(n_inputs: usize) -> kiln_graph::Node {
+        node_of("AllReduce", n_inputs)
+    }
+
+    fn node_of(op: &str, n_inputs: usize) -> kiln_graph::Node {
         kiln_graph::Node {
             name: "ar".into(),
-            op_type: "AllReduce".into(),
+            op_type: op.into(),
             domain: DOMAIN.into(),
             attrs: Default::default(),
             inputs: (0..n_inputs).map(Some).collect(),
@@ -164,5 +152,32 @@ mod tests {
         let err = op.infer(&[Some(Arg { ty: &ti, value: None })]).unwrap_err().to_string();
         assert!(err.contains("sums f32"), "{err}");
         assert!(op.infer(&[]).is_err());
+    }
+
+    /// Start hands the packed values over and returns a ticket; Wait returns the sums
+    /// cut to its outputs' types (those of its value inputs).
+    #[test]
+    fn start_and_wait_split_the_reduction() {
+        let fake = Arc::new(Fake { seen: Mutex::new(vec![]) });
+        let mut r = Registry::builtin().clone();
+        bind(&mut r, fake.clone());
+        let (start, wait) = (node_of(ALL_REDUCE_START, 2), node_of(ALL_REDUCE_WAIT, 3));
+        let start = r.create(&NodeSpec { node: &start, opset: 17, registry: None }).unwrap();
+        let wait = r.create(&NodeSpec { node: &wait, opset: 17, registry: None }).unwrap();
+        let a = Tensor::from_vec(&[2], vec![1f32, 2.]).unwrap();
+        let b = Tensor::from_vec(&[1], vec![3f32]).unwrap();
+        let (ta, tb) = (TensorType::of(&a), TensorType::of(&b));
+        let st = start.infer(&[Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tb, value: None })]).unwrap();
+        assert_eq!(st, vec![TensorType::new(DType::I64, vec![])]);
+        let mut ticket = vec![Tensor::zeros(DType::I64, &[])];
+        start.cpu().unwrap().run(&[Some(&a), Some(&b)], &mut ticket).unwrap();
+        let wt = wait.infer(&[Some(Arg { ty: &st[0], value: None }), Some(Arg { ty: &ta, value: None }), Some(Arg { ty: &tb, value: None })]).unwrap();
+        assert_eq!(wt, vec![ta.clone(), tb.clone()]);
+        let mut outs = vec![Tensor::zeros(DType::F32, &[2]), Tensor::zeros(DType::F32, &[1])];
+        wait.cpu().unwrap().run(&[Some(&ticket[0]), Some(&a), Some(&b)], &mut outs).unwrap();
+        assert_eq!(outs[0].as_slice::<f32>().unwrap(), &[101., 102.]);
+        assert_eq!(outs[1].as_slice::<f32>().unwrap(), &[103.]);
+        assert_eq!(start.schedule(), crate::Schedule::Early);
+        assert_eq!(wait.schedule(), crate::Schedule::Late);
     }
 }
