@@ -10,6 +10,7 @@
 use crate::{ring, Traffic, Transport};
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -56,6 +57,8 @@ struct Shared<T> {
     transport: Mutex<T>,
     algorithm: Algorithm,
     stats: Mutex<CommStats>,
+    /// Started reductions the thread has not finished.
+    in_flight: AtomicUsize,
 }
 
 type Reply = Sender<Result<Vec<f32>, String>>;
@@ -108,7 +111,7 @@ impl<T: Transport + Send + 'static> Communicator<T> {
     pub fn new(transport: T, algorithm: Algorithm) -> Communicator<T> {
         let (rank, size) = (transport.rank(), transport.size());
         Communicator {
-            shared: Arc::new(Shared { transport: Mutex::new(transport), algorithm, stats: Mutex::new(CommStats::default()) }),
+            shared: Arc::new(Shared { transport: Mutex::new(transport), algorithm, stats: Mutex::new(CommStats::default()), in_flight: AtomicUsize::new(0) }),
             rank,
             size,
             background: Mutex::new(None),
@@ -142,21 +145,24 @@ impl<T: Transport + Send + 'static> Communicator<T> {
                 .name(format!("kiln-allreduce-{}", self.rank))
                 .spawn(move || {
                     for (data, reply) in queue {
+                        let summed = shared.reduce(data);
+                        shared.in_flight.fetch_sub(1, Ordering::SeqCst);
                         // The caller may have given up waiting; nothing to do then.
-                        let _ = reply.send(shared.reduce(data));
+                        let _ = reply.send(summed);
                     }
                 })
                 .map_err(|e| format!("rank {}: cannot start the reduction thread: {e}", self.rank))?;
             *bg = Some(Background { jobs, thread });
         }
         let (reply, answer) = channel();
+        self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
         bg.as_ref().expect("started above").jobs.send((data, reply)).map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))?;
         Ok(answer)
     }
 
     /// Waits for every started reduction (their results stay for their waits).
     fn drain(&self) {
-        if lock(&self.background).is_none() {
+        if self.shared.in_flight.load(Ordering::SeqCst) == 0 {
             return;
         }
         if let Ok(done) = self.enqueue(vec![]) {
@@ -188,9 +194,13 @@ impl<T: Transport + Send + 'static> kiln_ops::collective::Communicator for Commu
         self.size
     }
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), String> {
+        if self.size == 1 {
+            return Ok(());
+        }
         let start = Instant::now();
-        // Behind any started reductions, so the order is the same on every rank.
-        let summed = if lock(&self.background).is_some() {
+        // Behind any started reductions, so the order is the same on every rank; with
+        // none in flight, here (a hand-over to the thread costs two wake-ups).
+        let summed = if self.shared.in_flight.load(Ordering::SeqCst) > 0 {
             self.enqueue(data.to_vec())?.recv().map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))??
         } else {
             self.shared.reduce(data.to_vec())?
@@ -200,7 +210,14 @@ impl<T: Transport + Send + 'static> kiln_ops::collective::Communicator for Commu
         Ok(())
     }
     fn start_all_reduce(&self, data: Vec<f32>) -> Result<u64, String> {
-        let answer = self.enqueue(data)?;
+        let answer = if self.size == 1 {
+            // The sum over one worker is its own value: no thread needed.
+            let (reply, answer) = channel();
+            let _ = reply.send(Ok(data));
+            answer
+        } else {
+            self.enqueue(data)?
+        };
         let mut next = lock(&self.next_ticket);
         let ticket = *next;
         *next += 1;
