@@ -7,6 +7,11 @@
 //! in the order they were started; a blocking reduction asked for meanwhile queues
 //! behind them, so every rank performs its reductions in the same order. The thread
 //! starts with the first started reduction and is joined when the communicator drops.
+//!
+//! A watchdog ([`Communicator::with_watchdog`]) notices a reduction that has waited
+//! longer than a timeout for the other ranks (one hangs, or died without the engine
+//! noticing) and reports it, naming this rank and the neighbour it waits on; the
+//! caller decides what to do (the CLI aborts the job).
 use crate::{ring, Traffic, Transport};
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -59,6 +64,8 @@ struct Shared<T> {
     stats: Mutex<CommStats>,
     /// Started reductions the thread has not finished.
     in_flight: AtomicUsize,
+    /// The reduction under way: when it began and its length.
+    busy: Mutex<Option<(Instant, usize)>>,
 }
 
 type Reply = Sender<Result<Vec<f32>, String>>;
@@ -77,6 +84,8 @@ pub struct Communicator<T> {
     /// Started reductions not yet waited for, by ticket.
     pending: Mutex<HashMap<u64, Receiver<Result<Vec<f32>, String>>>>,
     next_ticket: Mutex<u64>,
+    /// The watchdog's thread, stopped by dropping the sender.
+    watchdog: Option<(Sender<()>, JoinHandle<()>)>,
 }
 
 fn lock<X>(m: &Mutex<X>) -> std::sync::MutexGuard<'_, X> {
@@ -89,6 +98,7 @@ impl<T: Transport> Shared<T> {
             return Ok(data);
         }
         let start = Instant::now();
+        *lock(&self.busy) = Some((start, data.len()));
         let traffic = {
             let t = lock(&self.transport);
             match (self.algorithm, t.native_all_reduce(&mut data)) {
@@ -96,7 +106,9 @@ impl<T: Transport> Shared<T> {
                 _ => ring::all_reduce(&*t, &mut data),
             }
         }
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string());
+        *lock(&self.busy) = None;
+        let traffic = traffic?;
         let mut s = lock(&self.stats);
         s.calls += 1;
         s.bytes += 4 * data.len() as u64;
@@ -111,13 +123,49 @@ impl<T: Transport + Send + 'static> Communicator<T> {
     pub fn new(transport: T, algorithm: Algorithm) -> Communicator<T> {
         let (rank, size) = (transport.rank(), transport.size());
         Communicator {
-            shared: Arc::new(Shared { transport: Mutex::new(transport), algorithm, stats: Mutex::new(CommStats::default()), in_flight: AtomicUsize::new(0) }),
+            shared: Arc::new(Shared {
+                transport: Mutex::new(transport),
+                algorithm,
+                stats: Mutex::new(CommStats::default()),
+                in_flight: AtomicUsize::new(0),
+                busy: Mutex::new(None),
+            }),
             rank,
             size,
             background: Mutex::new(None),
             pending: Mutex::new(HashMap::new()),
             next_ticket: Mutex::new(0),
+            watchdog: None,
         }
+    }
+
+    /// Watches every reduction: one that has waited more than `timeout` for the other
+    /// ranks calls `on_timeout` once with a message naming this rank and the rank it
+    /// waits on (the ring's left neighbour).
+    pub fn with_watchdog(mut self, timeout: std::time::Duration, on_timeout: impl Fn(String) + Send + 'static) -> Communicator<T> {
+        let shared = self.shared.clone();
+        let (rank, size) = (self.rank, self.size);
+        let (stop, stopped) = channel::<()>();
+        let tick = (timeout / 10).clamp(std::time::Duration::from_millis(10), std::time::Duration::from_secs(1));
+        let thread = std::thread::Builder::new()
+            .name(format!("kiln-watchdog-{rank}"))
+            .spawn(move || {
+                // Wakes every tick until the communicator drops (the sender goes).
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
+                    let late = lock(&shared.busy).filter(|(since, _)| since.elapsed() > timeout);
+                    if let Some((since, len)) = late {
+                        on_timeout(format!(
+                            "rank {rank}: an all-reduce of {len} values has waited {:.0} s for the other ranks (rank {} sends to it next): a rank hangs or has died",
+                            since.elapsed().as_secs_f64(),
+                            (rank + size - 1) % size
+                        ));
+                        return;
+                    }
+                }
+            })
+            .expect("a watchdog thread");
+        self.watchdog = Some((stop, thread));
+        self
     }
 
     pub fn algorithm(&self) -> Algorithm {
@@ -177,6 +225,10 @@ impl<T: Transport + Send + 'static> Communicator<T> {
 
 impl<T> Drop for Communicator<T> {
     fn drop(&mut self) {
+        if let Some((stop, thread)) = self.watchdog.take() {
+            drop(stop);
+            let _ = thread.join();
+        }
         // Stop the reduction thread and join it, so that the transport (MPI's
         // finalisation with it) is dropped on the thread that drops the communicator.
         if let Some(bg) = self.background.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
@@ -259,6 +311,27 @@ mod tests {
             assert_eq!(stats.calls, 3);
             assert!(stats.blocked >= 0.0 && stats.seconds > 0.0);
         }
+    }
+
+    /// A rank that comes 1.5 s late trips a 0.3 s watchdog on the others, whose message
+    /// names the waiting rank; the late rank's own watchdog stays quiet.
+    #[test]
+    fn the_watchdog_reports_a_reduction_that_waits_too_long() {
+        let out = local::run(2, |t| {
+            let (tx, rx) = channel();
+            let comm = Communicator::new(t, Algorithm::Ring).with_watchdog(std::time::Duration::from_millis(300), move |m| tx.send(m).unwrap());
+            if comm.rank() == 1 {
+                std::thread::sleep(std::time::Duration::from_millis(1500));
+            }
+            let mut v = vec![1.0f32; 8];
+            comm.all_reduce_sum(&mut v).unwrap();
+            assert_eq!(v, vec![2.0; 8]);
+            drop(comm);
+            rx.try_recv().ok()
+        });
+        let m = out[0].as_deref().expect("rank 0's watchdog fired");
+        assert!(m.starts_with("rank 0: an all-reduce of 8 values has waited") && m.contains("rank 1 sends"), "{m}");
+        assert_eq!(out[1], None);
     }
 
     #[test]

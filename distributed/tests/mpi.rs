@@ -1,6 +1,7 @@
 //! Multi-rank runs under `mpirun` (Open MPI, on loopback): the ring's sums equal MPI's
 //! Allreduce bit for bit and move the bytes the algorithm promises, on 2, 3 and 4
-//! ranks; a rank that panics ends the job with an error naming it, within seconds.
+//! ranks; a rank that panics ends the job with an error naming it, within seconds; a
+//! rank that hangs trips the others' watchdog, which ends the job.
 #![cfg(feature = "mpi")]
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -41,5 +42,15 @@ fn a_rank_that_panics_ends_the_job_naming_it() {
     assert!(!out.status.success(), "the job must fail");
     assert_ne!(out.status.code(), Some(124), "the job hung until the timeout: {stderr}");
     assert!(stderr.contains("rank 1 panicked"), "{stderr}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
+#[test]
+fn a_rank_that_hangs_trips_the_watchdog() {
+    let (out, took) = mpirun(3, &["--hang-rank", "1", "--timeout", "2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the job must fail");
+    assert_ne!(out.status.code(), Some(124), "the job hung until the timeout: {stderr}");
+    assert!(stderr.contains("has waited") && stderr.contains("a rank hangs"), "{stderr}");
     assert!(took < Duration::from_secs(30), "{took:?}");
 }

@@ -32,6 +32,10 @@ fn valid_cases() -> Vec<Case> {
     cases.push(Case::new("RandomUniformLike").input(i64_vec(&[1, 2])).attr("dtype", Attr::Int(1)));
     // Training's backward ops (they can also appear in a model someone writes).
     let kiln = |op: &str| Case::new(op).domain("kiln").opset(1);
+    // Collectives (unbound here: each run is the clear "needs a communicator" error).
+    cases.push(kiln("AllReduce").input(rand(DType::F32, &[3, 4], 21)).input(rand(DType::F32, &[2], 22)));
+    cases.push(kiln("AllReduceStart").input(rand(DType::F32, &[3, 4], 23)));
+    cases.push(kiln("AllReduceWait").input(Tensor::scalar(0i64)).input(rand(DType::F32, &[3, 4], 24)));
     cases.push(kiln("DropoutMask").constant(i64_vec(&[3, 4])).input(Tensor::scalar(7i64)).attrs(&[("ratio", Attr::Float(0.25)), ("stream", Attr::Int(1))]));
     let pool = [("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2]))];
     cases.push(kiln("MaxPoolGrad").input(rand(DType::F32, &[1, 2, 4, 6], 10)).input(rand(DType::F32, &[1, 2, 2, 3], 11)).attrs(&pool));

@@ -130,6 +130,10 @@ pub struct Args {
     /// (default: the reduction overlaps the rest of the backward pass).
     #[arg(long, requires = "distributed")]
     no_overlap: bool,
+    /// End the job when an all-reduce has waited this many seconds for the other ranks
+    /// (a rank hangs, or died unnoticed), naming the rank that waits.
+    #[arg(long, default_value_t = 300.0, requires = "distributed")]
+    collective_timeout: f64,
 }
 
 /// A data-parallel run's communicator, and what its reductions did so far.
@@ -143,7 +147,14 @@ fn communicator(a: &Args) -> Result<Option<Comm>> {
         return Ok(None);
     }
     let algorithm: Algorithm = a.allreduce.parse().map_err(anyhow::Error::msg)?;
-    let comm = std::sync::Arc::new(Communicator::new(MpiTransport::init()?, algorithm));
+    if !(a.collective_timeout.is_finite() && a.collective_timeout > 0.0) {
+        bail!("--collective-timeout must be a number of seconds above 0, found {}", a.collective_timeout);
+    }
+    let timeout = std::time::Duration::from_secs_f64(a.collective_timeout);
+    let comm = std::sync::Arc::new(Communicator::new(MpiTransport::init()?, algorithm).with_watchdog(timeout, |m| {
+        eprintln!("kiln: {m}; ending the job");
+        kiln::distributed::mpi_transport::abort(WATCHDOG_EXIT_CODE)
+    }));
     let stats = comm.clone();
     Ok(Some((comm, Box::new(move || stats.stats()))))
 }
@@ -155,6 +166,10 @@ fn communicator(a: &Args) -> Result<Option<Comm>> {
     }
     Ok(None)
 }
+
+/// The exit code of a job the collectives' watchdog ended.
+#[cfg(feature = "mpi")]
+const WATCHDOG_EXIT_CODE: i32 = 75;
 
 /// Ends the whole MPI job after this rank's error (the other ranks would wait for it
 /// in their next collective forever).

@@ -5,6 +5,8 @@
 //!
 //! `--fail-rank R` makes rank R panic before the first reduction: the job must end
 //! with an error naming the rank (the test of the panic hook), never hang.
+//! `--hang-rank R` makes rank R sleep forever instead: the others' watchdog
+//! (`--timeout S`, default 5) must end the job, naming the rank that waits.
 //!
 //! Each size: one warm-up, then repeated ops (a barrier before each, the input copied
 //! outside the timing); the time of an op is the slowest rank's mean. Algorithm
@@ -31,6 +33,22 @@ fn main() {
     let (n, rank) = (t.size(), t.rank());
     if fail_rank == Some(rank) {
         panic!("rank {rank} fails on purpose (--fail-rank)");
+    }
+    if let Some(hang) = flag("--hang-rank") {
+        use kiln_ops::collective::Communicator as _;
+        let timeout = std::time::Duration::from_secs(flag("--timeout").unwrap_or(5) as u64);
+        let comm = kiln_distributed::Communicator::new(t, kiln_distributed::Algorithm::Ring).with_watchdog(timeout, |m| {
+            eprintln!("kiln-allreduce-bench: {m}; ending the job");
+            kiln_distributed::mpi_transport::abort(75)
+        });
+        if rank == hang {
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+        let mut v = vec![1.0f32; 1024];
+        comm.all_reduce_sum(&mut v).expect("all-reduce");
+        unreachable!("rank {hang} never takes part");
     }
     let mut bytes = 4096usize;
     if rank == 0 && !json {
