@@ -82,17 +82,21 @@ fn any_rank_count_trains_like_one_process() {
     let mut c = Command::new(kiln());
     lenet_args(&mut c, 20, &single);
     run_ok(c, "one process");
-    for (ranks, allreduce, bucket_mb) in [(1, "ring", "25"), (2, "ring", "0.01"), (2, "mpi", "25"), (3, "ring", "0"), (4, "mpi", "0.01")] {
-        let ck = dir.join(format!("{ranks}-{allreduce}.npz"));
+    // Buckets overlapped with backward (the default) or not.
+    for (ranks, allreduce, bucket_mb, overlap) in [(1, "ring", "25", true), (2, "ring", "0.01", true), (2, "ring", "0.01", false), (2, "mpi", "25", true), (3, "ring", "0", true), (4, "mpi", "0.01", false), (4, "ring", "0.01", true)] {
+        let ck = dir.join(format!("{ranks}-{allreduce}-{overlap}.npz"));
         let mut c = mpirun(ranks);
         lenet_args(&mut c, 20, &ck);
         c.args(["--distributed", "--allreduce", allreduce, "--bucket-mb", bucket_mb]);
+        if !overlap {
+            c.arg("--no-overlap");
+        }
         let out = run_ok(c, &format!("{ranks} ranks ({allreduce})"));
         let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
         assert_eq!(last["ranks"], ranks, "{out}");
         assert_eq!(out.lines().filter(|l| l.contains("\"final\"")).count(), 1, "only rank 0 reports:\n{out}");
         let (e, at) = farthest(&ck, &single);
-        eprintln!("{ranks} ranks, {allreduce}, buckets of {bucket_mb} MB: farthest from one process at '{at}': {e:.2e}");
+        eprintln!("{ranks} ranks, {allreduce}, buckets of {bucket_mb} MB, overlap {overlap}: farthest from one process at '{at}': {e:.2e}");
         assert!(e <= 1e-5, "{ranks} ranks ({allreduce}): '{at}' is {e:.2e} (relative L2) from the single-process run after 20 steps");
     }
     std::fs::remove_dir_all(&dir).ok();

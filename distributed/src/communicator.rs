@@ -101,9 +101,10 @@ impl<T: Transport> Shared<T> {
         *lock(&self.busy) = Some((start, data.len()));
         let traffic = {
             let t = lock(&self.transport);
-            match (self.algorithm, t.native_all_reduce(&mut data)) {
-                (Algorithm::Native, Some(done)) => done.map(|()| Traffic::default()),
-                _ => ring::all_reduce(&*t, &mut data),
+            let native = if self.algorithm == Algorithm::Native { t.native_all_reduce(&mut data) } else { None };
+            match native {
+                Some(done) => done.map(|()| Traffic::default()),
+                None => ring::all_reduce(&*t, &mut data),
             }
         }
         .map_err(|e| e.to_string());
