@@ -46,8 +46,8 @@ def run(kiln, ranks, model, data, batch, flags, steps, overlap, bucket_mb):
     cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", kiln, "train",
            os.path.join(TRAINING, model, "model.onnx"), "--data", data, "--batch", batch, "--steps", str(steps),
            "--threads", "1", "--json", "--distributed", "--bucket-mb", str(bucket_mb)] + flags
-    if not overlap:
-        cmd.append("--no-overlap")
+    if overlap:
+        cmd.append("--overlap")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr}")

@@ -82,14 +82,14 @@ fn any_rank_count_trains_like_one_process() {
     let mut c = Command::new(kiln());
     lenet_args(&mut c, 20, &single);
     run_ok(c, "one process");
-    // Buckets overlapped with backward (the default) or not.
+    // Buckets overlapped with backward or not (the default).
     for (ranks, allreduce, bucket_mb, overlap) in [(1, "ring", "25", true), (2, "ring", "0.01", true), (2, "ring", "0.01", false), (2, "mpi", "25", true), (3, "ring", "0", true), (4, "mpi", "0.01", false), (4, "ring", "0.01", true)] {
         let ck = dir.join(format!("{ranks}-{allreduce}-{overlap}.npz"));
         let mut c = mpirun(ranks);
         lenet_args(&mut c, 20, &ck);
         c.args(["--distributed", "--allreduce", allreduce, "--bucket-mb", bucket_mb]);
-        if !overlap {
-            c.arg("--no-overlap");
+        if overlap {
+            c.arg("--overlap");
         }
         let out = run_ok(c, &format!("{ranks} ranks ({allreduce})"));
         let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();

@@ -126,10 +126,12 @@ pub struct Args {
     /// batch's, synchronized).
     #[arg(long, requires = "distributed")]
     no_sync_batch_norm: bool,
-    /// Reduce each gradient bucket where backward produces it, backward waiting
-    /// (default: the reduction overlaps the rest of the backward pass).
+    /// Overlap each gradient bucket's reduction with the rest of the backward pass (on a
+    /// reduction thread); default: reduce each bucket where backward produces it. Off by
+    /// default because ranks sharing one machine's cores measured slower with it (see
+    /// docs/distributed.md).
     #[arg(long, requires = "distributed")]
-    no_overlap: bool,
+    overlap: bool,
     /// End the job when an all-reduce has waited this many seconds for the other ranks
     /// (a rank hangs, or died unnoticed), naming the rank that waits.
     #[arg(long, default_value_t = 300.0, requires = "distributed")]
@@ -352,7 +354,7 @@ fn train(mut a: Args, comm: Option<Comm>) -> Result<()> {
         options.distributed = Some(kiln::train::Distributed {
             bucket_bytes: (a.bucket_mb * 1024.0 * 1024.0) as usize,
             sync_batch_norm: !a.no_sync_batch_norm,
-            overlap: !a.no_overlap,
+            overlap: a.overlap,
             ..kiln::train::Distributed::new(comm.clone(), a.batch)
         });
     }

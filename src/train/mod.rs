@@ -116,14 +116,16 @@ pub struct Distributed {
     /// BatchNormalization normalises with the global batch's statistics (default on:
     /// the run then equals one worker's on the whole batch).
     pub sync_batch_norm: bool,
-    /// Each gradient bucket's all-reduce overlaps the rest of the backward pass (default
-    /// on); else it runs where the bucket is produced, backward waiting.
+    /// Each gradient bucket's all-reduce overlaps the rest of the backward pass, on the
+    /// communicator's reduction thread; else (the default) it runs where the bucket is
+    /// produced, backward waiting. Ranks sharing one machine's cores measured slower
+    /// with overlap (docs/distributed.md).
     pub overlap: bool,
 }
 
 impl Distributed {
     pub fn new(comm: Arc<dyn Communicator>, global_batch: usize) -> Distributed {
-        Distributed { comm, global_batch, bucket_bytes: autodiff::parallel::DEFAULT_BUCKET_BYTES, sync_batch_norm: true, overlap: true }
+        Distributed { comm, global_batch, bucket_bytes: autodiff::parallel::DEFAULT_BUCKET_BYTES, sync_batch_norm: true, overlap: false }
     }
 }
 
