@@ -18,13 +18,19 @@ fn kiln() -> &'static str {
     env!("CARGO_BIN_EXE_kiln")
 }
 
-/// mpirun as root, ranks oversubscribing the cores, on loopback.
-fn mpirun(ranks: usize) -> Command {
+/// mpirun as root, ranks oversubscribing the cores, on loopback (without the program).
+fn mpirun_bare() -> Command {
     let mut c = Command::new("mpirun");
-    c.args(["-np", &ranks.to_string(), "--oversubscribe", "--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", "lo"])
+    c.args(["--oversubscribe", "--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", "lo"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .arg(kiln());
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c
+}
+
+/// `ranks` ranks of kiln.
+fn mpirun(ranks: usize) -> Command {
+    let mut c = mpirun_bare();
+    c.args(["-np", &ranks.to_string()]).arg(kiln());
     c
 }
 
@@ -167,5 +173,37 @@ fn a_rank_error_names_the_rank_and_ends_the_job() {
     assert!(!out.status.success(), "{stderr}");
     assert!(start.elapsed() < Duration::from_secs(30), "the job took {:?} to end", start.elapsed());
     assert!(stderr.contains("kiln: rank ") && stderr.contains("--bucket-mb must be"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Heterogeneous ranks (Open MPI's MPMD form: one rank on the CPU, one on the GPU,
+/// lavapipe in CI) with `--balance`: the global batch is shared by the devices'
+/// measured speeds, and rank 0's state after 20 steps is one CPU process's within 1e-4.
+#[test]
+fn a_cpu_rank_and_a_gpu_rank_balance_the_batch_and_train_like_one_process() {
+    gpu_env();
+    let dir = scratch("hetero");
+    let single = dir.join("single.npz");
+    let mut c = Command::new(kiln());
+    lenet_args(&mut c, 20, &single);
+    run_ok(c, "one process");
+    let ck = dir.join("hetero.npz");
+    let mut c = mpirun_bare();
+    for (k, device) in ["cpu", "gpu"].into_iter().enumerate() {
+        if k > 0 {
+            c.arg(":");
+        }
+        c.args(["-np", "1"]).arg(kiln());
+        lenet_args(&mut c, 20, &ck);
+        c.args(["--distributed", "--balance", "--device", device]);
+    }
+    let out = run_ok(c, "a CPU rank and a GPU rank");
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let rows: Vec<u64> = last["rows_per_rank"].as_array().unwrap().iter().map(|r| r.as_u64().unwrap()).collect();
+    assert_eq!(rows.iter().sum::<u64>(), 64, "{out}");
+    assert!(rows.iter().all(|&r| r >= 1), "{rows:?}");
+    let (e, at) = farthest(&ck, &single);
+    eprintln!("a CPU and a GPU rank, rows {rows:?}: farthest from one process at '{at}': {e:.2e}");
+    assert!(e <= 1e-4, "CPU + GPU ranks: '{at}' is {e:.2e} (relative L2) from the single-process run after 20 steps");
     std::fs::remove_dir_all(&dir).ok();
 }

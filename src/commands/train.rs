@@ -136,6 +136,10 @@ pub struct Args {
     /// (a rank hangs, or died unnoticed), naming the rank that waits.
     #[arg(long, default_value_t = 300.0, requires = "distributed")]
     collective_timeout: f64,
+    /// Share each global batch between the ranks in proportion to their devices'
+    /// measured forward speed (ranks on a CPU and on a GPU, say), instead of equally.
+    #[arg(long, requires = "distributed")]
+    balance: bool,
 }
 
 /// A data-parallel run's communicator, and what its reductions did so far.
@@ -314,7 +318,7 @@ fn train(mut a: Args, comm: Option<Comm>) -> Result<()> {
         bail!("--batch {} gives no rows to some of the {ranks} ranks: the global batch needs at least one row per rank", a.batch);
     }
     // This rank's rows of each global batch.
-    let mine = kiln::train::shard(a.batch, rank, ranks);
+    let mut mine = kiln::train::shard(a.batch, rank, ranks);
     let per_epoch = (samples / a.batch) as u64;
     let total = match (a.steps, a.epochs) {
         (Some(s), _) => s,
@@ -336,30 +340,54 @@ fn train(mut a: Args, comm: Option<Comm>) -> Result<()> {
             bail!("the model's input '{input_name}' has rank {}, x.npy's samples {:?} give rank {}", t.shape.rank(), &x.dims()[1..], x.dims().len());
         }
     }
-    let mut dims = x.dims().to_vec();
-    dims[0] = mine.len();
-    let input_ty = TensorType::new(x.dtype(), dims);
-    let schedule = Schedule { base: a.lr, warmup: a.warmup, decay, total };
-    let mut options = TrainOptions::new(loss.clone(), opt, schedule);
-    options.device = a.device.clone();
-    options.threads = a.threads;
-    options.seed = a.seed;
-    if a.mixed_precision {
-        options.mixed_precision = Some(MixedPrecision { init_scale: a.loss_scale, ..MixedPrecision::default() });
-    }
-    if let Some((comm, _)) = &comm {
+    if let Some((_, _)) = &comm {
         if !(a.bucket_mb.is_finite() && a.bucket_mb >= 0.0) {
             bail!("--bucket-mb must be a number of at least 0, found {}", a.bucket_mb);
         }
-        options.distributed = Some(kiln::train::Distributed {
-            bucket_bytes: (a.bucket_mb * 1024.0 * 1024.0) as usize,
-            sync_batch_norm: !a.no_sync_batch_norm,
-            overlap: a.overlap,
-            ..kiln::train::Distributed::new(comm.clone(), a.batch)
-        });
     }
+    // The training step compiled for `rows` rows of each batch.
+    let build = |rows: usize| -> Result<Trainer> {
+        let mut dims = x.dims().to_vec();
+        dims[0] = rows;
+        let input_ty = TensorType::new(x.dtype(), dims);
+        let schedule = Schedule { base: a.lr, warmup: a.warmup, decay: decay.clone(), total };
+        let mut options = TrainOptions::new(loss.clone(), opt.clone(), schedule);
+        options.device = a.device.clone();
+        options.threads = a.threads;
+        options.seed = a.seed;
+        if a.mixed_precision {
+            options.mixed_precision = Some(MixedPrecision { init_scale: a.loss_scale, ..MixedPrecision::default() });
+        }
+        if let Some((comm, _)) = &comm {
+            options.distributed = Some(kiln::train::Distributed {
+                bucket_bytes: (a.bucket_mb * 1024.0 * 1024.0) as usize,
+                sync_batch_norm: !a.no_sync_batch_norm,
+                overlap: a.overlap,
+                ..kiln::train::Distributed::new(comm.clone(), a.batch)
+            });
+        }
+        Ok(Trainer::new(&model, &[(input_name.clone(), input_ty)], options)?)
+    };
     let compiling = Progress::spinner("compiling the training step", quiet);
-    let mut trainer = Trainer::new(&model, &[(input_name.clone(), input_ty)], options)?;
+    let mut trainer = build(mine.len())?;
+    // Ranks on devices of different speeds: the global batch shared by each rank's
+    // measured forward speed, and the step compiled again for the new shares.
+    let mut rows_per_rank: Vec<usize> = (0..ranks).map(|r| kiln::train::shard(a.batch, r, ranks).len()).collect();
+    if let (Some((comm, _)), true) = (&comm, a.balance) {
+        let idx = batch_indices(0, per_epoch, a.batch, samples, a.seed);
+        let seconds = trainer.forward_seconds(&[(input_name.as_str(), &rows(&x, &idx[mine.clone()])?)])?;
+        let mut speeds = vec![0f32; ranks];
+        speeds[rank] = (mine.len() as f64 / seconds.max(1e-9)) as f32;
+        comm.all_reduce_sum(&mut speeds).map_err(anyhow::Error::msg)?;
+        let weights: Vec<f64> = speeds.iter().map(|&v| v as f64).collect();
+        mine = kiln::train::weighted_shard(a.batch, &weights, rank);
+        rows_per_rank = (0..ranks).map(|r| kiln::train::weighted_shard(a.batch, &weights, r).len()).collect();
+        if !quiet {
+            eprintln!("balanced by measured forward speed ({}): rows per rank {rows_per_rank:?}", speeds.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(", ") + " rows/s");
+        }
+        drop(trainer);
+        trainer = build(mine.len())?;
+    }
     compiling.finish();
     let classes = trainer.prediction_type().dims.last().copied().unwrap_or(0);
     let y = labels(y, &loss, classes, a.ignore_index)?;
@@ -463,7 +491,7 @@ fn train(mut a: Args, comm: Option<Comm>) -> Result<()> {
     if a.json {
         let memory = memory.as_ref().map(|m| json!({"step_bytes": m.step.planned, "forward_bytes": m.forward.planned, "step_lower_bound_bytes": m.step.lower_bound, "state_bytes": m.state_bytes}));
         let allreduce = comm_stats.map(|s| json!({"calls": s.calls, "bytes": s.bytes, "sent_bytes": s.traffic.sent, "received_bytes": s.traffic.received, "seconds": s.seconds, "blocked_seconds": s.blocked}));
-        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "memory": memory, "state_on_device": trainer.state_on_device(), "ranks": ranks, "allreduce": allreduce, "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
+        println!("{}", json!({"final": true, "steps": trainer.steps_done(), "loss": last_loss, "seconds": seconds, "samples_per_s": samples_per_s, "eval": eval, "memory": memory, "state_on_device": trainer.state_on_device(), "ranks": ranks, "rows_per_rank": rows_per_rank, "allreduce": allreduce, "output": a.output.as_ref().map(|p| p.display().to_string()), "checkpoint": a.checkpoint.as_ref().map(|p| p.display().to_string())}));
     } else {
         println!("{done} steps in {seconds:.2} s ({samples_per_s:.0} samples/s), last loss {last_loss:.6}");
         if let Some(m) = &memory {

@@ -137,6 +137,33 @@ pub fn shard(global_batch: usize, rank: usize, size: usize) -> std::ops::Range<u
     start..start + base + usize::from(rank < extra)
 }
 
+/// The rows worker `rank` takes when the workers share a global batch in proportion to
+/// `weights` (their measured speeds, say): consecutive, every worker at least one row,
+/// the rest by largest remainder (ties to the lower rank). Weights that are not all
+/// positive and finite share equally ([`shard`]).
+pub fn weighted_shard(global_batch: usize, weights: &[f64], rank: usize) -> std::ops::Range<usize> {
+    let n = weights.len();
+    if n == 0 || global_batch < n || !weights.iter().all(|w| w.is_finite() && *w > 0.0) {
+        return shard(global_batch, rank, n.max(1));
+    }
+    let total: f64 = weights.iter().sum();
+    let spare = global_batch - n;
+    let exact: Vec<f64> = weights.iter().map(|w| w / total * spare as f64).collect();
+    let mut rows: Vec<usize> = exact.iter().map(|e| 1 + e.floor() as usize).collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
+    let mut left = global_batch - rows.iter().sum::<usize>();
+    for &k in order.iter().cycle() {
+        if left == 0 {
+            break;
+        }
+        rows[k] += 1;
+        left -= 1;
+    }
+    let start: usize = rows[..rank].iter().sum();
+    start..start + rows[rank]
+}
+
 /// Mixed precision gives up after this many skipped steps in a row (the scale has then
 /// halved as often: 2^16 down to 2^-48).
 const MAX_SKIPPED_IN_ROW: u32 = 64;
@@ -456,6 +483,23 @@ impl Trainer {
         Ok(g)
     }
 
+    /// Seconds of one forward pass (the inference graph, on the trainer's device) over
+    /// a batch: the median of three runs after a warm-up. Data-parallel workers on
+    /// different devices share the global batch by it (`weighted_shard`); it runs no
+    /// collective.
+    pub fn forward_seconds(&self, inputs: &[(&str, &Tensor)]) -> Result<f64> {
+        let session = Session::new(self.inference_graph()?, SessionOptions { threads: self.options_threads, ..SessionOptions::device(self.device.clone()) })?;
+        session.run(inputs)?;
+        let mut times: Vec<f64> = (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                session.run(inputs).map(|_| t.elapsed().as_secs_f64())
+            })
+            .collect::<Result<_, _>>()?;
+        times.sort_by(f64::total_cmp);
+        Ok(times[1])
+    }
+
     /// The step's planned memory against the forward pass alone on the same batch
     /// (`inputs`: one batch), once a step has run (else `None`).
     pub fn memory_report(&self, inputs: &[(&str, &Tensor)]) -> Result<Option<MemoryReport>> {
@@ -478,5 +522,35 @@ impl Trainer {
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
         checkpoint::load(self, path)?;
         self.broadcast_state()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{shard, weighted_shard};
+
+    /// Shares cover the batch in order, every worker gets a row, and rows follow the
+    /// weights (largest remainder).
+    #[test]
+    fn weighted_shards_cover_the_batch_in_proportion() {
+        for (batch, weights, want) in [
+            (64usize, vec![1.0, 1.0], vec![32usize, 32]),
+            (64, vec![99.0, 1.0], vec![63, 1]),
+            (64, vec![1e6, 1.0], vec![63, 1]),
+            (10, vec![1.0, 2.0, 2.0], vec![2, 4, 4]),
+            (7, vec![3.0, 1.0], vec![5, 2]),
+            (5, vec![f64::NAN, 1.0], vec![3, 2]),
+        ] {
+            let got: Vec<usize> = (0..weights.len()).map(|r| weighted_shard(batch, &weights, r).len()).collect();
+            assert_eq!(got, want, "batch {batch}, weights {weights:?}");
+            let mut next = 0;
+            for r in 0..weights.len() {
+                let s = weighted_shard(batch, &weights, r);
+                assert_eq!(s.start, next);
+                next = s.end;
+            }
+            assert_eq!(next, batch);
+        }
+        assert_eq!(shard(10, 2, 3), 7..10);
     }
 }
