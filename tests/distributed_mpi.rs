@@ -89,11 +89,15 @@ fn any_rank_count_trains_like_one_process() {
     lenet_args(&mut c, 20, &single);
     run_ok(c, "one process");
     // Buckets overlapped with backward or not (the default).
-    for (ranks, allreduce, bucket_mb, overlap) in [(1, "ring", "25", true), (2, "ring", "0.01", true), (2, "ring", "0.01", false), (2, "mpi", "25", true), (3, "ring", "0", true), (4, "mpi", "0.01", false), (4, "ring", "0.01", true)] {
+    for (ranks, allreduce, bucket_mb, overlap) in [(1, "ring", "25", true), (2, "ring", "0.01", true), (2, "ring", "0.01", false), (2, "mpi", "25", true), (3, "ring", "0", true), (4, "mpi", "0.01", false), (4, "ring", "0.01", true), (4, "hierarchical", "0.01", false)] {
         let ck = dir.join(format!("{ranks}-{allreduce}-{overlap}.npz"));
         let mut c = mpirun(ranks);
         lenet_args(&mut c, 20, &ck);
         c.args(["--distributed", "--allreduce", allreduce, "--bucket-mb", bucket_mb]);
+        if allreduce == "hierarchical" {
+            // Two "machines" of two ranks on this one.
+            c.args(["--ranks-per-node", "2"]);
+        }
         if overlap {
             c.arg("--overlap");
         }

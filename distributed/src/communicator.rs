@@ -27,6 +27,9 @@ pub enum Algorithm {
     Ring,
     /// The engine's own all-reduce (MPI_Allreduce); the ring where the transport has none.
     Native,
+    /// Two levels: within each machine, then a ring across machines
+    /// ([`ring::hierarchical_all_reduce`]; [`Communicator::hierarchical`]).
+    Hierarchical,
 }
 
 impl std::str::FromStr for Algorithm {
@@ -35,7 +38,8 @@ impl std::str::FromStr for Algorithm {
         match s {
             "ring" => Ok(Algorithm::Ring),
             "mpi" | "native" => Ok(Algorithm::Native),
-            _ => Err(format!("unknown all-reduce '{s}' (expected ring or mpi)")),
+            "hierarchical" => Ok(Algorithm::Hierarchical),
+            _ => Err(format!("unknown all-reduce '{s}' (expected ring, mpi or hierarchical)")),
         }
     }
 }
@@ -59,6 +63,9 @@ pub struct CommStats {
 
 /// The transport and the counters, shared with the reduction thread.
 struct Shared<T> {
+    /// The two levels of the hierarchical algorithm (dropped before the transport, whose
+    /// drop may finalise the engine).
+    levels: Option<Mutex<(T, T)>>,
     transport: Mutex<T>,
     algorithm: Algorithm,
     stats: Mutex<CommStats>,
@@ -102,9 +109,13 @@ impl<T: Transport> Shared<T> {
         let traffic = {
             let t = lock(&self.transport);
             let native = if self.algorithm == Algorithm::Native { t.native_all_reduce(&mut data) } else { None };
-            match native {
-                Some(done) => done.map(|()| Traffic::default()),
-                None => ring::all_reduce(&*t, &mut data),
+            match (native, &self.levels) {
+                (Some(done), _) => done.map(|()| Traffic::default()),
+                (None, Some(levels)) => {
+                    let levels = lock(levels);
+                    ring::hierarchical_all_reduce(&levels.0, &levels.1, &mut data)
+                }
+                (None, None) => ring::all_reduce(&*t, &mut data),
             }
         }
         .map_err(|e| e.to_string());
@@ -121,10 +132,24 @@ impl<T: Transport> Shared<T> {
 }
 
 impl<T: Transport + Send + 'static> Communicator<T> {
+    /// A communicator over `transport`; [`Algorithm::Hierarchical`] needs
+    /// [`Communicator::hierarchical`] (here it falls back to the ring).
     pub fn new(transport: T, algorithm: Algorithm) -> Communicator<T> {
+        Communicator::build(transport, algorithm, None)
+    }
+
+    /// The hierarchical all-reduce over the job's `world` transport and its two levels:
+    /// `local` (the ranks of this machine) and `cross` (the ranks of the same local
+    /// index on every machine).
+    pub fn hierarchical(world: T, local: T, cross: T) -> Communicator<T> {
+        Communicator::build(world, Algorithm::Hierarchical, Some((local, cross)))
+    }
+
+    fn build(transport: T, algorithm: Algorithm, levels: Option<(T, T)>) -> Communicator<T> {
         let (rank, size) = (transport.rank(), transport.size());
         Communicator {
             shared: Arc::new(Shared {
+                levels: levels.map(Mutex::new),
                 transport: Mutex::new(transport),
                 algorithm,
                 stats: Mutex::new(CommStats::default()),
@@ -333,6 +358,20 @@ mod tests {
         let m = out[0].as_deref().expect("rank 0's watchdog fired");
         assert!(m.starts_with("rank 0: an all-reduce of 8 values has waited") && m.contains("rank 1 sends"), "{m}");
         assert_eq!(out[1], None);
+    }
+
+    /// The hierarchical communicator sums as the ring does (2 machines of 2 ranks).
+    #[test]
+    fn hierarchical_communicators_sum() {
+        let worlds = std::sync::Arc::new(Mutex::new(local::group(4).into_iter().map(Some).collect::<Vec<_>>()));
+        let out = local::run_two_level(2, 2, move |rank, l, c| {
+            let world = lock(&worlds)[rank].take().unwrap();
+            let comm = Communicator::hierarchical(world, l, c);
+            let mut v = vec![rank as f32; 5];
+            comm.all_reduce_sum(&mut v).unwrap();
+            v
+        });
+        assert!(out.iter().all(|v| v == &vec![6.0; 5]), "{out:?}");
     }
 
     #[test]

@@ -64,3 +64,22 @@ pub fn run<R: Send + 'static>(n: usize, f: impl Fn(LocalTransport) -> R + Send +
         .collect();
     handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
 }
+
+/// Runs `f` on `machines x per_machine` ranks, one thread each, as if `per_machine`
+/// ranks shared each machine: rank `m * per_machine + l` gets its world rank, a
+/// transport among the ranks of machine `m` (local rank `l`) and one among the ranks of
+/// local index `l` on every machine (rank `m`). Results by world rank.
+pub fn run_two_level<R: Send + 'static>(machines: usize, per_machine: usize, f: impl Fn(usize, LocalTransport, LocalTransport) -> R + Send + Sync + 'static) -> Vec<R> {
+    let f = std::sync::Arc::new(f);
+    let mut locals: Vec<Vec<Option<LocalTransport>>> = (0..machines).map(|_| group(per_machine).into_iter().map(Some).collect()).collect();
+    let mut crosses: Vec<Vec<Option<LocalTransport>>> = (0..per_machine).map(|_| group(machines).into_iter().map(Some).collect()).collect();
+    let mut handles = vec![];
+    for m in 0..machines {
+        for l in 0..per_machine {
+            let (lt, ct) = (locals[m][l].take().expect("once"), crosses[l][m].take().expect("once"));
+            let f = f.clone();
+            handles.push(std::thread::spawn(move || f(m * per_machine + l, lt, ct)));
+        }
+    }
+    handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
+}

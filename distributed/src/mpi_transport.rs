@@ -11,7 +11,9 @@ use mpi::traits::*;
 
 pub struct MpiTransport {
     world: SimpleCommunicator,
-    _universe: mpi::environment::Universe,
+    /// The whole job's transport holds MPI's environment (finalised when it drops);
+    /// the sub-communicators of [`MpiTransport::two_levels`] do not.
+    _universe: Option<mpi::environment::Universe>,
 }
 
 // SAFETY: MPI is initialised with MPI_THREAD_SERIALIZED (checked in `init`): any thread
@@ -37,7 +39,30 @@ impl MpiTransport {
             eprintln!("kiln: rank {rank} panicked; aborting the MPI job");
             abort(PANIC_EXIT_CODE);
         }));
-        Ok(MpiTransport { world, _universe: universe })
+        Ok(MpiTransport { world, _universe: Some(universe) })
+    }
+
+    /// The two levels of the hierarchical all-reduce ([`crate::ring::hierarchical_all_reduce`]):
+    /// the ranks of this machine (those sharing memory, MPI_COMM_TYPE_SHARED; or each
+    /// `per_node` consecutive ranks, to try two levels on one machine), and the ranks of
+    /// the same local index on every machine. Every machine must hold as many ranks.
+    pub fn two_levels(&self, per_node: Option<usize>) -> Result<(MpiTransport, MpiTransport)> {
+        use mpi::topology::Color;
+        let rank = self.world.rank();
+        let fail = |what: String| CommError::Transport { rank: rank as usize, what };
+        let local = match per_node {
+            Some(0) => return Err(fail("ranks per machine must be at least 1".into())),
+            Some(g) => self.world.split_by_color_with_key(Color::with_value(rank / g as i32), rank).ok_or_else(|| fail("cannot split the ranks by machine".into()))?,
+            None => self.world.split_shared(rank),
+        };
+        let (size, mut least, mut most) = (local.size(), 0, 0);
+        self.world.all_reduce_into(&size, &mut least, SystemOperation::min());
+        self.world.all_reduce_into(&size, &mut most, SystemOperation::max());
+        if least != most {
+            return Err(fail(format!("machines hold {least} to {most} ranks; the hierarchical all-reduce needs as many ranks on each")));
+        }
+        let cross = self.world.split_by_color_with_key(Color::with_value(local.rank()), rank).ok_or_else(|| fail("cannot split the ranks across machines".into()))?;
+        Ok((MpiTransport { world: local, _universe: None }, MpiTransport { world: cross, _universe: None }))
     }
 
     pub fn world(&self) -> &SimpleCommunicator {

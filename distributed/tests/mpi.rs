@@ -54,3 +54,15 @@ fn a_rank_that_hangs_trips_the_watchdog() {
     assert!(stderr.contains("has waited") && stderr.contains("a rank hangs"), "{stderr}");
     assert!(took < Duration::from_secs(30), "{took:?}");
 }
+
+/// The hierarchical all-reduce under MPI (4 ranks as 2 machines of 2, and 6 as 3 of 2)
+/// sums exactly what MPI's Allreduce sums (the benchmark asserts it on every rank).
+#[test]
+fn the_hierarchical_all_reduce_equals_mpi_allreduce() {
+    for (np, per) in [(4, "2"), (6, "2")] {
+        let (out, _) = mpirun(np, &["--max-mb", "1", "--json", "--ranks-per-node", per]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{np} ranks: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(stdout.lines().filter(|l| l.contains("hier_gbs")).count(), 5, "{stdout}");
+    }
+}

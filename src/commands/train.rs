@@ -115,8 +115,9 @@ pub struct Args {
     /// checkpoints, evaluates and exports. Needs a kiln built with `--features mpi`.
     #[arg(long)]
     distributed: bool,
-    /// The gradients' all-reduce: ring (Baidu's, over MPI point-to-point messages) or
-    /// mpi (MPI_Allreduce).
+    /// The gradients' all-reduce: ring (Baidu's, over MPI point-to-point messages), mpi
+    /// (MPI_Allreduce) or hierarchical (within each machine, then a ring across
+    /// machines).
     #[arg(long, default_value = "ring", requires = "distributed")]
     allreduce: String,
     /// Gradients are summed in buckets of this many MB, in reverse layer order.
@@ -140,6 +141,10 @@ pub struct Args {
     /// measured forward speed (ranks on a CPU and on a GPU, say), instead of equally.
     #[arg(long, requires = "distributed")]
     balance: bool,
+    /// With --allreduce hierarchical: take each N consecutive ranks as one machine
+    /// (default: the ranks that share memory).
+    #[arg(long, requires = "distributed")]
+    ranks_per_node: Option<usize>,
 }
 
 /// A data-parallel run's communicator, and what its reductions did so far.
@@ -157,7 +162,15 @@ fn communicator(a: &Args) -> Result<Option<Comm>> {
         bail!("--collective-timeout must be a number of seconds above 0, found {}", a.collective_timeout);
     }
     let timeout = std::time::Duration::from_secs_f64(a.collective_timeout);
-    let comm = std::sync::Arc::new(Communicator::new(MpiTransport::init()?, algorithm).with_watchdog(timeout, |m| {
+    let world = MpiTransport::init()?;
+    let comm = match algorithm {
+        Algorithm::Hierarchical => {
+            let (local, cross) = world.two_levels(a.ranks_per_node)?;
+            Communicator::hierarchical(world, local, cross)
+        }
+        _ => Communicator::new(world, algorithm),
+    };
+    let comm = std::sync::Arc::new(comm.with_watchdog(timeout, |m| {
         eprintln!("kiln: {m}; ending the job");
         kiln::distributed::mpi_transport::abort(WATCHDOG_EXIT_CODE)
     }));

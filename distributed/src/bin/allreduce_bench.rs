@@ -5,6 +5,8 @@
 //!
 //! `--fail-rank R` makes rank R panic before the first reduction: the job must end
 //! with an error naming the rank (the test of the panic hook), never hang.
+//! `--ranks-per-node G` also times the hierarchical all-reduce with G consecutive ranks
+//! taken as one machine (0: the ranks that share memory), checked equal to MPI's.
 //! `--hang-rank R` makes rank R sleep forever instead: the others' watchdog
 //! (`--timeout S`, default 5) must end the job, naming the rank that waits.
 //!
@@ -50,11 +52,13 @@ fn main() {
         comm.all_reduce_sum(&mut v).expect("all-reduce");
         unreachable!("rank {hang} never takes part");
     }
+    let levels = flag("--ranks-per-node").map(|g| t.two_levels(if g == 0 { None } else { Some(g) }).expect("two levels"));
     let mut bytes = 4096usize;
     if rank == 0 && !json {
         println!("{n} ranks; algbw GB/s (time per op); ring bytes sent per rank / buffer (2(N-1)/N = {:.3})", 2.0 * (n as f64 - 1.0) / n as f64);
-        println!("| size | MPI Allreduce | ring | ring/MPI | ring bytes sent / buffer |");
-        println!("|---|---|---|---|---|");
+        let hier = if levels.is_some() { " hierarchical |" } else { "" };
+        println!("| size | MPI Allreduce | ring | ring/MPI | ring bytes sent / buffer |{hier}");
+        println!("|---|---|---|---|---|{}", if levels.is_some() { "---|" } else { "" });
     }
     while bytes <= max_mb << 20 {
         let len = bytes / 4;
@@ -69,17 +73,20 @@ fn main() {
             b if b <= 64 << 20 => 5,
             _ => 3,
         };
-        let time = |ring_op: bool, out: &mut Vec<f32>, work: &mut Vec<f32>| -> (f64, u64) {
+        // 0: MPI's Allreduce, 1: the ring, 2: the hierarchical all-reduce.
+        let time = |op: u8, out: &mut Vec<f32>, work: &mut Vec<f32>| -> (f64, u64) {
             let mut total = 0.0;
             let mut sent = 0;
             for k in 0..iters + 1 {
                 work.copy_from_slice(&input);
                 t.barrier();
                 let start = Instant::now();
-                if ring_op {
-                    sent = ring::all_reduce(&t, work).expect("ring all-reduce").sent;
-                } else {
-                    t.mpi_all_reduce(&input, out).expect("MPI all-reduce");
+                match (op, &levels) {
+                    (1, _) => sent = ring::all_reduce(&t, work).expect("ring all-reduce").sent,
+                    (2, Some((local, cross))) => sent = ring::hierarchical_all_reduce(local, cross, work).expect("hierarchical all-reduce").sent,
+                    _ => {
+                        t.mpi_all_reduce(&input, out).expect("MPI all-reduce");
+                    }
                 }
                 if k > 0 {
                     total += start.elapsed().as_secs_f64();
@@ -87,8 +94,16 @@ fn main() {
             }
             (t.max_over_ranks(total / iters as f64), sent)
         };
-        let (mpi_s, _) = time(false, &mut out, &mut work);
-        let (ring_s, sent) = time(true, &mut out, &mut work);
+        let (mpi_s, _) = time(0, &mut out, &mut work);
+        let hier_s = match levels {
+            Some(_) => {
+                let (s, _) = time(2, &mut out, &mut work);
+                assert_eq!(work, out, "rank {rank}: the hierarchical sums differ from MPI's at {bytes} bytes");
+                Some(s)
+            }
+            None => None,
+        };
+        let (ring_s, sent) = time(1, &mut out, &mut work);
         assert_eq!(work, out, "rank {rank}: the ring's sums differ from MPI's at {bytes} bytes");
         // Counted bytes: 2(N-1)/N of the buffer, up to one element per chunk sent.
         let promised = 2.0 * (n as f64 - 1.0) / n as f64 * bytes as f64;
@@ -97,8 +112,9 @@ fn main() {
         if rank == 0 {
             let ratio = sent as f64 / bytes as f64;
             if json {
+                let hier = hier_s.map(|h| format!(", \"hier_gbs\": {:.4}, \"hier_us\": {:.2}", gbs(h), h * 1e6)).unwrap_or_default();
                 println!(
-                    "{{\"ranks\": {n}, \"bytes\": {bytes}, \"mpi_gbs\": {:.4}, \"ring_gbs\": {:.4}, \"mpi_us\": {:.2}, \"ring_us\": {:.2}, \"ring_sent_bytes\": {sent}, \"ring_sent_ratio\": {ratio:.4}}}",
+                    "{{\"ranks\": {n}, \"bytes\": {bytes}, \"mpi_gbs\": {:.4}, \"ring_gbs\": {:.4}, \"mpi_us\": {:.2}, \"ring_us\": {:.2}{hier}, \"ring_sent_bytes\": {sent}, \"ring_sent_ratio\": {ratio:.4}}}",
                     gbs(mpi_s),
                     gbs(ring_s),
                     mpi_s * 1e6,
@@ -106,7 +122,8 @@ fn main() {
                 );
             } else {
                 let size = if bytes >= 1 << 20 { format!("{} MB", bytes >> 20) } else { format!("{} KB", bytes >> 10) };
-                println!("| {size} | {:.2} ({:.0} us) | {:.2} ({:.0} us) | {:.2}x | {ratio:.3} |", gbs(mpi_s), mpi_s * 1e6, gbs(ring_s), ring_s * 1e6, mpi_s / ring_s);
+                let hier = hier_s.map(|h| format!(" {:.2} ({:.0} us) |", gbs(h), h * 1e6)).unwrap_or_default();
+                println!("| {size} | {:.2} ({:.0} us) | {:.2} ({:.0} us) | {:.2}x | {ratio:.3} |{hier}", gbs(mpi_s), mpi_s * 1e6, gbs(ring_s), ring_s * 1e6, mpi_s / ring_s);
             }
         }
         bytes *= 4;
