@@ -109,6 +109,16 @@ fn any_rank_count_trains_like_one_process() {
         eprintln!("{ranks} ranks, {allreduce}, buckets of {bucket_mb} MB, overlap {overlap}: farthest from one process at '{at}': {e:.2e}");
         assert!(e <= 1e-5, "{ranks} ranks ({allreduce}): '{at}' is {e:.2e} (relative L2) from the single-process run after 20 steps");
     }
+    // f16 compression over MPI's 16-bit messages: the error it adds (lenet amplifies
+    // rounding; tests/distributed.rs measures it in one process too).
+    let ck = dir.join("f16.npz");
+    let mut c = mpirun(2);
+    lenet_args(&mut c, 20, &ck);
+    c.args(["--distributed", "--compress", "f16", "--bucket-mb", "0.01"]);
+    run_ok(c, "2 ranks with f16 compression");
+    let (e, at) = farthest(&ck, &single);
+    eprintln!("2 ranks, ring, f16 compression: farthest from one process at '{at}': {e:.2e}");
+    assert!(e > 0.0 && e <= 1e-1, "f16 compression: '{at}' is {e:.2e} from the single-process run");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -12,7 +12,8 @@
 //! longer than a timeout for the other ranks (one hangs, or died without the engine
 //! noticing) and reports it, naming this rank and the neighbour it waits on; the
 //! caller decides what to do (the CLI aborts the job).
-use crate::{ring, Traffic, Transport};
+use crate::ring::{self, Wire};
+use crate::{Traffic, Transport};
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,6 +69,8 @@ struct Shared<T> {
     levels: Option<Mutex<(T, T)>>,
     transport: Mutex<T>,
     algorithm: Algorithm,
+    /// How the ring's values travel (f16: compressed).
+    wire: Wire,
     stats: Mutex<CommStats>,
     /// Started reductions the thread has not finished.
     in_flight: AtomicUsize,
@@ -77,9 +80,12 @@ struct Shared<T> {
 
 type Reply = Sender<Result<Vec<f32>, String>>;
 
+/// A queued reduction: the values, whether they may travel compressed, where the sum goes.
+type Job = (Vec<f32>, bool, Reply);
+
 /// The reduction thread, once started.
 struct Background {
-    jobs: Sender<(Vec<f32>, Reply)>,
+    jobs: Sender<Job>,
     thread: JoinHandle<()>,
 }
 
@@ -100,7 +106,9 @@ fn lock<X>(m: &Mutex<X>) -> std::sync::MutexGuard<'_, X> {
 }
 
 impl<T: Transport> Shared<T> {
-    fn reduce(&self, mut data: Vec<f32>) -> Result<Vec<f32>, String> {
+    /// Sums `data`; `compressible` lets the ring send it as the communicator's wire.
+    fn reduce(&self, mut data: Vec<f32>, compressible: bool) -> Result<Vec<f32>, String> {
+        let wire = if compressible { self.wire } else { Wire::F32 };
         if data.is_empty() {
             return Ok(data);
         }
@@ -113,9 +121,9 @@ impl<T: Transport> Shared<T> {
                 (Some(done), _) => done.map(|()| Traffic::default()),
                 (None, Some(levels)) => {
                     let levels = lock(levels);
-                    ring::hierarchical_all_reduce(&levels.0, &levels.1, &mut data)
+                    ring::hierarchical_all_reduce(&levels.0, &levels.1, &mut data, wire)
                 }
-                (None, None) => ring::all_reduce(&*t, &mut data),
+                (None, None) => ring::all_reduce_on(&*t, &mut data, wire),
             }
         }
         .map_err(|e| e.to_string());
@@ -150,6 +158,7 @@ impl<T: Transport + Send + 'static> Communicator<T> {
         Communicator {
             shared: Arc::new(Shared {
                 levels: levels.map(Mutex::new),
+                wire: Wire::F32,
                 transport: Mutex::new(transport),
                 algorithm,
                 stats: Mutex::new(CommStats::default()),
@@ -163,6 +172,13 @@ impl<T: Transport + Send + 'static> Communicator<T> {
             next_ticket: Mutex::new(0),
             watchdog: None,
         }
+    }
+
+    /// Sends the ring's values as f16 (half the bytes, summed in f32; see
+    /// [`Wire::F16`]); MPI's own all-reduce ([`Algorithm::Native`]) stays in f32.
+    pub fn with_f16_wire(mut self) -> Communicator<T> {
+        Arc::get_mut(&mut self.shared).expect("not shared before it is used").wire = Wire::F16;
+        self
     }
 
     /// Watches every reduction: one that has waited more than `timeout` for the other
@@ -210,16 +226,16 @@ impl<T: Transport + Send + 'static> Communicator<T> {
     }
 
     /// Queues a reduction on the background thread (starting it first).
-    fn enqueue(&self, data: Vec<f32>) -> Result<Receiver<Result<Vec<f32>, String>>, String> {
+    fn enqueue(&self, data: Vec<f32>, compressible: bool) -> Result<Receiver<Result<Vec<f32>, String>>, String> {
         let mut bg = lock(&self.background);
         if bg.is_none() {
-            let (jobs, queue) = channel::<(Vec<f32>, Reply)>();
+            let (jobs, queue) = channel::<Job>();
             let shared = self.shared.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("kiln-allreduce-{}", self.rank))
                 .spawn(move || {
-                    for (data, reply) in queue {
-                        let summed = shared.reduce(data);
+                    for (data, compressible, reply) in queue {
+                        let summed = shared.reduce(data, compressible);
                         shared.in_flight.fetch_sub(1, Ordering::SeqCst);
                         // The caller may have given up waiting; nothing to do then.
                         let _ = reply.send(summed);
@@ -230,7 +246,7 @@ impl<T: Transport + Send + 'static> Communicator<T> {
         }
         let (reply, answer) = channel();
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
-        bg.as_ref().expect("started above").jobs.send((data, reply)).map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))?;
+        bg.as_ref().expect("started above").jobs.send((data, compressible, reply)).map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))?;
         Ok(answer)
     }
 
@@ -239,9 +255,27 @@ impl<T: Transport + Send + 'static> Communicator<T> {
         if self.shared.in_flight.load(Ordering::SeqCst) == 0 {
             return;
         }
-        if let Ok(done) = self.enqueue(vec![]) {
+        if let Ok(done) = self.enqueue(vec![], false) {
             let _ = done.recv();
         }
+    }
+
+    /// A reduction the caller waits for: behind any started reductions, so the order
+    /// is the same on every rank; with none in flight, here (a hand-over to the thread
+    /// costs two wake-ups).
+    fn blocking(&self, data: &mut [f32], compressible: bool) -> Result<(), String> {
+        if self.size == 1 {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let summed = if self.shared.in_flight.load(Ordering::SeqCst) > 0 {
+            self.enqueue(data.to_vec(), compressible)?.recv().map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))??
+        } else {
+            self.shared.reduce(data.to_vec(), compressible)?
+        };
+        data.copy_from_slice(&summed);
+        self.blocked_for(start);
+        Ok(())
     }
 
     fn blocked_for(&self, start: Instant) {
@@ -272,29 +306,19 @@ impl<T: Transport + Send + 'static> kiln_ops::collective::Communicator for Commu
         self.size
     }
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), String> {
-        if self.size == 1 {
-            return Ok(());
-        }
-        let start = Instant::now();
-        // Behind any started reductions, so the order is the same on every rank; with
-        // none in flight, here (a hand-over to the thread costs two wake-ups).
-        let summed = if self.shared.in_flight.load(Ordering::SeqCst) > 0 {
-            self.enqueue(data.to_vec())?.recv().map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))??
-        } else {
-            self.shared.reduce(data.to_vec())?
-        };
-        data.copy_from_slice(&summed);
-        self.blocked_for(start);
-        Ok(())
+        self.blocking(data, false)
     }
-    fn start_all_reduce(&self, data: Vec<f32>) -> Result<u64, String> {
+    fn all_reduce_compressible(&self, data: &mut [f32]) -> Result<(), String> {
+        self.blocking(data, true)
+    }
+    fn start_all_reduce(&self, data: Vec<f32>, compressible: bool) -> Result<u64, String> {
         let answer = if self.size == 1 {
             // The sum over one worker is its own value: no thread needed.
             let (reply, answer) = channel();
             let _ = reply.send(Ok(data));
             answer
         } else {
-            self.enqueue(data)?
+            self.enqueue(data, compressible)?
         };
         let mut next = lock(&self.next_ticket);
         let ticket = *next;
@@ -324,8 +348,8 @@ mod tests {
         let out = local::run(3, |t| {
             let comm = Communicator::new(t, Algorithm::Ring);
             let r = comm.rank() as f32;
-            let a = comm.start_all_reduce(vec![r; 4]).unwrap();
-            let b = comm.start_all_reduce(vec![10.0 * r; 2]).unwrap();
+            let a = comm.start_all_reduce(vec![r; 4], false).unwrap();
+            let b = comm.start_all_reduce(vec![10.0 * r; 2], true).unwrap();
             let mut c = vec![100.0 * r; 3];
             comm.all_reduce_sum(&mut c).unwrap();
             let (vb, va) = (comm.wait_all_reduce(b).unwrap(), comm.wait_all_reduce(a).unwrap());

@@ -38,6 +38,8 @@ pub trait Transport {
     /// Sends `send` to rank `to` and receives `recv.len()` elements from rank `from`, at
     /// once (MPI_Sendrecv): neither side waits for the other to post first.
     fn send_receive(&self, send: &[f32], to: usize, recv: &mut [f32], from: usize) -> Result<()>;
+    /// The same with 16-bit elements (f16 bit patterns: compressed gradients).
+    fn send_receive_halves(&self, send: &[u16], to: usize, recv: &mut [u16], from: usize) -> Result<()>;
     /// The engine's own all-reduce (sum, in place), where it has one.
     fn native_all_reduce(&self, _data: &mut [f32]) -> Option<Result<()>> {
         None

@@ -3,13 +3,31 @@
 use crate::{CommError, Result, Transport};
 use std::sync::mpsc::{channel, Receiver, Sender};
 
+/// A message: f32 elements, or 16-bit ones.
+enum Message {
+    Floats(Vec<f32>),
+    Halves(Vec<u16>),
+}
+
 pub struct LocalTransport {
     rank: usize,
     size: usize,
     /// `to[k]`: messages to rank k.
-    to: Vec<Sender<Vec<f32>>>,
+    to: Vec<Sender<Message>>,
     /// `from[k]`: messages from rank k.
-    from: Vec<Receiver<Vec<f32>>>,
+    from: Vec<Receiver<Message>>,
+}
+
+impl LocalTransport {
+    fn exchange(&self, send: Message, to: usize, from: usize) -> Result<Message> {
+        let fail = |what: String| CommError::Transport { rank: self.rank, what };
+        self.to[to].send(send).map_err(|_| fail(format!("rank {to} is gone")))?;
+        self.from[from].recv().map_err(|_| fail(format!("rank {from} is gone")))
+    }
+
+    fn wrong(&self, len: usize, from: usize, got: usize) -> CommError {
+        CommError::Buffer { rank: self.rank, len, what: format!("rank {from} sent {got} elements") }
+    }
 }
 
 impl Transport for LocalTransport {
@@ -20,13 +38,19 @@ impl Transport for LocalTransport {
         self.size
     }
     fn send_receive(&self, send: &[f32], to: usize, recv: &mut [f32], from: usize) -> Result<()> {
-        let fail = |what: String| CommError::Transport { rank: self.rank, what };
-        self.to[to].send(send.to_vec()).map_err(|_| fail(format!("rank {to} is gone")))?;
-        let got = self.from[from].recv().map_err(|_| fail(format!("rank {from} is gone")))?;
-        if got.len() != recv.len() {
-            return Err(CommError::Buffer { rank: self.rank, len: recv.len(), what: format!("rank {from} sent {} elements", got.len()) });
+        match self.exchange(Message::Floats(send.to_vec()), to, from)? {
+            Message::Floats(got) if got.len() == recv.len() => recv.copy_from_slice(&got),
+            Message::Floats(got) => return Err(self.wrong(recv.len(), from, got.len())),
+            Message::Halves(got) => return Err(self.wrong(recv.len(), from, got.len())),
         }
-        recv.copy_from_slice(&got);
+        Ok(())
+    }
+    fn send_receive_halves(&self, send: &[u16], to: usize, recv: &mut [u16], from: usize) -> Result<()> {
+        match self.exchange(Message::Halves(send.to_vec()), to, from)? {
+            Message::Halves(got) if got.len() == recv.len() => recv.copy_from_slice(&got),
+            Message::Halves(got) => return Err(self.wrong(recv.len(), from, got.len())),
+            Message::Floats(got) => return Err(self.wrong(recv.len(), from, got.len())),
+        }
         Ok(())
     }
 }
@@ -34,8 +58,8 @@ impl Transport for LocalTransport {
 /// `n` transports wired to each other (channels are unbounded, so a send never waits).
 pub fn group(n: usize) -> Vec<LocalTransport> {
     // senders[i][k]: i -> k; receivers[k][i]: at k, from i.
-    let mut senders: Vec<Vec<Sender<Vec<f32>>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
-    let mut receivers: Vec<Vec<Option<Receiver<Vec<f32>>>>> = (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+    let mut senders: Vec<Vec<Sender<Message>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
+    let mut receivers: Vec<Vec<Option<Receiver<Message>>>> = (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
     for (i, row) in senders.iter_mut().enumerate() {
         for recv_row in receivers.iter_mut() {
             let (s, r) = channel();

@@ -8,6 +8,7 @@ use crate::{CommError, Result, Traffic, Transport};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
+use mpi::datatype::Equivalence;
 
 pub struct MpiTransport {
     world: SimpleCommunicator,
@@ -65,6 +66,17 @@ impl MpiTransport {
         Ok((MpiTransport { world: local, _universe: None }, MpiTransport { world: cross, _universe: None }))
     }
 
+    /// MPI_Sendrecv of `send` to rank `to` and `recv.len()` elements from rank `from`.
+    fn exchange<E: Equivalence>(&self, send: &[E], to: usize, recv: &mut [E], from: usize) -> Result<()> {
+        let (to_p, from_p) = (self.world.process_at_rank(to as i32), self.world.process_at_rank(from as i32));
+        let status = mpi::point_to_point::send_receive_into(send, &to_p, recv, &from_p);
+        let got = status.count(E::equivalent_datatype()) as usize;
+        if got != recv.len() {
+            return Err(CommError::Buffer { rank: self.rank(), len: recv.len(), what: format!("rank {from} sent {got} elements") });
+        }
+        Ok(())
+    }
+
     pub fn world(&self) -> &SimpleCommunicator {
         &self.world
     }
@@ -115,12 +127,9 @@ impl Transport for MpiTransport {
         self.world.size() as usize
     }
     fn send_receive(&self, send: &[f32], to: usize, recv: &mut [f32], from: usize) -> Result<()> {
-        let (to_p, from_p) = (self.world.process_at_rank(to as i32), self.world.process_at_rank(from as i32));
-        let status = mpi::point_to_point::send_receive_into(send, &to_p, recv, &from_p);
-        let got = status.count(f32::equivalent_datatype()) as usize;
-        if got != recv.len() {
-            return Err(CommError::Buffer { rank: self.rank(), len: recv.len(), what: format!("rank {from} sent {got} elements") });
-        }
-        Ok(())
+        self.exchange(send, to, recv, from)
+    }
+    fn send_receive_halves(&self, send: &[u16], to: usize, recv: &mut [u16], from: usize) -> Result<()> {
+        self.exchange(send, to, recv, from)
     }
 }

@@ -141,6 +141,10 @@ pub struct Args {
     /// measured forward speed (ranks on a CPU and on a GPU, say), instead of equally.
     #[arg(long, requires = "distributed")]
     balance: bool,
+    /// Gradient compression: f16 sends the ring's values as f16 (half the bytes, summed
+    /// in f32; with --allreduce ring or hierarchical).
+    #[arg(long, requires = "distributed")]
+    compress: Option<String>,
     /// With --allreduce hierarchical: take each N consecutive ranks as one machine
     /// (default: the ranks that share memory).
     #[arg(long, requires = "distributed")]
@@ -162,6 +166,12 @@ fn communicator(a: &Args) -> Result<Option<Comm>> {
         bail!("--collective-timeout must be a number of seconds above 0, found {}", a.collective_timeout);
     }
     let timeout = std::time::Duration::from_secs_f64(a.collective_timeout);
+    let f16_wire = match a.compress.as_deref() {
+        None | Some("none") => false,
+        Some("f16") if algorithm == Algorithm::Native => bail!("--compress f16 sends the ring's values as f16; MPI's Allreduce (--allreduce mpi) sums f32 only: pick --allreduce ring or hierarchical"),
+        Some("f16") => true,
+        Some(c) => bail!("unknown --compress '{c}' (expected f16 or none)"),
+    };
     let world = MpiTransport::init()?;
     let comm = match algorithm {
         Algorithm::Hierarchical => {
@@ -170,6 +180,7 @@ fn communicator(a: &Args) -> Result<Option<Comm>> {
         }
         _ => Communicator::new(world, algorithm),
     };
+    let comm = if f16_wire { comm.with_f16_wire() } else { comm };
     let comm = std::sync::Arc::new(comm.with_watchdog(timeout, |m| {
         eprintln!("kiln: {m}; ending the job");
         kiln::distributed::mpi_transport::abort(WATCHDOG_EXIT_CODE)

@@ -17,7 +17,8 @@
 use super::emit::Emit;
 use super::{AutodiffError, Result};
 use kiln_graph::ValueId;
-use kiln_ops::collective::{ALL_REDUCE, ALL_REDUCE_START, ALL_REDUCE_WAIT, DOMAIN};
+use kiln_graph::Attr;
+use kiln_ops::collective::{ALL_REDUCE, ALL_REDUCE_START, ALL_REDUCE_WAIT, COMPRESSIBLE, DOMAIN};
 
 /// This worker's part of a data-parallel step.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,7 +68,7 @@ pub fn all_reduce(e: &mut Emit, values: &[ValueId]) -> Result<Vec<ValueId>> {
 /// [`DataParallel::overlap`]).
 fn all_reduce_overlapped(e: &mut Emit, values: &[ValueId]) -> Result<Vec<ValueId>> {
     let inputs: Vec<Option<ValueId>> = values.iter().map(|&v| Some(v)).collect();
-    let ticket = e.node(DOMAIN, ALL_REDUCE_START, &inputs, &[], 1)?[0];
+    let ticket = e.node(DOMAIN, ALL_REDUCE_START, &inputs, &[(COMPRESSIBLE, Attr::Int(1))], 1)?[0];
     let waited: Vec<Option<ValueId>> = std::iter::once(Some(ticket)).chain(inputs).collect();
     e.node(DOMAIN, ALL_REDUCE_WAIT, &waited, &[], values.len())
 }
@@ -83,7 +84,13 @@ pub(crate) fn reduce_gradients(e: &mut Emit, grads: &[ValueId], bucket_bytes: us
         bytes += e.ty(grads[k]).bytes();
         if bytes >= bucket_bytes || k == 0 {
             let values: Vec<ValueId> = bucket.iter().map(|&i| grads[i]).collect();
-            let summed = if overlap { all_reduce_overlapped(e, &values)? } else { all_reduce(e, &values)? };
+            let summed = if overlap {
+                all_reduce_overlapped(e, &values)?
+            } else {
+                // Gradients: a communicator may send them compressed.
+                let inputs: Vec<Option<ValueId>> = values.iter().map(|&v| Some(v)).collect();
+                e.node(DOMAIN, ALL_REDUCE, &inputs, &[(COMPRESSIBLE, Attr::Int(1))], values.len())?
+            };
             for (&i, r) in bucket.iter().zip(summed) {
                 reduced[i] = r;
             }

@@ -83,7 +83,7 @@ fn main() {
                 let start = Instant::now();
                 match (op, &levels) {
                     (1, _) => sent = ring::all_reduce(&t, work).expect("ring all-reduce").sent,
-                    (2, Some((local, cross))) => sent = ring::hierarchical_all_reduce(local, cross, work).expect("hierarchical all-reduce").sent,
+                    (2, Some((local, cross))) => sent = ring::hierarchical_all_reduce(local, cross, work, ring::Wire::F32).expect("hierarchical all-reduce").sent,
                     _ => {
                         t.mpi_all_reduce(&input, out).expect("MPI all-reduce");
                     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 pub struct AllReduce {
     comm: Option<Arc<dyn Communicator>>,
+    compressible: bool,
 }
 
 impl std::fmt::Debug for AllReduce {
@@ -26,10 +27,8 @@ impl std::fmt::Debug for AllReduce {
 
 pub(super) fn register(r: &mut Registry, comm: Option<Arc<dyn Communicator>>) {
     r.register(super::DOMAIN, super::ALL_REDUCE, move |spec: &NodeSpec| {
-        if let Some(name) = spec.node.attrs.keys().next() {
-            return Err(OpError::Attr { attr: name.clone(), what: "AllReduce takes no attributes".into() });
-        }
-        Ok(Box::new(AllReduce { comm: comm.clone() }) as Box<dyn Op>)
+        let compressible = super::compressible(spec, "AllReduce")?;
+        Ok(Box::new(AllReduce { comm: comm.clone(), compressible }) as Box<dyn Op>)
     });
 }
 
@@ -64,7 +63,8 @@ impl CpuKernel for AllReduce {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let comm = self.comm.as_ref().ok_or_else(|| super::unbound("AllReduce"))?;
         let mut buf = super::pack(inputs, 0)?;
-        comm.all_reduce_sum(&mut buf).map_err(|what| OpError::invalid(format!("all-reduce of {} elements: {what}", buf.len())))?;
+        let summed = if self.compressible { comm.all_reduce_compressible(&mut buf) } else { comm.all_reduce_sum(&mut buf) };
+        summed.map_err(|what| OpError::invalid(format!("all-reduce of {} elements: {what}", buf.len())))?;
         super::unpack(&buf, outputs)
     }
 }
@@ -93,7 +93,7 @@ mod tests {
             data.iter_mut().for_each(|v| *v += 100.0);
             Ok(())
         }
-        fn start_all_reduce(&self, mut data: Vec<f32>) -> Result<u64, String> {
+        fn start_all_reduce(&self, mut data: Vec<f32>, _compressible: bool) -> Result<u64, String> {
             self.all_reduce_sum(&mut data)?;
             self.seen.lock().unwrap().push(data);
             Ok(self.seen.lock().unwrap().len() as u64 - 1)

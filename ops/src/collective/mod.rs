@@ -23,6 +23,9 @@ pub const ALL_REDUCE: &str = "AllReduce";
 /// graph allows ([`crate::Schedule`]).
 pub const ALL_REDUCE_START: &str = "AllReduceStart";
 pub const ALL_REDUCE_WAIT: &str = "AllReduceWait";
+/// The attribute (int, default 0) of AllReduce and AllReduceStart that marks values a
+/// communicator may send compressed (gradients; never statistics or the loss).
+pub const COMPRESSIBLE: &str = "compressible";
 
 /// What a collective node needs from the workers' engine. Every worker calls the same
 /// collectives in the same order (they run the same graph); an implementation may rely
@@ -36,10 +39,16 @@ pub trait Communicator: Send + Sync {
     /// order that depends on the worker count only (so runs reproduce). An error names
     /// the worker that failed and why.
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), String>;
+    /// [`Communicator::all_reduce_sum`] of values that tolerate a lossy transfer
+    /// (gradients: a communicator may compress them); exact by default.
+    fn all_reduce_compressible(&self, data: &mut [f32]) -> Result<(), String> {
+        self.all_reduce_sum(data)
+    }
     /// Starts summing `data` across the workers and returns a ticket for
-    /// [`Communicator::wait_all_reduce`] at once, the reduction going on meanwhile.
-    /// Reductions, started or not, are carried out in the order they are asked for.
-    fn start_all_reduce(&self, data: Vec<f32>) -> Result<u64, String>;
+    /// [`Communicator::wait_all_reduce`] at once, the reduction going on meanwhile
+    /// (`compressible`: as [`Communicator::all_reduce_compressible`]). Reductions,
+    /// started or not, are carried out in the order they are asked for.
+    fn start_all_reduce(&self, data: Vec<f32>, compressible: bool) -> Result<u64, String>;
     /// The sum of a started reduction, once it is done.
     fn wait_all_reduce(&self, ticket: u64) -> Result<Vec<f32>, String>;
 }
@@ -60,6 +69,18 @@ pub(crate) fn register(r: &mut Registry) {
 pub fn bind(registry: &mut Registry, comm: Arc<dyn Communicator>) {
     all_reduce::register(registry, Some(comm.clone()));
     started::register(registry, Some(comm));
+}
+
+/// The `compressible` attribute of a node of `op` (the only one it takes).
+pub(crate) fn compressible(spec: &crate::NodeSpec, op: &str) -> crate::Result<bool> {
+    for (name, value) in &spec.node.attrs {
+        match (name.as_str(), value) {
+            (COMPRESSIBLE, kiln_graph::Attr::Int(v)) if *v == 0 || *v == 1 => {}
+            (COMPRESSIBLE, _) => return Err(crate::OpError::Attr { attr: name.clone(), what: "expected 0 or 1".into() }),
+            _ => return Err(crate::OpError::Attr { attr: name.clone(), what: format!("{op} takes only '{COMPRESSIBLE}'") }),
+        }
+    }
+    Ok(matches!(spec.node.attrs.get(COMPRESSIBLE), Some(kiln_graph::Attr::Int(1))))
 }
 
 /// The error of a collective run where the registry binds no communicator.

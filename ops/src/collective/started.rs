@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 pub struct Started {
     wait: bool,
+    compressible: bool,
     comm: Option<Arc<dyn Communicator>>,
 }
 
@@ -25,10 +26,15 @@ pub(super) fn register(r: &mut Registry, comm: Option<Arc<dyn Communicator>>) {
     for (op, wait) in [(super::ALL_REDUCE_START, false), (super::ALL_REDUCE_WAIT, true)] {
         let comm = comm.clone();
         r.register(super::DOMAIN, op, move |spec: &NodeSpec| {
-            if let Some(name) = spec.node.attrs.keys().next() {
-                return Err(OpError::Attr { attr: name.clone(), what: format!("{op} takes no attributes") });
-            }
-            Ok(Box::new(Started { wait, comm: comm.clone() }) as Box<dyn Op>)
+            let compressible = if wait {
+                if let Some(name) = spec.node.attrs.keys().next() {
+                    return Err(OpError::Attr { attr: name.clone(), what: format!("{op} takes no attributes") });
+                }
+                false
+            } else {
+                super::compressible(spec, op)?
+            };
+            Ok(Box::new(Started { wait, compressible, comm: comm.clone() }) as Box<dyn Op>)
         });
     }
 }
@@ -85,7 +91,7 @@ impl CpuKernel for Started {
         if !self.wait {
             let buf = super::pack(inputs, 0)?;
             let n = buf.len();
-            let ticket = comm.start_all_reduce(buf).map_err(|what| OpError::invalid(format!("starting an all-reduce of {n} elements: {what}")))?;
+            let ticket = comm.start_all_reduce(buf, self.compressible).map_err(|what| OpError::invalid(format!("starting an all-reduce of {n} elements: {what}")))?;
             outputs[0].as_mut_slice::<i64>()?[0] = ticket as i64;
             return Ok(());
         }
