@@ -115,9 +115,10 @@ pub fn owned_chunk(len: usize, n: usize, rank: usize) -> std::ops::Range<usize> 
     chunk(len, n, (rank + 1) % n)
 }
 
-/// The scatter-reduce half: afterwards rank r's [`owned_chunk`] of `data` holds the sum
-/// over every rank (the rest of `data` holds partial sums).
-pub fn reduce_scatter<T: Transport + ?Sized>(t: &T, data: &mut [f32], wire: Wire) -> Result<Traffic> {
+/// N-1 steps around the ring of `t`: at step s this rank sends chunk `out(s)` of `data`
+/// to its right neighbour and hands the chunk `inn(s)` it receives from its left one to
+/// `take` (with the chunk's place in `data`).
+fn around<T: Transport + ?Sized>(t: &T, data: &mut [f32], wire: Wire, out: impl Fn(usize) -> usize, inn: impl Fn(usize) -> usize, take: impl Fn(&mut [f32], &[f32])) -> Result<Traffic> {
     let (n, r) = (t.size(), t.rank());
     let mut traffic = Traffic::default();
     if n <= 1 || data.is_empty() {
@@ -125,19 +126,25 @@ pub fn reduce_scatter<T: Transport + ?Sized>(t: &T, data: &mut [f32], wire: Wire
     }
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
     let mut incoming = vec![0f32; chunk(data.len(), n, 0).len()];
-    // At step s, send chunk r-s, receive and add chunk r-s-1.
     for s in 0..n - 1 {
-        let (out_c, in_c) = ((r + n - s) % n, (r + 2 * n - s - 1) % n);
-        let (out_r, in_r) = (chunk(data.len(), n, out_c), chunk(data.len(), n, in_c));
+        let (out_r, in_r) = (chunk(data.len(), n, out(s)), chunk(data.len(), n, inn(s)));
         let buf = &mut incoming[..in_r.len()];
         exchange(t, wire, &data[out_r.clone()], right, buf, left)?;
         traffic.sent += wire.bytes(out_r.len());
         traffic.received += wire.bytes(in_r.len());
-        for (d, v) in data[in_r].iter_mut().zip(buf.iter()) {
-            *d = *v + *d;
-        }
+        take(&mut data[in_r], buf);
     }
-    if wire == Wire::F16 {
+    Ok(traffic)
+}
+
+/// The scatter-reduce half: afterwards rank r's [`owned_chunk`] of `data` holds the sum
+/// over every rank (the rest of `data` holds partial sums).
+pub fn reduce_scatter<T: Transport + ?Sized>(t: &T, data: &mut [f32], wire: Wire) -> Result<Traffic> {
+    let (n, r) = (t.size(), t.rank());
+    // At step s, send chunk r-s, receive and add chunk r-s-1.
+    let add = |d: &mut [f32], v: &[f32]| d.iter_mut().zip(v).for_each(|(d, v)| *d = *v + *d);
+    let traffic = around(t, data, wire, |s| (r + n - s) % n, |s| (r + 2 * n - s - 1) % n, add)?;
+    if wire == Wire::F16 && n > 1 {
         let owned = owned_chunk(data.len(), n, r);
         let message = to_halves(&data[owned.clone()]);
         from_halves(&message, &mut data[owned]);
@@ -149,23 +156,8 @@ pub fn reduce_scatter<T: Transport + ?Sized>(t: &T, data: &mut [f32], wire: Wire
 /// rank ends with every rank's.
 pub fn all_gather<T: Transport + ?Sized>(t: &T, data: &mut [f32], wire: Wire) -> Result<Traffic> {
     let (n, r) = (t.size(), t.rank());
-    let mut traffic = Traffic::default();
-    if n <= 1 || data.is_empty() {
-        return Ok(traffic);
-    }
-    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
-    let mut incoming = vec![0f32; chunk(data.len(), n, 0).len()];
     // At step s, send chunk r+1-s (complete), receive chunk r-s.
-    for s in 0..n - 1 {
-        let (out_c, in_c) = ((r + 1 + n - s) % n, (r + n - s) % n);
-        let (out_r, in_r) = (chunk(data.len(), n, out_c), chunk(data.len(), n, in_c));
-        let buf = &mut incoming[..in_r.len()];
-        exchange(t, wire, &data[out_r.clone()], right, buf, left)?;
-        traffic.sent += wire.bytes(out_r.len());
-        traffic.received += wire.bytes(in_r.len());
-        data[in_r].copy_from_slice(buf);
-    }
-    Ok(traffic)
+    around(t, data, wire, |s| (r + 1 + n - s) % n, |s| (r + n - s) % n, |d, v| d.copy_from_slice(v))
 }
 
 /// The hierarchical (two-level) all-reduce: a reduce-scatter among the ranks of one
