@@ -138,18 +138,23 @@ pub fn shard(global_batch: usize, rank: usize, size: usize) -> std::ops::Range<u
 }
 
 /// The rows worker `rank` takes when the workers share a global batch in proportion to
-/// `weights` (their measured speeds, say): consecutive, every worker at least one row,
-/// the rest by largest remainder (ties to the lower rank). Weights that are not all
-/// positive and finite share equally ([`shard`]).
+/// `weights` (their measured speeds, say): consecutive, each worker's share rounded
+/// down but at least one row, the rows left over going by largest remainder (ties to
+/// the lower rank). Weights that are not all positive and finite share equally
+/// ([`shard`]).
 pub fn weighted_shard(global_batch: usize, weights: &[f64], rank: usize) -> std::ops::Range<usize> {
     let n = weights.len();
     if n == 0 || global_batch < n || !weights.iter().all(|w| w.is_finite() && *w > 0.0) {
         return shard(global_batch, rank, n.max(1));
     }
     let total: f64 = weights.iter().sum();
-    let spare = global_batch - n;
-    let exact: Vec<f64> = weights.iter().map(|w| w / total * spare as f64).collect();
-    let mut rows: Vec<usize> = exact.iter().map(|e| 1 + e.floor() as usize).collect();
+    let exact: Vec<f64> = weights.iter().map(|w| w / total * global_batch as f64).collect();
+    let mut rows: Vec<usize> = exact.iter().map(|e| (e.floor() as usize).max(1)).collect();
+    // The minimum of one row may have given out too many: take them from the largest.
+    while rows.iter().sum::<usize>() > global_batch {
+        let k = (0..n).max_by_key(|&k| (rows[k], std::cmp::Reverse(k))).expect("workers");
+        rows[k] -= 1;
+    }
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
     let mut left = global_batch - rows.iter().sum::<usize>();
