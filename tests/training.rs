@@ -10,9 +10,8 @@ use common::*;
 use kiln::compiler::autodiff::{Loss, Optimizer, OptimizerKind};
 use kiln::graph::{DType, Tensor};
 use kiln::ops::TensorType;
-use kiln::runtime::{npy, npz, DeviceChoice};
+use kiln::runtime::{npz, DeviceChoice};
 use kiln::train::{Schedule, TrainError, TrainOptions, Trainer};
-use serde_json::Value;
 use std::path::PathBuf;
 
 fn training() -> PathBuf {
