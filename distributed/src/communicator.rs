@@ -69,8 +69,6 @@ struct Shared<T> {
     levels: Option<Mutex<(T, T)>>,
     transport: Mutex<T>,
     algorithm: Algorithm,
-    /// How the ring's values travel (f16: compressed).
-    wire: Wire,
     stats: Mutex<CommStats>,
     /// Started reductions the thread has not finished.
     in_flight: AtomicUsize,
@@ -80,8 +78,8 @@ struct Shared<T> {
 
 type Reply = Sender<Result<Vec<f32>, String>>;
 
-/// A queued reduction: the values, whether they may travel compressed, where the sum goes.
-type Job = (Vec<f32>, bool, Reply);
+/// A queued reduction: the values, how they travel, where the sum goes.
+type Job = (Vec<f32>, Wire, Reply);
 
 /// The reduction thread, once started.
 struct Background {
@@ -99,6 +97,8 @@ pub struct Communicator<T> {
     next_ticket: Mutex<u64>,
     /// The watchdog's thread, stopped by dropping the sender.
     watchdog: Option<(Sender<()>, JoinHandle<()>)>,
+    /// How compressible values travel (f16: compressed).
+    wire: Wire,
 }
 
 fn lock<X>(m: &Mutex<X>) -> std::sync::MutexGuard<'_, X> {
@@ -106,24 +106,23 @@ fn lock<X>(m: &Mutex<X>) -> std::sync::MutexGuard<'_, X> {
 }
 
 impl<T: Transport> Shared<T> {
-    /// Sums `data`; `compressible` lets the ring send it as the communicator's wire.
-    fn reduce(&self, mut data: Vec<f32>, compressible: bool) -> Result<Vec<f32>, String> {
-        let wire = if compressible { self.wire } else { Wire::F32 };
+    /// Sums `data` in place, the ring's values travelling as `wire` says.
+    fn reduce(&self, data: &mut [f32], wire: Wire) -> Result<(), String> {
         if data.is_empty() {
-            return Ok(data);
+            return Ok(());
         }
         let start = Instant::now();
         *lock(&self.busy) = Some((start, data.len()));
         let traffic = {
             let t = lock(&self.transport);
-            let native = if self.algorithm == Algorithm::Native { t.native_all_reduce(&mut data) } else { None };
+            let native = if self.algorithm == Algorithm::Native { t.native_all_reduce(data) } else { None };
             match (native, &self.levels) {
                 (Some(done), _) => done.map(|()| Traffic::default()),
                 (None, Some(levels)) => {
                     let levels = lock(levels);
-                    ring::hierarchical_all_reduce(&levels.0, &levels.1, &mut data, wire)
+                    ring::hierarchical_all_reduce(&levels.0, &levels.1, data, wire)
                 }
-                (None, None) => ring::all_reduce_on(&*t, &mut data, wire),
+                (None, None) => ring::all_reduce_on(&*t, data, wire),
             }
         }
         .map_err(|e| e.to_string());
@@ -135,7 +134,7 @@ impl<T: Transport> Shared<T> {
         s.traffic.sent += traffic.sent;
         s.traffic.received += traffic.received;
         s.seconds += start.elapsed().as_secs_f64();
-        Ok(data)
+        Ok(())
     }
 }
 
@@ -158,7 +157,6 @@ impl<T: Transport + Send + 'static> Communicator<T> {
         Communicator {
             shared: Arc::new(Shared {
                 levels: levels.map(Mutex::new),
-                wire: Wire::F32,
                 transport: Mutex::new(transport),
                 algorithm,
                 stats: Mutex::new(CommStats::default()),
@@ -171,20 +169,31 @@ impl<T: Transport + Send + 'static> Communicator<T> {
             pending: Mutex::new(HashMap::new()),
             next_ticket: Mutex::new(0),
             watchdog: None,
+            wire: Wire::F32,
         }
     }
 
-    /// Sends the ring's values as f16 (half the bytes, summed in f32; see
-    /// [`Wire::F16`]); MPI's own all-reduce ([`Algorithm::Native`]) stays in f32.
+    /// Sends the ring's compressible values (gradients) as f16 (half the bytes, summed
+    /// in f32; see [`Wire::F16`]); MPI's own all-reduce ([`Algorithm::Native`]) stays in
+    /// f32.
     pub fn with_f16_wire(mut self) -> Communicator<T> {
-        Arc::get_mut(&mut self.shared).expect("not shared before it is used").wire = Wire::F16;
+        self.wire = Wire::F16;
         self
+    }
+
+    /// How values of a reduction travel.
+    fn wire_for(&self, compressible: bool) -> Wire {
+        if compressible {
+            self.wire
+        } else {
+            Wire::F32
+        }
     }
 
     /// Watches every reduction: one that has waited more than `timeout` for the other
     /// ranks calls `on_timeout` once with a message naming this rank and the rank it
-    /// waits on (the ring's left neighbour).
-    pub fn with_watchdog(mut self, timeout: std::time::Duration, on_timeout: impl Fn(String) + Send + 'static) -> Communicator<T> {
+    /// waits on (the ring's left neighbour). Fails only when the thread cannot start.
+    pub fn with_watchdog(mut self, timeout: std::time::Duration, on_timeout: impl Fn(String) + Send + 'static) -> crate::Result<Communicator<T>> {
         let shared = self.shared.clone();
         let (rank, size) = (self.rank, self.size);
         let (stop, stopped) = channel::<()>();
@@ -205,24 +214,13 @@ impl<T: Transport + Send + 'static> Communicator<T> {
                     }
                 }
             })
-            .expect("a watchdog thread");
+            .map_err(|e| crate::CommError::Transport { rank, what: format!("cannot start the watchdog thread: {e}") })?;
         self.watchdog = Some((stop, thread));
-        self
-    }
-
-    pub fn algorithm(&self) -> Algorithm {
-        self.shared.algorithm
+        Ok(self)
     }
 
     pub fn stats(&self) -> CommStats {
         *lock(&self.shared.stats)
-    }
-
-    /// Runs `f` with the transport (for collectives the op set does not cover: a
-    /// barrier, a maximum over ranks), after every started reduction has finished.
-    pub fn with_transport<R>(&self, f: impl FnOnce(&T) -> R) -> R {
-        self.drain();
-        f(&lock(&self.shared.transport))
     }
 
     /// Queues a reduction on the background thread (starting it first).
@@ -234,8 +232,8 @@ impl<T: Transport + Send + 'static> Communicator<T> {
             let thread = std::thread::Builder::new()
                 .name(format!("kiln-allreduce-{}", self.rank))
                 .spawn(move || {
-                    for (data, compressible, reply) in queue {
-                        let summed = shared.reduce(data, compressible);
+                    for (mut data, wire, reply) in queue {
+                        let summed = shared.reduce(&mut data, wire).map(|()| data);
                         shared.in_flight.fetch_sub(1, Ordering::SeqCst);
                         // The caller may have given up waiting; nothing to do then.
                         let _ = reply.send(summed);
@@ -246,18 +244,9 @@ impl<T: Transport + Send + 'static> Communicator<T> {
         }
         let (reply, answer) = channel();
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
-        bg.as_ref().expect("started above").jobs.send((data, compressible, reply)).map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))?;
+        let job = (data, self.wire_for(compressible), reply);
+        bg.as_ref().expect("started above").jobs.send(job).map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))?;
         Ok(answer)
-    }
-
-    /// Waits for every started reduction (their results stay for their waits).
-    fn drain(&self) {
-        if self.shared.in_flight.load(Ordering::SeqCst) == 0 {
-            return;
-        }
-        if let Ok(done) = self.enqueue(vec![], false) {
-            let _ = done.recv();
-        }
     }
 
     /// A reduction the caller waits for: behind any started reductions, so the order
@@ -268,12 +257,12 @@ impl<T: Transport + Send + 'static> Communicator<T> {
             return Ok(());
         }
         let start = Instant::now();
-        let summed = if self.shared.in_flight.load(Ordering::SeqCst) > 0 {
-            self.enqueue(data.to_vec(), compressible)?.recv().map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))??
+        if self.shared.in_flight.load(Ordering::SeqCst) > 0 {
+            let summed = self.enqueue(data.to_vec(), compressible)?.recv().map_err(|_| format!("rank {}: the reduction thread has stopped", self.rank))??;
+            data.copy_from_slice(&summed);
         } else {
-            self.shared.reduce(data.to_vec(), compressible)?
-        };
-        data.copy_from_slice(&summed);
+            self.shared.reduce(data, self.wire_for(compressible))?;
+        }
         self.blocked_for(start);
         Ok(())
     }
@@ -369,7 +358,7 @@ mod tests {
     fn the_watchdog_reports_a_reduction_that_waits_too_long() {
         let out = local::run(2, |t| {
             let (tx, rx) = channel();
-            let comm = Communicator::new(t, Algorithm::Ring).with_watchdog(std::time::Duration::from_millis(300), move |m| tx.send(m).unwrap());
+            let comm = Communicator::new(t, Algorithm::Ring).with_watchdog(std::time::Duration::from_millis(300), move |m| tx.send(m).unwrap()).unwrap();
             if comm.rank() == 1 {
                 std::thread::sleep(std::time::Duration::from_millis(1500));
             }

@@ -184,7 +184,7 @@ fn communicator(a: &Args) -> Result<Option<Comm>> {
     let comm = std::sync::Arc::new(comm.with_watchdog(timeout, |m| {
         eprintln!("kiln: {m}; ending the job");
         kiln::distributed::mpi_transport::abort(WATCHDOG_EXIT_CODE)
-    }));
+    })?);
     let stats = comm.clone();
     Ok(Some((comm, Box::new(move || stats.stats()))))
 }
@@ -364,10 +364,8 @@ fn train(mut a: Args, comm: Option<Comm>) -> Result<()> {
             bail!("the model's input '{input_name}' has rank {}, x.npy's samples {:?} give rank {}", t.shape.rank(), &x.dims()[1..], x.dims().len());
         }
     }
-    if let Some((_, _)) = &comm {
-        if !(a.bucket_mb.is_finite() && a.bucket_mb >= 0.0) {
-            bail!("--bucket-mb must be a number of at least 0, found {}", a.bucket_mb);
-        }
+    if comm.is_some() && !(a.bucket_mb.is_finite() && a.bucket_mb >= 0.0) {
+        bail!("--bucket-mb must be a number of at least 0, found {}", a.bucket_mb);
     }
     // The training step compiled for `rows` rows of each batch.
     let build = |rows: usize| -> Result<Trainer> {

@@ -189,6 +189,16 @@ impl<'g> Emit<'g> {
         let shape = self.ints(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>());
         self.op("Expand", &[a, shape], &[])
     }
+    /// `g`, or zeros of `like`'s type where there is no gradient.
+    pub fn or_zeros(&mut self, g: Option<ValueId>, like: ValueId) -> Result<ValueId> {
+        match g {
+            Some(g) => Ok(g),
+            None => {
+                let dims = self.dims(like);
+                self.zeros(self.dtype(like), &dims)
+            }
+        }
+    }
     pub fn zeros(&mut self, dtype: DType, dims: &[usize]) -> Result<ValueId> {
         let z = self.scalar(0.0, dtype);
         self.expand(z, dims)

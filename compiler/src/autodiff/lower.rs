@@ -75,7 +75,7 @@ fn moments(e: &mut Emit, x: ValueId, axes: &[usize], eps: f32, global: Option<us
     let count: usize = global.unwrap_or_else(|| axes.iter().map(|&a| xd[a]).product());
     let sum = |e: &mut Emit, v: ValueId| -> Result<ValueId> {
         let s = e.reduce_sum(v, axes, true)?;
-        Ok(if global.is_some() { parallel::all_reduce(e, &[s])?[0] } else { s })
+        Ok(if global.is_some() { parallel::all_reduce(e, &[s], false)?[0] } else { s })
     };
     let s = sum(e, x)?;
     let mean = e.scale(s, 1.0 / count as f64)?;

@@ -58,10 +58,11 @@ impl DataParallel {
     }
 }
 
-/// One `kiln.AllReduce` node summing `values` across the workers (one message).
-pub fn all_reduce(e: &mut Emit, values: &[ValueId]) -> Result<Vec<ValueId>> {
+/// One `kiln.AllReduce` node summing `values` across the workers (one message);
+/// `compressible` lets a communicator send them lossily (gradients only).
+pub fn all_reduce(e: &mut Emit, values: &[ValueId], compressible: bool) -> Result<Vec<ValueId>> {
     let inputs: Vec<Option<ValueId>> = values.iter().map(|&v| Some(v)).collect();
-    e.node(DOMAIN, ALL_REDUCE, &inputs, &[], values.len())
+    e.node(DOMAIN, ALL_REDUCE, &inputs, &[(COMPRESSIBLE, Attr::Int(compressible.into()))], values.len())
 }
 
 /// `values` summed across workers by a started reduction and its wait (see
@@ -84,13 +85,8 @@ pub(crate) fn reduce_gradients(e: &mut Emit, grads: &[ValueId], bucket_bytes: us
         bytes += e.ty(grads[k]).bytes();
         if bytes >= bucket_bytes || k == 0 {
             let values: Vec<ValueId> = bucket.iter().map(|&i| grads[i]).collect();
-            let summed = if overlap {
-                all_reduce_overlapped(e, &values)?
-            } else {
-                // Gradients: a communicator may send them compressed.
-                let inputs: Vec<Option<ValueId>> = values.iter().map(|&v| Some(v)).collect();
-                e.node(DOMAIN, ALL_REDUCE, &inputs, &[(COMPRESSIBLE, Attr::Int(1))], values.len())?
-            };
+            // Gradients: a communicator may send them compressed.
+            let summed = if overlap { all_reduce_overlapped(e, &values)? } else { all_reduce(e, &values, true)? };
             for (&i, r) in bucket.iter().zip(summed) {
                 reduced[i] = r;
             }

@@ -286,7 +286,7 @@ pub fn build(forward: &Graph, config: &TrainConfig, registry: &Registry) -> Resu
         e.graph.values[loss].name = LOCAL_LOSS.into();
         let weight = e.scalar(dp.weight(), e.dtype(loss));
         objective = e.mul(loss, weight)?;
-        loss = parallel::all_reduce(&mut e, &[objective])?[0];
+        loss = parallel::all_reduce(&mut e, &[objective], false)?[0];
     }
     e.graph.values[loss].name = LOSS.into();
 

@@ -42,7 +42,8 @@ fn main() {
         let comm = kiln_distributed::Communicator::new(t, kiln_distributed::Algorithm::Ring).with_watchdog(timeout, |m| {
             eprintln!("kiln-allreduce-bench: {m}; ending the job");
             kiln_distributed::mpi_transport::abort(75)
-        });
+        })
+        .expect("a watchdog thread");
         if rank == hang {
             loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));

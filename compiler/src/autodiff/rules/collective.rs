@@ -12,16 +12,7 @@ pub(super) const RULES: &[(&str, Rule)] = &[("AllReduce", all_reduce_rule)];
 fn all_reduce_rule(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Result<Vec<Option<ValueId>>> {
     // Every worker runs the same graph, so the same outputs have no gradient
     // everywhere; zeros keep the message whole all the same.
-    let mut parts = vec![];
-    for (i, d) in dy.iter().enumerate() {
-        parts.push(match d {
-            Some(d) => *d,
-            None => {
-                let dims = e.dims(n.outputs[i]);
-                e.zeros(e.dtype(n.outputs[i]), &dims)?
-            }
-        });
-    }
-    let summed = all_reduce(e, &parts)?;
+    let parts: Vec<ValueId> = dy.iter().zip(&n.outputs).map(|(d, &o)| e.or_zeros(*d, o)).collect::<Result<_>>()?;
+    let summed = all_reduce(e, &parts, false)?;
     Ok(summed.into_iter().zip(need).map(|(s, &want)| want.then_some(s)).collect())
 }

@@ -54,16 +54,7 @@ fn concat(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Resu
 fn split(e: &mut Emit, n: &Node, dy: &[Option<ValueId>], need: &[bool]) -> Result<Vec<Option<ValueId>>> {
     let r = e.rank(input(n, 0));
     let ax = axis(int_attr(n, "axis", 0), r);
-    let mut parts = vec![];
-    for (i, g) in dy.iter().enumerate() {
-        parts.push(match g {
-            Some(g) => *g,
-            None => {
-                let d = e.dims(n.outputs[i]);
-                e.zeros(e.dtype(n.outputs[i]), &d)?
-            }
-        });
-    }
+    let parts: Vec<ValueId> = dy.iter().zip(&n.outputs).map(|(g, &o)| e.or_zeros(*g, o)).collect::<Result<_>>()?;
     let mut out = vec![Some(e.op("Concat", &parts, &[("axis", Attr::Int(ax as i64))])?)];
     out.resize(need.len(), None);
     Ok(out)
