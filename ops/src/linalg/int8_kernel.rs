@@ -115,6 +115,29 @@ impl Int8Isa {
         }
     }
 
+    /// Two tiles, `a` (rows through `offs_a`) into `c[..PX * CH]` and `b` into the rest:
+    /// [`Self::tile`] twice, in one pass where the ISA has registers for both.
+    ///
+    /// # Safety
+    /// As [`Self::tile`], for both offset lists.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn tile_pair(self, layout: Layout, taps: usize, tw: usize, x: *const u32, offs_a: *const u32, offs_b: *const u32, w: *const u32, c: &mut [i32; 2 * PX * CH]) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Int8Isa::Avx512Vnni => x86::tile_vnni_pair(taps, tw, x, offs_a, offs_b, w, c),
+            _ => {
+                let (a, b) = c.split_at_mut(PX * CH);
+                self.tile(layout, taps, tw, x, offs_a, w, a.try_into().expect("a tile"));
+                self.tile(layout, taps, tw, x, offs_b, w, b.try_into().expect("a tile"));
+            }
+        }
+    }
+
+    /// Whether [`Self::tile_pair`] is one pass (worth pairing tiles for).
+    pub(crate) fn pairs_tiles(self) -> bool {
+        self == Int8Isa::Avx512Vnni
+    }
+
     /// One row of a tile (a matrix-vector product: `c[l] = sum_{k < tw} dot(x[k], w[k *
     /// CH + l])` for the CH columns), without computing five dropped rows.
     ///
@@ -257,7 +280,7 @@ impl Requantize {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{pack_pairs_avx2, requantize_rows_avx2, store_tile_avx2};
+pub(crate) use x86::{pack_pairs_avx2, requantize_rows_avx2, requantize_rows_avx512, store_tile_avx2};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -473,6 +496,50 @@ mod x86 {
         }
     }
 
+    /// Two tiles at once (`a` and `b`: each [`PX`] rows through its own offsets): twelve
+    /// independent sums per weight vector, enough to cover `vpdpbusd`'s latency, where
+    /// one tile's six leave it waiting.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn tile_vnni_pair(taps: usize, tw: usize, x: *const u32, offs_a: *const u32, offs_b: *const u32, w: *const u32, c: &mut [i32; 2 * PX * CH]) {
+        let z = _mm512_setzero_si512();
+        let mut acc = [z; 2 * PX];
+        let mut wp = w;
+        for t in 0..taps {
+            let (ra, rb) = (rows(x, offs_a, t), rows(x, offs_b, t));
+            let r = [ra[0], ra[1], ra[2], ra[3], ra[4], ra[5], rb[0], rb[1], rb[2], rb[3], rb[4], rb[5]];
+            for k in 0..tw {
+                let b = _mm512_loadu_si512(wp as *const _);
+                wp = wp.add(CH);
+                for (a, p) in acc.iter_mut().zip(r) {
+                    *a = _mm512_dpbusd_epi32(*a, _mm512_set1_epi32(*p.add(k) as i32), b);
+                }
+            }
+        }
+        let p = c.as_mut_ptr();
+        for (i, v) in acc.into_iter().enumerate() {
+            _mm512_storeu_si512(p.add(i * CH) as *mut _, v);
+        }
+    }
+
+    /// [`requantize_rows_avx2`] with AVX-512: a pixel's 16 sums in one register, clamped
+    /// to `[lo, hi]` as integers (the same as clamping the product, `lo` and `hi` being
+    /// integers) and narrowed to bytes.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn requantize_rows_avx512(r: &super::Requantize, c: &[i32; PX * CH], dst: *mut u8, stride: usize, count: usize, channels: usize) {
+        const _: () = assert!(CH == 16);
+        let hi = _mm512_set1_ps(r.hi);
+        let (lo, zy) = (_mm512_set1_epi32(r.lo as i32), _mm512_set1_epi32(r.zy));
+        let shift = _mm512_loadu_si512(r.shift.as_ptr() as *const _);
+        let mult = _mm512_loadu_ps(r.mult.as_ptr());
+        let mask: __mmask16 = if channels >= CH { !0 } else { (1u16 << channels) - 1 };
+        for j in 0..count {
+            let acc = _mm512_add_epi32(_mm512_loadu_si512(c.as_ptr().add(j * CH) as *const _), shift);
+            // Rounded half to even (the default rounding mode), at most hi, at least lo.
+            let q = _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), mult), hi)), lo);
+            _mm512_mask_cvtepi32_storeu_epi8(dst.add(j * stride) as *mut _, mask, _mm512_add_epi32(q, zy));
+        }
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn tile_vnni(taps: usize, tw: usize, x: *const u32, offs: *const u32, w: *const u32, c: &mut [i32; PX * CH]) {
         let z = _mm512_setzero_si512();
@@ -556,6 +623,13 @@ mod tests {
                     })
                     .collect();
                 assert_eq!(got, want, "{isa:?} {layout:?}, extreme {extreme}");
+                // Two tiles at once: a as above, b its pixels in reverse order.
+                let offs_b: Vec<u32> = (0..PX * taps).map(|r| offs[r / PX * PX + PX - 1 - r % PX]).collect();
+                let mut pair = [0i32; 2 * PX * CH];
+                // SAFETY: as above, for both offset lists.
+                unsafe { isa.tile_pair(layout, taps, tw, rows.as_ptr(), offs.as_ptr(), offs_b.as_ptr(), packed.as_ptr(), &mut pair) };
+                let reversed: Vec<i32> = (0..PX * CH).map(|e| c[(PX - 1 - e / CH) * CH + e % CH]).collect();
+                assert_eq!((&pair[..PX * CH], &pair[PX * CH..]), (&c[..], &reversed[..]), "pair: {isa:?} {layout:?}, extreme {extreme}");
                 // One row alone (pixel 0's tap 0, an odd number of pairs): `row`.
                 let mut r = [0i32; CH];
                 // SAFETY: row 0 of tap 0 has tw words, the first tw * CH packed words are

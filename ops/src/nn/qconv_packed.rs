@@ -440,14 +440,13 @@ impl PackedIntConv {
     fn compute(&self, run: &Run, bg: usize, blk: usize, t0: usize, t1: usize, offs: &[u32]) {
         let p = &self.p;
         let (b, g) = (bg / p.group, bg % p.group);
-        let (mg, plane) = (p.out_per_group(), p.geo.output_size());
+        let mg = p.out_per_group();
         let (taps, tw) = (self.taps, self.tw);
         let wblock = self.w[((g * self.blocks + blk) * taps * tw) * CH..].as_ptr();
         // SAFETY: the scratch holds batch * group images of (input pixels + 1) * tw words.
         let image = unsafe { run.xs.add(bg * (self.geo.input_size() + 1) * tw) };
         let m0 = g * mg + blk * CH;
         let mcount = CH.min(mg - blk * CH);
-        let mut c = [0i32; PX * CH];
         let mut shift = [0i32; CH];
         shift[..mcount].copy_from_slice(&run.shift[m0..m0 + mcount]);
         let requant = (self.epilogue == Epilogue::Requantize).then(|| {
@@ -457,50 +456,75 @@ impl PackedIntConv {
             Requantize { shift, mult, lo, hi, zy }
         });
         let mut vals = [[0i32; CH]; PX];
-        for tile in t0..t1 {
+        let mut c = [0i32; 2 * PX * CH];
+        let mut tile = t0;
+        while tile < t1 {
             let to = offs[(tile - t0) * taps * PX..].as_ptr();
-            // SAFETY: to holds taps * PX offsets of tw words within image-and-group bg's
-            // rows (input pixels or the padding row), the block holds taps * tw * CH words,
-            // and the isa is available.
-            unsafe { self.isa.tile(self.layout, taps, tw, image, to, wblock, &mut c) };
-            let q0 = tile * PX;
-            let count = PX.min(plane - q0);
-            if self.channels_last.y {
-                // SAFETY: channels m0..m0 + mcount of pixels q0..q0 + count of image b.
-                unsafe { self.store_nhwc(run, requant.as_ref(), &c, &shift, &mut vals, (b * plane + q0) * p.out_channels + m0, count, mcount) };
-                continue;
-            }
-            let at = (b * p.out_channels + m0) * plane + q0;
-            // SAFETY: channels m0..m0 + mcount at pixels q0..q0 + count of image b are this
-            // task's own part of the output.
+            let n = if self.isa.pairs_tiles() && tile + 1 < t1 { 2 } else { 1 };
+            // SAFETY: to holds n * taps * PX offsets of tw words within image-and-group
+            // bg's rows (input pixels or the padding row), the block holds taps * tw * CH
+            // words, and the isa is available.
             unsafe {
-                match &requant {
-                    None => {
-                        let dst = run.out.get() as *mut i32;
-                        for l in 0..mcount {
-                            for j in 0..count {
-                                *dst.add(at + l * plane + j) = c[j * CH + l].wrapping_add(shift[l]);
-                            }
-                        }
+                match n {
+                    2 => self.isa.tile_pair(self.layout, taps, tw, image, to, to.add(taps * PX), wblock, &mut c),
+                    _ => self.isa.tile(self.layout, taps, tw, image, to, wblock, first_tile(&mut c)),
+                }
+            }
+            for (i, sums) in c.chunks_exact(PX * CH).take(n).enumerate() {
+                let sums: &[i32; PX * CH] = sums.try_into().expect("a tile");
+                // SAFETY: the tile's pixels of channels m0..m0 + mcount of image b are this
+                // task's own part of the output.
+                unsafe { self.finish_tile(run, requant.as_ref(), sums, &shift, &mut vals, b, m0, mcount, tile + i) };
+            }
+            tile += n;
+        }
+    }
+
+    /// Adds the shift to (ConvInteger) or requantizes (QLinearConv) the sums `c` of pixel
+    /// tile `tile` and stores them: channels `m0..m0 + mcount` of image `b`.
+    ///
+    /// # Safety
+    /// Those outputs are the caller's alone.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn finish_tile(&self, run: &Run, requant: Option<&Requantize>, c: &[i32; PX * CH], shift: &[i32; CH], vals: &mut [[i32; CH]; PX], b: usize, m0: usize, mcount: usize, tile: usize) {
+        let p = &self.p;
+        let plane = p.geo.output_size();
+        let q0 = tile * PX;
+        let count = PX.min(plane - q0);
+        if self.channels_last.y {
+            return self.store_nhwc(run, requant, c, shift, vals, (b * plane + q0) * p.out_channels + m0, count, mcount);
+        }
+        let at = (b * p.out_channels + m0) * plane + q0;
+        match requant {
+            None => {
+                let dst = run.out.get() as *mut i32;
+                for l in 0..mcount {
+                    for j in 0..count {
+                        *dst.add(at + l * plane + j) = c[j * CH + l].wrapping_add(shift[l]);
                     }
-                    Some(r) => {
-                        r.tile(self.isa, &c, &mut vals);
-                        let dst = run.out.get();
-                        #[cfg(target_arch = "x86_64")]
-                        if count == PX && self.isa != Int8Isa::Portable {
-                            int8_kernel::store_tile_avx2(&vals, run.y_signed, dst.add(at), plane, mcount);
-                            continue;
-                        }
-                        for l in 0..mcount {
-                            for (j, row) in vals.iter().enumerate().take(count) {
-                                *dst.add(at + l * plane + j) = row[l] as u8;
-                            }
-                        }
+                }
+            }
+            Some(r) => {
+                r.tile(self.isa, c, vals);
+                let dst = run.out.get();
+                #[cfg(target_arch = "x86_64")]
+                if count == PX && self.isa != Int8Isa::Portable {
+                    int8_kernel::store_tile_avx2(vals, run.y_signed, dst.add(at), plane, mcount);
+                    return;
+                }
+                for l in 0..mcount {
+                    for (j, row) in vals.iter().enumerate().take(count) {
+                        *dst.add(at + l * plane + j) = row[l] as u8;
                     }
                 }
             }
         }
     }
+}
+
+/// The first of a pair's tiles.
+fn first_tile(c: &mut [i32; 2 * PX * CH]) -> &mut [i32; PX * CH] {
+    (&mut c[..PX * CH]).try_into().expect("a tile")
 }
 
 impl PackedIntConv {
@@ -522,6 +546,11 @@ impl PackedIntConv {
                 }
             }
             Some(r) => {
+                #[cfg(target_arch = "x86_64")]
+                if self.isa == Int8Isa::Avx512Vnni {
+                    int8_kernel::requantize_rows_avx512(r, c, run.out.get().add(at), stride, count, mcount);
+                    return;
+                }
                 #[cfg(target_arch = "x86_64")]
                 if self.isa != Int8Isa::Portable {
                     int8_kernel::requantize_rows_avx2(r, c, run.y_signed, run.out.get().add(at), stride, count, mcount);
