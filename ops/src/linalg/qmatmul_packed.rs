@@ -75,7 +75,7 @@ impl PackedIntMatMul {
         if m == 0 || self.n == 0 {
             return Ok(());
         }
-        let (tw, per, layout, signed) = (self.tw, self.layout.per_word(), self.layout, self.a_signed);
+        let (tw, layout, signed) = (self.tw, self.layout, self.a_signed);
         if m * tw > u32::MAX as usize {
             return Err(OpError::Unsupported(format!("an 8-bit product with {m} rows of {} values (at most 2^32 words packed)", self.k)));
         }
@@ -99,42 +99,54 @@ impl PackedIntMatMul {
                     halves[self.k..].fill(0);
                     continue;
                 }
-                for (i, o) in out.iter_mut().enumerate() {
-                    let vals = row[i * per..((i + 1) * per).min(self.k)].iter().map(|&v| if signed { v as i8 as i32 } else { v as i32 });
-                    *o = layout.word(vals, za, za);
-                }
+                // Quads are A's bytes as stored, padded with za's byte.
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+                bytes[..self.k].copy_from_slice(row);
+                bytes[self.k..].fill(za as u8);
             }
         });
-        let (tiles, blocks) = (m.div_ceil(PX), self.n.div_ceil(CH));
+        // A unit of work: `span` tiles of rows (two where the ISA runs a pair in one
+        // pass) against one block of columns.
+        let span = if self.isa.pairs_tiles() { 2 } else { 1 };
+        let (units, blocks) = (m.div_ceil(span * PX), self.n.div_ceil(CH));
         let fold = layout == Layout::Quads;
         let x = SharedPtr(words.as_mut_ptr());
-        cpu::par_ranges(tiles * blocks, PX * tw * CH, |start, end| {
-            let mut c = [0i32; PX * CH];
+        cpu::par_ranges(units * blocks, span * PX * tw * CH, |start, end| {
+            let mut c = [0i32; 2 * PX * CH];
             for u in start..end {
-                let (tile, blk) = (u / blocks, u % blocks);
-                let r0 = tile * PX;
+                let (unit, blk) = (u / blocks, u % blocks);
+                let r0 = unit * span * PX;
                 // Rows past m repeat the last one (their sums are dropped).
-                let offs: [u32; PX] = std::array::from_fn(|j| ((r0 + j).min(m - 1) * tw) as u32);
+                let offs: [u32; 2 * PX] = std::array::from_fn(|j| ((r0 + j).min(m - 1) * tw) as u32);
                 let wblk = self.w[blk * tw * CH..].as_ptr();
+                let tiles = if r0 + PX < m { span } else { 1 };
                 if r0 + 1 == m {
                     // A last (or only) row alone: a matrix-vector product.
                     let row: &mut [i32; CH] = (&mut c[..CH]).try_into().expect("CH sums");
                     // SAFETY: row r0 has tw words of A, the block tw * CH words of B, and
                     // the isa is available.
                     unsafe { self.isa.row(layout, tw, x.get().add(r0 * tw), wblk, row) };
+                } else if tiles == 2 {
+                    // SAFETY: offs are 2 * PX rows of tw words of A, the block has tw * CH
+                    // words of B, and the isa is available.
+                    unsafe { self.isa.tile_pair(layout, 1, tw, x.get(), offs.as_ptr(), offs[PX..].as_ptr(), wblk, &mut c) };
                 } else {
+                    let first: &mut [i32; PX * CH] = (&mut c[..PX * CH]).try_into().expect("a tile");
                     // SAFETY: offs are PX rows of tw words of A, the block has tw * CH
                     // words of B, and the isa is available.
-                    unsafe { self.isa.tile(layout, 1, tw, x.get(), offs.as_ptr(), wblk, &mut c) };
+                    unsafe { self.isa.tile(layout, 1, tw, x.get(), offs.as_ptr(), wblk, first) };
                 }
                 let (c0, cols) = (blk * CH, CH.min(self.n - blk * CH));
-                if fold {
-                    for (e, v) in c.iter_mut().enumerate() {
-                        let col = (c0 + e % CH).min(self.n - 1);
-                        *v = v.wrapping_sub(za.wrapping_mul(self.col_sums[col]));
+                for (i, sums) in c.chunks_exact_mut(PX * CH).take(tiles).enumerate() {
+                    if fold {
+                        for (e, v) in sums.iter_mut().enumerate() {
+                            let col = (c0 + e % CH).min(self.n - 1);
+                            *v = v.wrapping_sub(za.wrapping_mul(self.col_sums[col]));
+                        }
                     }
+                    let r = r0 + i * PX;
+                    store(r, PX.min(m - r), c0, cols, (&*sums).try_into().expect("a tile"));
                 }
-                store(r0, PX.min(m - r0), c0, cols, &c);
             }
         });
         Ok(())
