@@ -137,12 +137,16 @@ impl PackedIntMatMul {
                     unsafe { self.isa.tile(layout, 1, tw, x.get(), offs.as_ptr(), wblk, first) };
                 }
                 let (c0, cols) = (blk * CH, CH.min(self.n - blk * CH));
+                // Quads keep A's zero point: `za * sum_k b[k][col]` comes off each sum.
+                let mut zfold = [0i32; CH];
+                if fold {
+                    for (f, &s) in zfold.iter_mut().zip(&self.col_sums[c0..c0 + cols]) {
+                        *f = za.wrapping_mul(s);
+                    }
+                }
                 for (i, sums) in c.chunks_exact_mut(PX * CH).take(tiles).enumerate() {
-                    if fold {
-                        for (e, v) in sums.iter_mut().enumerate() {
-                            let col = (c0 + e % CH).min(self.n - 1);
-                            *v = v.wrapping_sub(za.wrapping_mul(self.col_sums[col]));
-                        }
+                    for row in sums.chunks_exact_mut(CH) {
+                        row.iter_mut().zip(&zfold).for_each(|(v, &f)| *v = v.wrapping_sub(f));
                     }
                     let r = r0 + i * PX;
                     store(r, PX.min(m - r), c0, cols, (&*sums).try_into().expect("a tile"));
