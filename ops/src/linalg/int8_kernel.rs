@@ -181,6 +181,18 @@ pub(crate) fn isa_param(quads_ok: bool) -> TuneParam {
     TuneParam { name: "isa", default: isas[0], candidates: isas }
 }
 
+/// The tuning parameter `isa` of a kernel that has no packed layout to agree on (the
+/// channels-last depthwise kernel): every available instruction set.
+pub(crate) fn isa_param_any() -> TuneParam {
+    let isas: Vec<u32> = Int8Isa::available().into_iter().map(Int8Isa::code).collect();
+    TuneParam { name: "isa", default: isas[0], candidates: isas }
+}
+
+/// The instruction set the tuning values choose for [`isa_param_any`].
+pub(crate) fn chosen_any(tune: &TuneValues) -> Int8Isa {
+    Int8Isa::from_code(tune.get(&isa_param_any())).unwrap_or(Int8Isa::Portable)
+}
+
 /// The `isa` value of the portable kernel in the quads layout (unit tests only).
 pub(crate) const PORTABLE_QUADS: u32 = 100;
 

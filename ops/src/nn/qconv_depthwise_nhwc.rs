@@ -6,7 +6,9 @@
 //! once per block of 16 channels, with two filter rows interleaved per column, and one
 //! `vpmaddwd` against the two taps' interleaved weights adds both products into 8 int32
 //! sums; the filters are interleaved once per plan in the order the kernel reads them.
-//! Taps outside the input add nothing (they read `zx`). Sums are exact; the epilogue is
+//! Taps outside the input add nothing (they read `zx`). With AVX-512 (and VNNI's
+//! `vpdpwssd`, the multiply and the add in one instruction) blocks are 32 channels wide,
+//! a remaining block of 16 taking the AVX2 path. Sums are exact; the epilogue is
 //! the packed kernel's ([`super::qconv_packed::run_params`]): `(acc + B) * (sx * sw[m] /
 //! sy)` in f32, rounded half to even, clamped around y's zero point, bit for bit the
 //! reference.
@@ -18,23 +20,45 @@ use crate::quant::qlinear;
 use crate::{OpError, Result, TuneParam, TuneValues};
 use kiln_graph::{DType, Tensor};
 
-/// Channels per AVX2 block.
+/// Channels per AVX2 block, and per AVX-512 block.
 const BLOCK: usize = 16;
-/// The channels of a block in the lanes of the two `vpmaddwd` sums.
-const LANES: [usize; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15];
+const WIDE: usize = 32;
+
+/// The channel (within a block of `width`) whose sum lies in lane `p` of the block's two
+/// `vpmaddwd` sums (lanes `0..width / 2`: the first). `unpacklo` / `unpackhi` of 16-bit
+/// values work per 128-bit lane of eight channels: the first sum holds channels `8i..8i
+/// + 4` of each, the second `8i + 4..8i + 8`.
+fn lane(width: usize, p: usize) -> usize {
+    let (half, q) = (p / (width / 2), p % (width / 2));
+    8 * (q / 4) + 4 * half + q % 4
+}
+
+/// Which row kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Portable,
+    /// Blocks of 16 channels.
+    Avx2,
+    /// Blocks of 32 channels (and a last block of 16 on the AVX2 path).
+    Avx512,
+}
 
 pub(super) struct DepthwiseNhwc {
     p: ConvProblem,
     epilogue: Epilogue,
     /// `[tap][channel]`: `w - zw`.
     w: Vec<i32>,
-    /// AVX2 only: per block of 16 channels and pair of taps (in the order
-    /// [`DepthwiseNhwc::row_avx2`] adds them, a missing partner a zero tap), the
-    /// `vpmaddwd` operands for channels `[0..4, 8..12]` then `[4..8, 12..16]` of the
-    /// block: `[block][pair][2][16]` i16.
+    /// Vector kinds only: per block of channels (first the [`WIDE`] blocks, then the
+    /// [`BLOCK`] ones) and pair of taps (in the order the row kernels add them, a missing
+    /// partner a zero tap), the `vpmaddwd` operands of the block's two sums, lanes in
+    /// [`lane`] order: `[block][pair][2][width]` i16.
     pairs: Vec<i16>,
+    /// Pairs of taps per block.
+    groups: usize,
+    /// Blocks of [`WIDE`] channels (AVX-512 only), before those of [`BLOCK`].
+    wide: usize,
     x_signed: bool,
-    avx2: bool,
+    kind: Kind,
 }
 
 impl DepthwiseNhwc {
@@ -45,7 +69,7 @@ impl DepthwiseNhwc {
     }
 
     pub(super) fn params() -> Vec<TuneParam> {
-        vec![int8_kernel::isa_param(false)]
+        vec![int8_kernel::isa_param_any()]
     }
 
     pub(super) fn new(p: ConvProblem, epilogue: Epilogue, x: DType, w: &Tensor, zw: &[i32], tune: &TuneValues) -> Result<DepthwiseNhwc> {
@@ -60,32 +84,59 @@ impl DepthwiseNhwc {
                 wt[t * c + m] = v - zw[if zw.len() == 1 { 0 } else { m }];
             }
         }
-        let avx2 = cfg!(target_arch = "x86_64") && c % BLOCK == 0 && int8_kernel::chosen(tune, false).0 == Int8Isa::Avx2;
+        let kind = match int8_kernel::chosen_any(tune) {
+            _ if !cfg!(target_arch = "x86_64") || c % BLOCK != 0 => Kind::Portable,
+            Int8Isa::Avx512Vnni => Kind::Avx512,
+            Int8Isa::Avx2 => Kind::Avx2,
+            Int8Isa::Portable => Kind::Portable,
+        };
+        let wide = if kind == Kind::Avx512 { c / WIDE } else { 0 };
+        let [_, kh, kw] = p.geo.kernel;
+        // The order the row kernels read them: per column the row pairs, then the last
+        // row of an odd height in pairs of neighbouring columns.
+        let mut order = vec![];
+        for e in 0..kw {
+            order.extend((0..kh / 2).map(|r| [(2 * r, e), (2 * r + 1, e)]));
+        }
+        if kh % 2 == 1 {
+            order.extend((0..kw).step_by(2).map(|e| [(kh - 1, e), (kh - 1, e + 1)]));
+        }
         let mut pairs = vec![];
-        if avx2 {
-            let [_, kh, kw] = p.geo.kernel;
+        if kind != Kind::Portable {
             // Tap (row a, column e) of channel m, zero past the kernel's width.
             let tap = |a: usize, e: usize, m: usize| if e < kw { wt[(a * kw + e) * c + m] as i16 } else { 0 };
-            for blk in 0..c / BLOCK {
-                let m0 = blk * BLOCK;
-                // The order `row_avx2` reads them: per column the row pairs, then the
-                // last row of an odd height in pairs of neighbouring columns.
-                let mut groups = vec![];
-                for e in 0..kw {
-                    groups.extend((0..kh / 2).map(|r| [(2 * r, e), (2 * r + 1, e)]));
-                }
-                if kh % 2 == 1 {
-                    groups.extend((0..kw).step_by(2).map(|e| [(kh - 1, e), (kh - 1, e + 1)]));
-                }
-                for [(a0, e0), (a1, e1)] in groups {
-                    // vpmaddwd's lanes after unpacklo / unpackhi of two 16-channel rows.
-                    for l in LANES {
+            let blocks = (0..wide).map(|b| (b * WIDE, WIDE)).chain((wide * WIDE..c).step_by(BLOCK).map(|m0| (m0, BLOCK)));
+            for (m0, width) in blocks {
+                for &[(a0, e0), (a1, e1)] in &order {
+                    for q in 0..width {
+                        let l = lane(width, q);
                         pairs.extend([tap(a0, e0, m0 + l), tap(a1, e1, m0 + l)]);
                     }
                 }
             }
         }
-        Ok(DepthwiseNhwc { p, epilogue, w: wt, pairs, x_signed: x == DType::I8, avx2 })
+        Ok(DepthwiseNhwc { p, epilogue, w: wt, pairs, groups: order.len(), wide, x_signed: x == DType::I8, kind })
+    }
+
+    /// The channel whose multiplier and bias go to lane-ordered position `m` (see
+    /// [`lane`]), and where the block holding `m` starts in `pairs`.
+    fn lane_of(&self, m: usize) -> usize {
+        let split = self.wide * WIDE;
+        if m < split {
+            m / WIDE * WIDE + lane(WIDE, m % WIDE)
+        } else {
+            split + (m - split) / BLOCK * BLOCK + lane(BLOCK, (m - split) % BLOCK)
+        }
+    }
+
+    fn block_pairs(&self, m0: usize) -> usize {
+        let split = self.wide * WIDE;
+        let per = self.groups * 2;
+        if m0 < split {
+            m0 / WIDE * per * WIDE
+        } else {
+            split * per + (m0 - split) / BLOCK * per * BLOCK
+        }
     }
 }
 
@@ -94,6 +145,7 @@ impl DepthwiseNhwc {
 #[cfg(target_arch = "x86_64")]
 struct RowScratch {
     cols: Vec<std::arch::x86_64::__m256i>,
+    wide: Vec<std::arch::x86_64::__m512i>,
     rows: Vec<Option<usize>>,
 }
 
@@ -102,7 +154,7 @@ struct Epi<'a> {
     int32: bool,
     mult: &'a [f32],
     bias: &'a [i32],
-    /// AVX2: the multipliers and biases of each block in [`LANES`] order.
+    /// Vector kinds: the multipliers and biases of each block in [`lane`] order.
     lane_mult: Vec<f32>,
     lane_bias: Vec<i32>,
     lo: f32,
@@ -122,8 +174,8 @@ impl CpuKernel for DepthwiseNhwc {
         let x = cpu::input(inputs, 0)?;
         let y = &mut outputs[0];
         let (zx, mult, (lo, hi, zy), bias) = run_params(&self.p, self.epilogue, inputs, x, y)?;
-        let lane = |m: usize| m / BLOCK * BLOCK + LANES[m % BLOCK];
-        let (lane_mult, lane_bias) = if self.avx2 && !mult.is_empty() { ((0..mult.len()).map(|m| mult[lane(m)]).collect(), (0..bias.len()).map(|m| bias[lane(m)]).collect()) } else { (vec![], vec![]) };
+        let vector = self.kind != Kind::Portable;
+        let (lane_mult, lane_bias) = if vector && !mult.is_empty() { ((0..mult.len()).map(|m| mult[self.lane_of(m)]).collect(), (0..bias.len()).map(|m| bias[self.lane_of(m)]).collect()) } else { (vec![], vec![]) };
         let epi = Epi { int32: self.epilogue == Epilogue::Int32, mult: &mult, bias: &bias, lane_mult, lane_bias, lo, hi, zy };
         let y_signed = y.dtype() == DType::I8;
         let g = &self.p.geo;
@@ -135,20 +187,31 @@ impl CpuKernel for DepthwiseNhwc {
             let mut taps: Vec<Option<usize>> = vec![None; g.kernel_size()];
             let mut acc = vec![0i32; c];
             #[cfg(target_arch = "x86_64")]
-            let mut scratch = RowScratch { cols: Vec::new(), rows: Vec::new() };
+            let mut scratch = RowScratch { cols: Vec::new(), wide: Vec::new(), rows: Vec::new() };
             for row in start..end {
                 let (b, oy) = (row / oh, row % oh);
                 #[cfg(target_arch = "x86_64")]
-                if self.avx2 && !epi.int32 {
-                    // SAFETY: AVX2 is available (chosen at plan time), x has the planned
-                    // size (run_params), and output row (b, oy) is this task's.
+                if vector && !epi.int32 {
+                    // SAFETY: the kind's ISA is available (chosen at plan time), x has the
+                    // planned size (run_params), and output row (b, oy) is this task's.
                     unsafe {
                         let dst = out.get().add((b * oh + oy) * ow * c);
-                        match (g.kernel[1..] == [3, 3], self.x_signed) {
-                            (true, false) => self.row_avx2::<3, 3, false>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
-                            (true, true) => self.row_avx2::<3, 3, true>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
-                            (false, false) => self.row_avx2::<0, 0, false>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
-                            (false, true) => self.row_avx2::<0, 0, true>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
+                        let split = self.wide * WIDE;
+                        if split > 0 {
+                            match (g.kernel[1..] == [3, 3], self.x_signed) {
+                                (true, false) => self.row_avx512::<3, 3, false>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
+                                (true, true) => self.row_avx512::<3, 3, true>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
+                                (false, false) => self.row_avx512::<0, 0, false>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
+                                (false, true) => self.row_avx512::<0, 0, true>(xs, b, oy, zx, &epi, y_signed, dst, &mut scratch),
+                            }
+                        }
+                        if split < c {
+                            match (g.kernel[1..] == [3, 3], self.x_signed) {
+                                (true, false) => self.row_avx2::<3, 3, false>(xs, b, oy, zx, &epi, y_signed, dst, split, &mut scratch),
+                                (true, true) => self.row_avx2::<3, 3, true>(xs, b, oy, zx, &epi, y_signed, dst, split, &mut scratch),
+                                (false, false) => self.row_avx2::<0, 0, false>(xs, b, oy, zx, &epi, y_signed, dst, split, &mut scratch),
+                                (false, true) => self.row_avx2::<0, 0, true>(xs, b, oy, zx, &epi, y_signed, dst, split, &mut scratch),
+                            }
                         }
                     }
                     continue;
@@ -213,8 +276,8 @@ impl DepthwiseNhwc {
         }
     }
 
-    /// One output row, requantized, 16 channels at a time with AVX2. Per block of
-    /// channels the input columns under the row are widened once into `cols`: per
+    /// One output row, requantized, 16 channels at a time with AVX2, channels `first..`
+    /// (the rest of [`Self::row_avx512`]'s). Per block of channels the input columns under the row are widened once into `cols`: per
     /// padded column `u` (input column `u - pad`), the filter rows in pairs `(2r, 2r +
     /// 1)` interleaved, and with an odd kernel height the last row interleaved with
     /// itself `dilation` columns on, so that each output pixel adds its taps with
@@ -223,7 +286,7 @@ impl DepthwiseNhwc {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn row_avx2<const KH: usize, const KW: usize, const SIGNED: bool>(&self, xs: &[u8], b: usize, oy: usize, zx: i32, epi: &Epi, y_signed: bool, dst: *mut u8, scratch: &mut RowScratch) {
+    unsafe fn row_avx2<const KH: usize, const KW: usize, const SIGNED: bool>(&self, xs: &[u8], b: usize, oy: usize, zx: i32, epi: &Epi, y_signed: bool, dst: *mut u8, first: usize, scratch: &mut RowScratch) {
         use std::arch::x86_64::*;
         let g = &self.p.geo;
         // A 3x3 kernel is compiled with its size known (KH, KW); 0 takes the geometry's.
@@ -235,7 +298,7 @@ impl DepthwiseNhwc {
         // Vectors per padded column, and padded columns under the row.
         let per_col = 2 * (vpairs + odd as usize);
         let span = (ow - 1) * sw + (kw - 1) * dw + 1;
-        let RowScratch { cols, rows } = scratch;
+        let RowScratch { cols, rows, .. } = scratch;
         cols.resize(span * per_col, _mm256_setzero_si256());
         let y0 = (oy * g.stride[1]) as i64 - g.pad_begin[1];
         rows.clear();
@@ -252,10 +315,8 @@ impl DepthwiseNhwc {
                 _ => _mm256_setzero_si256(),
             }
         };
-        let groups = self.pairs.len() / (c / BLOCK * 2 * BLOCK);
         let (hi, zy) = (_mm256_set1_ps(epi.hi), _mm256_set1_epi16(epi.zy as i16));
-        for blk in 0..c / BLOCK {
-            let m0 = blk * BLOCK;
+        for m0 in (first..c).step_by(BLOCK) {
             for (u, col) in cols.chunks_exact_mut(per_col).enumerate() {
                 let xx = u as i64 - pw;
                 for r in 0..vpairs {
@@ -269,7 +330,7 @@ impl DepthwiseNhwc {
                     col[2 * vpairs + 1] = _mm256_unpackhi_epi16(x0, x1);
                 }
             }
-            let w = self.pairs.as_ptr().add(blk * groups * 2 * BLOCK) as *const __m256i;
+            let w = self.pairs.as_ptr().add(self.block_pairs(m0)) as *const __m256i;
             let bias = (_mm256_loadu_si256(epi.lane_bias.as_ptr().add(m0) as *const __m256i), _mm256_loadu_si256(epi.lane_bias.as_ptr().add(m0 + 8) as *const __m256i));
             let mult = (_mm256_loadu_ps(epi.lane_mult.as_ptr().add(m0)), _mm256_loadu_ps(epi.lane_mult.as_ptr().add(m0 + 8)));
             for ox in 0..ow {
@@ -305,6 +366,94 @@ impl DepthwiseNhwc {
                 let bytes = if y_signed { _mm256_packs_epi16(words, words) } else { _mm256_packus_epi16(words, words) };
                 let ordered = _mm256_permute4x64_epi64(bytes, 0b1000);
                 _mm_storeu_si128(dst.add(ox * c + m0) as *mut __m128i, _mm256_castsi256_si128(ordered));
+            }
+        }
+    }
+
+    /// [`Self::row_avx2`] for the first `wide` blocks of 32 channels, with 512-bit
+    /// registers and VNNI's `vpdpwssd`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn row_avx512<const KH: usize, const KW: usize, const SIGNED: bool>(&self, xs: &[u8], b: usize, oy: usize, zx: i32, epi: &Epi, y_signed: bool, dst: *mut u8, scratch: &mut RowScratch) {
+        use std::arch::x86_64::*;
+        let g = &self.p.geo;
+        let (kh, kw) = if KH > 0 { (KH, KW) } else { (g.kernel[1], g.kernel[2]) };
+        let ([_, ih, iw], [_, ow]) = (g.input, [g.output[1], g.output[2]]);
+        let (sw, (dh, dw), pw) = (g.stride[2], (g.dilation[1], g.dilation[2]), g.pad_begin[2]);
+        let c = self.p.out_channels;
+        let (vpairs, odd) = (kh / 2, kh % 2 == 1);
+        let per_col = 2 * (vpairs + odd as usize);
+        let span = (ow - 1) * sw + (kw - 1) * dw + 1;
+        let RowScratch { wide: cols, rows, .. } = scratch;
+        cols.resize(span * per_col, _mm512_setzero_si512());
+        let y0 = (oy * g.stride[1]) as i64 - g.pad_begin[1];
+        rows.clear();
+        rows.extend((0..kh).map(|a| y0 + (a * dh) as i64).map(|yy| (0..ih as i64).contains(&yy).then(|| (b * ih + yy as usize) * iw)));
+        let zxv = _mm512_set1_epi16(zx as i16);
+        let load = |row: Option<usize>, xx: i64, m0: usize| -> __m512i {
+            match row {
+                // SAFETY: pixel (row, xx) lies in x, and its channels m0..m0 + 32 too.
+                Some(r) if (0..iw as i64).contains(&xx) => unsafe {
+                    let raw = _mm256_loadu_si256(xs.as_ptr().add((r + xx as usize) * c + m0) as *const __m256i);
+                    let wide = if SIGNED { _mm512_cvtepi8_epi16(raw) } else { _mm512_cvtepu8_epi16(raw) };
+                    _mm512_sub_epi16(wide, zxv)
+                },
+                _ => _mm512_setzero_si512(),
+            }
+        };
+        let hi = _mm512_set1_ps(epi.hi);
+        let zy = _mm512_set1_epi16(epi.zy as i16);
+        let (lo8, hi8) = if y_signed { (_mm512_set1_epi16(-128), _mm512_set1_epi16(127)) } else { (_mm512_setzero_si512(), _mm512_set1_epi16(255)) };
+        for blk in 0..self.wide {
+            let m0 = blk * WIDE;
+            for (u, col) in cols.chunks_exact_mut(per_col).enumerate() {
+                let xx = u as i64 - pw;
+                for r in 0..vpairs {
+                    let (x0, x1) = (load(rows[2 * r], xx, m0), load(rows[2 * r + 1], xx, m0));
+                    col[2 * r] = _mm512_unpacklo_epi16(x0, x1);
+                    col[2 * r + 1] = _mm512_unpackhi_epi16(x0, x1);
+                }
+                if odd {
+                    let (x0, x1) = (load(rows[kh - 1], xx, m0), load(rows[kh - 1], xx + dw as i64, m0));
+                    col[2 * vpairs] = _mm512_unpacklo_epi16(x0, x1);
+                    col[2 * vpairs + 1] = _mm512_unpackhi_epi16(x0, x1);
+                }
+            }
+            let w = self.pairs.as_ptr().add(self.block_pairs(m0)) as *const __m512i;
+            let ld = |v: &[i32]| _mm512_loadu_si512(v.as_ptr() as *const _);
+            let bias = (ld(&epi.lane_bias[m0..]), ld(&epi.lane_bias[m0 + 16..]));
+            let mult = (_mm512_loadu_ps(epi.lane_mult.as_ptr().add(m0)), _mm512_loadu_ps(epi.lane_mult.as_ptr().add(m0 + 16)));
+            for ox in 0..ow {
+                let (mut acc_a, mut acc_b) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                let mut wi = 0;
+                let mut add = |v: *const __m512i| {
+                    // SAFETY: v points at a column's pair of vectors; wi counts the
+                    // block's pair groups.
+                    unsafe {
+                        acc_a = _mm512_dpwssd_epi32(acc_a, *v, _mm512_loadu_si512(w.add(2 * wi) as *const _));
+                        acc_b = _mm512_dpwssd_epi32(acc_b, *v.add(1), _mm512_loadu_si512(w.add(2 * wi + 1) as *const _));
+                    }
+                    wi += 1;
+                };
+                let base = cols.as_ptr().add(ox * sw * per_col);
+                for e in 0..kw {
+                    for r in 0..vpairs {
+                        add(base.add(e * dw * per_col + 2 * r));
+                    }
+                }
+                if odd {
+                    for e in (0..kw).step_by(2) {
+                        add(base.add(e * dw * per_col + 2 * vpairs));
+                    }
+                }
+                // As in row_avx2: capped at hi and rounded half to even, the saturating
+                // pack and the 8-bit clamp below; packs_epi32 per 128-bit lane restores
+                // the channels' order.
+                let requant = |acc: __m512i, b: __m512i, m: __m512| -> __m512i { _mm512_cvtps_epi32(_mm512_min_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc, b)), m), hi)) };
+                let words = _mm512_adds_epi16(_mm512_packs_epi32(requant(acc_a, bias.0, mult.0), requant(acc_b, bias.1, mult.1)), zy);
+                let clamped = _mm512_min_epi16(_mm512_max_epi16(words, lo8), hi8);
+                _mm256_storeu_si256(dst.add(ox * c + m0) as *mut __m256i, _mm512_cvtepi16_epi8(clamped));
             }
         }
     }
