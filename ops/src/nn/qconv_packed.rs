@@ -392,7 +392,7 @@ impl PackedIntConv {
         // Per value of a pixel (channel c, column e), then up to whole words: where it
         // sits in the encoded rows; an extra row of padding stands for the values past
         // the channels.
-        let (cf, bits) = (cg * fold, 32 / per);
+        let cf = cg * fold;
         let slots: Vec<usize> = (0..tw * per).map(|i| if i < cf { i / fold * span + i % fold * dilation } else { cg * span }).collect();
         // The pairs layout's two slots per word, and how far past a window's first value
         // they reach (so the hot loop indexes a slice of known length).
@@ -422,13 +422,13 @@ impl PackedIntConv {
                     }
                     continue;
                 }
-                for (ox, words) in dst.chunks_exact_mut(tw).enumerate() {
-                    let at = &enc[ox * stride..];
-                    for (w, s) in words.iter_mut().zip(slots.chunks_exact(per)) {
-                        *w = match *s {
-                            [a, b] => at[a] | at[b] << 16,
-                            _ => s.iter().enumerate().fold(0, |acc, (q, &o)| acc | at[o] << (q * bits)),
-                        };
+                // Quads are the bytes as stored: byte i of a pixel's words is the value at
+                // slot i (an encoded quad value is its byte).
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+                for (ox, px) in bytes.chunks_exact_mut(tw * per).enumerate() {
+                    let at = &enc[ox * stride..ox * stride + window];
+                    for (b, &o) in px.iter_mut().zip(&slots) {
+                        *b = at[o] as u8;
                     }
                 }
             }
