@@ -172,8 +172,11 @@ thread_local! {
 
 /// What a run's tasks share.
 struct Run<'a> {
-    /// The repacked input: `[batch][group][input pixels + the padding row][tw]` words.
+    /// The repacked input: `[batch][group][input pixels + the padding row][tw]` words,
+    /// or x itself where its bytes are those words ([`PackedIntConv::reads_x`]).
     xs: *const u32,
+    /// Words from one image and group of `xs` to the next.
+    image_words: usize,
     /// Per output channel: added to each sum (bias, minus the zero-point fold).
     shift: &'a [i32],
     /// Per output channel: the requantization multiplier (QLinearConv only).
@@ -197,9 +200,15 @@ impl CpuKernel for PackedIntConv {
         let shift: Vec<i32> = (0..p.out_channels).map(|m| bias[m].wrapping_sub(if fold { zx.wrapping_mul(self.row_sums[m]) } else { 0 })).collect();
 
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        self.pack_input(x.bytes(), zx, &mut scratch);
+        let img = self.geo.input_size();
+        let (xs, image_words) = if self.reads_x(x.bytes()) {
+            (x.bytes().as_ptr() as *const u32, img * self.tw)
+        } else {
+            self.pack_input(x.bytes(), zx, &mut scratch);
+            (scratch.as_ptr(), (img + 1) * self.tw)
+        };
         let y_signed = y.dtype() == DType::I8;
-        let run = Run { xs: scratch.as_ptr(), shift: &shift, mult: &mult, bounds, out: SharedPtr(y.bytes_mut().as_mut_ptr()), y_signed };
+        let run = Run { xs, image_words, shift: &shift, mult: &mult, bounds, out: SharedPtr(y.bytes_mut().as_mut_ptr()), y_signed };
 
         let tiles = p.geo.output_size().div_ceil(PX);
         let chunks = tiles.div_ceil(TILES_PER_CHUNK);
@@ -237,6 +246,21 @@ impl CpuKernel for PackedIntConv {
 }
 
 impl PackedIntConv {
+    /// Whether the kernel reads x in place: a channels-last x whose pixels are already
+    /// the quads layout's words (one group, a multiple of 4 channels, 4-byte aligned),
+    /// under a window that never reaches the padding (a 1x1 convolution without pads).
+    fn reads_x(&self, x: &[u8]) -> bool {
+        let g = &self.geo;
+        self.channels_last.x
+            && self.layout == Layout::Quads
+            && self.p.group == 1
+            && self.p.in_channels % 4 == 0
+            && self.fold == 1
+            && g.kernel_size() == 1
+            && g.pad_begin.iter().chain(&g.pad_end).all(|&p| p == 0)
+            && x.as_ptr().align_offset(4) == 0
+    }
+
     /// Repacks x (NCHW) into `[batch][group][pixel + 1][tw]` words, the last row of each
     /// image and group the padding: pairs of `x - zx` (padding 0), or quads of raw bytes
     /// (padding `zx`).
@@ -332,6 +356,12 @@ impl PackedIntConv {
                     } else {
                         halves.iter_mut().zip(src).for_each(|(h, &v)| *h = (v as i16).wrapping_sub(zx as i16) as u16);
                     }
+                    continue;
+                }
+                if layout == Layout::Quads && cg % 4 == 0 && cg == c {
+                    // Ungrouped, whole words: the block's pixels are its words' bytes.
+                    let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+                    bytes.copy_from_slice(&x[(b * img + p0) * c..(b * img + p1) * c]);
                     continue;
                 }
                 for (i, words) in dst.chunks_exact_mut(tw).enumerate() {
@@ -443,8 +473,8 @@ impl PackedIntConv {
         let mg = p.out_per_group();
         let (taps, tw) = (self.taps, self.tw);
         let wblock = self.w[((g * self.blocks + blk) * taps * tw) * CH..].as_ptr();
-        // SAFETY: the scratch holds batch * group images of (input pixels + 1) * tw words.
-        let image = unsafe { run.xs.add(bg * (self.geo.input_size() + 1) * tw) };
+        // SAFETY: xs holds batch * group images of image_words words.
+        let image = unsafe { run.xs.add(bg * run.image_words) };
         let m0 = g * mg + blk * CH;
         let mcount = CH.min(mg - blk * CH);
         let mut shift = [0i32; CH];
