@@ -70,6 +70,50 @@ impl Op for LayerNorm {
     }
 }
 
+/// The f64 sum of `f(v)` over a row, in eight interleaved partial sums (a dependency
+/// chain of one add per element would leave the vector units idle).
+#[inline(always)]
+fn lanes_sum(xr: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = xr.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v);
+        }
+    }
+    acc.iter().sum::<f64>() + tail
+}
+
+/// A row's mean and `1 / sqrt(variance + eps)`, in f64.
+#[inline(always)]
+fn row_stats(xr: &[f32], eps: f64) -> (f64, f64) {
+    let n = xr.len().max(1) as f64;
+    let mean = lanes_sum(xr, |v| v as f64) / n;
+    let var = lanes_sum(xr, |v| (v as f64 - mean) * (v as f64 - mean)) / n;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+/// Normalizes the rows of `part` (rows `first..` of x, each `sc.len()` values).
+#[inline(always)]
+fn normalize_rows(xs: &[f32], first: usize, part: &mut [f32], sc: &[f32], bs: &[f32], eps: f64) {
+    let n = sc.len();
+    for (r, yr) in part.chunks_mut(n.max(1)).enumerate() {
+        let xr = &xs[(first + r) * n..][..n];
+        let (mean, inv) = row_stats(xr, eps);
+        let (m, s) = (mean as f32, inv as f32);
+        for (((y, &x), &c), &b) in yr.iter_mut().zip(xr).zip(sc).zip(bs) {
+            *y = (x - m) * s * c + b;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn normalize_rows_avx2(xs: &[f32], first: usize, part: &mut [f32], sc: &[f32], bs: &[f32], eps: f64) {
+    normalize_rows(xs, first, part, sc, bs, eps)
+}
+
 impl CpuKernel for LayerNorm {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let x = cpu::input(inputs, 0)?;
@@ -93,24 +137,18 @@ impl CpuKernel for LayerNorm {
             let (sc, bs): (Vec<f32>, Vec<f32>) = (scale.iter().map(|&v| v as f32).collect(), bias.as_ref().map(|b| b.iter().map(|&v| v as f32).collect()).unwrap_or_else(|| vec![0.0; n]));
             let y = outputs[0].as_mut_slice::<f32>()?;
             cpu::par_chunks_mut(y, n.max(1), n, |first, part| {
-                for (r, yr) in part.chunks_mut(n.max(1)).enumerate() {
-                    let xr = &xs[(first + r) * n..][..n];
-                    let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
-                    let var = xr.iter().map(|&v| (v as f64 - mean) * (v as f64 - mean)).sum::<f64>() / n as f64;
-                    let inv = 1.0 / (var + eps).sqrt();
-                    let (m, s) = (mean as f32, inv as f32);
-                    for k in 0..n {
-                        yr[k] = (xr[k] - m) * s * sc[k] + bs[k];
-                    }
+                #[cfg(target_arch = "x86_64")]
+                if cpu::has_avx2() {
+                    // SAFETY: the CPU has AVX2 and FMA.
+                    return unsafe { normalize_rows_avx2(xs, first, part, &sc, &bs, eps) };
                 }
+                normalize_rows(xs, first, part, &sc, &bs, eps)
             });
             // The statistics outputs, when the node has them.
             for r in (0..rows).filter(|_| outputs.len() > 1) {
-                let xr = &xs[r * n..][..n];
-                let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / n.max(1) as f64;
-                let var = xr.iter().map(|&v| (v as f64 - mean) * (v as f64 - mean)).sum::<f64>() / n.max(1) as f64;
+                let (mean, inv) = row_stats(&xs[r * n..][..n], eps);
                 means[r] = mean as f32;
-                invs[r] = (1.0 / (var + eps).sqrt()) as f32;
+                invs[r] = inv as f32;
             }
         } else {
             let xs = x.to_f64_vec();
