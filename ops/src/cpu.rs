@@ -66,6 +66,13 @@ pub fn has_avx2() -> bool {
     CpuFeatures::get().avx2_fma()
 }
 
+/// Whether the CPU has AVX-512 F, BW, VL and DQ with AVX2 and FMA (what the kernels
+/// compiled for 512-bit vectors assume).
+pub fn has_avx512() -> bool {
+    let f = CpuFeatures::get();
+    f.avx2_fma() && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq
+}
+
 /// A raw output pointer that parallel tasks write through at disjoint places.
 #[derive(Clone, Copy)]
 pub(crate) struct SharedOut(pub(crate) *mut f32);

@@ -14,9 +14,15 @@ impl UnaryKind {
         self.apply_f64(x as f64) as f32
     }
 
-    /// [`Self::apply_slice_f32`] compiled for AVX2 + FMA when the CPU has them (8 lanes
-    /// instead of SSE's 4): what kernels call on their outputs.
+    /// [`Self::apply_slice_f32`] compiled for AVX-512 or AVX2 + FMA when the CPU has
+    /// them (16 or 8 lanes instead of SSE's 4): what kernels call on their outputs.
     pub fn apply_slice_f32_fast(&self, xs: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::has_avx512() {
+            // SAFETY: the CPU has AVX-512 F/BW/VL/DQ, AVX2 and FMA (checked just above).
+            unsafe { self.apply_slice_avx512(xs) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::has_avx2() {
             // SAFETY: the CPU has AVX2 and FMA (checked just above).
@@ -29,6 +35,12 @@ impl UnaryKind {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn apply_slice_avx2(&self, xs: &mut [f32]) {
+        self.apply_slice_unswitched(xs)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+    unsafe fn apply_slice_avx512(&self, xs: &mut [f32]) {
         self.apply_slice_unswitched(xs)
     }
 
