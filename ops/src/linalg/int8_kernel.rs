@@ -292,7 +292,7 @@ impl Requantize {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{pack_pairs_avx2, requantize_rows_avx2, requantize_rows_avx512, store_tile_avx2};
+pub(crate) use x86::{pack_pairs_avx2, requantize_rows_avx2, store_tile_avx2, tile_vnni_pair_requantize};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -533,22 +533,38 @@ mod x86 {
         }
     }
 
-    /// [`requantize_rows_avx2`] with AVX-512: a pixel's 16 sums in one register, clamped
-    /// to `[lo, hi]` as integers (the same as clamping the product, `lo` and `hi` being
-    /// integers) and narrowed to bytes.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn requantize_rows_avx512(r: &super::Requantize, c: &[i32; PX * CH], dst: *mut u8, stride: usize, count: usize, channels: usize) {
+    /// [`tile_vnni_pair`] with the channels-last requantization fused: the sums start
+    /// from the shift and stay in registers; pixel `j < count` of the two tiles (`a`'s
+    /// six, then `b`'s) goes, as `channels` bytes, to `dst + j * stride`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn tile_vnni_pair_requantize(taps: usize, tw: usize, x: *const u32, offs_a: *const u32, offs_b: *const u32, w: *const u32, r: &super::Requantize, dst: *mut u8, stride: usize, count: usize, channels: usize) {
         const _: () = assert!(CH == 16);
+        let shift = _mm512_loadu_si512(r.shift.as_ptr() as *const _);
+        let mut acc = [shift; 2 * PX];
+        let mut wp = w;
+        for t in 0..taps {
+            let (ra, rb) = (rows(x, offs_a, t), rows(x, offs_b, t));
+            let p = [ra[0], ra[1], ra[2], ra[3], ra[4], ra[5], rb[0], rb[1], rb[2], rb[3], rb[4], rb[5]];
+            for k in 0..tw {
+                let b = _mm512_loadu_si512(wp as *const _);
+                wp = wp.add(CH);
+                for (a, p) in acc.iter_mut().zip(p) {
+                    *a = _mm512_dpbusd_epi32(*a, _mm512_set1_epi32(*p.add(k) as i32), b);
+                }
+            }
+        }
         let hi = _mm512_set1_ps(r.hi);
         let (lo, zy) = (_mm512_set1_epi32(r.lo as i32), _mm512_set1_epi32(r.zy));
-        let shift = _mm512_loadu_si512(r.shift.as_ptr() as *const _);
         let mult = _mm512_loadu_ps(r.mult.as_ptr());
         let mask: __mmask16 = if channels >= CH { !0 } else { (1u16 << channels) - 1 };
-        for j in 0..count {
-            let acc = _mm512_add_epi32(_mm512_loadu_si512(c.as_ptr().add(j * CH) as *const _), shift);
-            // Rounded half to even (the default rounding mode), at most hi, at least lo.
-            let q = _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), mult), hi)), lo);
-            _mm512_mask_cvtepi32_storeu_epi8(dst.add(j * stride) as *mut _, mask, _mm512_add_epi32(q, zy));
+        for (j, a) in acc.into_iter().enumerate() {
+            if j < count {
+                // Rounded half to even (the default rounding mode), at most hi, at least
+                // lo (the same as clamping the product: lo and hi are integers).
+                let q = _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), mult), hi)), lo);
+                _mm512_mask_cvtepi32_storeu_epi8(dst.add(j * stride) as *mut _, mask, _mm512_add_epi32(q, zy));
+            }
         }
     }
 

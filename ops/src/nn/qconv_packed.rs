@@ -486,6 +486,22 @@ impl PackedIntConv {
             Requantize { shift, mult, lo, hi, zy }
         });
         let mut vals = [[0i32; CH]; PX];
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(r), true, Int8Isa::Avx512Vnni) = (&requant, self.channels_last.y, self.isa) {
+            // Sums, requantization and store in one kernel, two tiles at a time (a last
+            // lone tile computes its offsets twice and stores once).
+            let plane = p.geo.output_size();
+            for tile in (t0..t1).step_by(2) {
+                let to = offs[(tile - t0) * taps * PX..].as_ptr();
+                let second = if tile + 1 < t1 { offs[(tile + 1 - t0) * taps * PX..].as_ptr() } else { to };
+                let q0 = tile * PX;
+                let count = (2 * PX).min(plane - q0).min((t1 - tile) * PX);
+                // SAFETY: as below; the outputs are pixels q0..q0 + count, channels m0..m0 +
+                // mcount, of image b: this task's.
+                unsafe { int8_kernel::tile_vnni_pair_requantize(taps, tw, image, to, second, wblock, r, run.out.get().add((b * plane + q0) * p.out_channels + m0), p.out_channels, count, mcount) };
+            }
+            return;
+        }
         let mut c = [0i32; 2 * PX * CH];
         let mut tile = t0;
         while tile < t1 {
@@ -576,11 +592,6 @@ impl PackedIntConv {
                 }
             }
             Some(r) => {
-                #[cfg(target_arch = "x86_64")]
-                if self.isa == Int8Isa::Avx512Vnni {
-                    int8_kernel::requantize_rows_avx512(r, c, run.out.get().add(at), stride, count, mcount);
-                    return;
-                }
                 #[cfg(target_arch = "x86_64")]
                 if self.isa != Int8Isa::Portable {
                     int8_kernel::requantize_rows_avx2(r, c, run.y_signed, run.out.get().add(at), stride, count, mcount);
