@@ -177,12 +177,10 @@ struct Run<'a> {
     xs: *const u32,
     /// Words from one image and group of `xs` to the next.
     image_words: usize,
-    /// Per output channel: added to each sum (bias, minus the zero-point fold).
-    shift: &'a [i32],
-    /// Per output channel: the requantization multiplier (QLinearConv only).
-    mult: &'a [f32],
-    /// The output range less y's zero point, and y's zero point.
-    bounds: (f32, f32, i32),
+    /// Per group and block of [`CH`] output channels (padded with zeros): the shift
+    /// added to each sum (bias, minus the zero-point fold), and for QLinearConv the
+    /// requantization multipliers, output range less y's zero point and that zero point.
+    blocks: &'a [Requantize],
     out: SharedPtr<u8>,
     /// Whether the 8-bit output is signed.
     y_signed: bool,
@@ -198,6 +196,19 @@ impl CpuKernel for PackedIntConv {
         let (zx, mult, bounds, bias) = run_params(p, self.epilogue, inputs, x, y)?;
         let fold = self.layout == Layout::Quads;
         let shift: Vec<i32> = (0..p.out_channels).map(|m| bias[m].wrapping_sub(if fold { zx.wrapping_mul(self.row_sums[m]) } else { 0 })).collect();
+        let (mg, (lo, hi, zy)) = (p.out_per_group(), bounds);
+        let blocks: Vec<Requantize> = (0..p.group * self.blocks)
+            .map(|gb| {
+                let m0 = gb / self.blocks * mg + gb % self.blocks * CH;
+                let mcount = CH.min(mg - gb % self.blocks * CH);
+                let (mut sh, mut mu) = ([0i32; CH], [0f32; CH]);
+                sh[..mcount].copy_from_slice(&shift[m0..m0 + mcount]);
+                if !mult.is_empty() {
+                    mu[..mcount].copy_from_slice(&mult[m0..m0 + mcount]);
+                }
+                Requantize { shift: sh, mult: mu, lo, hi, zy }
+            })
+            .collect();
 
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let img = self.geo.input_size();
@@ -208,7 +219,7 @@ impl CpuKernel for PackedIntConv {
             (scratch.as_ptr(), (img + 1) * self.tw)
         };
         let y_signed = y.dtype() == DType::I8;
-        let run = Run { xs, image_words, shift: &shift, mult: &mult, bounds, out: SharedPtr(y.bytes_mut().as_mut_ptr()), y_signed };
+        let run = Run { xs, image_words, blocks: &blocks, out: SharedPtr(y.bytes_mut().as_mut_ptr()), y_signed };
 
         let tiles = p.geo.output_size().div_ceil(PX);
         let chunks = tiles.div_ceil(TILES_PER_CHUNK);
@@ -477,17 +488,12 @@ impl PackedIntConv {
         let image = unsafe { run.xs.add(bg * run.image_words) };
         let m0 = g * mg + blk * CH;
         let mcount = CH.min(mg - blk * CH);
-        let mut shift = [0i32; CH];
-        shift[..mcount].copy_from_slice(&run.shift[m0..m0 + mcount]);
-        let requant = (self.epilogue == Epilogue::Requantize).then(|| {
-            let mut mult = [0f32; CH];
-            mult[..mcount].copy_from_slice(&run.mult[m0..m0 + mcount]);
-            let (lo, hi, zy) = run.bounds;
-            Requantize { shift, mult, lo, hi, zy }
-        });
+        let block = &run.blocks[g * self.blocks + blk];
+        let shift = &block.shift;
+        let requant = (self.epilogue == Epilogue::Requantize).then_some(block);
         let mut vals = [[0i32; CH]; PX];
         #[cfg(target_arch = "x86_64")]
-        if let (Some(r), true, Int8Isa::Avx512Vnni) = (&requant, self.channels_last.y, self.isa) {
+        if let (Some(r), true, Int8Isa::Avx512Vnni) = (requant, self.channels_last.y, self.isa) {
             // Sums, requantization and store in one kernel, two tiles at a time (a last
             // lone tile computes its offsets twice and stores once).
             let plane = p.geo.output_size();
@@ -520,7 +526,7 @@ impl PackedIntConv {
                 let sums: &[i32; PX * CH] = sums.try_into().expect("a tile");
                 // SAFETY: the tile's pixels of channels m0..m0 + mcount of image b are this
                 // task's own part of the output.
-                unsafe { self.finish_tile(run, requant.as_ref(), sums, &shift, &mut vals, b, m0, mcount, tile + i) };
+                unsafe { self.finish_tile(run, requant, sums, shift, &mut vals, b, m0, mcount, tile + i) };
             }
             tile += n;
         }
