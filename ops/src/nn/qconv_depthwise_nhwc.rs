@@ -23,6 +23,8 @@ use kiln_graph::{DType, Tensor};
 /// Channels per AVX2 block, and per AVX-512 block.
 const BLOCK: usize = 16;
 const WIDE: usize = 32;
+/// Weight vectors [`DepthwiseNhwc::row_avx512`] keeps in registers: a 3x3 kernel's.
+const HELD: usize = 10;
 
 /// The channel (within a block of `width`) whose sum lies in lane `p` of the block's two
 /// `vpmaddwd` sums (lanes `0..width / 2`: the first). `unpacklo` / `unpackhi` of 16-bit
@@ -421,6 +423,13 @@ impl DepthwiseNhwc {
                 }
             }
             let w = self.pairs.as_ptr().add(self.block_pairs(m0)) as *const __m512i;
+            // The block's weights held in registers across the row (a 3x3 kernel's ten;
+            // larger kernels read the rest from memory).
+            let mut held = [_mm512_setzero_si512(); HELD];
+            for (i, h) in held.iter_mut().enumerate().take(2 * self.groups) {
+                *h = _mm512_loadu_si512(w.add(i) as *const _);
+            }
+            let weight = |i: usize| if i < HELD { held[i] } else { _mm512_loadu_si512(w.add(i) as *const _) };
             let ld = |v: &[i32]| _mm512_loadu_si512(v.as_ptr() as *const _);
             let bias = (ld(&epi.lane_bias[m0..]), ld(&epi.lane_bias[m0 + 16..]));
             let mult = (_mm512_loadu_ps(epi.lane_mult.as_ptr().add(m0)), _mm512_loadu_ps(epi.lane_mult.as_ptr().add(m0 + 16)));
@@ -431,8 +440,8 @@ impl DepthwiseNhwc {
                     // SAFETY: v points at a column's pair of vectors; wi counts the
                     // block's pair groups.
                     unsafe {
-                        acc_a = _mm512_dpwssd_epi32(acc_a, *v, _mm512_loadu_si512(w.add(2 * wi) as *const _));
-                        acc_b = _mm512_dpwssd_epi32(acc_b, *v.add(1), _mm512_loadu_si512(w.add(2 * wi + 1) as *const _));
+                        acc_a = _mm512_dpwssd_epi32(acc_a, *v, weight(2 * wi));
+                        acc_b = _mm512_dpwssd_epi32(acc_b, *v.add(1), weight(2 * wi + 1));
                     }
                     wi += 1;
                 };

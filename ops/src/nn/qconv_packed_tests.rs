@@ -201,6 +201,7 @@ fn channels_last_qlinear_conv_variants_equal_the_exact_reference() {
     all.extend([
         case(&[2, 16, 5, 7], &[24, 16, 1, 1], 1, 1, 1, [0; 4], U8, I8, false),        // 1x1 reading x in place (quads), two images
         case(&[1, 32, 9, 10], &[32, 1, 3, 3], 32, 1, 1, [1; 4], U8, I8, true),        // depthwise, two AVX2 blocks
+        case(&[1, 32, 9, 8], &[32, 1, 5, 5], 32, 1, 1, [2; 4], U8, I8, false),        // depthwise 5x5: more weights than AVX-512 holds in registers
         case(&[2, 48, 11, 12], &[48, 1, 3, 3], 48, 2, 1, [1, 0, 1, 1], U8, I8, false), // depthwise, stride 2, uneven pads
         case(&[1, 16, 6, 5], &[16, 1, 5, 5], 16, 1, 2, [4; 4], I8, U8, true),         // depthwise, odd tap count, dilated
         case(&[1, 16, 5, 9], &[16, 1, 2, 3], 16, 1, 1, [0, 1, 1, 0], U8, I8, false),  // depthwise, even height
