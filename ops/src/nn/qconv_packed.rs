@@ -445,11 +445,16 @@ impl PackedIntConv {
             for u in start..end {
                 let (bg, r) = (u / rows, u % rows);
                 let (b, g) = (bg / p.group, bg % p.group);
+                // Columns t0..t1 of the padded row hold input columns t - pad_begin.
+                let t0 = (pad_begin.max(0) as usize).min(span);
+                let t1 = ((pad_begin + iw as i64).max(0) as usize).clamp(t0, span);
+                let s0 = (t0 as i64 - pad_begin) as usize;
                 for (c, e) in enc.chunks_exact_mut(span).take(cg).enumerate() {
                     let src = &x[((b * p.in_channels + g * cg + c) * rows + r) * iw..][..iw];
-                    for (t, e) in e.iter_mut().enumerate() {
-                        let xx = t as i64 - pad_begin;
-                        *e = if (0..iw as i64).contains(&xx) { encode(src[xx as usize]) } else { pad_bits };
+                    e[..t0].fill(pad_bits);
+                    e[t1..].fill(pad_bits);
+                    for (e, &v) in e[t0..t1].iter_mut().zip(&src[s0..]) {
+                        *e = encode(v);
                     }
                 }
                 // SAFETY: row r of image-and-group bg belongs to this task alone.
