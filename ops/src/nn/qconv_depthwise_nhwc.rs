@@ -35,6 +35,24 @@ fn lane(width: usize, p: usize) -> usize {
     8 * (q / 4) + 4 * half + q % 4
 }
 
+/// The pair groups of one output pixel in the order `new` lays out their weights: per
+/// filter column `e` the row pairs, then (an odd height) the last row in pairs of
+/// neighbouring columns; `f` gets each group's offset, in vectors, from the pixel's first
+/// padded column of widened input (`per_col` vectors per column, columns `dw` apart).
+#[inline(always)]
+fn pair_offsets(kw: usize, dw: usize, vpairs: usize, odd: bool, per_col: usize, mut f: impl FnMut(usize)) {
+    for e in 0..kw {
+        for r in 0..vpairs {
+            f(e * dw * per_col + 2 * r);
+        }
+    }
+    if odd {
+        for e in (0..kw).step_by(2) {
+            f(e * dw * per_col + 2 * vpairs);
+        }
+    }
+}
+
 /// Which row kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -94,8 +112,8 @@ impl DepthwiseNhwc {
         };
         let wide = if kind == Kind::Avx512 { c / WIDE } else { 0 };
         let [_, kh, kw] = p.geo.kernel;
-        // The order the row kernels read them: per column the row pairs, then the last
-        // row of an odd height in pairs of neighbouring columns.
+        // The order the row kernels read them ([`pair_offsets`]): per column the row
+        // pairs, then the last row of an odd height in pairs of neighbouring columns.
         let mut order = vec![];
         for e in 0..kw {
             order.extend((0..kh / 2).map(|r| [(2 * r, e), (2 * r + 1, e)]));
@@ -149,6 +167,25 @@ struct RowScratch {
     cols: Vec<std::arch::x86_64::__m256i>,
     wide: Vec<std::arch::x86_64::__m512i>,
     rows: Vec<Option<usize>>,
+}
+
+/// What the row kernels need of an output row's geometry ([`DepthwiseNhwc::row_shape`]):
+/// the kernel's size, input and output widths, stride, dilation and padding along the
+/// width, the channels, the filter rows' pairs (and an odd last row), vectors per padded
+/// column, and padded columns under the row.
+struct RowShape {
+    kh: usize,
+    kw: usize,
+    iw: usize,
+    ow: usize,
+    sw: usize,
+    dw: usize,
+    pw: i64,
+    c: usize,
+    vpairs: usize,
+    odd: bool,
+    per_col: usize,
+    span: usize,
 }
 
 /// The epilogue of a run, per channel.
@@ -278,6 +315,22 @@ impl DepthwiseNhwc {
         }
     }
 
+    /// The shape of output row `(b, oy)` for the row kernels, with each filter row's
+    /// first pixel in x (`None` in the padding) in `rows`. A 3x3 kernel is compiled
+    /// with its size known (`KH`, `KW`); 0 takes the geometry's.
+    #[inline(always)]
+    fn row_shape<const KH: usize, const KW: usize>(&self, b: usize, oy: usize, rows: &mut Vec<Option<usize>>) -> RowShape {
+        let g = &self.p.geo;
+        let (kh, kw) = if KH > 0 { (KH, KW) } else { (g.kernel[1], g.kernel[2]) };
+        let ([_, ih, iw], [_, ow]) = (g.input, [g.output[1], g.output[2]]);
+        let (sw, (dh, dw), pw) = (g.stride[2], (g.dilation[1], g.dilation[2]), g.pad_begin[2]);
+        let (vpairs, odd) = (kh / 2, kh % 2 == 1);
+        let y0 = (oy * g.stride[1]) as i64 - g.pad_begin[1];
+        rows.clear();
+        rows.extend((0..kh).map(|a| y0 + (a * dh) as i64).map(|yy| (0..ih as i64).contains(&yy).then(|| (b * ih + yy as usize) * iw)));
+        RowShape { kh, kw, iw, ow, sw, dw, pw, c: self.p.out_channels, vpairs, odd, per_col: 2 * (vpairs + odd as usize), span: (ow - 1) * sw + (kw - 1) * dw + 1 }
+    }
+
     /// One output row, requantized, 16 channels at a time with AVX2, channels `first..`
     /// (the rest of [`Self::row_avx512`]'s). Per block of channels the input columns under the row are widened once into `cols`: per
     /// padded column `u` (input column `u - pad`), the filter rows in pairs `(2r, 2r +
@@ -290,21 +343,9 @@ impl DepthwiseNhwc {
     #[allow(clippy::too_many_arguments)]
     unsafe fn row_avx2<const KH: usize, const KW: usize, const SIGNED: bool>(&self, xs: &[u8], b: usize, oy: usize, zx: i32, epi: &Epi, y_signed: bool, dst: *mut u8, first: usize, scratch: &mut RowScratch) {
         use std::arch::x86_64::*;
-        let g = &self.p.geo;
-        // A 3x3 kernel is compiled with its size known (KH, KW); 0 takes the geometry's.
-        let (kh, kw) = if KH > 0 { (KH, KW) } else { (g.kernel[1], g.kernel[2]) };
-        let ([_, ih, iw], [_, ow]) = (g.input, [g.output[1], g.output[2]]);
-        let (sw, (dh, dw), pw) = (g.stride[2], (g.dilation[1], g.dilation[2]), g.pad_begin[2]);
-        let c = self.p.out_channels;
-        let (vpairs, odd) = (kh / 2, kh % 2 == 1);
-        // Vectors per padded column, and padded columns under the row.
-        let per_col = 2 * (vpairs + odd as usize);
-        let span = (ow - 1) * sw + (kw - 1) * dw + 1;
         let RowScratch { cols, rows, .. } = scratch;
+        let RowShape { kh, kw, iw, ow, sw, dw, pw, c, vpairs, odd, per_col, span } = self.row_shape::<KH, KW>(b, oy, rows);
         cols.resize(span * per_col, _mm256_setzero_si256());
-        let y0 = (oy * g.stride[1]) as i64 - g.pad_begin[1];
-        rows.clear();
-        rows.extend((0..kh).map(|a| y0 + (a * dh) as i64).map(|yy| (0..ih as i64).contains(&yy).then(|| (b * ih + yy as usize) * iw)));
         let zxv = _mm256_set1_epi16(zx as i16);
         let load = |row: Option<usize>, xx: i64, m0: usize| -> __m256i {
             match row {
@@ -348,16 +389,7 @@ impl DepthwiseNhwc {
                     wi += 1;
                 };
                 let base = cols.as_ptr().add(ox * sw * per_col);
-                for e in 0..kw {
-                    for r in 0..vpairs {
-                        add(base.add(e * dw * per_col + 2 * r));
-                    }
-                }
-                if odd {
-                    for e in (0..kw).step_by(2) {
-                        add(base.add(e * dw * per_col + 2 * vpairs));
-                    }
-                }
+                pair_offsets(kw, dw, vpairs, odd, per_col, |o| add(base.add(o)));
                 // acc_a holds channels [0..4, 8..12] of the block, acc_b [4..8, 12..16]: the
                 // lane-ordered multipliers and biases line up with them.
                 // The product capped at hi, rounded half to even; the saturating packs
@@ -379,19 +411,9 @@ impl DepthwiseNhwc {
     #[allow(clippy::too_many_arguments)]
     unsafe fn row_avx512<const KH: usize, const KW: usize, const SIGNED: bool>(&self, xs: &[u8], b: usize, oy: usize, zx: i32, epi: &Epi, y_signed: bool, dst: *mut u8, scratch: &mut RowScratch) {
         use std::arch::x86_64::*;
-        let g = &self.p.geo;
-        let (kh, kw) = if KH > 0 { (KH, KW) } else { (g.kernel[1], g.kernel[2]) };
-        let ([_, ih, iw], [_, ow]) = (g.input, [g.output[1], g.output[2]]);
-        let (sw, (dh, dw), pw) = (g.stride[2], (g.dilation[1], g.dilation[2]), g.pad_begin[2]);
-        let c = self.p.out_channels;
-        let (vpairs, odd) = (kh / 2, kh % 2 == 1);
-        let per_col = 2 * (vpairs + odd as usize);
-        let span = (ow - 1) * sw + (kw - 1) * dw + 1;
         let RowScratch { wide: cols, rows, .. } = scratch;
+        let RowShape { kh, kw, iw, ow, sw, dw, pw, c, vpairs, odd, per_col, span } = self.row_shape::<KH, KW>(b, oy, rows);
         cols.resize(span * per_col, _mm512_setzero_si512());
-        let y0 = (oy * g.stride[1]) as i64 - g.pad_begin[1];
-        rows.clear();
-        rows.extend((0..kh).map(|a| y0 + (a * dh) as i64).map(|yy| (0..ih as i64).contains(&yy).then(|| (b * ih + yy as usize) * iw)));
         let zxv = _mm512_set1_epi16(zx as i16);
         let load = |row: Option<usize>, xx: i64, m0: usize| -> __m512i {
             match row {
@@ -446,16 +468,7 @@ impl DepthwiseNhwc {
                     wi += 1;
                 };
                 let base = cols.as_ptr().add(ox * sw * per_col);
-                for e in 0..kw {
-                    for r in 0..vpairs {
-                        add(base.add(e * dw * per_col + 2 * r));
-                    }
-                }
-                if odd {
-                    for e in (0..kw).step_by(2) {
-                        add(base.add(e * dw * per_col + 2 * vpairs));
-                    }
-                }
+                pair_offsets(kw, dw, vpairs, odd, per_col, |o| add(base.add(o)));
                 // As in row_avx2: capped at hi and rounded half to even, the saturating
                 // pack and the 8-bit clamp below; packs_epi32 per 128-bit lane restores
                 // the channels' order.
