@@ -181,6 +181,11 @@ pub(crate) fn isa_param(quads_ok: bool) -> TuneParam {
     TuneParam { name: "isa", default: isas[0], candidates: isas }
 }
 
+/// The first tile of a [`Int8Isa::tile_pair`] buffer, for [`Int8Isa::tile`].
+pub(crate) fn first_tile(c: &mut [i32; 2 * PX * CH]) -> &mut [i32; PX * CH] {
+    (&mut c[..PX * CH]).try_into().expect("a tile")
+}
+
 /// The tuning parameter `isa` of a kernel that has no packed layout to agree on (the
 /// channels-last depthwise kernel): every available instruction set.
 pub(crate) fn isa_param_any() -> TuneParam {
@@ -508,18 +513,21 @@ mod x86 {
         }
     }
 
-    /// Two tiles at once (`a` and `b`: each [`PX`] rows through its own offsets): twelve
-    /// independent sums per weight vector, enough to cover `vpdpbusd`'s latency, where
-    /// one tile's six leave it waiting.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn tile_vnni_pair(taps: usize, tw: usize, x: *const u32, offs_a: *const u32, offs_b: *const u32, w: *const u32, c: &mut [i32; 2 * PX * CH]) {
-        let z = _mm512_setzero_si512();
-        let mut acc = [z; 2 * PX];
+    /// The sums of two tiles at once (`a` and `b`: each [`PX`] rows through its own
+    /// offsets), each starting from `init`: twelve independent sums per weight vector,
+    /// enough to cover `vpdpbusd`'s latency, where one tile's six leave it waiting.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 VNNI; inline into a function compiled for it.
+    #[inline(always)]
+    unsafe fn sums_vnni_pair(init: __m512i, taps: usize, tw: usize, x: *const u32, offs_a: *const u32, offs_b: *const u32, w: *const u32) -> [__m512i; 2 * PX] {
+        let mut acc = [init; 2 * PX];
         let mut wp = w;
         for t in 0..taps {
             let (ra, rb) = (rows(x, offs_a, t), rows(x, offs_b, t));
             let r = [ra[0], ra[1], ra[2], ra[3], ra[4], ra[5], rb[0], rb[1], rb[2], rb[3], rb[4], rb[5]];
             for k in 0..tw {
+                // 16 channels' 4 signed weight bytes; each pixel's 4 unsigned bytes broadcast.
                 let b = _mm512_loadu_si512(wp as *const _);
                 wp = wp.add(CH);
                 for (a, p) in acc.iter_mut().zip(r) {
@@ -527,6 +535,13 @@ mod x86 {
                 }
             }
         }
+        acc
+    }
+
+    /// [`super::Int8Isa::tile_pair`] with VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn tile_vnni_pair(taps: usize, tw: usize, x: *const u32, offs_a: *const u32, offs_b: *const u32, w: *const u32, c: &mut [i32; 2 * PX * CH]) {
+        let acc = sums_vnni_pair(_mm512_setzero_si512(), taps, tw, x, offs_a, offs_b, w);
         let p = c.as_mut_ptr();
         for (i, v) in acc.into_iter().enumerate() {
             _mm512_storeu_si512(p.add(i * CH) as *mut _, v);
@@ -540,31 +555,16 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn tile_vnni_pair_requantize(taps: usize, tw: usize, x: *const u32, offs_a: *const u32, offs_b: *const u32, w: *const u32, r: &super::Requantize, dst: *mut u8, stride: usize, count: usize, channels: usize) {
         const _: () = assert!(CH == 16);
-        let shift = _mm512_loadu_si512(r.shift.as_ptr() as *const _);
-        let mut acc = [shift; 2 * PX];
-        let mut wp = w;
-        for t in 0..taps {
-            let (ra, rb) = (rows(x, offs_a, t), rows(x, offs_b, t));
-            let p = [ra[0], ra[1], ra[2], ra[3], ra[4], ra[5], rb[0], rb[1], rb[2], rb[3], rb[4], rb[5]];
-            for k in 0..tw {
-                let b = _mm512_loadu_si512(wp as *const _);
-                wp = wp.add(CH);
-                for (a, p) in acc.iter_mut().zip(p) {
-                    *a = _mm512_dpbusd_epi32(*a, _mm512_set1_epi32(*p.add(k) as i32), b);
-                }
-            }
-        }
+        let acc = sums_vnni_pair(_mm512_loadu_si512(r.shift.as_ptr() as *const _), taps, tw, x, offs_a, offs_b, w);
         let hi = _mm512_set1_ps(r.hi);
         let (lo, zy) = (_mm512_set1_epi32(r.lo as i32), _mm512_set1_epi32(r.zy));
         let mult = _mm512_loadu_ps(r.mult.as_ptr());
         let mask: __mmask16 = if channels >= CH { !0 } else { (1u16 << channels) - 1 };
-        for (j, a) in acc.into_iter().enumerate() {
-            if j < count {
-                // Rounded half to even (the default rounding mode), at most hi, at least
-                // lo (the same as clamping the product: lo and hi are integers).
-                let q = _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), mult), hi)), lo);
-                _mm512_mask_cvtepi32_storeu_epi8(dst.add(j * stride) as *mut _, mask, _mm512_add_epi32(q, zy));
-            }
+        for (j, a) in acc.into_iter().enumerate().take(count) {
+            // Rounded half to even (the default rounding mode), at most hi, at least lo
+            // (the same as clamping the product: lo and hi are integers).
+            let q = _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), mult), hi)), lo);
+            _mm512_mask_cvtepi32_storeu_epi8(dst.add(j * stride) as *mut _, mask, _mm512_add_epi32(q, zy));
         }
     }
 

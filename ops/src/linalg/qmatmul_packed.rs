@@ -131,10 +131,9 @@ impl PackedIntMatMul {
                     // words of B, and the isa is available.
                     unsafe { self.isa.tile_pair(layout, 1, tw, x.get(), offs.as_ptr(), offs[PX..].as_ptr(), wblk, &mut c) };
                 } else {
-                    let first: &mut [i32; PX * CH] = (&mut c[..PX * CH]).try_into().expect("a tile");
                     // SAFETY: offs are PX rows of tw words of A, the block has tw * CH
                     // words of B, and the isa is available.
-                    unsafe { self.isa.tile(layout, 1, tw, x.get(), offs.as_ptr(), wblk, first) };
+                    unsafe { self.isa.tile(layout, 1, tw, x.get(), offs.as_ptr(), wblk, int8_kernel::first_tile(&mut c)) };
                 }
                 let (c0, cols) = (blk * CH, CH.min(self.n - blk * CH));
                 // Quads keep A's zero point: `za * sum_k b[k][col]` comes off each sum.

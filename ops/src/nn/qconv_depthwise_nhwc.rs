@@ -139,7 +139,7 @@ impl DepthwiseNhwc {
     }
 
     /// The channel whose multiplier and bias go to lane-ordered position `m` (see
-    /// [`lane`]), and where the block holding `m` starts in `pairs`.
+    /// [`lane`]).
     fn lane_of(&self, m: usize) -> usize {
         let split = self.wide * WIDE;
         if m < split {
@@ -149,6 +149,7 @@ impl DepthwiseNhwc {
         }
     }
 
+    /// Where the weights of the block starting at channel `m0` begin in `pairs`.
     fn block_pairs(&self, m0: usize) -> usize {
         let split = self.wide * WIDE;
         let per = self.groups * 2;

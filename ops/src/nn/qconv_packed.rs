@@ -195,18 +195,21 @@ impl CpuKernel for PackedIntConv {
         let y = &mut outputs[0];
         let (zx, mult, bounds, bias) = run_params(p, self.epilogue, inputs, x, y)?;
         let fold = self.layout == Layout::Quads;
-        let shift: Vec<i32> = (0..p.out_channels).map(|m| bias[m].wrapping_sub(if fold { zx.wrapping_mul(self.row_sums[m]) } else { 0 })).collect();
         let (mg, (lo, hi, zy)) = (p.out_per_group(), bounds);
+        // Per block: the shift (bias, minus the zero-point fold) and the multipliers.
         let blocks: Vec<Requantize> = (0..p.group * self.blocks)
             .map(|gb| {
                 let m0 = gb / self.blocks * mg + gb % self.blocks * CH;
                 let mcount = CH.min(mg - gb % self.blocks * CH);
-                let (mut sh, mut mu) = ([0i32; CH], [0f32; CH]);
-                sh[..mcount].copy_from_slice(&shift[m0..m0 + mcount]);
+                let (mut shift, mut mu) = ([0i32; CH], [0f32; CH]);
+                for (l, s) in shift.iter_mut().enumerate().take(mcount) {
+                    let m = m0 + l;
+                    *s = bias[m].wrapping_sub(if fold { zx.wrapping_mul(self.row_sums[m]) } else { 0 });
+                }
                 if !mult.is_empty() {
                     mu[..mcount].copy_from_slice(&mult[m0..m0 + mcount]);
                 }
-                Requantize { shift: sh, mult: mu, lo, hi, zy }
+                Requantize { shift, mult: mu, lo, hi, zy }
             })
             .collect();
 
@@ -500,7 +503,7 @@ impl PackedIntConv {
         #[cfg(target_arch = "x86_64")]
         if let (Some(r), true, Int8Isa::Avx512Vnni) = (requant, self.channels_last.y, self.isa) {
             // Sums, requantization and store in one kernel, two tiles at a time (a last
-            // lone tile computes its offsets twice and stores once).
+            // lone tile is summed twice and stored once).
             let plane = p.geo.output_size();
             for tile in (t0..t1).step_by(2) {
                 let to = offs[(tile - t0) * taps * PX..].as_ptr();
@@ -524,7 +527,7 @@ impl PackedIntConv {
             unsafe {
                 match n {
                     2 => self.isa.tile_pair(self.layout, taps, tw, image, to, to.add(taps * PX), wblock, &mut c),
-                    _ => self.isa.tile(self.layout, taps, tw, image, to, wblock, first_tile(&mut c)),
+                    _ => self.isa.tile(self.layout, taps, tw, image, to, wblock, int8_kernel::first_tile(&mut c)),
                 }
             }
             for (i, sums) in c.chunks_exact(PX * CH).take(n).enumerate() {
@@ -577,11 +580,6 @@ impl PackedIntConv {
             }
         }
     }
-}
-
-/// The first of a pair's tiles.
-fn first_tile(c: &mut [i32; 2 * PX * CH]) -> &mut [i32; PX * CH] {
-    (&mut c[..PX * CH]).try_into().expect("a tile")
 }
 
 impl PackedIntConv {
