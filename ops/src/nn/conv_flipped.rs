@@ -20,10 +20,13 @@
 //! The channel-blocked output ([`Layout::out_blocked`]) needs neither: each row of a
 //! register tile reads from its own output pixel's window ([`Isa::tile_rows_blocked`]),
 //! so tiles hold MR real output pixels across row ends, strides step in the pointers,
-//! and the input is one plain zero-padded plane per unit, or itself when nothing is
-//! padded.
+//! and the input is itself when nothing is padded, else plain zero-padded planes of
+//! which each thread copies only the rows its own tiles read, right before it runs
+//! them ([`PadRows`]: no pass over the whole input first, and the rows are in the
+//! cache of the core that reads them).
 use super::conv_cpu::{im2col_row, ConvProblem, SharedOut};
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use crate::cpu;
 use crate::elementwise::UnaryKind;
 use crate::linalg::microkernel::{BlockedStore, Isa};
@@ -86,6 +89,7 @@ impl Padded {
 thread_local! {
     /// The padded input of the direct form (one buffer per calling thread, reused).
     static PADDED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static PAD_ROWS: RefCell<PadRows> = RefCell::new(PadRows::default());
 }
 
 /// The filters as `W^T` (`K x M`), packed into panels of NR output channels (zero
@@ -205,7 +209,9 @@ impl FlippedFilters {
         // Slack past the last unit: the extra columns of the last tiles read on.
         let padded_len = (p.in_channels / pd.e) * pd.unit_len() + (pd.wph + mr) * pd.e;
         if self.layout.out_blocked {
-            return self.with_padded(p, pd, x, padded_len, |buf, stride| self.run_blocked(p, pd, buf, stride, bias, act, residual, y));
+            let in_len = p.in_channels * p.geo.input_size();
+            let source = if pd.in_place { Source::InPlace { x, stride: in_len } } else { Source::PadRows { x, padded_len, run: NEXT_RUN.fetch_add(1, Ordering::Relaxed) } };
+            return self.run_blocked(p, pd, &source, bias, act, residual, y);
         }
         // Tasks: strips of grid pixels of a group of output channel panels, each
         // strip's transposed tile about 64 KiB (it stays in cache until its epilogue);
@@ -268,7 +274,7 @@ impl FlippedFilters {
     /// registers). Units are ordered image, strip of tiles, panel, tile, and threads
     /// take equal runs of them, so no thread waits on a larger share.
     #[allow(clippy::too_many_arguments)]
-    fn run_blocked(&self, p: &ConvProblem, pd: &Padded, xp: &[f32], stride: usize, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: &mut [f32]) {
+    fn run_blocked(&self, p: &ConvProblem, pd: &Padded, source: &Source, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: &mut [f32]) {
         let (mr, nr) = (self.isa.mr(), self.isa.nr());
         let tiles = p.geo.output_size().div_ceil(mr);
         let panels = self.m.div_ceil(nr);
@@ -285,6 +291,7 @@ impl FlippedFilters {
         let out_len = p.out_channels * p.geo.output_size();
         let out = SharedOut(y.as_mut_ptr());
         let per_image = tiles * panels;
+        let tiles_px = p.geo.output_size();
         cpu::par_ranges(p.batch * per_image, 2 * self.k * mr * nr, |u0, u1| {
             let mut u = u0;
             while u < u1 {
@@ -297,9 +304,32 @@ impl FlippedFilters {
                 let i1 = (st * per_strip + len).min(i0 + (u1 - u));
                 // SAFETY: units are disjoint between calls: this writes tiles i0..i1 of
                 // panel j of image img only.
-                unsafe {
-                    let tile = BlockedTiles { p, pd, xp: &xp[img * stride..][..stride], bias: &bias_nr, clamp, act: generic_act, residual, y: out.ptr().add(img * out_len) };
+                let run_tiles = |xp: &[f32]| unsafe {
+                    let tile = BlockedTiles { p, pd, xp, bias: &bias_nr, clamp, act: generic_act, residual, y: out.ptr().add(img * out_len) };
                     self.blocked_tiles(&tile, i0, i1, j, j + 1);
+                };
+                match *source {
+                    Source::InPlace { x, stride } => run_tiles(&x[img * stride..][..stride]),
+                    Source::PadRows { x, padded_len, run } => {
+                        // The padded rows these tiles read: from their first pixel's
+                        // window to their last one's.
+                        let [_, _, ow_n] = p.geo.output;
+                        let (first, last) = (i0 * mr / ow_n, ((i1 * mr).min(tiles_px) - 1) / ow_n);
+                        let (kh_n, dh) = (p.geo.kernel[1], p.geo.dilation[1]);
+                        let rows = first * pd.step_h..(last * pd.step_h + (kh_n - 1) * dh + 1).min(pd.hph);
+                        let in_len = p.in_channels * p.geo.input_size();
+                        PAD_ROWS.with(|cell| match cell.try_borrow_mut() {
+                            Ok(mut pr) => {
+                                pr.fill(p, pd, &x[img * in_len..][..in_len], (run, img), padded_len, rows);
+                                run_tiles(&pr.buf[..padded_len]);
+                            }
+                            Err(_) => {
+                                let mut pr = PadRows::default();
+                                pr.fill(p, pd, &x[img * in_len..][..in_len], (run, img), padded_len, rows);
+                                run_tiles(&pr.buf[..padded_len]);
+                            }
+                        });
+                    }
                 }
                 u += i1 - i0;
             }
@@ -366,17 +396,8 @@ impl FlippedFilters {
         let hi = ((iw_n as i64 + left).max(0) as usize).min(sw * wph).max(lo.min(sw * wph));
         let lo = lo.min(hi);
         if sh == 1 && sw == 1 {
-            // One plane: each row is zeros, the input's row, zeros (nothing is written
-            // twice).
             for (r, row) in dst.chunks_exact_mut(wph * e).enumerate() {
-                let ih = r as i64 - top;
-                if ih < 0 || ih >= ih_n as i64 || hi == lo {
-                    row.fill(0.0);
-                    continue;
-                }
-                row[..lo * e].fill(0.0);
-                row[lo * e..hi * e].copy_from_slice(&xc[(ih as usize * iw_n + (lo as i64 - left) as usize) * e..][..(hi - lo) * e]);
-                row[hi * e..].fill(0.0);
+                pad_row(p, pd, xc, r, row);
             }
             return;
         }
@@ -538,6 +559,74 @@ impl FlippedFilters {
             }
         });
     }
+}
+
+/// Where the blocked path's tiles read their input.
+enum Source<'a> {
+    /// The input itself (no pads): `stride` floats per image.
+    InPlace { x: &'a [f32], stride: usize },
+    /// A zero-padded copy that each thread makes of the rows its own tiles read, just
+    /// before it runs them (so the rows are in its cache, and no thread waits for a
+    /// whole padded copy first); `run` tells one call's copies from another's.
+    PadRows { x: &'a [f32], padded_len: usize, run: u64 },
+}
+
+/// Numbers the blocked path's calls (see [`Source::PadRows`]).
+static NEXT_RUN: AtomicU64 = AtomicU64::new(0);
+
+/// A thread's padded copy of an image (one plane per channel unit, at `Padded`'s
+/// geometry), of which only the rows in `done` are current.
+#[derive(Default)]
+struct PadRows {
+    /// The call and image the rows in `done` belong to.
+    of: (u64, usize),
+    done: Vec<bool>,
+    buf: Vec<f32>,
+}
+
+impl PadRows {
+    /// Makes rows `rows` of every unit of image `x` (of call and image `of`) current.
+    fn fill(&mut self, p: &ConvProblem, pd: &Padded, x: &[f32], of: (u64, usize), padded_len: usize, rows: std::ops::Range<usize>) {
+        if self.of != of || self.done.len() != pd.hph || self.buf.len() < padded_len {
+            self.of = of;
+            self.done.clear();
+            self.done.resize(pd.hph, false);
+            if self.buf.len() < padded_len {
+                self.buf.resize(padded_len, 0.0);
+            }
+            // The slack past the last unit reads as zeros.
+            let units_len = (p.in_channels / pd.e) * pd.unit_len();
+            self.buf[units_len..padded_len].fill(0.0);
+        }
+        let (row_len, unit_len, in_unit) = (pd.wph * pd.e, pd.unit_len(), p.geo.input_size() * pd.e);
+        for r in rows {
+            if std::mem::replace(&mut self.done[r], true) {
+                continue;
+            }
+            for u in 0..p.in_channels / pd.e {
+                pad_row(p, pd, &x[u * in_unit..][..in_unit], r, &mut self.buf[u * unit_len + r * row_len..][..row_len]);
+            }
+        }
+    }
+}
+
+/// Row `r` of a one-phase padded plane (`sh == sw == 1`) of channel unit `xc`: zeros,
+/// the input's row, zeros (nothing written twice).
+fn pad_row(p: &ConvProblem, pd: &Padded, xc: &[f32], r: usize, row: &mut [f32]) {
+    let g = &p.geo;
+    let [_, ih_n, iw_n] = g.input;
+    let (top, left, e) = (g.pad_begin[1], g.pad_begin[2], pd.e);
+    // Padded columns lo..hi come from the input.
+    let lo = (left.max(0) as usize).min(pd.wph);
+    let hi = ((iw_n as i64 + left).max(0) as usize).min(pd.wph).max(lo);
+    let ih = r as i64 - top;
+    if ih < 0 || ih >= ih_n as i64 || hi == lo {
+        row.fill(0.0);
+        return;
+    }
+    row[..lo * e].fill(0.0);
+    row[lo * e..hi * e].copy_from_slice(&xc[(ih as usize * iw_n + (lo as i64 - left) as usize) * e..][..(hi - lo) * e]);
+    row[hi * e..].fill(0.0);
 }
 
 /// What every task of [`FlippedFilters::run_blocked`] shares.

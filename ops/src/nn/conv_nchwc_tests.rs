@@ -41,6 +41,7 @@ fn every_variant_matches_the_f64_reference() {
     let cases: Vec<(Vec<usize>, Vec<usize>, usize, usize, usize, [i64; 4], bool)> = vec![
         (vec![1, 16, 13, 11], vec![24, 16, 3, 3], 1, 1, 1, [1; 4], true),      // 3x3, padded copy
         (vec![2, 8, 9, 10], vec![16, 8, 1, 1], 1, 1, 1, [0; 4], true),         // 1x1 read in place, two images
+        (vec![2, 16, 17, 6], vec![40, 16, 3, 3], 1, 1, 1, [1; 4], true),       // padded rows per thread, two images
         (vec![1, 16, 15, 14], vec![32, 16, 3, 3], 1, 2, 1, [1, 0, 1, 1], true), // strided phases, uneven pads
         (vec![1, 64, 7, 7], vec![72, 64, 3, 3], 1, 1, 1, [1; 4], true),        // few pixels, long reduction
         (vec![1, 3, 23, 21], vec![16, 3, 7, 7], 1, 2, 1, [3; 4], false),       // a ResNet stem from NCHW
