@@ -65,8 +65,8 @@ pub(crate) const MAX_TAPS: usize = 64;
 
 /// Slides the 2-D window of `g` over the block `xs` (see [`load`]; rows `wp` pixels
 /// long) into `os` (`[oh][ow][8]`): each output is `finish` of `init` folded with
-/// `step(acc, tap, value)` over the window's taps, several pixels at a time so that
-/// their folds overlap ([`slide_row`]).
+/// `step(acc, tap, value)` over the window's taps, four pixels at a time so that the
+/// four folds overlap.
 ///
 /// # Safety
 /// The CPU has AVX (and whatever `step` uses); inline into a function compiled for it.
@@ -83,131 +83,36 @@ pub(crate) unsafe fn slide(
     step: impl Fn(std::arch::x86_64::__m256, usize, std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
     finish: impl Fn(std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
 ) {
+    use std::arch::x86_64::*;
     let [_, oh_n, ow_n] = g.output;
     let [_, _, kw_n] = g.kernel;
     let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
     let taps = g.kernel_size();
-    let offs: [(isize, usize); MAX_TAPS] = std::array::from_fn(|t| if t < taps { ((((t / kw_n) * dh * wp + (t % kw_n) * dw) * 8) as isize, t) } else { (0, 0) });
+    let offs: [usize; MAX_TAPS] = std::array::from_fn(|t| if t < taps { ((t / kw_n) * dh * wp + (t % kw_n) * dw) * 8 } else { 0 });
+    const PX: usize = 4;
     for oh in 0..oh_n {
         let row = xs.as_ptr().add(oh * sh * wp * 8);
         let dst = os.as_mut_ptr().add(oh * ow_n * 8);
-        slide_row(row, dst, 0..ow_n, sw, &offs[..taps], init, &step, &finish);
-    }
-}
-
-/// [`slide`] straight from the unpadded block `xb` (`[ih][iw][8]` of `g.input`),
-/// output rows `rows` into `os` (`[oh - rows.start][ow][8]`): taps outside the input
-/// are left out of the fold (a zero-padded convolution or a max pool need nothing
-/// else), so no padded copy of the input is made. Interior pixels of a row run
-/// several at a time on the row's taps; the few pixels at the row's ends, each on its
-/// own taps.
-///
-/// # Safety
-/// As [`slide`], with `xb` holding the block and `os` the rows' output.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) unsafe fn slide_direct(
-    g: &Geometry,
-    xb: &[f32],
-    rows: std::ops::Range<usize>,
-    os: &mut [f32],
-    init: std::arch::x86_64::__m256,
-    step: impl Fn(std::arch::x86_64::__m256, usize, std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
-    finish: impl Fn(std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
-) {
-    let [_, ih_n, iw_n] = g.input;
-    let [_, _, ow_n] = g.output;
-    let [_, kh_n, kw_n] = g.kernel;
-    let (sh, sw, dh, dw) = (g.stride[1], g.stride[2], g.dilation[1], g.dilation[2]);
-    let (top, left) = (g.pad_begin[1], g.pad_begin[2]);
-    debug_assert!(xb.len() >= ih_n * iw_n * 8 && kh_n * kw_n <= MAX_TAPS);
-    // Columns whose every tap is inside the input: ow_lo..ow_hi.
-    let ow_lo = (left.max(0) as usize).div_ceil(sw).min(ow_n);
-    let last = iw_n as i64 - 1 - ((kw_n - 1) * dw) as i64 + left;
-    let ow_hi = if last < 0 { 0 } else { (last as usize / sw + 1).min(ow_n) }.max(ow_lo);
-    // A pixel's base (its window's first tap, possibly outside the input) is element
-    // `(oh * sh - top) * iw_n + ow * sw - left`: pointers are formed with wrapping
-    // arithmetic and only taps inside the input are read.
-    let base = |oh: usize| xb.as_ptr().wrapping_offset((((oh * sh) as i64 - top) * iw_n as i64 - left) as isize * 8);
-    let mut row_taps = [(0isize, 0usize); MAX_TAPS];
-    let mut px_taps = [(0isize, 0usize); MAX_TAPS];
-    for oh in rows.clone() {
-        let ih0 = (oh * sh) as i64 - top;
-        let kh_ok = |kh: usize| (0..ih_n as i64).contains(&(ih0 + (kh * dh) as i64));
-        let mut n = 0;
-        for kh in (0..kh_n).filter(|&kh| kh_ok(kh)) {
-            for kw in 0..kw_n {
-                row_taps[n] = (((kh * dh * iw_n + kw * dw) * 8) as isize, kh * kw_n + kw);
-                n += 1;
+        let mut ow = 0;
+        while ow + PX <= ow_n {
+            let at: [*const f32; PX] = std::array::from_fn(|i| row.add((ow + i) * sw * 8));
+            let mut acc = [init; PX];
+            for (t, &o) in offs[..taps].iter().enumerate() {
+                for i in 0..PX {
+                    acc[i] = step(acc[i], t, _mm256_loadu_ps(at[i].add(o)));
+                }
             }
-        }
-        let row = base(oh);
-        let dst = os.as_mut_ptr().add((oh - rows.start) * ow_n * 8);
-        slide_row(row, dst, ow_lo..ow_hi, sw, &row_taps[..n], init, &step, &finish);
-        for ow in (0..ow_lo).chain(ow_hi..ow_n) {
-            let iw0 = (ow * sw) as i64 - left;
-            let m = row_taps[..n].iter().filter(|&&(_, t)| (0..iw_n as i64).contains(&(iw0 + ((t % kw_n) * dw) as i64))).fold(0, |m, &tap| {
-                px_taps[m] = tap;
-                m + 1
-            });
-            slide_row(row, dst, ow..ow + 1, sw, &px_taps[..m], init, &step, &finish);
-        }
-    }
-}
-
-/// Output pixels `cols` of one row of [`slide`] (`row`: the window base of pixel 0,
-/// `dst`: its output), each the fold of `taps` (offset from the pixel's base, tap
-/// index); eight pixels at a time (eight independent folds cover an FMA's latency
-/// on two pipes), then four, then one.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn slide_row(
-    row: *const f32,
-    dst: *mut f32,
-    cols: std::ops::Range<usize>,
-    sw: usize,
-    taps: &[(isize, usize)],
-    init: std::arch::x86_64::__m256,
-    step: &impl Fn(std::arch::x86_64::__m256, usize, std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
-    finish: &impl Fn(std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
-) {
-    let mut ow = slide_run::<8>(row, dst, cols.start, cols.end, sw, taps, init, step, finish);
-    ow = slide_run::<4>(row, dst, ow, cols.end, sw, taps, init, step, finish);
-    slide_run::<1>(row, dst, ow, cols.end, sw, taps, init, step, finish);
-}
-
-/// The pixels of one output row from `ow` to `ow_n`, `PX` at a time while `PX` are
-/// left ([`slide_row`]); returns the first pixel not done.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn slide_run<const PX: usize>(
-    row: *const f32,
-    dst: *mut f32,
-    mut ow: usize,
-    ow_n: usize,
-    sw: usize,
-    taps: &[(isize, usize)],
-    init: std::arch::x86_64::__m256,
-    step: &impl Fn(std::arch::x86_64::__m256, usize, std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
-    finish: &impl Fn(std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
-) -> usize {
-    use std::arch::x86_64::*;
-    while ow + PX <= ow_n {
-        let at: [*const f32; PX] = std::array::from_fn(|i| row.wrapping_add((ow + i) * sw * 8));
-        let mut acc = [init; PX];
-        for &(o, t) in taps {
-            for i in 0..PX {
-                acc[i] = step(acc[i], t, _mm256_loadu_ps(at[i].wrapping_offset(o)));
+            for (i, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(dst.add((ow + i) * 8), finish(*a));
             }
+            ow += PX;
         }
-        for (i, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(dst.add((ow + i) * 8), finish(*a));
+        for ow in ow..ow_n {
+            let at = row.add(ow * sw * 8);
+            let acc = offs[..taps].iter().enumerate().fold(init, |a, (t, &o)| step(a, t, _mm256_loadu_ps(at.add(o))));
+            _mm256_storeu_ps(dst.add(ow * 8), finish(acc));
         }
-        ow += PX;
     }
-    ow
 }
 
 /// Stores the output block `os` (`[pixel][8]`) into the eight planes at `y`

@@ -277,45 +277,32 @@ fn depthwise(p: &ConvProblem, x: &[f32], w: &[f32], avx2: bool, bias: Option<&[f
             let mut gb = g.clone();
             gb.output[1] = r1 - r0;
             gb.pad_begin[1] -= (r0 * g.stride[1]) as i64;
+            let (hp, wp) = blocked8::padded(&gb);
             let len = (r1 - r0) * ow_n * BLOCK;
-            let xb = &x[u * ipx * BLOCK..][..ipx * BLOCK];
-            // Wide rows are read in place (taps in the pads left out); narrow ones, where
-            // most pixels touch a pad, from a zero-padded copy of the band.
-            let direct = avx2 && ow_n >= DIRECT_MIN_WIDTH;
-            let copy_len = if direct { 0 } else { let (hp, wp) = blocked8::padded(&gb); BLOCK * hp * wp };
-            cpu::with_scratch(copy_len + if residual { len } else { 0 }, |s| {
-                let (xs, os) = s.split_at_mut(copy_len);
-                if !direct {
-                    blocked8::load_blocked(&gb, xb, xs, 0.0);
-                }
+            cpu::with_scratch(BLOCK * hp * wp + len, |s| {
+                let (xs, os) = s.split_at_mut(BLOCK * hp * wp);
+                blocked8::load_blocked(&gb, &x[u * ipx * BLOCK..][..ipx * BLOCK], xs, 0.0);
                 // SAFETY: rows r0..r1 of unit u's output block are written by this task only.
                 let yb = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(u * opx * BLOCK + r0 * ow_n * BLOCK), len) };
                 let wb = &w[cb * taps * BLOCK..][..taps * BLOCK];
                 let bb: [f32; BLOCK] = std::array::from_fn(|l| bias.map_or(0.0, |b| b[cb * BLOCK + l]));
-                // A Relu/Clip is applied in registers unless a residual comes first.
-                let (dst, clamp_now) = if residual { (&mut os[..], None) } else { (&mut yb[..], clamp) };
-                if direct {
-                    // SAFETY: `direct` implies AVX2 + FMA and taps <= MAX_TAPS.
-                    #[cfg(target_arch = "x86_64")]
-                    unsafe {
-                        slide_direct_avx2(g, xb, r0..r1, wb, &bb, clamp_now, dst)
-                    };
-                } else {
-                    slide(&gb, xs, wb, &bb, avx2, clamp_now, dst);
-                }
                 if residual {
+                    slide(&gb, xs, wb, &bb, avx2, None, os);
                     yb.iter_mut().zip(os.iter()).for_each(|(o, v)| *o += v);
-                }
-                if let (Some(a), true) = (act, residual || clamp.is_none()) {
-                    a.apply_slice_f32_fast(yb);
+                    if let Some(a) = act {
+                        a.apply_slice_f32_fast(yb);
+                    }
+                } else {
+                    // A Relu/Clip is applied in registers, other activations after.
+                    slide(&gb, xs, wb, &bb, avx2, clamp, yb);
+                    if let (Some(a), None) = (act, clamp) {
+                        a.apply_slice_f32_fast(yb);
+                    }
                 }
             });
         }
     });
 }
-
-/// Output widths from which the depthwise form reads its input in place.
-const DIRECT_MIN_WIDTH: usize = 16;
 
 /// One block's depthwise window: `os[pixel][l] = bias[l] + sum over taps of w * x`,
 /// clamped to `clamp` (`max` then `min`: a NaN stays NaN).
@@ -364,24 +351,6 @@ unsafe fn slide_avx2(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &
     // max/min return their second operand when either is NaN: NaN stays NaN.
     let finish = |v| if clamp.is_some() { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) } else { v };
     blocked8::slide(g, xs, blocked8::padded(g).1, os, _mm256_loadu_ps(bias.as_ptr()), |acc, t, v| _mm256_fmadd_ps(wv[t], v, acc), finish);
-}
-
-/// [`slide_avx2`] straight from the unpadded block `xb`, output rows `rows` into `os`
-/// (see `blocked8::slide_direct`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn slide_direct_avx2(g: &super::window::Geometry, xb: &[f32], rows: std::ops::Range<usize>, w: &[f32], bias: &[f32; BLOCK], clamp: Option<(f32, f32)>, os: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let taps = g.kernel_size();
-    let mut wv = [_mm256_setzero_ps(); MAX_TAPS];
-    for (t, v) in wv.iter_mut().enumerate().take(taps) {
-        *v = _mm256_loadu_ps(w.as_ptr().add(t * BLOCK));
-    }
-    let (lo, hi) = clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
-    let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
-    // max/min return their second operand when either is NaN: NaN stays NaN.
-    let finish = |v| if clamp.is_some() { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) } else { v };
-    blocked8::slide_direct(g, xb, rows, os, _mm256_loadu_ps(bias.as_ptr()), |acc, t, v| _mm256_fmadd_ps(wv[t], v, acc), finish);
 }
 
 /// The kernel a plan runs: the op with its prepared filters.
