@@ -44,6 +44,7 @@ fn every_variant_matches_the_f64_reference() {
         (vec![2, 16, 17, 6], vec![40, 16, 3, 3], 1, 1, 1, [1; 4], true),       // padded rows per thread, two images
         (vec![1, 16, 15, 14], vec![32, 16, 3, 3], 1, 2, 1, [1, 0, 1, 1], true), // strided phases, uneven pads
         (vec![1, 64, 7, 7], vec![72, 64, 3, 3], 1, 1, 1, [1; 4], true),        // few pixels, long reduction
+        (vec![1, 128, 6, 9], vec![72, 128, 3, 3], 1, 1, 1, [1; 4], true),      // a long reduction, more pixels
         (vec![1, 3, 23, 21], vec![16, 3, 7, 7], 1, 2, 1, [3; 4], false),       // a ResNet stem from NCHW
         (vec![1, 5, 9, 9], vec![8, 5, 3, 3], 1, 1, 1, [0; 4], false),          // NCHW read in place
         (vec![1, 8, 2, 2], vec![8, 8, 1, 1], 1, 1, 1, [0; 4], false),          // in place, shorter than one tile's reach
@@ -55,6 +56,7 @@ fn every_variant_matches_the_f64_reference() {
         (vec![2, 16, 12, 9], vec![16, 1, 5, 5], 16, 1, 2, [4, 3, 4, 2], true), // depthwise, dilated
         (vec![1, 8, 40, 200], vec![8, 1, 3, 3], 8, 2, 1, [1; 4], true),       // depthwise in bands of rows
         (vec![1, 8, 61, 150], vec![8, 1, 3, 3], 8, 1, 1, [1, 0, 1, 2], true),  // the same, stride 1
+        (vec![1, 16, 9, 40], vec![16, 1, 5, 5], 16, 1, 2, [4, 3, 1, 5], true), // depthwise, dilated, uneven pads
     ];
     for (xd, wd, group, stride, dil, pads, in_blocked) in cases {
         let (x, w, b) = (rand_f32(&xd, 71), rand_f32(&wd, 72), rand_f32(&[wd[0]], 73));
