@@ -134,6 +134,14 @@ pub trait Op: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The outputs, from known input values, of an op whose output types depend on
+    /// those values and are found by computing the outputs (NonMaxSuppression): a
+    /// node whose every input is known is then evaluated once, by this, instead of
+    /// computed by `infer` and again by its kernel. None: `infer`, then the kernel.
+    fn eval_to_infer(&self, _inputs: &[Option<Arg>]) -> Option<Result<Vec<Tensor>>> {
+        None
+    }
+
     /// True when the op only reinterprets its first input (same bytes, new dims):
     /// Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout. Runtimes may alias.
     fn is_view(&self) -> bool {

@@ -189,7 +189,16 @@ impl Walk {
             let what = format!("dtype string is not supported by op {} (string tensors reach only the string ops, LabelEncoder, ArrayFeatureExtractor, TfIdfVectorizer, Equal, Cast, CastLike, Concat, Shape, Size and reshapes)", node.op_type);
             return Err(InferError::node(node, OpError::input(i, what)).into());
         }
-        let out_types = match op.infer(&args) {
+        let all_const = node.inputs.iter().flatten().all(|v| constants.contains_key(v));
+        let evaluated = match op.eval_to_infer(&args) {
+            Some(r) if all_const && !op.varies_between_runs() => Some(r.map_err(|e| InferError::node(node, e))?),
+            _ => None,
+        };
+        let inferred = match &evaluated {
+            Some(v) => Ok(v.iter().map(|t| TensorType::new(t.dtype(), t.dims())).collect()),
+            None => op.infer(&args),
+        };
+        let out_types = match inferred {
             Ok(t) => t,
             Err(OpError::NeedsValue { index, what }) => {
                 let error = InferError::node(node, OpError::NeedsValue { index, what });
@@ -211,7 +220,6 @@ impl Walk {
             }
             out_bytes += bytes.unwrap_or(0);
         }
-        let all_const = node.inputs.iter().flatten().all(|v| constants.contains_key(v));
         // Sequences and optionals live on the host: a node that sees one is folded once
         // its inputs are known (sessions evaluate it between stages), never a device step.
         let containers = args.iter().flatten().any(|a| !a.ty.is_tensor()) || out_types.iter().any(|t| !t.is_tensor());
@@ -225,9 +233,10 @@ impl Walk {
         if containers && (op.cpu().is_none() || op.varies_between_runs()) {
             return Err(InferError::node(node, OpError::Unsupported("a node over sequences or optionals needs a CPU kernel that gives the same outputs on every run (it runs on the host)".into())).into());
         }
-        let mut values: Option<Vec<Tensor>> = match op.eval_from_types(&args) {
-            Some(r) => Some(r.map_err(|e| InferError::node(node, e))?),
-            None => None,
+        let mut values: Option<Vec<Tensor>> = match (evaluated, op.eval_from_types(&args)) {
+            (Some(v), _) => Some(v),
+            (None, Some(r)) => Some(r.map_err(|e| InferError::node(node, e))?),
+            (None, None) => None,
         };
         if values.is_none() && all_const && !op.varies_between_runs() && self.folded_bytes.saturating_add(out_bytes) <= limit {
             if let Some(k) = op.cpu() {

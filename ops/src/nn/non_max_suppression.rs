@@ -208,10 +208,14 @@ fn select(boxes: &Tensor, scores: &Tensor, lim: Limits, center: bool) -> Result<
             let s = &sv[(b * classes + c) * n..][..n];
             order.clear();
             order.extend((0..n).filter(|&k| lim.score.is_none_or(|t| s[k] > t)));
-            // Decreasing score, NaN last; the stable sort keeps equal scores by index.
-            order.sort_by(|&p, &q| match (s[p].is_nan(), s[q].is_nan()) {
-                (false, false) => s[q].partial_cmp(&s[p]).unwrap_or(std::cmp::Ordering::Equal),
-                (a, b) => a.cmp(&b),
+            // Decreasing score, NaN last, equal scores by index (a total order: the
+            // unstable sort, which needs no buffer, gives the one result).
+            order.sort_unstable_by(|&p, &q| {
+                let by_score = match (s[p].is_nan(), s[q].is_nan()) {
+                    (false, false) => s[q].partial_cmp(&s[p]).unwrap_or(std::cmp::Ordering::Equal),
+                    (a, b) => a.cmp(&b),
+                };
+                by_score.then(p.cmp(&q))
             });
             kept.clear();
             for &k in &order {
@@ -228,24 +232,31 @@ fn select(boxes: &Tensor, scores: &Tensor, lim: Limits, center: bool) -> Result<
     Ok(out)
 }
 
+/// The input types `infer` checks before it needs any value.
+fn check_types(inputs: &[Option<Arg>]) -> Result<()> {
+    expect_dtype(inputs, 0, FLOATS)?;
+    expect_dtype(inputs, 1, FLOATS)?;
+    layout(required(inputs, 0)?.dims(), required(inputs, 1)?.dims())?;
+    let opt = |i: usize| inputs.get(i).copied().flatten();
+    if opt(2).is_some() {
+        expect_dtype(inputs, 2, INTS)?;
+    }
+    for i in [3, 4] {
+        if opt(i).is_some() {
+            expect_dtype(inputs, i, FLOATS)?;
+        }
+    }
+    Ok(())
+}
+
 impl Op for NonMaxSuppression {
     fn name(&self) -> &str {
         "NonMaxSuppression"
     }
 
     fn infer(&self, inputs: &[Option<Arg>]) -> Result<Vec<TensorType>> {
-        expect_dtype(inputs, 0, FLOATS)?;
-        expect_dtype(inputs, 1, FLOATS)?;
-        layout(required(inputs, 0)?.dims(), required(inputs, 1)?.dims())?;
+        check_types(inputs)?;
         let opt = |i: usize| inputs.get(i).copied().flatten();
-        if opt(2).is_some() {
-            expect_dtype(inputs, 2, INTS)?;
-        }
-        for i in [3, 4] {
-            if opt(i).is_some() {
-                expect_dtype(inputs, i, FLOATS)?;
-            }
-        }
         let what = "the value of every input of NonMaxSuppression (its output shape depends on them)";
         let value = |i: usize| -> Result<Option<&Tensor>> {
             match opt(i) {
@@ -262,6 +273,19 @@ impl Op for NonMaxSuppression {
             select(b, s, lim, self.center_point_box)?.len() / 3
         };
         Ok(vec![TensorType::new(DType::I64, vec![count, 3])])
+    }
+
+    /// The selection itself, once: its length is the output type.
+    fn eval_to_infer(&self, inputs: &[Option<Arg>]) -> Option<Result<Vec<Tensor>>> {
+        let values: Vec<Option<&Tensor>> = inputs.iter().map(|a| a.and_then(|a| a.value)).collect();
+        if inputs.iter().zip(&values).any(|(a, v)| a.is_some() && v.is_none()) {
+            return None;
+        }
+        if let Err(e) = check_types(inputs) {
+            return Some(Err(e));
+        }
+        let mut out = vec![Tensor::zeros(DType::I64, &[0, 3])];
+        Some(CpuKernel::run(self, &values, &mut out).map(|()| out))
     }
 
     fn cpu(&self) -> Option<&dyn CpuKernel> {
