@@ -190,9 +190,9 @@ impl Walk {
             return Err(InferError::node(node, OpError::input(i, what)).into());
         }
         let all_const = node.inputs.iter().flatten().all(|v| constants.contains_key(v));
-        let evaluated = match op.eval_to_infer(&args) {
-            Some(r) if all_const && !op.varies_between_runs() => Some(r.map_err(|e| InferError::node(node, e))?),
-            _ => None,
+        let evaluated = match all_const && !op.varies_between_runs() {
+            true => op.eval_to_infer(&args).transpose().map_err(|e| InferError::node(node, e))?,
+            false => None,
         };
         let inferred = match &evaluated {
             Some(v) => Ok(v.iter().map(|t| TensorType::new(t.dtype(), t.dims())).collect()),
@@ -234,7 +234,10 @@ impl Walk {
             return Err(InferError::node(node, OpError::Unsupported("a node over sequences or optionals needs a CPU kernel that gives the same outputs on every run (it runs on the host)".into())).into());
         }
         let mut values: Option<Vec<Tensor>> = match (evaluated, op.eval_from_types(&args)) {
-            (Some(v), _) => Some(v),
+            (Some(v), _) => {
+                self.folded_bytes += out_bytes;
+                Some(v)
+            }
             (None, Some(r)) => Some(r.map_err(|e| InferError::node(node, e))?),
             (None, None) => None,
         };
