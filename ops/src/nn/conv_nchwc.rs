@@ -179,8 +179,8 @@ impl CpuKernel for ConvNchwc {
             let isa = Isa::best();
             vec![TuneParam { name: "isa", default: isa.code(), candidates: Isa::available().into_iter().map(Isa::code).collect() }]
         } else {
-            let isas: Vec<u32> = Isa::available().into_iter().filter(|&i| i != Isa::Avx512).map(Isa::code).collect();
-            vec![TuneParam { name: "isa", default: isas[0], candidates: isas }]
+            let isas = depthwise_isas(&p).into_iter().map(Isa::code).collect();
+            vec![TuneParam { name: "isa", default: depthwise_isa(&p).code(), candidates: isas }]
         }
     }
 
@@ -213,8 +213,8 @@ struct Kernel {
 
 enum Form {
     Dense(FlippedFilters),
-    /// Depthwise: per block, per tap, eight weights; whether to use AVX2.
-    Depthwise { w: Vec<f32>, avx2: bool },
+    /// Depthwise: per block, per tap, eight weights; the instruction set.
+    Depthwise { w: Vec<f32>, isa: Isa },
 }
 
 impl Kernel {
@@ -233,8 +233,8 @@ impl Kernel {
                     packed[((c / BLOCK) * taps + t) * BLOCK + c % BLOCK] = w[c * taps + t];
                 }
             }
-            let avx2 = cpu::has_avx2() && taps <= MAX_TAPS && get("isa", Isa::Avx2.code()) != Isa::Portable.code();
-            Form::Depthwise { w: packed, avx2 }
+            let isa = Isa::from_code(get("isa", depthwise_isa(p).code())).filter(|i| depthwise_isas(p).contains(i)).unwrap_or(Isa::Portable);
+            Form::Depthwise { w: packed, isa }
         };
         Kernel { problem: p.clone(), form }
     }
@@ -244,9 +244,28 @@ impl Kernel {
         let p = &self.problem;
         match &self.form {
             Form::Dense(f) => f.run(p, x, bias, act, residual, y),
-            Form::Depthwise { w, avx2 } => depthwise(p, x, w, *avx2, bias, act, residual, y),
+            Form::Depthwise { w, isa } => depthwise(p, x, w, *isa, bias, act, residual, y),
         }
     }
+}
+
+/// The instruction sets the depthwise form can use for `p`, best first: AVX-512 pairs
+/// two neighbouring pixels per register, so only where the window moves one pixel.
+fn depthwise_isas(p: &ConvProblem) -> Vec<Isa> {
+    let taps_fit = p.geo.kernel_size() <= MAX_TAPS;
+    Isa::available()
+        .into_iter()
+        .filter(|&i| match i {
+            Isa::Avx512 => taps_fit && p.geo.stride[2] == 1,
+            Isa::Avx2 => taps_fit,
+            Isa::Portable => true,
+        })
+        .collect()
+}
+
+/// The default depthwise instruction set.
+fn depthwise_isa(p: &ConvProblem) -> Isa {
+    depthwise_isas(p)[0]
 }
 
 /// Padded input floats per band of a depthwise block (192 KiB: the band stays in L2;
@@ -255,7 +274,7 @@ const BAND_FLOATS: usize = 48 * 1024;
 
 /// The depthwise form: one task per image, channel block and band of output rows.
 #[allow(clippy::too_many_arguments)]
-fn depthwise(p: &ConvProblem, x: &[f32], w: &[f32], avx2: bool, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: &mut [f32]) {
+fn depthwise(p: &ConvProblem, x: &[f32], w: &[f32], isa: Isa, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: &mut [f32]) {
     let g = &p.geo;
     let (ipx, opx, taps) = (g.input_size(), g.output_size(), g.kernel_size());
     let [_, oh_n, ow_n] = g.output;
@@ -268,6 +287,10 @@ fn depthwise(p: &ConvProblem, x: &[f32], w: &[f32], avx2: bool, bias: Option<&[f
     let blocks = p.out_channels / BLOCK;
     let out = SharedOut(y.as_mut_ptr());
     let clamp = super::conv_small_k::as_clamp(act);
+    // AVX-512 reads the block in place: no padded copy.
+    let in_place = isa == Isa::Avx512;
+    #[cfg(target_arch = "x86_64")]
+    let masks = if in_place { pair_masks(g) } else { PairMasks::default() };
     cpu::par_ranges(p.batch * blocks * bands, 2 * band * ow_n * taps * BLOCK, |a, b| {
         for t in a..b {
             let (u, bd) = (t / bands, t % bands);
@@ -278,23 +301,34 @@ fn depthwise(p: &ConvProblem, x: &[f32], w: &[f32], avx2: bool, bias: Option<&[f
             gb.output[1] = r1 - r0;
             gb.pad_begin[1] -= (r0 * g.stride[1]) as i64;
             let (hp, wp) = blocked8::padded(&gb);
+            let copy = if in_place { 0 } else { BLOCK * hp * wp };
             let len = (r1 - r0) * ow_n * BLOCK;
-            cpu::with_scratch(BLOCK * hp * wp + len, |s| {
-                let (xs, os) = s.split_at_mut(BLOCK * hp * wp);
-                blocked8::load_blocked(&gb, &x[u * ipx * BLOCK..][..ipx * BLOCK], xs, 0.0);
-                // SAFETY: rows r0..r1 of unit u's output block are written by this task only.
-                let yb = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(u * opx * BLOCK + r0 * ow_n * BLOCK), len) };
-                let wb = &w[cb * taps * BLOCK..][..taps * BLOCK];
-                let bb: [f32; BLOCK] = std::array::from_fn(|l| bias.map_or(0.0, |b| b[cb * BLOCK + l]));
+            let xb = &x[u * ipx * BLOCK..][..ipx * BLOCK];
+            let wb = &w[cb * taps * BLOCK..][..taps * BLOCK];
+            let bb: [f32; BLOCK] = std::array::from_fn(|l| bias.map_or(0.0, |b| b[cb * BLOCK + l]));
+            // SAFETY: rows r0..r1 of unit u's output block are written by this task only.
+            let yb = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(u * opx * BLOCK + r0 * ow_n * BLOCK), len) };
+            cpu::with_scratch(copy + if residual { len } else { 0 }, |s| {
+                let (xs, os) = s.split_at_mut(copy);
+                let mut window = |clamp: Option<(f32, f32)>, os: &mut [f32]| {
+                    #[cfg(target_arch = "x86_64")]
+                    if in_place {
+                        // SAFETY: `depthwise_isas` offers AVX-512 only where the CPU has
+                        // it, the window has at most MAX_TAPS taps and moves one pixel.
+                        return unsafe { in_place_avx512(&gb, xb, wb, &bb, clamp, &masks, os) };
+                    }
+                    blocked8::load_blocked(&gb, xb, xs, 0.0);
+                    slide(&gb, xs, wb, &bb, isa, clamp, os);
+                };
                 if residual {
-                    slide(&gb, xs, wb, &bb, avx2, None, os);
+                    window(None, os);
                     yb.iter_mut().zip(os.iter()).for_each(|(o, v)| *o += v);
                     if let Some(a) = act {
                         a.apply_slice_f32_fast(yb);
                     }
                 } else {
                     // A Relu/Clip is applied in registers, other activations after.
-                    slide(&gb, xs, wb, &bb, avx2, clamp, yb);
+                    window(clamp, yb);
                     if let (Some(a), None) = (act, clamp) {
                         a.apply_slice_f32_fast(yb);
                     }
@@ -306,14 +340,16 @@ fn depthwise(p: &ConvProblem, x: &[f32], w: &[f32], avx2: bool, bias: Option<&[f
 
 /// One block's depthwise window: `os[pixel][l] = bias[l] + sum over taps of w * x`,
 /// clamped to `clamp` (`max` then `min`: a NaN stays NaN).
-fn slide(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &[f32; BLOCK], avx2: bool, clamp: Option<(f32, f32)>, os: &mut [f32]) {
+fn slide(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &[f32; BLOCK], isa: Isa, clamp: Option<(f32, f32)>, os: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` is only set where the CPU has AVX2 + FMA and taps <= MAX_TAPS.
-        unsafe { slide_avx2(g, xs, w, bias, clamp, os) };
-        return;
+    match isa {
+        // SAFETY: `depthwise_isas` offers these only where the CPU has them, the window
+        // has at most MAX_TAPS taps and (AVX-512) moves one pixel at a time.
+        Isa::Avx2 | Isa::Avx512 => return unsafe { slide_avx2(g, xs, w, bias, clamp, os) },
+        Isa::Portable => {}
     }
-    let _ = avx2;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     let [_, oh_n, ow_n] = g.output;
     let [_, _, kw_n] = g.kernel;
     let wp = blocked8::padded(g).1;
@@ -351,6 +387,206 @@ unsafe fn slide_avx2(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &
     // max/min return their second operand when either is NaN: NaN stays NaN.
     let finish = |v| if clamp.is_some() { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) } else { v };
     blocked8::slide(g, xs, blocked8::padded(g).1, os, _mm256_loadu_ps(bias.as_ptr()), |acc, t, v| _mm256_fmadd_ps(wv[t], v, acc), finish);
+}
+
+/// Lane masks for reading pixel pairs in place: for tap column `kw` and pair `c`
+/// (output pixels `2c`, `2c + 1`), `m[kw * cols + c]` has the low eight lanes set when
+/// the first pixel's input lies inside the row and the high eight for the second;
+/// pairs `interior.0..interior.1` read inside the row at every tap.
+#[cfg(target_arch = "x86_64")]
+#[derive(Default)]
+struct PairMasks {
+    m: Vec<u16>,
+    interior: (usize, usize),
+}
+
+#[cfg(target_arch = "x86_64")]
+fn pair_masks(g: &super::window::Geometry) -> PairMasks {
+    let (iw, kw_n) = (g.input[2] as i64, g.kernel[2]);
+    let cols = g.output[2].div_ceil(2);
+    let inside = |j: i64| (0..iw).contains(&j);
+    let mut m = vec![0u16; kw_n * cols];
+    for kw in 0..kw_n {
+        for c in 0..cols {
+            let j = (2 * c + kw * g.dilation[2]) as i64 - g.pad_begin[2];
+            m[kw * cols + c] = if inside(j) { 0x00ff } else { 0 } | if inside(j + 1) { 0xff00 } else { 0 };
+        }
+    }
+    let full = |c: usize| (0..kw_n).all(|kw| m[kw * cols + c] == 0xffff);
+    let lo = (0..cols).find(|&c| full(c)).unwrap_or(cols);
+    let hi = (lo..cols).find(|&c| !full(c)).unwrap_or(cols);
+    PairMasks { m, interior: (lo, hi) }
+}
+
+/// The taps of one output row whose input row exists: weights (the block's eight twice,
+/// one copy per pixel of a pair), offsets in floats from the block's start to the
+/// input of pair 0 (negative left of the row), and tap columns.
+#[cfg(target_arch = "x86_64")]
+struct RowTaps {
+    w: [std::arch::x86_64::__m512; MAX_TAPS],
+    off: [isize; MAX_TAPS],
+    kw: [usize; MAX_TAPS],
+    n: usize,
+}
+
+/// What the tiles of one block share: the bias, the bounds, the masks.
+#[cfg(target_arch = "x86_64")]
+struct Pairs<'a> {
+    bias: std::arch::x86_64::__m512,
+    bounds: Option<(std::arch::x86_64::__m512, std::arch::x86_64::__m512)>,
+    masks: &'a [u16],
+    cols: usize,
+}
+
+/// A stride-1 depthwise window with AVX-512, read in place from the unpadded block `x`
+/// (`[row][col][8]` of `g.input`) into `os` (`[oh][ow][8]`): two neighbouring output
+/// pixels per register (their inputs are neighbours too), up to eight registers of
+/// sums at a time so that the FMAs' latency hides, rows four registers wide or less
+/// two at a time. Taps whose input row lies in the pad are left out of a row; the
+/// pairs near the row's ends load under lane masks, which read nothing in the pad.
+///
+/// # Safety
+/// The CPU has AVX-512F, AVX2 and FMA; `g.stride[2] == 1`, `g.kernel_size() <= MAX_TAPS`,
+/// `masks` is [`pair_masks`] of `g`, `x` holds the block, `os` the output rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn in_place_avx512(g: &super::window::Geometry, x: &[f32], w: &[f32], bias: &[f32; BLOCK], clamp: Option<(f32, f32)>, masks: &PairMasks, os: &mut [f32]) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(g.stride[2], 1);
+    let [_, ih_n, iw_n] = g.input;
+    let [_, oh_n, ow_n] = g.output;
+    let [_, kh_n, kw_n] = g.kernel;
+    let (sh, dh, dw) = (g.stride[1], g.dilation[1], g.dilation[2]);
+    let (top, left) = (g.pad_begin[1], g.pad_begin[2] as isize);
+    // Eight floats loaded twice into one register.
+    let pair = |p: *const f32| _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+    let k = Pairs { bias: pair(bias.as_ptr()), bounds: clamp.map(|(lo, hi)| (_mm512_set1_ps(lo), _mm512_set1_ps(hi))), masks: &masks.m, cols: ow_n.div_ceil(2) };
+    let cols = k.cols;
+    let tail: __mmask16 = if ow_n % 2 == 1 { 0x00ff } else { 0xffff };
+    // Chunks of pairs per row: as even as eight registers a row allow (four with two rows).
+    let wide = |r: usize| if r == 2 { 4 } else { 8 };
+    let ih = |oh: usize, kh: usize| (oh * sh + kh * dh) as i64 - top;
+    let full_row = |oh: usize| (0..kh_n).all(|kh| (0..ih_n as i64).contains(&ih(oh, kh)));
+    let row_floats = (iw_n * BLOCK) as isize;
+    // A row's taps, offsets relative to the input row of its tap row 0: every tap (one
+    // list for all the rows whose tap rows all lie inside the input), or with `clip`
+    // only those whose input row exists.
+    let taps_of = |rt: &mut RowTaps, oh: usize, clip: bool| {
+        rt.n = 0;
+        for kh in 0..kh_n {
+            let r = ih(oh, kh);
+            if clip && !(0..ih_n as i64).contains(&r) {
+                continue;
+            }
+            for kw in 0..kw_n {
+                rt.w[rt.n] = pair(w.as_ptr().add((kh * kw_n + kw) * BLOCK));
+                rt.off[rt.n] = (kh * dh) as isize * row_floats + ((kw * dw) as isize - left) * BLOCK as isize;
+                rt.kw[rt.n] = kw;
+                rt.n += 1;
+            }
+        }
+    };
+    let empty = || RowTaps { w: [_mm512_setzero_ps(); MAX_TAPS], off: [0; MAX_TAPS], kw: [0; MAX_TAPS], n: 0 };
+    let (mut full, mut clipped) = (empty(), empty());
+    taps_of(&mut full, 0, false);
+    let (lo, hi) = masks.interior;
+    let mut oh = 0;
+    while oh < oh_n {
+        let rows = if cols <= 4 && oh + 1 < oh_n && full_row(oh) && full_row(oh + 1) { 2 } else { 1 };
+        let rt = if full_row(oh) {
+            &full
+        } else {
+            taps_of(&mut clipped, oh, true);
+            &clipped
+        };
+        let top_row = (oh * sh) as isize - top as isize;
+        let src = x.as_ptr().wrapping_offset(top_row * row_floats);
+        let src = [src, src.wrapping_add(sh * iw_n * BLOCK)];
+        let dst = os.as_mut_ptr().add(oh * ow_n * BLOCK);
+        let dst = [dst, dst.wrapping_add(ow_n * BLOCK)];
+        let chunks = cols.div_ceil(wide(rows));
+        let size = cols.div_ceil(chunks);
+        let mut c = 0;
+        while c < cols {
+            let n = size.min(cols - c);
+            // Loads under masks: none inside the row; only the first and last registers
+            // where only they reach the pad; else every one.
+            let edge = |i: usize| c + i < lo || c + i >= hi;
+            let masked = if !(0..n).any(edge) {
+                Masked::None
+            } else if !(1..n.saturating_sub(1)).any(edge) {
+                Masked::Ends
+            } else {
+                Masked::All
+            };
+            let last = if c + n == cols { tail } else { 0xffff };
+            let at = |p: *const f32| p.wrapping_add(c * 2 * BLOCK);
+            pairs_group(&k, rt, rows, n, masked, c, [at(src[0]), at(src[1])], [dst[0].add(c * 2 * BLOCK), dst[1].wrapping_add(c * 2 * BLOCK)], last);
+            c += n;
+        }
+        oh += rows;
+    }
+}
+
+/// Which loads of a group of [`pairs_tile`] go under the pair masks.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Masked {
+    None,
+    /// The first and the last register's.
+    Ends,
+    All,
+}
+
+/// One group of [`in_place_avx512`]: `rows` rows (1 or 2) of `n` registers (1..=8, at
+/// most 4 with two rows) from pair `c0` on, loads under the pair masks as `masked`
+/// says, the last register's store under `last`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pairs_group(k: &Pairs, rt: &RowTaps, rows: usize, n: usize, masked: Masked, c0: usize, src: [*const f32; 2], dst: [*mut f32; 2], last: std::arch::x86_64::__mmask16) {
+    macro_rules! go {
+        ($(($r:literal, $n:literal)),*) => {
+            match (rows, n, masked) {
+                $(($r, $n, Masked::None) => pairs_tile::<$r, $n, 0>(k, rt, c0, src, dst, last),
+                  ($r, $n, Masked::Ends) => pairs_tile::<$r, $n, 1>(k, rt, c0, src, dst, last),
+                  ($r, $n, Masked::All) => pairs_tile::<$r, $n, 2>(k, rt, c0, src, dst, last),)*
+                _ => unreachable!("a depthwise group of {rows} rows of {n} registers"),
+            }
+        };
+    }
+    go!((1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 6), (1, 7), (1, 8), (2, 1), (2, 2), (2, 3), (2, 4))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+/// `MASKED`: 0, 1 or 2 for [`Masked`]'s None, Ends and All.
+unsafe fn pairs_tile<const R: usize, const N: usize, const MASKED: u8>(k: &Pairs, rt: &RowTaps, c0: usize, src: [*const f32; 2], dst: [*mut f32; 2], last: std::arch::x86_64::__mmask16) {
+    use std::arch::x86_64::*;
+    let mut acc = [[k.bias; N]; R];
+    for j in 0..rt.n {
+        let (wt, o) = (rt.w[j], rt.off[j]);
+        let m = k.masks.as_ptr().add(rt.kw[j] * k.cols + c0);
+        for r in 0..R {
+            for (i, a) in acc[r].iter_mut().enumerate() {
+                let p = src[r].wrapping_offset(o).wrapping_add(i * 2 * BLOCK);
+                // Masked-off lanes read nothing (no fault): the pad is never touched.
+                let v = if MASKED == 2 || (MASKED == 1 && (i == 0 || i + 1 == N)) { _mm512_maskz_loadu_ps(*m.add(i), p) } else { _mm512_loadu_ps(p) };
+                *a = _mm512_fmadd_ps(wt, v, *a);
+            }
+        }
+    }
+    for r in 0..R {
+        for (i, &a) in acc[r].iter().enumerate() {
+            // max/min return their second operand when either is NaN: NaN stays NaN.
+            let v = match k.bounds {
+                Some((lo, hi)) => _mm512_min_ps(hi, _mm512_max_ps(lo, a)),
+                None => a,
+            };
+            let store = if i + 1 == N { last } else { 0xffff };
+            _mm512_mask_storeu_ps(dst[r].add(i * 2 * BLOCK), store, v);
+        }
+    }
 }
 
 /// The kernel a plan runs: the op with its prepared filters.

@@ -57,6 +57,12 @@ fn every_variant_matches_the_f64_reference() {
         (vec![1, 8, 40, 200], vec![8, 1, 3, 3], 8, 2, 1, [1; 4], true),       // depthwise in bands of rows
         (vec![1, 8, 61, 150], vec![8, 1, 3, 3], 8, 1, 1, [1, 0, 1, 2], true),  // the same, stride 1
         (vec![1, 16, 9, 40], vec![16, 1, 5, 5], 16, 1, 2, [4, 3, 1, 5], true), // depthwise, dilated, uneven pads
+        (vec![1, 16, 7, 7], vec![16, 1, 3, 3], 16, 1, 1, [1; 4], true),        // depthwise, odd rows in pairs
+        (vec![2, 8, 5, 1], vec![8, 1, 3, 3], 8, 1, 1, [1; 4], true),           // one pixel wide
+        (vec![1, 8, 3, 35], vec![8, 1, 3, 3], 8, 1, 1, [1; 4], true),          // 18 registers a row: 8, 8, 2
+        (vec![1, 8, 4, 16], vec![8, 1, 3, 3], 8, 1, 1, [1; 4], true),          // 8 registers a row, even
+        (vec![1, 8, 3, 2], vec![8, 1, 3, 3], 8, 1, 1, [2, 3, 2, 3], true),     // whole rows and columns in the pad
+        (vec![1, 8, 6, 20], vec![8, 1, 3, 3], 8, 2, 1, [0, 1, 1, 0], true),    // strided, read as a padded copy
     ];
     for (xd, wd, group, stride, dil, pads, in_blocked) in cases {
         let (x, w, b) = (rand_f32(&xd, 71), rand_f32(&wd, 72), rand_f32(&[wd[0]], 73));
