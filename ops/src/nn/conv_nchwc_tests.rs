@@ -62,7 +62,9 @@ fn every_variant_matches_the_f64_reference() {
         (vec![1, 8, 3, 35], vec![8, 1, 3, 3], 8, 1, 1, [1; 4], true),          // 18 registers a row: 8, 8, 2
         (vec![1, 8, 4, 16], vec![8, 1, 3, 3], 8, 1, 1, [1; 4], true),          // 8 registers a row, even
         (vec![1, 8, 3, 2], vec![8, 1, 3, 3], 8, 1, 1, [2, 3, 2, 3], true),     // whole rows and columns in the pad
-        (vec![1, 8, 6, 20], vec![8, 1, 3, 3], 8, 2, 1, [0, 1, 1, 0], true),    // strided, read as a padded copy
+        (vec![1, 8, 6, 20], vec![8, 1, 3, 3], 8, 2, 1, [0, 1, 1, 0], true),    // strided: a padded copy
+        (vec![1, 16, 9, 37], vec![16, 1, 4, 4], 16, 3, 1, [2, 1, 1, 2], true), // stride 3, an even tap row
+        (vec![1, 8, 14, 14], vec![8, 1, 3, 3], 8, 2, 1, [0, 0, 1, 1], true),   // MobileNet's strided pads
     ];
     for (xd, wd, group, stride, dil, pads, in_blocked) in cases {
         let (x, w, b) = (rand_f32(&xd, 71), rand_f32(&wd, 72), rand_f32(&[wd[0]], 73));
@@ -97,6 +99,37 @@ fn every_variant_matches_the_f64_reference() {
             // Unprepared (weights not constant): packed per run.
             let y = run(op.as_ref(), &as_inputs(&inputs, &[]), &[]).unwrap().remove(0);
             assert_close(&y, &want, 2e-5, &format!("x{xd:?} w{wd:?} unprepared, residual {residual}"));
+        }
+    }
+}
+
+/// An infinity in the input reaches only the outputs whose windows cover it, on every
+/// depthwise variant of a strided window (0 * inf is NaN: a kernel that reads a column
+/// past a window's end, even weighed zero, spreads it).
+#[test]
+fn depthwise_infinities_stay_in_their_windows() {
+    let (xd, wd) = ([1usize, 8, 5, 9], [8usize, 1, 3, 3]);
+    let mut xv = rand_f32(&xd, 77).to_f64_vec();
+    // Column 3 of every row of channel 2: stride 2 without pads covers it from output
+    // column 1 only (input columns 2..5); output column 0 reads 0..3.
+    for r in 0..5 {
+        xv[(2 * 5 + r) * 9 + 3] = f64::INFINITY;
+    }
+    let x = Tensor::from_vec(&xd, xv.iter().map(|&v| v as f32).collect()).unwrap();
+    let (w, b) = (rand_f32(&wd, 78), rand_f32(&[8], 79));
+    let want = reference(&x, &w, Some(&b), 8, &[2, 2], &[1, 1], &[0, 0], &[2, 4]);
+    // Channel 2's outputs: [2][4] from index 16; column 0 of each row is finite.
+    assert!(!want[17].is_finite() && want[16].is_finite() && want[20].is_finite());
+    let want = blocked(&want, &[1, 8, 2, 4]);
+    let attrs = [("group", Attr::Int(8)), ("strides", ints(&[2, 2])), (super::INPUT_BLOCKED_ATTR, Attr::Int(1))];
+    let xb = blocked_tensor(&x);
+    let op = op("ConvNchwc", &attrs, 3);
+    let inputs = [Some(&xb), Some(&w), Some(&b)];
+    for (name, outs) in run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap() {
+        let got = outs[0].to_f64_vec();
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            let same = if e.is_finite() { (g - e).abs() <= 1e-4 * (1.0 + e.abs()) } else { g.is_nan() == e.is_nan() && (e.is_nan() || g == e) };
+            assert!(same, "{name}: output {i} is {g}, want {e}");
         }
     }
 }
