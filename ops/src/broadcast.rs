@@ -68,6 +68,41 @@ pub fn collapse(out: &[usize], in_strides: &[Vec<usize>]) -> (Vec<usize>, Vec<Ve
     (dims, st)
 }
 
+/// A broadcast walk a row at a time: the output's dims merged by [`collapse`], cut into
+/// rows of the last merged dim, along which each input moves by stride 0 or 1 (or any
+/// other: `inner` holds them). Kernels write a row with a tight loop.
+pub struct RowWalk {
+    outer: Vec<usize>,
+    outer_st: Vec<Vec<usize>>,
+    /// Floats per row.
+    pub n: usize,
+    /// Each input's stride along a row.
+    pub inner: Vec<usize>,
+}
+
+impl RowWalk {
+    pub fn new(out: &[usize], in_strides: &[Vec<usize>]) -> RowWalk {
+        let (dims, st) = collapse(out, in_strides);
+        let rank = dims.len();
+        RowWalk {
+            outer: dims[..rank - 1].to_vec(),
+            outer_st: st.iter().map(|s| s[..rank - 1].to_vec()).collect(),
+            n: dims[rank - 1],
+            inner: st.iter().map(|s| s[rank - 1]).collect(),
+        }
+    }
+
+    /// Calls `f(r, starts)` for rows `r0..r0 + rows` (`r` counted from `r0`), `starts`
+    /// each input's offset at the row's first element.
+    pub fn rows(&self, r0: usize, rows: usize, mut f: impl FnMut(usize, &[usize])) {
+        let mut r = 0;
+        for_each_offset_in(&self.outer, &self.outer_st, r0, r0 + rows, &mut |_, offs| {
+            f(r, offs);
+            r += 1;
+        });
+    }
+}
+
 /// Iterates, in row-major order over `out`, the offset into each input given their
 /// broadcast strides, calling `f(out_index, offsets)`. Walks an odometer, so it costs a
 /// few adds per element; kernels call it per contiguous chunk via [`for_each_offset_in`].

@@ -117,18 +117,12 @@ pub(crate) fn map2<T: Element, U: Element>(a: &Tensor, b: &Tensor, out: &mut Ten
             }
         });
     } else if !dst.is_empty() {
-        let (dims, st) = crate::broadcast::collapse(&dims, &[broadcast_strides(a.dims(), &dims), broadcast_strides(b.dims(), &dims)]);
         // General broadcast over the merged dims (a per-channel operand of NCHW: rows of
-        // H*W), a row of the last dim at a time: the row's start offsets from the outer
-        // index, then a stride-0/1 inner loop.
-        let (rank, n) = (dims.len(), dims[dims.len() - 1]);
-        let (sa, sb) = (st[0][rank - 1], st[1][rank - 1]);
-        let outer = &dims[..rank - 1];
-        let outer_st = [st[0][..rank - 1].to_vec(), st[1][..rank - 1].to_vec()];
+        // H*W), a row of the last dim at a time: a stride-0/1 inner loop.
+        let walk = crate::broadcast::RowWalk::new(&dims, &[broadcast_strides(a.dims(), &dims), broadcast_strides(b.dims(), &dims)]);
+        let (n, sa, sb) = (walk.n, walk.inner[0], walk.inner[1]);
         cpu::par_chunks_mut(dst, n, n, |r0, part| {
-            let rows = part.len() / n;
-            let mut row = 0;
-            crate::broadcast::for_each_offset_in(outer, &outer_st, r0, r0 + rows, &mut |_, offs| {
+            walk.rows(r0, part.len() / n, |row, offs| {
                 let (oa, ob) = (offs[0], offs[1]);
                 let orow = &mut part[row * n..(row + 1) * n];
                 match (sa, sb) {
@@ -137,7 +131,6 @@ pub(crate) fn map2<T: Element, U: Element>(a: &Tensor, b: &Tensor, out: &mut Ten
                     (0, 1) => orow.iter_mut().enumerate().for_each(|(k, o)| *o = f(av[oa], bv[ob + k])),
                     _ => orow.iter_mut().enumerate().for_each(|(k, o)| *o = f(av[oa + k * sa], bv[ob + k * sb])),
                 }
-                row += 1;
             });
         });
     }

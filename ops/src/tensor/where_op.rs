@@ -1,5 +1,5 @@
 //! Where: `cond ? x : y` elementwise with numpy broadcasting of all three inputs.
-use crate::broadcast::{broadcast_shapes, broadcast_strides, for_each_offset_in};
+use crate::broadcast::{broadcast_shapes, broadcast_strides, RowWalk};
 use crate::cpu::{self, CpuKernel};
 use crate::op::required;
 use crate::wgsl::{self, Binding, WgslKernel, WgslProgram};
@@ -51,10 +51,22 @@ fn select<T: Pod + Send + Sync>(c: &Tensor, x: &Tensor, y: &Tensor, out: &mut Te
         });
         return;
     }
-    let st = [broadcast_strides(c.dims(), &dims), broadcast_strides(x.dims(), &dims), broadcast_strides(y.dims(), &dims)];
-    cpu::par_chunks_mut(dst, 1, 2, |s, part| {
-        for_each_offset_in(&dims, &st, s, s + part.len(), &mut |o, offs| {
-            part[o - s] = if cv[offs[0]] != 0 { xv[offs[1]] } else { yv[offs[2]] };
+    // A row of the merged dims at a time (an attention mask: a bool plane choosing
+    // between two scalars is one row): loops per stride pattern that vectorize.
+    let walk = RowWalk::new(&dims, &[broadcast_strides(c.dims(), &dims), broadcast_strides(x.dims(), &dims), broadcast_strides(y.dims(), &dims)]);
+    let n = walk.n;
+    let [sc, sx, sy] = [walk.inner[0], walk.inner[1], walk.inner[2]];
+    cpu::par_chunks_mut(dst, n, n, |r0, part| {
+        walk.rows(r0, part.len() / n, |row, o| {
+            let orow = &mut part[row * n..(row + 1) * n];
+            let (c, x, y) = (&cv[o[0]..], &xv[o[1]..], &yv[o[2]..]);
+            match (sc, sx, sy) {
+                (1, 0, 0) => orow.iter_mut().zip(&c[..n]).for_each(|(d, &c)| *d = if c != 0 { x[0] } else { y[0] }),
+                (1, 1, 0) => orow.iter_mut().zip(c[..n].iter().zip(&x[..n])).for_each(|(d, (&c, &x))| *d = if c != 0 { x } else { y[0] }),
+                (1, 0, 1) => orow.iter_mut().zip(c[..n].iter().zip(&y[..n])).for_each(|(d, (&c, &y))| *d = if c != 0 { x[0] } else { y }),
+                (0, 1, 1) => orow.copy_from_slice(if c[0] != 0 { &x[..n] } else { &y[..n] }),
+                _ => orow.iter_mut().enumerate().for_each(|(k, d)| *d = if c[k * sc] != 0 { x[k * sx] } else { y[k * sy] }),
+            }
         });
     });
 }
@@ -119,5 +131,36 @@ mod tests {
         assert_eq!(out[0].bytes(), &[1, 0, 0, 1, 1]);
         assert!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&x), Some(&y)], &[]), &[]).unwrap_err().to_string().contains("bool"));
         assert!(run(op.as_ref(), &as_inputs(&[Some(&c), Some(&x), Some(&yi)], &[]), &[]).is_err());
+    }
+
+    /// Every stride pattern of the row walk against a per-element reference: a mask
+    /// between scalars, one side broadcast, the condition broadcast, all mixed.
+    #[test]
+    fn where_rows_match_a_per_element_walk() {
+        use crate::broadcast::{broadcast_shapes, broadcast_strides, for_each_offset};
+        let shapes: [[&[usize]; 3]; 7] = [
+            [&[1, 1, 4, 37], &[], &[1]],
+            [&[2, 3, 37], &[2, 3, 37], &[1, 1, 1]],
+            [&[2, 3, 37], &[], &[3, 37]],
+            [&[2, 3, 1], &[1, 3, 37], &[2, 1, 37]],
+            [&[3, 1], &[3, 37], &[37]],
+            [&[5, 1, 2], &[1, 4, 1], &[5, 4, 2]],
+            [&[64, 1, 300], &[1, 50, 300], &[]], // large enough for parallel chunks
+        ];
+        let op = make("Where", 16, &[], 3, 1).unwrap();
+        for (k, [cd, xd, yd]) in shapes.into_iter().enumerate() {
+            let n = |d: &[usize]| d.iter().product::<usize>();
+            let cb: Vec<bool> = (0..n(cd)).map(|i| (i * 7 + k) % 3 == 0).collect();
+            let c = Tensor::from_bools(cd, &cb).unwrap();
+            let (x, y) = (rand_f32(xd, 80 + k as u64), rand_f32(yd, 90 + k as u64));
+            let out = broadcast_shapes(&[cd, xd, yd]).unwrap();
+            let (xv, yv) = (x.to_f64_vec(), y.to_f64_vec());
+            let mut want = vec![0f64; n(&out)];
+            let st = [broadcast_strides(cd, &out), broadcast_strides(xd, &out), broadcast_strides(yd, &out)];
+            for_each_offset(&out, &st, |o, offs| want[o] = if cb[offs[0]] { xv[offs[1]] } else { yv[offs[2]] });
+            let got = run(op.as_ref(), &as_inputs(&[Some(&c), Some(&x), Some(&y)], &[]), &[]).unwrap().remove(0);
+            assert_eq!(got.dims(), out.as_slice(), "case {k}");
+            assert_eq!(got.to_f64_vec(), want, "case {k}: c{cd:?} x{xd:?} y{yd:?}");
+        }
     }
 }
