@@ -501,6 +501,38 @@ fn fuse_attention_on_split_heads() {
 }
 
 #[test]
+fn fuse_attention_on_split_heads_with_a_shape_reader() {
+    // GPT-2's layer: the merged shape is computed from the transposed output's Shape
+    // (its first two dims, then heads * dim). The Transpose still goes; the Shape reads
+    // the 3-D output instead (Shape(out, end = 2) concatenated with [heads, dim]), and
+    // the 4-D shape stays an output to check its values.
+    let mut b = GraphBuilder::new("attention_heads_shape");
+    let x = x_input(&mut b, &[6, 16]);
+    let heads = b.constant("heads_shape", Tensor::from_vec(&[4], vec![0i64, 0, 2, 8]).unwrap());
+    let project = |b: &mut GraphBuilder, name: &str, seed: u64, perm: Vec<i64>| {
+        let w = b.constant(name, t(&[16, 16], seed));
+        let h = b.node("MatMul", &[x, w], &[]);
+        let r = b.node("Reshape", &[h, heads], &[]);
+        b.node("Transpose", &[r], &[("perm", Attr::Ints(perm))])
+    };
+    let q = project(&mut b, "wq", 1, vec![0, 2, 1, 3]);
+    let kt = project(&mut b, "wk", 2, vec![0, 2, 3, 1]);
+    let v = project(&mut b, "wv", 3, vec![0, 2, 1, 3]);
+    let s = b.node("MatMul", &[q, kt], &[]);
+    let p = b.node("Softmax", &[s], &[("axis", Attr::Int(-1))]);
+    let y = b.node("MatMul", &[p, v], &[]);
+    let back = b.node("Transpose", &[y], &[("perm", Attr::Ints(vec![0, 2, 1, 3]))]);
+    let shape = b.node("Shape", &[back], &[]);
+    let (zero, two) = (b.constant("zero", Tensor::from_vec(&[1], vec![0i64]).unwrap()), b.constant("two", Tensor::from_vec(&[1], vec![2i64]).unwrap()));
+    let outer = b.node("Slice", &[shape, zero, two], &[]);
+    let width = b.constant("width", Tensor::from_vec(&[1], vec![16i64]).unwrap());
+    let merged = b.node("Concat", &[outer, width], &[("axis", Attr::Int(0))]);
+    let out = b.node("Reshape", &[back, merged], &[]);
+    let g = finish(b, &[(out, "y"), (shape, "shape")]);
+    assert_eq!(golden("fuse_attention_heads_shape", g, passes::fuse_attention, &[3, 6, 16]), 1);
+}
+
+#[test]
 fn layout_nchwc() {
     // A stem over 3 channels (read as NCHW), a blocked MaxPool, a fire module (1x1
     // squeeze, 1x1 and depthwise 3x3 expands, channel Concat), a residual that comes

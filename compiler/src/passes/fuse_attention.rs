@@ -22,7 +22,7 @@
 //! as `f32::MIN`, which exporters write, behave identically).
 use super::{producers, use_counts};
 use super::PassContext;
-use kiln_graph::{Attr, DType, Dim, Graph, Node, NodeId, ValueId, ValueType};
+use kiln_graph::{Attr, DType, Dim, Graph, Node, NodeId, Shape, Tensor, ValueId, ValueType};
 
 struct Found {
     q: ValueId,
@@ -199,12 +199,25 @@ fn split_heads(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>], 
     }
 }
 
+/// What [`heads_around`] found around one Attention node.
+struct Around {
+    /// Q, K, V as 3-D activations.
+    xs: [ValueId; 3],
+    /// Query and KV heads.
+    heads: [usize; 2],
+    /// The merged 3-D output.
+    out: ValueId,
+    /// The six reshapes and transposes to drop.
+    dead: Vec<NodeId>,
+    /// Shape nodes that read the output's 4-D `[batch, seq, heads, dim]` (GPT-2's export
+    /// computes the merged shape from it), with heads and dim.
+    shapes: Vec<NodeId>,
+    head_dims: [usize; 2],
+}
+
 /// Attention node `a` on heads split from 3-D activations whose output is merged back
-/// the same way (Transpose [0, 2, 1, 3], then Reshape to [batch, seq, heads * dim]):
-/// (Q, K, V as 3-D, query and KV heads, the merged output, the six reshapes and
-/// transposes to drop).
-#[allow(clippy::type_complexity)]
-fn heads_around(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>], uses: &[usize], a: NodeId) -> Option<([ValueId; 3], [usize; 2], ValueId, Vec<NodeId>)> {
+/// the same way (Transpose [0, 2, 1, 3], then Reshape to [batch, seq, heads * dim]).
+fn heads_around(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>], uses: &[usize], a: NodeId) -> Option<Around> {
     let node = &g.nodes[a];
     if !is(g, a, "Attention") || node.outputs.len() != 1 || !(3..=4).contains(&node.inputs.len()) || node.attrs.contains_key("q_num_heads") {
         return None;
@@ -220,39 +233,82 @@ fn heads_around(g: &Graph, types: &[Option<ValueType>], prod: &[Option<NodeId>],
     if heads[1] != heads[2] {
         return None;
     }
-    // The output: Transpose back, then Reshape to 3-D, each read once.
+    // The output: Transpose back, read once, then Reshape to 3-D; besides the Reshape,
+    // only Shape nodes (whole shapes) may read the transposed value.
     let y = node.outputs[0];
-    let reader = |v: ValueId| g.nodes.iter().position(|n| n.inputs.first() == Some(&Some(v))).filter(|_| uses[v] == 1 && !g.outputs.contains(&v));
-    let t = reader(y).filter(|&t| is(g, t, "Transpose") && g.nodes[t].attrs.get("perm") == Some(&Attr::Ints(vec![0, 2, 1, 3])))?;
-    let r = reader(g.nodes[t].outputs[0]).filter(|&r| is(g, r, "Reshape"))?;
+    let readers = |v: ValueId| -> Vec<NodeId> { (0..g.nodes.len()).filter(|&n| g.nodes[n].inputs.contains(&Some(v))).collect() };
+    let t = readers(y).into_iter().next().filter(|&t| uses[y] == 1 && !g.outputs.contains(&y) && is(g, t, "Transpose"))?;
+    if g.nodes[t].attrs.get("perm") != Some(&Attr::Ints(vec![0, 2, 1, 3])) {
+        return None;
+    }
+    let tv = g.nodes[t].outputs[0];
+    let (mut r, mut shapes) = (None, vec![]);
+    for n in readers(tv) {
+        let only_input = g.nodes[n].inputs.iter().filter(|i| **i == Some(tv)).count() == 1 && g.nodes[n].inputs[0] == Some(tv);
+        if !only_input || g.outputs.contains(&tv) {
+            return None;
+        }
+        if is(g, n, "Reshape") && r.is_none() {
+            r = Some(n);
+        } else if is(g, n, "Shape") && g.nodes[n].attrs.is_empty() {
+            shapes.push(n);
+        } else {
+            return None;
+        }
+    }
+    let r = r?;
     let out = g.nodes[r].outputs[0];
     let (yt, ot) = (types.get(y).cloned().flatten()?, types.get(out).cloned().flatten()?);
     let (ys, os) = (&yt.shape.0, &ot.shape.0);
-    let merged = os.len() == 3 && ys.len() == 4 && os[0] == ys[0] && os[1] == ys[2] && matches!((&os[2], &ys[1], &ys[3]), (Dim::Fixed(w), Dim::Fixed(h), Dim::Fixed(d)) if h * d == *w);
-    if !merged {
+    if os.len() != 3 || ys.len() != 4 || os[0] != ys[0] || os[1] != ys[2] {
+        return None;
+    }
+    let (Dim::Fixed(w), Dim::Fixed(h), Dim::Fixed(d)) = (&os[2], &ys[1], &ys[3]) else { return None };
+    if h * d != *w {
         return None;
     }
     dead.extend([t, r]);
-    Some((xs, [heads[0], heads[1]], out, dead))
+    Some(Around { xs, heads: [heads[0], heads[1]], out, dead, shapes, head_dims: [*h, *d] })
 }
 
 /// Lets Attention nodes take and give 3-D activations where their heads are split and
 /// merged by reshapes and transposes around them (what BERT and GPT-2 exports do): the
-/// op splits heads itself (`q_num_heads`, `kv_num_heads`), and the transposes go.
+/// op splits heads itself (`q_num_heads`, `kv_num_heads`), and the transposes go. A
+/// Shape node that read the merged 4-D output reads the 3-D one instead:
+/// `Concat(Shape(out, end = 2), [heads, dim])`, the same values.
 fn absorb_head_layout(g: &mut Graph, cx: &mut PassContext) -> usize {
-    let types = cx.types(g);
+    let types = cx.types(g).to_vec();
     let mut absorbed = 0;
     loop {
         let (prod, uses) = (producers(g), use_counts(g));
-        let Some((a, (xs, heads, out, dead))) = (0..g.nodes.len()).find_map(|a| Some((a, heads_around(g, &types, &prod, &uses, a)?))) else { return absorbed };
+        let Some((a, found)) = (0..g.nodes.len()).find_map(|a| Some((a, heads_around(g, &types, &prod, &uses, a)?))) else { return absorbed };
         let node = &mut g.nodes[a];
-        for (i, x) in xs.into_iter().enumerate() {
+        for (i, x) in found.xs.into_iter().enumerate() {
             node.inputs[i] = Some(x);
         }
-        node.attrs.insert("q_num_heads".into(), Attr::Int(heads[0] as i64));
-        node.attrs.insert("kv_num_heads".into(), Attr::Int(heads[1] as i64));
-        node.outputs[0] = out;
-        super::remove_nodes(g, &dead);
+        node.attrs.insert("q_num_heads".into(), Attr::Int(found.heads[0] as i64));
+        node.attrs.insert("kv_num_heads".into(), Attr::Int(found.heads[1] as i64));
+        node.outputs[0] = found.out;
+        for s in found.shapes {
+            let name = g.nodes[s].name.clone();
+            let outer = g.add_value(format!("{name}.outer"), Some(ValueType::new(DType::I64, Shape::fixed(&[2]))));
+            let dims = g.add_value(format!("{name}.heads"), Some(ValueType::new(DType::I64, Shape::fixed(&[2]))));
+            let [h, d] = found.head_dims;
+            g.initializers.insert(dims, Tensor::from_vec(&[2], vec![h as i64, d as i64]).expect("two dims"));
+            g.nodes.push(Node {
+                name: format!("{name}.outer"),
+                op_type: "Shape".into(),
+                domain: String::new(),
+                attrs: [("start".to_string(), Attr::Int(0)), ("end".to_string(), Attr::Int(2))].into_iter().collect(),
+                inputs: vec![Some(found.out)],
+                outputs: vec![outer],
+            });
+            let shape = &mut g.nodes[s];
+            shape.op_type = "Concat".into();
+            shape.attrs = [("axis".to_string(), Attr::Int(0))].into_iter().collect();
+            shape.inputs = vec![Some(outer), Some(dims)];
+        }
+        super::remove_nodes(g, &found.dead);
         absorbed += 1;
     }
 }
