@@ -17,8 +17,8 @@ pub struct Split {
 }
 
 impl Split {
-    /// One index map per output.
-    fn plan(&self, inputs: &[Option<Arg>]) -> Result<Vec<IndexMap>> {
+    /// The axis and each output's size along it.
+    fn sizes(&self, inputs: &[Option<Arg>]) -> Result<(usize, Vec<usize>)> {
         let x = required(inputs, 0)?;
         let axis = norm_axis(self.axis, x.rank())?;
         let dim = *x.dims().get(axis).ok_or_else(|| OpError::input(0, "Split needs an input of rank 1 or more"))?;
@@ -38,6 +38,13 @@ impl Split {
                 (0..self.n_outputs).map(|k| chunk.min(dim.saturating_sub(k * chunk))).collect()
             }
         };
+        Ok((axis, sizes))
+    }
+
+    /// One index map per output (the WGSL kernel's gathers).
+    fn plan(&self, inputs: &[Option<Arg>]) -> Result<Vec<IndexMap>> {
+        let x = required(inputs, 0)?;
+        let (axis, sizes) = self.sizes(inputs)?;
         let strides = crate::broadcast::strides(x.dims());
         let mut start = 0;
         Ok(sizes
@@ -77,13 +84,40 @@ impl Op for Split {
 }
 
 impl CpuKernel for Split {
+    /// Copies of contiguous runs: for each slab of the dims before the axis, each
+    /// output's part of it, all in one parallel loop.
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
-        let maps = tensor_args(inputs, |a| self.plan(a))?;
+        let (axis, sizes) = tensor_args(inputs, |a| self.sizes(a))?;
         let x = cpu::input(inputs, 0)?;
-        let zero = vec![0; x.dtype().size()];
-        for (m, out) in maps.iter().zip(outputs.iter_mut()) {
-            m.run(x, out, &zero)?;
+        let d = x.dims();
+        let unit = d[axis + 1..].iter().product::<usize>() * x.dtype().size();
+        let (outer, slab) = (d[..axis].iter().product::<usize>(), d[axis] * unit);
+        if outputs.len() != sizes.len() {
+            return Err(OpError::invalid(format!("Split has {} outputs, its sizes {sizes:?} give {}", outputs.len(), sizes.len())));
         }
+        let mut starts = Vec::with_capacity(sizes.len());
+        let mut dsts = Vec::with_capacity(sizes.len());
+        let mut at = 0;
+        for (j, (out, &n)) in outputs.iter_mut().zip(&sizes).enumerate() {
+            if out.dtype() != x.dtype() || out.bytes().len() != outer * n * unit {
+                return Err(OpError::invalid(format!("Split output {j} must hold {outer} x {n} x {unit} bytes of {}", x.dtype())));
+            }
+            starts.push(at);
+            at += n * unit;
+            dsts.push(cpu::SharedPtr(out.bytes_mut().as_mut_ptr()));
+        }
+        let (src, parts) = (x.bytes(), sizes.len());
+        let (sizes, starts, dsts) = (&sizes, &starts, &dsts);
+        cpu::par_ranges(outer * parts, slab / parts.max(1) / 4 + 1, |a, b| {
+            for t in a..b {
+                let (o, j) = (t / parts, t % parts);
+                let len = sizes[j] * unit;
+                let from = &src[o * slab + starts[j]..][..len];
+                // SAFETY: task (o, j) writes bytes o * len.. of output j only, inside it
+                // (its length was checked above).
+                unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), dsts[j].get().add(o * len), len) };
+            }
+        });
         Ok(())
     }
 }
@@ -152,5 +186,17 @@ mod tests {
         let op = make("Split", 13, &[("axis", Attr::Int(1))], 2, 2).unwrap();
         let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[2], &[3, 3]))], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("summing to 7"), "{e}");
+        // A middle axis, large enough for parallel copies, against the input read back.
+        let (d, parts) = ([4usize, 9, 1000], [2usize, 3, 4]);
+        let big = iota_f32(&d).to_f64_vec();
+        let op = make("Split", 13, &[("axis", Attr::Int(1))], 2, 3).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&iota_f32(&d)), Some(&i64s(&[3], &[2, 3, 4]))], &[1]), &[]).unwrap();
+        let mut start = 0;
+        for (o, n) in out.iter().zip(parts) {
+            assert_eq!(o.dims(), &[4, n, 1000]);
+            let want: Vec<f64> = (0..4).flat_map(|a| big[(a * 9 + start) * 1000..(a * 9 + start + n) * 1000].to_vec()).collect();
+            assert_eq!(o.to_f64_vec(), want);
+            start += n;
+        }
     }
 }
