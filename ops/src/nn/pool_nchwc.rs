@@ -4,8 +4,8 @@
 //! (`[N, C/8, 1, 1, 8]` out). f32, CPU only.
 //!
 //! MaxPool slides an 8-lane max over each block (`blocked8::slide`): in place where
-//! the windows stay inside the input, else over a copy padded with -inf. `vmaxps` drops NaNs, so a block that holds one is
-//! pooled by the scalar fold, which propagates it as MaxPool does elsewhere.
+//! the windows stay inside the input, else over a copy padded with -inf. A window that
+//! holds a NaN gives NaN, as MaxPool does elsewhere (the max keeps NaN lanes sticky).
 use super::blocked8::{self, MAX_TAPS};
 use super::conv_cpu::SharedOut;
 use super::nchwc_reorder::BLOCK;
@@ -98,10 +98,8 @@ impl CpuKernel for MaxPoolNchwc {
                         blocked8::load_blocked(&g, xb, xs, f32::NEG_INFINITY);
                         (&xs[..], wp)
                     };
-                    // A fold without early exit: it vectorises.
-                    let nan = xb.iter().fold(false, |a, v| a | v.is_nan());
                     #[cfg(target_arch = "x86_64")]
-                    if vector && !nan {
+                    if vector {
                         // SAFETY: AVX2 checked; taps <= MAX_TAPS.
                         unsafe { max_avx2(&g, src, row, yb) };
                         continue;
@@ -119,7 +117,11 @@ impl CpuKernel for MaxPoolNchwc {
 #[target_feature(enable = "avx2")]
 unsafe fn max_avx2(g: &Geometry, xs: &[f32], wp: usize, yb: &mut [f32]) {
     use std::arch::x86_64::*;
-    blocked8::slide(g, xs, wp, yb, _mm256_set1_ps(f32::NEG_INFINITY), |acc, _, v| _mm256_max_ps(acc, v), |v| v);
+    // `vmaxps` returns its second operand when either is NaN: with the running max
+    // second a NaN already in it stays; a NaN tap is ORed in (its bits make any lane
+    // NaN), so a window holding a NaN gives NaN, as the scalar fold.
+    let step = |acc, _, v| _mm256_or_ps(_mm256_max_ps(v, acc), _mm256_and_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v), v));
+    blocked8::slide(g, xs, wp, yb, _mm256_set1_ps(f32::NEG_INFINITY), step, |v| v);
 }
 
 /// The NaN-propagating fold over each window of the block `xs` (rows `wp` pixels
