@@ -472,12 +472,11 @@ fn fuse_attention() {
     assert_eq!(golden("fuse_attention", g, passes::fuse_attention, &[2, 6, 16]), 2);
 }
 
-#[test]
-fn fuse_attention_on_split_heads() {
-    // BERT's layer: heads split from [batch, 6, 16] by Reshape + Transpose and merged back
-    // after. The Attention node takes and gives the 3-D activations (q_num_heads = 2).
-    let mut b = GraphBuilder::new("attention_heads");
-    let x = x_input(&mut b, &[6, 16]);
+/// A transformer layer's attention on heads split from `[batch, 6, 16]` by Reshape +
+/// Transpose (two heads of 8), its scores divided by `scale` where there is one, and
+/// the output's heads transposed back: the `[batch, 6, 2, 8]` value to merge.
+fn split_heads_attention(b: &mut GraphBuilder, scale: Option<f32>) -> ValueId {
+    let x = x_input(b, &[6, 16]);
     let heads = b.constant("heads_shape", Tensor::from_vec(&[4], vec![0i64, 0, 2, 8]).unwrap());
     let project = |b: &mut GraphBuilder, name: &str, seed: u64, perm: Vec<i64>| {
         let w = b.constant(name, t(&[16, 16], seed));
@@ -485,15 +484,26 @@ fn fuse_attention_on_split_heads() {
         let r = b.node("Reshape", &[h, heads], &[]);
         b.node("Transpose", &[r], &[("perm", Attr::Ints(perm))])
     };
-    let q = project(&mut b, "wq", 1, vec![0, 2, 1, 3]);
-    let kt = project(&mut b, "wk", 2, vec![0, 2, 3, 1]);
-    let v = project(&mut b, "wv", 3, vec![0, 2, 1, 3]);
-    let s = b.node("MatMul", &[q, kt], &[]);
-    let c = b.constant("scale", Tensor::scalar(0.35f32));
-    let s = b.node("Div", &[s, c], &[]);
+    let q = project(b, "wq", 1, vec![0, 2, 1, 3]);
+    let kt = project(b, "wk", 2, vec![0, 2, 3, 1]);
+    let v = project(b, "wv", 3, vec![0, 2, 1, 3]);
+    let mut s = b.node("MatMul", &[q, kt], &[]);
+    if let Some(scale) = scale {
+        let c = b.constant("scale", Tensor::scalar(scale));
+        s = b.node("Div", &[s, c], &[]);
+    }
     let p = b.node("Softmax", &[s], &[("axis", Attr::Int(-1))]);
     let y = b.node("MatMul", &[p, v], &[]);
-    let back = b.node("Transpose", &[y], &[("perm", Attr::Ints(vec![0, 2, 1, 3]))]);
+    b.node("Transpose", &[y], &[("perm", Attr::Ints(vec![0, 2, 1, 3]))])
+}
+
+#[test]
+fn fuse_attention_on_split_heads() {
+    // BERT's layer: heads split by Reshape + Transpose and merged back after by a
+    // Reshape to a constant shape. The Attention node takes and gives the 3-D
+    // activations (q_num_heads = 2).
+    let mut b = GraphBuilder::new("attention_heads");
+    let back = split_heads_attention(&mut b, Some(0.35));
     let merged = b.constant("merged_shape", Tensor::from_vec(&[3], vec![0i64, 0, 16]).unwrap());
     let out = b.node("Reshape", &[back, merged], &[]);
     let g = finish(b, &[(out, "y")]);
@@ -507,21 +517,7 @@ fn fuse_attention_on_split_heads_with_a_shape_reader() {
     // the 3-D output instead (Shape(out, end = 2) concatenated with [heads, dim]), and
     // the 4-D shape stays an output to check its values.
     let mut b = GraphBuilder::new("attention_heads_shape");
-    let x = x_input(&mut b, &[6, 16]);
-    let heads = b.constant("heads_shape", Tensor::from_vec(&[4], vec![0i64, 0, 2, 8]).unwrap());
-    let project = |b: &mut GraphBuilder, name: &str, seed: u64, perm: Vec<i64>| {
-        let w = b.constant(name, t(&[16, 16], seed));
-        let h = b.node("MatMul", &[x, w], &[]);
-        let r = b.node("Reshape", &[h, heads], &[]);
-        b.node("Transpose", &[r], &[("perm", Attr::Ints(perm))])
-    };
-    let q = project(&mut b, "wq", 1, vec![0, 2, 1, 3]);
-    let kt = project(&mut b, "wk", 2, vec![0, 2, 3, 1]);
-    let v = project(&mut b, "wv", 3, vec![0, 2, 1, 3]);
-    let s = b.node("MatMul", &[q, kt], &[]);
-    let p = b.node("Softmax", &[s], &[("axis", Attr::Int(-1))]);
-    let y = b.node("MatMul", &[p, v], &[]);
-    let back = b.node("Transpose", &[y], &[("perm", Attr::Ints(vec![0, 2, 1, 3]))]);
+    let back = split_heads_attention(&mut b, None);
     let shape = b.node("Shape", &[back], &[]);
     let (zero, two) = (b.constant("zero", Tensor::from_vec(&[1], vec![0i64]).unwrap()), b.constant("two", Tensor::from_vec(&[1], vec![2i64]).unwrap()));
     let outer = b.node("Slice", &[shape, zero, two], &[]);
