@@ -233,7 +233,9 @@ impl Kernel {
                     packed[((c / BLOCK) * taps + t) * BLOCK + c % BLOCK] = w[c * taps + t];
                 }
             }
-            let isa = Isa::from_code(get("isa", depthwise_isa(p).code())).filter(|i| depthwise_isas(p).contains(i)).unwrap_or(Isa::Portable);
+            // A choice this CPU or shape cannot take (an artifact tuned elsewhere) falls
+            // back to the default.
+            let isa = Isa::from_code(get("isa", depthwise_isa(p).code())).filter(|i| depthwise_isas(p).contains(i)).unwrap_or(depthwise_isa(p));
             Form::Depthwise { w: packed, isa }
         };
         Kernel { problem: p.clone(), form }
@@ -343,8 +345,8 @@ fn depthwise(p: &ConvProblem, x: &[f32], w: &[f32], isa: Isa, bias: Option<&[f32
 fn slide(g: &super::window::Geometry, xs: &[f32], w: &[f32], bias: &[f32; BLOCK], isa: Isa, clamp: Option<(f32, f32)>, os: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     match isa {
-        // SAFETY: `depthwise_isas` offers these only where the CPU has them, the window
-        // has at most MAX_TAPS taps and (AVX-512) moves one pixel at a time.
+        // SAFETY: `depthwise_isas` offers these only where the CPU has them (AVX-512
+        // implies AVX2 + FMA) and the window has at most MAX_TAPS taps.
         Isa::Avx2 | Isa::Avx512 => return unsafe { slide_avx2(g, xs, w, bias, clamp, os) },
         Isa::Portable => {}
     }
