@@ -95,6 +95,19 @@ impl CpuKernel for Split {
         if outputs.len() != sizes.len() {
             return Err(OpError::invalid(format!("Split has {} outputs, its sizes {sizes:?} give {}", outputs.len(), sizes.len())));
         }
+        if x.dtype().is_string() {
+            // Strings are not bytes: the same runs, cloned.
+            let (xs, inner) = (x.as_strings()?, d[axis + 1..].iter().product::<usize>());
+            let mut at = 0;
+            for (out, &n) in outputs.iter_mut().zip(&sizes) {
+                let mut dims = d.to_vec();
+                dims[axis] = n;
+                let v: Vec<String> = (0..outer).flat_map(|o| xs[(o * d[axis] + at) * inner..][..n * inner].iter().cloned()).collect();
+                *out = Tensor::from_strings(&dims, v)?;
+                at += n;
+            }
+            return Ok(());
+        }
         let mut starts = Vec::with_capacity(sizes.len());
         let mut dsts = Vec::with_capacity(sizes.len());
         let mut at = 0;
@@ -159,7 +172,7 @@ pub(crate) fn register(r: &mut Registry) {
 #[cfg(test)]
 mod tests {
     use crate::testing::*;
-    use kiln_graph::Attr;
+    use kiln_graph::{Attr, Tensor};
 
     #[test]
     fn split_variants() {
@@ -186,6 +199,12 @@ mod tests {
         let op = make("Split", 13, &[("axis", Attr::Int(1))], 2, 2).unwrap();
         let e = run(op.as_ref(), &as_inputs(&[Some(&x), Some(&i64s(&[2], &[3, 3]))], &[1]), &[]).unwrap_err().to_string();
         assert!(e.contains("summing to 7"), "{e}");
+        // Strings, cloned.
+        let st = Tensor::from_strings(&[2, 3], ["a", "b", "c", "d", "e", "f"].map(String::from).to_vec()).unwrap();
+        let op = make("Split", 13, &[("axis", Attr::Int(1))], 2, 2).unwrap();
+        let out = run(op.as_ref(), &as_inputs(&[Some(&st), Some(&i64s(&[2], &[1, 2]))], &[1]), &[]).unwrap();
+        assert_eq!(out[0].as_strings().unwrap(), ["a", "d"]);
+        assert_eq!(out[1].as_strings().unwrap(), ["b", "c", "e", "f"]);
         // A middle axis, large enough for parallel copies, against the input read back.
         let (d, parts) = ([4usize, 9, 1000], [2usize, 3, 4]);
         let big = iota_f32(&d).to_f64_vec();

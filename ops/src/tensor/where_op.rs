@@ -75,6 +75,16 @@ impl CpuKernel for Where {
     fn run(&self, inputs: &[Option<&Tensor>], outputs: &mut [Tensor]) -> Result<()> {
         let (c, x, y) = (cpu::input(inputs, 0)?, cpu::input(inputs, 1)?, cpu::input(inputs, 2)?);
         let out = &mut outputs[0];
+        if out.dtype().is_string() {
+            // Strings are not bytes: chosen per element and cloned.
+            let dims = out.dims().to_vec();
+            let st = [broadcast_strides(c.dims(), &dims), broadcast_strides(x.dims(), &dims), broadcast_strides(y.dims(), &dims)];
+            let (cv, xv, yv) = (c.bytes(), x.as_strings()?, y.as_strings()?);
+            let mut v = Vec::with_capacity(out.len());
+            crate::broadcast::for_each_offset(&dims, &st, |_, o| v.push(if cv[o[0]] != 0 { xv[o[1]].clone() } else { yv[o[2]].clone() }));
+            *out = Tensor::from_strings(&dims, v)?;
+            return Ok(());
+        }
         match out.dtype().size() {
             1 => select::<u8>(c, x, y, out),
             2 => select::<u16>(c, x, y, out),
@@ -131,6 +141,9 @@ mod tests {
         assert_eq!(out[0].bytes(), &[1, 0, 0, 1, 1]);
         assert!(run(op.as_ref(), &as_inputs(&[Some(&x), Some(&x), Some(&y)], &[]), &[]).unwrap_err().to_string().contains("bool"));
         assert!(run(op.as_ref(), &as_inputs(&[Some(&c), Some(&x), Some(&yi)], &[]), &[]).is_err());
+        let (xs, ys) = (Tensor::from_strings(&[5], ["a", "b", "c", "d", "e"].map(String::from).to_vec()).unwrap(), Tensor::from_strings(&[], vec!["-".into()]).unwrap());
+        let out = run(op.as_ref(), &as_inputs(&[Some(&ci), Some(&xs), Some(&ys)], &[]), &[]).unwrap();
+        assert_eq!(out[0].as_strings().unwrap(), ["a", "-", "-", "d", "e"]);
     }
 
     /// Every stride pattern of the row walk against a per-element reference: a mask
