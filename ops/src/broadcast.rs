@@ -74,7 +74,7 @@ pub fn collapse(out: &[usize], in_strides: &[Vec<usize>]) -> (Vec<usize>, Vec<Ve
 pub struct RowWalk {
     outer: Vec<usize>,
     outer_st: Vec<Vec<usize>>,
-    /// Floats per row.
+    /// Elements per row.
     pub n: usize,
     /// Each input's stride along a row.
     pub inner: Vec<usize>,

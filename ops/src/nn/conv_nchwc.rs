@@ -422,13 +422,33 @@ fn pair_masks(g: &super::window::Geometry) -> PairMasks {
 
 /// The taps of one output row whose input row exists: weights (the block's eight twice,
 /// one copy per pixel of a pair), offsets in floats from the block's start to the
-/// input of pair 0 (negative left of the row), and tap columns.
+/// input of pair 0 (negative left of the row), and tap columns. Only the first `n`
+/// entries are written: a task on a 7x7 plane computes less than zeroing the whole
+/// arrays would cost.
 #[cfg(target_arch = "x86_64")]
 struct RowTaps {
-    w: [std::arch::x86_64::__m512; MAX_TAPS],
-    off: [isize; MAX_TAPS],
-    kw: [usize; MAX_TAPS],
+    taps: [std::mem::MaybeUninit<(std::arch::x86_64::__m512, isize, usize)>; MAX_TAPS],
     n: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowTaps {
+    fn new() -> RowTaps {
+        RowTaps { taps: [const { std::mem::MaybeUninit::uninit() }; MAX_TAPS], n: 0 }
+    }
+
+    fn push(&mut self, w: std::arch::x86_64::__m512, off: isize, kw: usize) {
+        self.taps[self.n].write((w, off, kw));
+        self.n += 1;
+    }
+
+    /// Tap `j < n`: its weights, offset and column.
+    #[inline(always)]
+    fn get(&self, j: usize) -> (std::arch::x86_64::__m512, isize, usize) {
+        assert!(j < self.n);
+        // SAFETY: entries below `n` were written by `push`.
+        unsafe { self.taps[j].assume_init() }
+    }
 }
 
 /// What the tiles of one block share: the bias, the bounds, the masks.
@@ -481,15 +501,11 @@ unsafe fn in_place_avx512(g: &super::window::Geometry, x: &[f32], w: &[f32], bia
                 continue;
             }
             for kw in 0..kw_n {
-                rt.w[rt.n] = pair(w.as_ptr().add((kh * kw_n + kw) * BLOCK));
-                rt.off[rt.n] = (kh * dh) as isize * row_floats + ((kw * dw) as isize - left) * BLOCK as isize;
-                rt.kw[rt.n] = kw;
-                rt.n += 1;
+                rt.push(pair(w.as_ptr().add((kh * kw_n + kw) * BLOCK)), (kh * dh) as isize * row_floats + ((kw * dw) as isize - left) * BLOCK as isize, kw);
             }
         }
     };
-    let empty = || RowTaps { w: [_mm512_setzero_ps(); MAX_TAPS], off: [0; MAX_TAPS], kw: [0; MAX_TAPS], n: 0 };
-    let (mut full, mut clipped) = (empty(), empty());
+    let (mut full, mut clipped) = (RowTaps::new(), RowTaps::new());
     taps_of(&mut full, 0, false);
     let (lo, hi) = masks.interior;
     let mut oh = 0;
@@ -567,8 +583,8 @@ unsafe fn pairs_tile<const R: usize, const N: usize, const MASKED: u8>(k: &Pairs
     use std::arch::x86_64::*;
     let mut acc = [[k.bias; N]; R];
     for j in 0..rt.n {
-        let (wt, o) = (rt.w[j], rt.off[j]);
-        let m = k.masks.as_ptr().add(rt.kw[j] * k.cols + c0);
+        let (wt, o, kw) = rt.get(j);
+        let m = k.masks.as_ptr().add(kw * k.cols + c0);
         for r in 0..R {
             for (i, a) in acc[r].iter_mut().enumerate() {
                 let p = src[r].wrapping_offset(o).wrapping_add(i * 2 * BLOCK);

@@ -56,7 +56,7 @@ fn select<T: Pod + Send + Sync>(c: &Tensor, x: &Tensor, y: &Tensor, out: &mut Te
     let walk = RowWalk::new(&dims, &[broadcast_strides(c.dims(), &dims), broadcast_strides(x.dims(), &dims), broadcast_strides(y.dims(), &dims)]);
     let n = walk.n;
     let [sc, sx, sy] = [walk.inner[0], walk.inner[1], walk.inner[2]];
-    cpu::par_chunks_mut(dst, n, n, |r0, part| {
+    cpu::par_chunks_mut(dst, n, 1, |r0, part| {
         walk.rows(r0, part.len() / n, |row, o| {
             let orow = &mut part[row * n..(row + 1) * n];
             let (c, x, y) = (&cv[o[0]..], &xv[o[1]..], &yv[o[2]..]);
