@@ -1,7 +1,9 @@
-//! Hashes the operator library's sources into `KILN_OPS_SOURCE_HASH` (read by
-//! `kiln_ops::SOURCE_HASH`): the tuning database keys CPU kernels' choices by it, so
-//! that a changed kernel never reuses a pick measured on an older one. The hash covers
-//! every `.rs` file under `src/` (relative path and contents, in path order), FNV-1a 64.
+// Hashes the crate's sources into `KILN_SOURCE_HASH` (read by `kiln_ops::SOURCE_HASH`,
+// and by `kiln_compiler::SOURCE_HASH`, whose build script includes this file): the
+// tuning database keys CPU kernels' choices by the first and graph-level choices by
+// both, so that a changed kernel or pass never reuses a pick measured on an older one.
+// The hash covers every `.rs` file under `src/` (relative path and contents, in path
+// order), FNV-1a 64.
 use std::path::{Path, PathBuf};
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -38,5 +40,5 @@ fn main() {
         h = fnv1a(h, &std::fs::read(f).unwrap_or_default());
         h = fnv1a(h, &[0]);
     }
-    println!("cargo:rustc-env=KILN_OPS_SOURCE_HASH={h:016x}");
+    println!("cargo:rustc-env=KILN_SOURCE_HASH={h:016x}");
 }

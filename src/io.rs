@@ -3,7 +3,7 @@ use crate::args::SessionArgs;
 use kiln::graph::rng::Rng;
 use anyhow::{anyhow, bail, Context, Result};
 use kiln::graph::{size, DType, Dim, Tensor, ValueType};
-use kiln::compiler::passes::Target;
+use kiln::compiler::passes::{PassChoices, Target};
 use kiln::runtime::{DeviceChoice, Session, SessionOptions};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -27,6 +27,12 @@ pub fn custom_ops(manifests: &[std::path::PathBuf]) -> Result<Vec<kiln::ops::cus
 /// with the custom ops it embeds; an `.onnx` file imported and, unless `no_passes`,
 /// optimised for `target`. The ops of `custom` manifests join.
 pub fn load_model(model: &Path, no_passes: bool, target: Target, custom: &[std::path::PathBuf]) -> Result<Loaded> {
+    load_model_with(model, (!no_passes).then(PassChoices::new).as_ref(), target, custom)
+}
+
+/// [`load_model`] with the optional passes `passes` turns on or off (None: no passes).
+pub fn load_model_with(model: &Path, passes: Option<&PassChoices>, target: Target, custom: &[std::path::PathBuf]) -> Result<Loaded> {
+    let no_passes = passes.is_none();
     let custom = custom_ops(custom)?;
     match model.extension().and_then(|e| e.to_str()) {
         Some("kiln") | Some("onnx") | None => {}
@@ -36,7 +42,7 @@ pub fn load_model(model: &Path, no_passes: bool, target: Target, custom: &[std::
     if is_artifact && no_passes {
         log::warn!("--no-passes has no effect on {}: a compiled artifact holds the graph its passes made", model.display());
     }
-    let loaded = kiln::load::load(kiln::load::Source::File(model), target, !no_passes, &custom).with_context(|| format!("cannot {} {}", if is_artifact { "load" } else { "import" }, model.display()))?;
+    let loaded = kiln::load::load_with(kiln::load::Source::File(model), target, passes, &custom).with_context(|| format!("cannot {} {}", if is_artifact { "load" } else { "import" }, model.display()))?;
     if let Some(info) = &loaded.info {
         log::info!("loaded {} (compiled by kiln {} from {} for device '{}')", model.display(), info.kiln_version, info.source, info.device);
     }
@@ -51,32 +57,45 @@ pub fn open_session(args: &SessionArgs) -> Result<Session> {
 
 /// [`open_session`], with `edit` applied to the graph (after its passes) before the
 /// session is made.
-pub fn open_session_with(args: &SessionArgs, edit: impl FnOnce(&mut kiln::graph::Graph)) -> Result<Session> {
-    let (model, device, no_passes, place) = (&args.model, &args.device, args.no_passes, &args.place);
+pub fn open_session_with(args: &SessionArgs, edit: impl Fn(&mut kiln::graph::Graph)) -> Result<Session> {
+    let (model, device, place) = (&args.model, &args.device, &args.place);
     let t0 = std::time::Instant::now();
     // Passes for the device kind, unless rules place nodes on several devices.
     let target = if place.is_empty() { pass_target(device)? } else { Target::Any };
-    let Loaded { mut graph, info, registry, .. } = load_model(model, no_passes, target, &args.custom_ops)?;
-    edit(&mut graph);
-    let loaded = t0.elapsed();
+    let passes = (!args.no_passes).then(PassChoices::new);
     let auto_place = place.iter().any(|p| p == "auto");
     let placement = place.iter().filter(|p| *p != "auto").map(|p| p.parse::<kiln::runtime::PlacementRule>().map_err(|e| anyhow!("--place: {e}"))).collect::<Result<Vec<_>>>()?;
-    let tuning = args.tuning.tuning(info.as_ref());
-    if !tuning.embedded.is_empty() {
-        log::info!("{} embeds {} tuned kernel choices", model.display(), tuning.embedded.len());
-    }
-    let options = SessionOptions {
-        device: device.clone(),
-        placement,
-        auto_place,
-        memory_limit: args.memory_limit,
-        threads: args.threads,
-        denormals_are_zero: !args.keep_denormals,
-        tuning,
-        registry,
-        ..Default::default()
+    let open = |passes: Option<&PassChoices>| -> Result<(Session, Loaded)> {
+        let mut loaded = load_model_with(model, passes, target, &args.custom_ops)?;
+        edit(&mut loaded.graph);
+        let tuning = args.tuning.tuning(loaded.info.as_ref());
+        let options = SessionOptions {
+            device: device.clone(),
+            placement: placement.clone(),
+            auto_place,
+            memory_limit: args.memory_limit,
+            threads: args.threads,
+            denormals_are_zero: !args.keep_denormals,
+            tuning,
+            registry: loaded.registry.clone(),
+            ..Default::default()
+        };
+        let session = Session::new(loaded.graph.clone(), options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
+        Ok((session, loaded))
     };
-    let session = Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
+    let (mut session, mut loaded) = open(passes.as_ref())?;
+    // A tuned pass choice for this model on this device (`kiln tune`) other than the
+    // defaults: the graph again with those passes.
+    if let (Some(hash), Some(_), false) = (&loaded.model_hash, &passes, args.tuning.no_tuning) {
+        if let Some(chosen) = kiln::graph_tuning::stored(&session, hash, target)? {
+            log::info!("passes as tuned for this model on this device: {chosen:?}");
+            (session, loaded) = open(Some(&chosen))?;
+        }
+    }
+    let info = loaded.info;
+    if let Some(n) = info.as_ref().map(|i| i.tuning.len()).filter(|&n| n > 0) {
+        log::info!("{} embeds {n} tuned kernel choices", model.display());
+    }
     let opened = t0.elapsed();
     if let Some(info) = info {
         // A fixed-shape model: plan it now (kernels generated and compiled), from the
@@ -90,7 +109,7 @@ pub fn open_session_with(args: &SessionArgs, edit: impl FnOnce(&mut kiln::graph:
         }
     }
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    log::info!("load: read {:.1} ms, session {:.1} ms, kernels {:.1} ms", ms(loaded), ms(opened - loaded), ms(t0.elapsed() - opened));
+    log::info!("load: model and session {:.1} ms, kernels {:.1} ms", ms(opened), ms(t0.elapsed() - opened));
     Ok(session)
 }
 

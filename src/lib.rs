@@ -6,6 +6,7 @@ pub use kiln_graph as graph;
 pub use kiln_ops as ops;
 pub use kiln_runtime as runtime;
 
+pub mod graph_tuning;
 pub mod load;
 pub mod train;
 

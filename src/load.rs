@@ -4,7 +4,7 @@
 //! target unless told not to.
 
 use kiln_compiler::onnx::{self, ImportOptions};
-use kiln_compiler::passes::{self, PassContext, PassReport, Target};
+use kiln_compiler::passes::{self, PassChoices, PassContext, PassReport, Target};
 use kiln_graph::Graph;
 use kiln_ops::custom::CustomOp;
 use kiln_ops::Registry;
@@ -29,6 +29,10 @@ pub struct Loaded {
     pub registry: Option<Registry>,
     /// What each pass changed (empty for an artifact or without passes).
     pub passes: Vec<PassReport>,
+    /// An ONNX model's structure hash (of the imported graph before any pass, weights by
+    /// name, dtype and dims): what graph-level tuned choices are keyed by
+    /// ([`crate::graph_tuning`]). None for an artifact, whose passes already ran.
+    pub model_hash: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +58,12 @@ pub fn registry_with(base: Option<Registry>, ops: &[CustomOp]) -> Option<Registr
 /// Opens `source`; `custom` ops join the embedded ones (replacing those of the same
 /// domain and type). `optimize`: run the passes for `target` over an ONNX model.
 pub fn load(source: Source, target: Target, optimize: bool, custom: &[CustomOp]) -> Result<Loaded, LoadError> {
+    load_with(source, target, optimize.then(PassChoices::new).as_ref(), custom)
+}
+
+/// [`load`] with the target's optional passes turned on or off by `passes` (a graph-level
+/// tuned choice; None: no passes at all).
+pub fn load_with(source: Source, target: Target, passes: Option<&PassChoices>, custom: &[CustomOp]) -> Result<Loaded, LoadError> {
     let artifact = match source {
         Source::File(p) => p.extension().is_some_and(|e| e == "kiln"),
         Source::Bytes(b) => b.starts_with(artifact::MAGIC),
@@ -69,7 +79,7 @@ pub fn load(source: Source, target: Target, optimize: bool, custom: &[CustomOp])
                 log::warn!("the custom op {} replaces the {}.{} the artifact embeds", op.source().manifest_path, op.domain(), op.op_type());
             }
         }
-        return Ok(Loaded { graph, registry: registry_with(embedded, custom), info: Some(info), passes: vec![] });
+        return Ok(Loaded { graph, registry: registry_with(embedded, custom), info: Some(info), passes: vec![], model_hash: None });
     }
     let registry = registry_with(None, custom);
     let ops = registry.as_ref().unwrap_or_else(|| Registry::builtin());
@@ -78,8 +88,12 @@ pub fn load(source: Source, target: Target, optimize: bool, custom: &[CustomOp])
         Source::File(p) => onnx::import_file_with(p, &options)?,
         Source::Bytes(b) => onnx::import_bytes_with(b, None, &options)?,
     };
-    let passes = if optimize { passes::optimize_with(&mut graph, target, &mut PassContext::new(ops)) } else { vec![] };
-    Ok(Loaded { graph, info: None, registry, passes })
+    let model_hash = Some(kiln_runtime::tune::content_hash(passes::dump(&graph).as_bytes()));
+    let passes = match passes {
+        Some(chosen) => passes::optimize_chosen(&mut graph, target, &mut PassContext::new(ops), chosen),
+        None => vec![],
+    };
+    Ok(Loaded { graph, info: None, registry, passes, model_hash })
 }
 
 /// An ONNX model prepared for an artifact: symbols fixed, passes run, and the info the
@@ -88,13 +102,16 @@ pub struct Compiled {
     pub graph: Graph,
     pub registry: Option<Registry>,
     pub info: ArtifactInfo,
+    /// [`Loaded::model_hash`].
+    pub model_hash: Option<String>,
 }
 
 /// Imports `model`, fixes the symbolic dims named in `fix` (an unknown name is an
-/// error naming the model's symbols), optimises for `target`, and records the custom
-/// ops the graph uses for embedding.
-pub fn compile(model: &Path, target: Target, fix: &std::collections::HashMap<String, usize>, custom: &[CustomOp]) -> Result<Compiled, CompileError> {
-    let Loaded { mut graph, registry, .. } = load(Source::File(model), target, false, custom)?;
+/// error naming the model's symbols), optimises for `target` with the optional passes
+/// `chosen` turns on or off (empty: the target's defaults), and records the custom ops
+/// the graph uses for embedding.
+pub fn compile(model: &Path, target: Target, fix: &std::collections::HashMap<String, usize>, custom: &[CustomOp], chosen: &PassChoices) -> Result<Compiled, CompileError> {
+    let Loaded { mut graph, registry, model_hash, .. } = load(Source::File(model), target, false, custom)?;
     let mut symbols: Vec<String> = graph.inputs.iter().filter_map(|&v| graph.values[v].ty.as_ref()).flat_map(|t| t.shape.symbols().map(String::from).collect::<Vec<_>>()).collect();
     symbols.sort();
     symbols.dedup();
@@ -117,7 +134,7 @@ pub fn compile(model: &Path, target: Target, fix: &std::collections::HashMap<Str
         }
     }
     let ops = registry.as_ref().unwrap_or_else(|| Registry::builtin());
-    let passes = passes::optimize_with(&mut graph, target, &mut PassContext::new(ops));
+    let passes = passes::optimize_chosen(&mut graph, target, &mut PassContext::new(ops), chosen);
     let used = |op: &&CustomOp| graph.nodes.iter().any(|n| kiln_ops::canonical_domain(&n.domain) == op.domain() && n.op_type == op.op_type());
     let info = ArtifactInfo {
         kiln_version: env!("CARGO_PKG_VERSION").into(),
@@ -127,7 +144,7 @@ pub fn compile(model: &Path, target: Target, fix: &std::collections::HashMap<Str
         custom_ops: custom.iter().filter(used).map(|op| op.source().clone()).collect(),
         ..Default::default()
     };
-    Ok(Compiled { graph, registry, info })
+    Ok(Compiled { graph, registry, info, model_hash })
 }
 
 #[derive(Debug, thiserror::Error)]

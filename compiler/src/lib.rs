@@ -9,3 +9,8 @@
 pub mod autodiff;
 pub mod onnx;
 pub mod passes;
+
+/// A hash of this crate's sources (every `.rs` file under `src/`, FNV-1a 64 in hex,
+/// computed by `build.rs`): part of the version of graph-level tuned choices, so that
+/// changed passes never reuse a choice measured on older ones.
+pub const SOURCE_HASH: &str = env!("KILN_SOURCE_HASH");

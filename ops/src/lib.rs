@@ -51,4 +51,4 @@ pub use wgsl::{Binding, Dispatch, TuneParam, TuneValues, WgslKernel, WgslProgram
 /// A hash of this crate's sources (every `.rs` file under `src/`, FNV-1a 64 in hex,
 /// computed by `build.rs`): the kernel version of CPU kernels in tuning keys, so that a
 /// changed kernel never reuses a pick measured on an older one.
-pub const SOURCE_HASH: &str = env!("KILN_OPS_SOURCE_HASH");
+pub const SOURCE_HASH: &str = env!("KILN_SOURCE_HASH");

@@ -375,7 +375,7 @@ fn _compile(py: Python<'_>, model: PathBuf, output: PathBuf, device: &str, fix: 
             kiln_runtime::DeviceKind::Cpu => kiln_compiler::passes::Target::Cpu,
             kiln_runtime::DeviceKind::Gpu => kiln_compiler::passes::Target::Gpu,
         };
-        let compiled = kiln::load::compile(&model, target, &fix, &custom).map_err(|e| e.to_string())?;
+        let compiled = kiln::load::compile(&model, target, &fix, &custom, &Default::default()).map_err(|e| e.to_string())?;
         // Checked on the device before anything is written.
         Inner::new(compiled.graph.clone(), SessionOptions { device: device.clone(), registry: compiled.registry.clone(), ..Default::default() }).map_err(|e| e.to_string())?;
         let info = kiln_runtime::artifact::ArtifactInfo { device: device.to_string(), ..compiled.info };

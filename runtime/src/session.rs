@@ -987,6 +987,43 @@ impl Session {
         Ok(report)
     }
 
+    /// The fingerprint of the session's device (its GPU, else the CPU at the session's
+    /// thread count): what graph-level tuned choices are keyed by.
+    pub fn device_fingerprint(&self) -> tune::DeviceFingerprint {
+        match self.backend {
+            Backend::Gpu => tune::DeviceFingerprint::gpu(&self.gpus[0].0.info),
+            Backend::Cpu => self.workers.run(|| self.choices.cpu_device().clone()),
+        }
+    }
+
+    /// A stored choice for a key made outside the session's plans (a graph-level choice:
+    /// `kiln::graph_tuning`), looked up as kernels' choices are (embedded, measured,
+    /// database); a choice whose values `params` do not offer is stale: None, with a
+    /// warning.
+    pub fn stored_choice(&self, key: &tune::TuneKey, params: &[kiln_ops::TuneParam]) -> Result<Option<(tune::TuneEntry, tune::ChoiceSource)>> {
+        self.choices.find(key, &self.device_fingerprint(), params)
+    }
+
+    /// Stores a choice measured outside the session's tuner: used by this session's
+    /// [`Session::stored_choice`] from now on, and written to its database (the file,
+    /// when it has one and it could be written).
+    pub fn store_choice(&self, key: &tune::TuneKey, entry: tune::TuneEntry) -> Result<Option<std::path::PathBuf>> {
+        let fp = self.device_fingerprint();
+        let entries: std::collections::BTreeMap<String, tune::TuneEntry> = [(key.text(), entry)].into_iter().collect();
+        self.choices.add_measured(&entries)?;
+        let Some(path) = self.choices.db_path(&fp) else { return Ok(None) };
+        match tune::db::merge_into(&path, &fp, &entries) {
+            Ok(()) => {
+                self.choices.reload()?;
+                Ok(Some(path))
+            }
+            Err(e) => {
+                log::warn!("cannot write the tuning database {}: {e}", path.display());
+                Ok(None)
+            }
+        }
+    }
+
     /// The tuning keys this session's plans looked up and found no choice for (summaries:
     /// op and input types), in key order.
     pub fn untuned(&self) -> Result<Vec<String>> {

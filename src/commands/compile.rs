@@ -2,6 +2,7 @@
 //! `kiln run`/`kiln bench` and the runtime load without the compiler.
 use crate::io;
 use anyhow::{bail, Context, Result};
+use kiln::compiler::passes::PassChoices;
 use kiln::runtime::artifact::{self, ArtifactInfo};
 use kiln::runtime::{DeviceChoice, Session, SessionOptions};
 use std::path::PathBuf;
@@ -52,11 +53,14 @@ pub fn main(args: Args) -> Result<()> {
     }
     let custom = io::custom_ops(&args.custom_ops)?;
     let fixed = io::parse_dims(&args.fix)?;
-    let kiln::load::Compiled { graph, registry, info: compiled } =
-        kiln::load::compile(&args.model, io::pass_target(&args.device)?, &fixed, &custom).map_err(|e| match e {
+    let target = io::pass_target(&args.device)?;
+    let compile = |chosen: &PassChoices| {
+        kiln::load::compile(&args.model, target, &fixed, &custom, chosen).map_err(|e| match e {
             kiln::load::CompileError::UnknownSymbol { name, symbols } => anyhow::anyhow!("--fix {name}: the model's inputs have no symbolic dim '{name}' (they have: {symbols})"),
             e => anyhow::Error::new(e).context(format!("cannot import {}", args.model.display())),
-        })?;
+        })
+    };
+    let kiln::load::Compiled { mut graph, registry, info: mut compiled, model_hash } = compile(&PassChoices::new())?;
     // Check the result on the target device (the session's symbolic check and device
     // limits) before writing anything.
     let tuning = match (&args.tune, &args.tuning_db) {
@@ -64,16 +68,35 @@ pub fn main(args: Args) -> Result<()> {
         (true, Some(p)) => kiln::runtime::Tuning::file(p),
         (true, None) => kiln::runtime::Tuning::user_cache(),
     };
-    let session = Session::new(graph.clone(), SessionOptions { device: args.device.clone(), tuning, threads: args.threads, registry: registry.clone(), ..Default::default() })
-        .with_context(|| format!("{} does not compile for device '{}'", args.model.display(), args.device))?;
-    // Tuned choices first, so that the kernels compiled below are the tuned ones.
+    let open = |graph: kiln::graph::Graph, tuning: kiln::runtime::Tuning| {
+        Session::new(graph, SessionOptions { device: args.device.clone(), tuning, threads: args.threads, registry: registry.clone(), ..Default::default() })
+            .with_context(|| format!("{} does not compile for device '{}'", args.model.display(), args.device))
+    };
+    let mut session = open(graph.clone(), tuning.clone())?;
+    // Tuned choices first, so that the kernels compiled below are the tuned ones: which
+    // optional passes run (within half the budget), then the kernels.
     let tuned = if args.tune {
         if !(args.budget.is_finite() && args.budget >= 0.0) {
             bail!("--budget must be a number of seconds, at least 0");
         }
         // The --fix dims are fixed in the graph's input types by now.
         let inputs = io::complete_inputs(&session, vec![], &Default::default(), io::memory_limit(None), 0)?;
-        let opts = kiln::runtime::TuneOptions { budget: std::time::Duration::from_secs_f64(args.budget), retune: false };
+        let end = start + std::time::Duration::from_secs_f64(args.budget);
+        if let Some(hash) = &model_hash {
+            let build = |c: &PassChoices| -> Result<(kiln::graph::Graph, Session), kiln::graph_tuning::Error> {
+                let g = compile(c)?.graph;
+                Ok((g.clone(), open(g, kiln::runtime::Tuning::off())?))
+            };
+            let half = start + std::time::Duration::from_secs_f64(args.budget / 2.0);
+            let (passes, _) = kiln::graph_tuning::tune_passes(&session, hash, target, &build, &inputs, false, half).map_err(|e| anyhow::anyhow!(e))?;
+            if !passes.values.is_empty() {
+                log::info!("passes as tuned: {}", kiln::runtime::tune::values_text(&passes.values));
+                let again = compile(&kiln::graph_tuning::choices_of(&passes.values))?;
+                (graph, compiled) = (again.graph, again.info);
+                session = open(graph.clone(), tuning)?;
+            }
+        }
+        let opts = kiln::runtime::TuneOptions { budget: end.saturating_duration_since(std::time::Instant::now()), retune: false };
         let report = super::tune::tune_with_progress(&session, &inputs, &opts, args.json)?;
         log::info!("tuned {} of {} keys for {}", report.tuned(), report.keys.len(), session.device_name());
         report.entries()

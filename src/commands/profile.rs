@@ -57,9 +57,18 @@ pub fn main(args: Args) -> Result<()> {
         host("graph passes", t_import, t_passes);
     }
     let options = SessionOptions { device: a.device.clone(), threads: a.threads, registry, memory_limit: a.memory_limit, denormals_are_zero: !a.keep_denormals, tuning: a.tuning.tuning(loaded.info.as_ref()), ..Default::default() };
-    let session = Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{}'", a.model.display(), a.device))?;
+    let open = |graph| Session::new(graph, options.clone()).with_context(|| format!("cannot prepare {} for device '{}'", a.model.display(), a.device));
+    let mut session = open(graph)?;
     let t_session = Instant::now();
     host("open session (devices, op checks)", t_passes, t_session);
+    // A tuned pass choice other than the target's defaults: the graph again with it.
+    if let (Some(hash), false, false) = (&loaded.model_hash, a.no_passes, a.tuning.no_tuning) {
+        if let Some(chosen) = kiln::graph_tuning::stored(&session, hash, target)? {
+            let again = kiln::load::load_with(kiln::load::Source::File(&a.model), target, Some(&chosen), &custom).with_context(|| format!("cannot load {}", a.model.display()))?;
+            session = open(again.graph)?;
+            host("tuned passes and their session", t_session, Instant::now());
+        }
+    }
     let inputs = io::session_inputs(&session, a)?;
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let t_inputs = Instant::now();

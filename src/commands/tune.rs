@@ -5,7 +5,10 @@ use crate::args::TuningArgs;
 use crate::io;
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
-use kiln::runtime::tune::{db, values_text, KeyStatus, TuneOptions, TuneReport};
+use kiln::compiler::passes::{PassChoices, Target};
+use kiln::graph::Graph;
+use kiln::graph_tuning::compare_latency;
+use kiln::runtime::tune::{db, values_text, KeyReport, KeyStatus, TuneOptions, TuneReport};
 use kiln::runtime::{DeviceChoice, Session, SessionOptions, Tuning};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -116,29 +119,20 @@ fn clear(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// Median milliseconds per run of two sessions of one model, measured alternately (a
-/// run of one, then of the other, after a few warm-up runs each) for about a second
-/// (5 to 200 runs each), so that drift and other load on the machine hit both alike.
-pub fn compare_latency(a: &Session, b: &Session, inputs: &[(String, kiln::graph::Tensor)]) -> Result<(f64, f64)> {
-    let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    for _ in 0..3 {
-        a.run(&refs)?;
-        b.run(&refs)?;
-    }
-    let start = Instant::now();
-    let (mut ta, mut tb) = (vec![], vec![]);
-    while ta.len() < 5 || (ta.len() < 200 && start.elapsed() < Duration::from_secs(1)) {
-        for (s, times) in [(a, &mut ta), (b, &mut tb)] {
-            let t = Instant::now();
-            s.run(&refs)?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+/// [`kiln::graph_tuning::tune_passes`] within half the time from now to `end`, with a
+/// spinner on stderr.
+#[allow(clippy::too_many_arguments)]
+fn tune_passes(session: &Session, hash: &str, target: Target, build: &dyn Fn(&PassChoices) -> Result<Session>, inputs: &[(String, kiln::graph::Tensor)], retune: bool, end: Instant, json: bool) -> Result<(KeyReport, Option<PathBuf>)> {
+    let now = Instant::now();
+    let deadline = now + end.saturating_duration_since(now) / 2;
+    let bar = Progress::spinner("pass choices: the model measured with each optional pass toggled", json);
+    let build = |c: &PassChoices| -> std::result::Result<(Graph, Session), kiln::graph_tuning::Error> {
+        let s = build(c)?;
+        Ok((s.graph().clone(), s))
     };
-    Ok((median(ta), median(tb)))
+    let out = kiln::graph_tuning::tune_passes(session, hash, target, &build, inputs, retune, deadline).map_err(|e| anyhow::anyhow!(e));
+    bar.finish();
+    out
 }
 
 /// Tunes `session` on `inputs` with a progress bar on stderr.
@@ -165,26 +159,46 @@ pub fn main(args: Args) -> Result<()> {
     }
     let model = args.model.clone().expect("clap requires the model");
     let started = Instant::now();
-    let io::Loaded { graph, info, registry, .. } = io::load_model(&model, false, io::pass_target(&args.device)?, &args.custom_ops)?;
+    let target = io::pass_target(&args.device)?;
+    let io::Loaded { graph, info, registry, model_hash, .. } = io::load_model(&model, false, target, &args.custom_ops)?;
     let tuning = TuningArgs { no_tuning: false, tuning_db: args.tuning_db.clone() }.tuning(info.as_ref());
-    let open = |tuning: Tuning| -> Result<Session> {
+    let open = |graph: Graph, tuning: Tuning| -> Result<Session> {
         let options = SessionOptions { device: args.device.clone(), tuning, threads: args.threads, registry: registry.clone(), ..Default::default() };
-        Session::new(graph.clone(), options).with_context(|| format!("cannot prepare {} for device '{}'", model.display(), args.device))
+        Session::new(graph, options).with_context(|| format!("cannot prepare {} for device '{}'", model.display(), args.device))
     };
-    let session = open(tuning)?;
+    let mut session = open(graph.clone(), tuning.clone())?;
     let inputs = io::complete_inputs(&session, vec![], &io::parse_dims(&args.dims)?, io::memory_limit(None), 0)?;
-    let untuned = open(Tuning::off())?;
+    let untuned = open(graph, Tuning::off())?;
     // One run of each now: what is left of the budget keeps time for the latency
     // comparison at the end (warm-up runs and about a second of runs).
     let refs: Vec<(&str, &kiln::graph::Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let t = Instant::now();
     untuned.run(&refs)?;
     let reserve = 1.5 + 8.0 * t.elapsed().as_secs_f64();
-    let left = args.budget - started.elapsed().as_secs_f64() - reserve;
-    let opts = TuneOptions { budget: Duration::from_secs_f64(left.max(0.0)), retune: args.retune };
-    let report = tune_with_progress(&session, &inputs, &opts, args.json)?;
-    // Latency with every kernel at its defaults against tuned.
-    let (before_ms, after_ms) = compare_latency(&untuned, &session, &inputs)?;
+    let budget_end = started + Duration::from_secs_f64((args.budget - reserve).max(0.0));
+    // Which optional passes pay for this model here (an ONNX model: an artifact's passes
+    // ran when it was compiled), within half of what is left; then the kernels.
+    let graph_tuned = match &model_hash {
+        Some(hash) => {
+            let (passes, db) = tune_passes(&session, hash, target, &|c| open(io::load_model_with(&model, Some(c), target, &args.custom_ops)?.graph, Tuning::off()), &inputs, args.retune, budget_end, args.json)?;
+            if !passes.values.is_empty() {
+                let chosen = kiln::graph_tuning::choices_of(&passes.values);
+                session = open(io::load_model_with(&model, Some(&chosen), target, &args.custom_ops)?.graph, tuning)?;
+            }
+            Some((passes, db))
+        }
+        None => None,
+    };
+    let left = budget_end.saturating_duration_since(Instant::now());
+    let opts = TuneOptions { budget: left, retune: args.retune };
+    let mut report = tune_with_progress(&session, &inputs, &opts, args.json)?;
+    if let Some((_, Some(db))) = &graph_tuned {
+        if !report.databases.contains(db) {
+            report.databases.push(db.clone());
+        }
+    }
+    // Latency with the default passes and every kernel at its defaults against tuned.
+    let (before_ms, after_ms) = compare_latency(&untuned, &session, &inputs, Duration::from_secs(1))?;
     let total_s = started.elapsed().as_secs_f64();
     let status = |s: &KeyStatus| match s {
         KeyStatus::Tuned => "tuned".to_string(),
@@ -193,17 +207,15 @@ pub fn main(args: Args) -> Result<()> {
         KeyStatus::Failed(e) => format!("failed: {e}"),
     };
     if args.json {
-        let keys: Vec<serde_json::Value> = report
-            .keys
-            .iter()
-            .map(|k| {
-                serde_json::json!({"key": k.key, "summary": k.summary, "node": k.node, "device": k.device, "status": status(&k.status),
-                    "default_ms": k.default_ms, "best_ms": k.best_ms, "speedup": k.speedup(), "config": k.values,
-                    "tried": k.tried, "rejected": k.rejected})
-            })
-            .collect();
+        let key_json = |k: &KeyReport| {
+            serde_json::json!({"key": k.key, "summary": k.summary, "node": k.node, "device": k.device, "status": status(&k.status),
+                "default_ms": k.default_ms, "best_ms": k.best_ms, "speedup": k.speedup(), "config": k.values,
+                "tried": k.tried, "rejected": k.rejected})
+        };
+        let keys: Vec<serde_json::Value> = report.keys.iter().map(key_json).collect();
         let j = serde_json::json!({
             "model": model, "device": session.device_name(), "devices": report.devices,
+            "passes": graph_tuned.as_ref().map(|(k, _)| key_json(k)),
             "keys": keys, "tuned": report.tuned(),
             "measured": report.keys.iter().filter(|k| k.status == KeyStatus::Tuned).count(),
             "before_ms": before_ms, "after_ms": after_ms, "speedup": before_ms / after_ms.max(1e-12),
@@ -213,10 +225,11 @@ pub fn main(args: Args) -> Result<()> {
         return Ok(());
     }
     println!("{} on {}: {} keys with choices, {} tuned ({} measured now) in {:.1} s", model.display(), session.device_name(), report.keys.len(), report.tuned(), report.keys.iter().filter(|k| k.status == KeyStatus::Tuned).count(), report.elapsed.as_secs_f64());
-    if !report.keys.is_empty() {
+    if !report.keys.is_empty() || graph_tuned.is_some() {
         println!("  {:56} {:>11} {:>11} {:>8}  config", "key (op and inputs)", "default ms", "best ms", "speedup");
     }
-    for k in &report.keys {
+    // The model's pass choice first (its times are the whole model's, kernels untuned).
+    for k in graph_tuned.iter().map(|(k, _)| k).chain(&report.keys) {
         let note = match &k.status {
             KeyStatus::Tuned => String::new(),
             s => format!("  ({})", status(s)),

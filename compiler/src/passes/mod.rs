@@ -113,8 +113,35 @@ pub const TARGET_PASSES: &[(&str, Target)] = &[("fuse-attention", Target::Cpu), 
 /// The passes [`optimize_for`] runs for `target` given the skip and enable lists
 /// (comma-separated names).
 pub fn selected_passes(skip: &str, enable: &str, target: Target) -> Vec<&'static Pass> {
+    selected_passes_chosen(skip, enable, target, &PassChoices::new())
+}
+
+/// Optional passes turned on (true) or off by name, for one graph on one device: a
+/// graph-level tuned choice. Passes it does not name keep their target's default.
+pub type PassChoices = std::collections::BTreeMap<String, bool>;
+
+/// The optional passes a tuner may turn on or off for `target`, each with whether it
+/// runs by default there: `fuse-attention` on every device kind, the layout passes on
+/// the CPU only (their ops have CPU kernels only); none for [`Target::Any`].
+pub fn tunable_passes(target: Target) -> Vec<(&'static str, bool)> {
+    let cpu_only = ["layout-nchwc", "layout-nhwc-int8"];
+    match target {
+        Target::Any => vec![],
+        _ => OPTIONAL_PASSES
+            .iter()
+            .map(|(p, _)| p.name)
+            .filter(|name| target == Target::Cpu || !cpu_only.contains(name))
+            .map(|name| (name, TARGET_PASSES.contains(&(name, target))))
+            .collect(),
+    }
+}
+
+/// [`selected_passes`] with the optional passes `choices` names turned on or off
+/// (before the lists: `enable` and `skip` still win).
+pub fn selected_passes_chosen(skip: &str, enable: &str, target: Target, choices: &PassChoices) -> Vec<&'static Pass> {
     let named = |list: &str, name: &str| list.split(',').any(|s| s.trim() == name);
-    let wanted = |name: &str| named(enable, name) || TARGET_PASSES.contains(&(name, target)) && !named(skip, name);
+    let by_default = |name: &str| choices.get(name).copied().unwrap_or_else(|| TARGET_PASSES.contains(&(name, target)));
+    let wanted = |name: &str| named(enable, name) || by_default(name) && !named(skip, name);
     let mut out = vec![];
     for p in PASSES {
         out.extend(OPTIONAL_PASSES.iter().filter(|(o, before)| *before == p.name && wanted(o.name)).map(|(o, _)| o));
@@ -146,8 +173,14 @@ pub fn optimize_for(graph: &mut Graph, target: Target) -> Vec<PassReport> {
 
 /// [`optimize_for`] in a given context (a custom registry).
 pub fn optimize_with(graph: &mut Graph, target: Target, cx: &mut PassContext) -> Vec<PassReport> {
+    optimize_chosen(graph, target, cx, &PassChoices::new())
+}
+
+/// [`optimize_with`] with the target's optional passes turned on or off by `choices`
+/// (a tuned choice; the environment's lists still apply on top).
+pub fn optimize_chosen(graph: &mut Graph, target: Target, cx: &mut PassContext, choices: &PassChoices) -> Vec<PassReport> {
     let env = |name: &str| std::env::var(name).unwrap_or_default();
-    selected_passes(&env(SKIP_PASSES_ENV), &env(ENABLE_PASSES_ENV), target)
+    selected_passes_chosen(&env(SKIP_PASSES_ENV), &env(ENABLE_PASSES_ENV), target, choices)
         .into_iter()
         .map(|p| {
             let changes = (p.run)(graph, cx);
@@ -314,6 +347,24 @@ mod tests {
         assert!(!gpu.contains(&"fuse-attention"));
         let skipped: Vec<&str> = selected_passes("fuse-attention", "", Target::Cpu).into_iter().map(|p| p.name).collect();
         assert!(!skipped.contains(&"fuse-attention"));
+    }
+
+    #[test]
+    fn chosen_passes_override_the_target_defaults_and_the_lists_override_them() {
+        let on = |target: Target, choices: &[(&str, bool)], skip: &str| {
+            let choices: PassChoices = choices.iter().map(|&(n, b)| (n.to_string(), b)).collect();
+            selected_passes_chosen(skip, "", target, &choices).into_iter().map(|p| p.name).collect::<Vec<_>>()
+        };
+        assert!(!on(Target::Cpu, &[("layout-nchwc", false)], "").contains(&"layout-nchwc"));
+        assert!(on(Target::Cpu, &[("fuse-attention", false)], "").contains(&"layout-nchwc"));
+        let gpu = on(Target::Gpu, &[("fuse-attention", true)], "");
+        assert_eq!(gpu.iter().position(|&p| p == "fuse-attention").unwrap() + 1, gpu.iter().position(|&p| p == "fuse-bias").unwrap());
+        assert!(!on(Target::Gpu, &[("fuse-attention", true)], "fuse-attention").contains(&"fuse-attention"));
+        // What a tuner may toggle: every optional pass on the CPU, at its default there;
+        // no CPU-only layout on a GPU; nothing for an unknown device.
+        assert_eq!(tunable_passes(Target::Cpu), OPTIONAL_PASSES.iter().map(|(p, _)| (p.name, true)).collect::<Vec<_>>());
+        assert_eq!(tunable_passes(Target::Gpu), vec![("fuse-attention", false)]);
+        assert!(tunable_passes(Target::Any).is_empty());
     }
 
     #[test]

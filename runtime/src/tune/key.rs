@@ -160,6 +160,13 @@ impl TuneKey {
         }
     }
 
+    /// The key of a graph-level choice (which optional passes run): the model's content
+    /// hash and the pass target in place of the op's inputs and attributes, `version`
+    /// (the compiler's and the kernels' source hashes) in place of the kernel's.
+    pub fn graph(model_hash: &str, target: &str, device: &DeviceFingerprint, version: String) -> TuneKey {
+        TuneKey { op: "kiln:passes".into(), attrs: format!("target={target}"), inputs: format!("model#{model_hash}"), device: device.id(), kernel: version }
+    }
+
     /// The canonical text the database stores: `op | attrs | inputs | device | kernel`.
     pub fn text(&self) -> String {
         format!("{} | {} | {} | {} | {}", self.op, self.attrs, self.inputs, self.device, self.kernel)

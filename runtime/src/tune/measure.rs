@@ -82,7 +82,7 @@ pub(crate) fn time_variant(v: &mut dyn Variant, cfg: &Sampling, leader: Option<f
 /// Whether `got` matches `want` (the default variant's outputs on the same inputs):
 /// same dtypes and dims; integers and bools equal; floats within a tolerance relative
 /// to each element and to the output's magnitude, NaN where the default has NaN.
-pub(crate) fn same_outputs(want: &[Tensor], got: &[Tensor]) -> Result<(), String> {
+pub fn same_outputs(want: &[Tensor], got: &[Tensor]) -> Result<(), String> {
     if want.len() != got.len() {
         return Err(format!("{} outputs instead of {}", got.len(), want.len()));
     }

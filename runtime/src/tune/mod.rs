@@ -23,7 +23,9 @@ mod tuner;
 
 pub use choices::{ChoiceSource, Tuning, TuningDatabase};
 pub use db::{TuneEntry, DB_FORMAT};
+pub use hash::hex as content_hash;
 pub use key::{DeviceFingerprint, TuneKey};
+pub use measure::same_outputs;
 pub use report::{values_text, KeyReport, KeyStatus, TuneOptions, TuneProgress, TuneReport};
 pub use tuner::TIE;
 

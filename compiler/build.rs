@@ -1,0 +1,3 @@
+// The sources' hash (`KILN_SOURCE_HASH`, read by `kiln_compiler::SOURCE_HASH`): the same
+// build script as kiln-ops', over this crate's `src/`.
+include!("../ops/build.rs");
