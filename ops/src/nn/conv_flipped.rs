@@ -109,7 +109,14 @@ pub(crate) struct FlippedFilters {
     /// The last panel's width: NR, or [`Isa::narrow_nr`] on the blocked path when its
     /// channels fit (it is then packed that wide).
     last_nr: usize,
+    /// The blocked path's strip: about this many input floats (tile pixels times input
+    /// channels) are read by every panel of a strip before the next strip starts.
+    strip: usize,
 }
+
+/// [`FlippedFilters::strip`]'s default: 128 KiB of input, read from L2 by every panel (a
+/// tuner candidate: the best size follows the machine's L2).
+pub(crate) const STRIP_FLOATS: usize = 32768;
 
 impl FlippedFilters {
     pub(crate) fn new(p: &ConvProblem, w: &[f32], isa: Isa, kc: usize, threads: usize) -> FlippedFilters {
@@ -124,7 +131,7 @@ impl FlippedFilters {
         }
         // Channel blocks: about two per thread per image, whole panels.
         let per_task = panels.div_ceil(threads.max(1).div_ceil(p.batch.max(1)).max(1)).max(1);
-        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None, layout: Layout::default(), last_nr: nr }
+        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None, layout: Layout::default(), last_nr: nr, strip: STRIP_FLOATS }
     }
 
     /// The direct form (see the module docs); `p` must satisfy [`direct_applies`].
@@ -184,6 +191,11 @@ impl FlippedFilters {
             f.last_nr = narrow;
         }
         f
+    }
+
+    /// The blocked path's strip size in input floats (see [`STRIP_FLOATS`]).
+    pub(crate) fn with_strip(self, floats: usize) -> FlippedFilters {
+        FlippedFilters { strip: floats.max(1), ..self }
     }
 
     /// `y = act([y +] conv(x) + bias)`.
@@ -278,9 +290,9 @@ impl FlippedFilters {
         let (mr, nr) = (self.isa.mr(), self.isa.nr());
         let tiles = p.geo.output_size().div_ceil(mr);
         let panels = self.m.div_ceil(nr);
-        // A strip's input (about its pixels times the input channels) stays near 128 KiB,
-        // so that it is read from L2 by every panel.
-        let per_strip = (32768 / (p.in_channels * mr).max(1)).clamp(1, tiles);
+        // A strip's input (about its pixels times the input channels) stays near
+        // `strip` floats, so that it is read from L2 by every panel.
+        let per_strip = (self.strip / (p.in_channels * mr).max(1)).clamp(1, tiles);
         // Bias per panel, zero-padded to NR lanes.
         let mut bias_nr = vec![0f32; panels * nr];
         if let Some(b) = bias {

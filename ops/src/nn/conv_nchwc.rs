@@ -15,7 +15,7 @@
 use super::blocked8::{self, MAX_TAPS};
 use super::conv::{check_bias, Conv};
 use super::conv_cpu::{ConvProblem, SharedOut};
-use super::conv_flipped::{FlippedFilters, Layout};
+use super::conv_flipped::{FlippedFilters, Layout, STRIP_FLOATS};
 use super::nchwc_reorder::BLOCK;
 use crate::cpu::{self, CpuKernel};
 use crate::elementwise::UnaryKind;
@@ -177,7 +177,10 @@ impl CpuKernel for ConvNchwc {
         let Some(p) = self.constant_problem(inputs) else { return vec![] };
         if p.group == 1 {
             let isa = Isa::best();
-            vec![TuneParam { name: "isa", default: isa.code(), candidates: Isa::available().into_iter().map(Isa::code).collect() }]
+            vec![
+                TuneParam { name: "isa", default: isa.code(), candidates: Isa::available().into_iter().map(Isa::code).collect() },
+                TuneParam { name: "strip", default: STRIP_FLOATS as u32, candidates: STRIP_CANDIDATES.to_vec() },
+            ]
         } else {
             let isas = depthwise_isas(&p).into_iter().map(Isa::code).collect();
             vec![TuneParam { name: "isa", default: depthwise_isa(&p).code(), candidates: isas }]
@@ -205,6 +208,10 @@ impl ConvNchwc {
     }
 }
 
+/// The dense form's strip sizes a tuner tries (input floats; see [`STRIP_FLOATS`]):
+/// 16 KiB to 1 MiB, then a whole image per strip.
+const STRIP_CANDIDATES: [u32; 8] = [4096, 8192, 16384, 32768, 65536, 131072, 262144, 1 << 30];
+
 /// The prepared filters of one problem.
 struct Kernel {
     problem: ConvProblem,
@@ -224,7 +231,8 @@ impl Kernel {
         let form = if p.group == 1 {
             let isa = Isa::from_code(get("isa", best.code())).unwrap_or(best);
             // Each tile runs the whole reduction (no slices).
-            Form::Dense(FlippedFilters::direct_in(p, w, isa, p.reduction(), cpu::threads(), Layout { in_blocked: input_blocked, out_blocked: true }))
+            let strip = get("strip", STRIP_FLOATS as u32) as usize;
+            Form::Dense(FlippedFilters::direct_in(p, w, isa, p.reduction(), cpu::threads(), Layout { in_blocked: input_blocked, out_blocked: true }).with_strip(strip))
         } else {
             let taps = p.geo.kernel_size();
             let mut packed = vec![0f32; p.out_channels * taps];

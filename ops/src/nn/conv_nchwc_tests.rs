@@ -65,6 +65,7 @@ fn every_variant_matches_the_f64_reference() {
         (vec![1, 8, 6, 20], vec![8, 1, 3, 3], 8, 2, 1, [0, 1, 1, 0], true),    // strided: a padded copy
         (vec![1, 16, 9, 37], vec![16, 1, 4, 4], 16, 3, 1, [2, 1, 1, 2], true), // stride 3, an even tap row
         (vec![1, 8, 14, 14], vec![8, 1, 3, 3], 8, 2, 1, [0, 0, 1, 1], true),   // MobileNet's strided pads
+        (vec![2, 16, 30, 21], vec![40, 16, 3, 3], 1, 1, 1, [1; 4], true),      // many strips at the smallest strip size
     ];
     for (xd, wd, group, stride, dil, pads, in_blocked) in cases {
         let (x, w, b) = (rand_f32(&xd, 71), rand_f32(&wd, 72), rand_f32(&[wd[0]], 73));
