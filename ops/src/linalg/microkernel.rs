@@ -178,15 +178,18 @@ impl Isa {
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn tile_rows_blocked(self, kc: usize, width: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
+        // Rows up to the last one stored are computed (a tile short of MR rows, the last
+        // of an image, computes only its own).
+        let rows = out.rows[..self.mr()].iter().rposition(|&r| r != BlockedStore::SKIP).map_or(0, |i| i + 1);
         match (self, width == self.nr()) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, true) => x86::blocked_avx512::<2>(kc, x, offs, b, c, out),
+            (Isa::Avx512, true) => blocked_rows::<2, true>(rows, kc, x, offs, b, c, out),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => x86::blocked_avx512::<1>(kc, x, offs, b, c, out),
+            (Isa::Avx512, false) => blocked_rows::<1, true>(rows, kc, x, offs, b, c, out),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, true) => x86::blocked_avx2::<2>(kc, x, offs, b, c, out),
+            (Isa::Avx2, true) => blocked_rows::<2, false>(rows, kc, x, offs, b, c, out),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => x86::blocked_avx2::<1>(kc, x, offs, b, c, out),
+            (Isa::Avx2, false) => blocked_rows::<1, false>(rows, kc, x, offs, b, c, out),
             _ => blocked_portable(kc, x, offs, b, c, out),
         }
     }
@@ -196,6 +199,26 @@ impl Isa {
     pub fn narrow_nr(self) -> usize {
         (self.nr() / 2).max(8)
     }
+}
+
+/// The AVX-512 (`WIDE`) or AVX2 blocked tile of `V` vectors computing its first `rows`
+/// rows only.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn blocked_rows<const V: usize, const WIDE: bool>(rows: usize, kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
+    macro_rules! by_rows {
+        ($($n:literal)*) => {
+            match (rows, WIDE) {
+                $(($n, true) => x86::blocked_avx512::<V, $n>(kc, x, offs, b, c, out),
+                ($n, false) => x86::blocked_avx2::<V, $n>(kc, x, offs, b, c, out),)*
+                (6, true) => x86::blocked_avx512::<V, 6>(kc, x, offs, b, c, out),
+                (7, true) => x86::blocked_avx512::<V, 7>(kc, x, offs, b, c, out),
+                (_, true) => x86::blocked_avx512::<V, 8>(kc, x, offs, b, c, out),
+                (_, false) => x86::blocked_avx2::<V, 6>(kc, x, offs, b, c, out),
+            }
+        };
+    }
+    by_rows!(1 2 3 4 5)
 }
 
 unsafe fn blocked_portable(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &BlockedStore) {
@@ -377,10 +400,10 @@ mod x86 {
         _mm256_storeu_ps(o, v);
     }
 
-    /// The AVX-512 blocked tile: 8 rows of `V` vectors (32 or 16 channels).
+    /// The AVX-512 blocked tile: `MR` (at most 8) rows of `V` vectors (32 or 16
+    /// channels).
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn blocked_avx512<const V: usize>(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
-        const MR: usize = 8;
+    pub unsafe fn blocked_avx512<const V: usize, const MR: usize>(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
         let x = *x;
         let bias: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(out.bias.add(16 * v)));
         let mut acc = [bias; MR];
@@ -413,7 +436,7 @@ mod x86 {
         }
         // Else through memory: an epilogue indexing the accumulators directly makes LLVM
         // keep one of them on the stack inside the loop above.
-        let mut tile = [0f32; MR * 32];
+        let mut tile = [0f32; 8 * 32];
         for i in 0..MR {
             for v in 0..V {
                 _mm512_storeu_ps(tile.as_mut_ptr().add(i * 16 * V + 16 * v), acc[i][v]);
@@ -436,10 +459,9 @@ mod x86 {
         }
     }
 
-    /// The AVX2 blocked tile: 6 rows of `V` vectors (16 or 8 channels).
+    /// The AVX2 blocked tile: `MR` (at most 6) rows of `V` vectors (16 or 8 channels).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn blocked_avx2<const V: usize>(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
-        const MR: usize = 6;
+    pub unsafe fn blocked_avx2<const V: usize, const MR: usize>(kc: usize, x: &[*const f32; 8], offs: *const usize, b: *const f32, c: *mut f32, out: &super::BlockedStore) {
         let x = *x;
         let bias: [__m256; V] = std::array::from_fn(|v| _mm256_loadu_ps(out.bias.add(8 * v)));
         let mut acc = [bias; MR];
@@ -455,7 +477,7 @@ mod x86 {
             }
             b = b.add(8 * V);
         }
-        let mut tile = [0f32; MR * 16];
+        let mut tile = [0f32; 6 * 16];
         for i in 0..MR {
             for v in 0..V {
                 _mm256_storeu_ps(tile.as_mut_ptr().add(i * 8 * V + 8 * v), acc[i][v]);
