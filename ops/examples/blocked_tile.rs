@@ -5,7 +5,7 @@ use std::time::Instant;
 
 fn main() {
     for isa in Isa::available() {
-        for &kc in &[64usize, 144, 512] {
+        for &kc in &[64usize, 576, 1152, 2304, 4608] {
             let (mr, nr) = (isa.mr(), isa.nr());
             let x: Vec<f32> = (0..kc * mr * 8 + 64).map(|i| (i % 7) as f32 * 0.01).collect();
             let xs: [*const f32; 8] = std::array::from_fn(|i| x[8 * i.min(mr - 1)..].as_ptr());
