@@ -160,6 +160,10 @@ fn blocked_pools_match_the_plain_ones() {
         (vec![("kernel_shape", ints(&[3, 3])), ("strides", ints(&[2, 2])), ("ceil_mode", Attr::Int(1))], vec![1, 16, 13, 13]),
         (vec![("kernel_shape", ints(&[3, 3])), ("strides", ints(&[2, 2])), ("ceil_mode", Attr::Int(1))], vec![1, 16, 14, 14]),
         (vec![("kernel_shape", ints(&[3, 2])), ("pads", ints(&[1, 0, 1, 1])), ("dilations", ints(&[1, 2]))], vec![2, 8, 9, 11]),
+        // ResNet's: the top row and left column of windows reach into the pads.
+        (vec![("kernel_shape", ints(&[3, 3])), ("strides", ints(&[2, 2])), ("pads", ints(&[1, 1, 1, 1]))], vec![1, 16, 16, 16]),
+        // Windows wider than the input: none lies inside it.
+        (vec![("kernel_shape", ints(&[3, 5])), ("pads", ints(&[2, 2, 2, 2]))], vec![1, 16, 2, 3]),
     ];
     for (attrs, dims) in cases {
         for nan in [false, true] {
