@@ -58,11 +58,11 @@ pub struct SessionArgs {
     pub tuning: TuningArgs,
 }
 
-/// Which tuned kernel choices a session uses (`kiln tune` writes them).
+/// Which tuned choices (passes and kernels) a session uses (`kiln tune` writes them).
 #[derive(clap::Args, Clone)]
 pub struct TuningArgs {
-    /// Run every kernel with its default parameters: ignore the tuning database and the
-    /// artifact's embedded choices.
+    /// Run every kernel with its default parameters and the default passes: ignore the
+    /// tuning database and the artifact's embedded choices.
     #[arg(long, conflicts_with = "tuning_db")]
     pub no_tuning: bool,
     /// The tuning database file to use instead of the per-device files under the user's

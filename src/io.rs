@@ -80,7 +80,7 @@ pub fn open_session_with(args: &SessionArgs, edit: impl Fn(&mut kiln::graph::Gra
             registry: loaded.registry.clone(),
             ..Default::default()
         };
-        let session = Session::new(loaded.graph.clone(), options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
+        let session = Session::new(std::mem::take(&mut loaded.graph), options).with_context(|| format!("cannot prepare {} for device '{device}'", model.display()))?;
         Ok((session, loaded))
     };
     let (mut session, mut loaded) = open(passes.as_ref())?;

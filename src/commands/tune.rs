@@ -1,6 +1,6 @@
-//! `kiln tune`: measure the kernel choices of a model on a device and store the winners
-//! in the tuning database, which `kiln run` and `kiln bench` then use; `--list` and
-//! `--clear` manage the database.
+//! `kiln tune`: measure which optional passes pay for a model on a device, then its
+//! kernel choices, and store the winners in the tuning database, which `kiln run` and
+//! `kiln bench` then use; `--list` and `--clear` manage the database.
 use crate::args::TuningArgs;
 use crate::io;
 use crate::progress::Progress;
