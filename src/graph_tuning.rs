@@ -109,18 +109,8 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub fn tune_passes(session: &Session, model_hash: &str, target: Target, build: &Build, inputs: &[(String, Tensor)], retune: bool, deadline: Instant) -> Result<(KeyReport, Option<PathBuf>), Error> {
     let ps = params(target);
     let k = key(session, model_hash, target);
-    let mut report = KeyReport {
-        key: k.text(),
-        summary: format!("passes ({})", ps.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")),
-        node: String::new(),
-        device: session.device_fingerprint().name,
-        default_ms: 0.0,
-        best_ms: 0.0,
-        values: BTreeMap::new(),
-        status: KeyStatus::OutOfBudget,
-        tried: 0,
-        rejected: vec![],
-    };
+    let summary = format!("passes ({})", ps.iter().map(|p| p.name).collect::<Vec<_>>().join(", "));
+    let mut report = KeyReport::pending(k.text(), summary, String::new(), session.device_fingerprint().name);
     if ps.is_empty() {
         report.status = KeyStatus::Failed(format!("no pass choices for target '{}'", target_name(target)));
         return Ok((report, None));

@@ -71,6 +71,11 @@ pub struct KeyReport {
 }
 
 impl KeyReport {
+    /// A key not measured (yet): no times, the defaults, out of budget until it is.
+    pub fn pending(key: String, summary: String, node: String, device: String) -> KeyReport {
+        KeyReport { key, summary, node, device, default_ms: 0.0, best_ms: 0.0, values: BTreeMap::new(), status: KeyStatus::OutOfBudget, tried: 0, rejected: vec![] }
+    }
+
     /// Default time over chosen time (1 when unknown).
     pub fn speedup(&self) -> f64 {
         if self.best_ms > 0.0 && self.default_ms > 0.0 {

@@ -199,18 +199,7 @@ pub(crate) fn tune_steps(
             report.devices.push(job.fingerprint.name.clone());
         }
         let node = graph.nodes[job.step.node].name.clone();
-        let mut kr = KeyReport {
-            key: job.key.text(),
-            summary: summary.clone(),
-            node,
-            device: job.fingerprint.name.clone(),
-            default_ms: 0.0,
-            best_ms: 0.0,
-            values: BTreeMap::new(),
-            status: KeyStatus::OutOfBudget,
-            tried: 0,
-            rejected: vec![],
-        };
+        let mut kr = KeyReport::pending(job.key.text(), summary.clone(), node, job.fingerprint.name.clone());
         if !opts.retune {
             if let Some((e, _)) = choices.find(&job.key, &job.fingerprint, &job.params)? {
                 kr.default_ms = e.default_ms;
