@@ -218,6 +218,14 @@ mod pass_choices {
         assert!(tuned.iter().any(|o| o == "Conv") && !tuned.iter().any(|o| o.contains("Nchwc")), "{tuned:?}");
         let untuned = ops(&["--no-tuning"]);
         assert!(untuned.iter().any(|o| o.contains("ConvNchwc")), "{untuned:?}");
+        // `compile --tune` compiles with the stored choice: the artifact's graph has it.
+        let art = std::env::temp_dir().join(format!("kiln-pass-choices-{}.kiln", std::process::id()));
+        let o = kiln(&["compile", m, "-o", art.to_str().unwrap(), "--device", "cpu", "--tune", "--budget", "5", "--tuning-db", d]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let (graph, _) = kiln::runtime::artifact::load(&art).unwrap();
+        let types: Vec<&str> = graph.nodes.iter().map(|n| n.op_type.as_str()).collect();
+        assert!(types.contains(&"Conv") && !types.iter().any(|t| t.contains("Nchwc")), "{types:?}");
+        let _ = std::fs::remove_file(&art);
         let _ = std::fs::remove_file(&path);
     }
 }
