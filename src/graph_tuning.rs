@@ -13,7 +13,8 @@
 //! from the leader (coordinate descent), skipped when it makes the same graph; it wins
 //! only when its outputs match the defaults' ([`same_outputs`]) and it is more than
 //! [`TIE`] faster, measured alternately with the leader in one call
-//! ([`compare_latency`]); nothing is stored when the deadline cut the descent short.
+//! ([`compare_latency`]); a descent the deadline cut short is neither stored nor used
+//! ([`settled`]).
 use kiln_compiler::passes::{self, PassChoices, Target};
 use kiln_graph::{Graph, Tensor};
 use kiln_ops::TuneParam;
@@ -47,6 +48,13 @@ pub fn key(session: &Session, model_hash: &str, target: Target) -> TuneKey {
 /// Stored values (parameters left out are at their defaults) as pass choices.
 pub fn choices_of(values: &BTreeMap<String, u32>) -> PassChoices {
     values.iter().map(|(k, &v)| (k.clone(), v != 0)).collect()
+}
+
+/// The pass choice a [`tune_passes`] report settled on, when it differs from the
+/// defaults: None also for a descent the budget cut short (its leader is neither stored
+/// nor used, as with kernels).
+pub fn settled(report: &KeyReport) -> Option<PassChoices> {
+    matches!(report.status, KeyStatus::Tuned | KeyStatus::AlreadyTuned).then(|| choices_of(&report.values)).filter(|c| !c.is_empty())
 }
 
 /// The stored pass choice for the model on `session`'s device, when one differs from

@@ -180,6 +180,18 @@ mod pass_choices {
         let (late, written) = graph_tuning::tune_passes(&s2, "0123", Target::Cpu, &builder(false), &inputs(), false, Instant::now()).unwrap();
         assert_eq!((late.status, written), (KeyStatus::OutOfBudget, None));
         assert!(!path2.exists());
+        // A deadline that passes mid-descent, after the faster variant led (its build
+        // outlasts the deadline): neither stored nor settled on.
+        let slow_build = |c: &PassChoices| {
+            if c.get("layout-nchwc") == Some(&false) {
+                std::thread::sleep(Duration::from_millis(400));
+            }
+            builder(false)(c)
+        };
+        let (cut, written) = graph_tuning::tune_passes(&s2, "0123", Target::Cpu, &slow_build, &inputs(), false, Instant::now() + Duration::from_millis(150)).unwrap();
+        assert_eq!(cut.values, [("layout-nchwc".to_string(), 0)].into_iter().collect(), "the faster variant led: {cut:?}");
+        assert_eq!((&cut.status, written, graph_tuning::settled(&cut)), (&KeyStatus::OutOfBudget, None, None), "{cut:?}");
+        assert!(!path2.exists());
         let _ = std::fs::remove_file(&path);
     }
 

@@ -1008,20 +1008,7 @@ impl Session {
     /// [`Session::stored_choice`] from now on, and written to its database (the file,
     /// when it has one and it could be written).
     pub fn store_choice(&self, key: &tune::TuneKey, entry: tune::TuneEntry) -> Result<Option<std::path::PathBuf>> {
-        let fp = self.device_fingerprint();
-        let entries: std::collections::BTreeMap<String, tune::TuneEntry> = [(key.text(), entry)].into_iter().collect();
-        self.choices.add_measured(&entries)?;
-        let Some(path) = self.choices.db_path(&fp) else { return Ok(None) };
-        match tune::db::merge_into(&path, &fp, &entries) {
-            Ok(()) => {
-                self.choices.reload()?;
-                Ok(Some(path))
-            }
-            Err(e) => {
-                log::warn!("cannot write the tuning database {}: {e}", path.display());
-                Ok(None)
-            }
-        }
+        self.choices.store(&self.device_fingerprint(), &[(key.text(), entry)].into_iter().collect())
     }
 
     /// The tuning keys this session's plans looked up and found no choice for (summaries:

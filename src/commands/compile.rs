@@ -89,9 +89,9 @@ pub fn main(args: Args) -> Result<()> {
             };
             let half = start + std::time::Duration::from_secs_f64(args.budget / 2.0);
             let (passes, _) = kiln::graph_tuning::tune_passes(&session, hash, target, &build, &inputs, false, half).map_err(|e| anyhow::anyhow!(e))?;
-            if !passes.values.is_empty() {
+            if let Some(chosen) = kiln::graph_tuning::settled(&passes) {
                 log::info!("passes as tuned: {}", kiln::runtime::tune::values_text(&passes.values));
-                let again = compile(&kiln::graph_tuning::choices_of(&passes.values))?;
+                let again = compile(&chosen)?;
                 (graph, compiled) = (again.graph, again.info);
                 session = open(graph.clone(), tuning)?;
             }

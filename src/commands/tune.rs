@@ -181,8 +181,7 @@ pub fn main(args: Args) -> Result<()> {
     let graph_tuned = match &model_hash {
         Some(hash) => {
             let (passes, db) = tune_passes(&session, hash, target, &|c| open(io::load_model_with(&model, Some(c), target, &args.custom_ops)?.graph, Tuning::off()), &inputs, args.retune, budget_end, args.json)?;
-            if !passes.values.is_empty() {
-                let chosen = kiln::graph_tuning::choices_of(&passes.values);
+            if let Some(chosen) = kiln::graph_tuning::settled(&passes) {
                 session = open(io::load_model_with(&model, Some(&chosen), target, &args.custom_ops)?.graph, tuning)?;
             }
             Some((passes, db))

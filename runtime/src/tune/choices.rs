@@ -111,6 +111,24 @@ impl Choices {
         Ok(())
     }
 
+    /// Records `entries` measured on `device` (used before the database's from now on)
+    /// and merges them into its database file; a file that cannot be written is a
+    /// warning. Returns the file written, if any.
+    pub fn store(&self, device: &DeviceFingerprint, entries: &BTreeMap<String, TuneEntry>) -> Result<Option<PathBuf>> {
+        self.add_measured(entries)?;
+        let Some(path) = self.db_path(device) else { return Ok(None) };
+        match db::merge_into(&path, device, entries) {
+            Ok(()) => {
+                self.reload()?;
+                Ok(Some(path))
+            }
+            Err(e) => {
+                log::warn!("cannot write the tuning database {}: {e}", path.display());
+                Ok(None)
+            }
+        }
+    }
+
     /// Records choices measured by this session (used before the database's).
     pub fn add_measured(&self, entries: &BTreeMap<String, TuneEntry>) -> Result<()> {
         let mut m = self.measured.lock().map_err(|_| poisoned())?;

@@ -14,7 +14,7 @@ use super::key::{DeviceFingerprint, TuneKey};
 use super::measure::{same_outputs, time_variant, Sampling, Timing, Variant};
 use super::report::{values_text, KeyReport, KeyStatus, TuneOptions, TuneProgress, TuneReport};
 use super::step::{cpu_key, gpu_key};
-use super::{db, TuneEntry};
+use super::TuneEntry;
 use crate::gpu::GpuContext;
 use crate::Result;
 use kiln_graph::Graph;
@@ -244,19 +244,12 @@ pub(crate) fn tune_steps(
     progress(&TuneProgress { done: total, total, current: String::new(), elapsed: start.elapsed(), budget: opts.budget });
     let mut paths: Vec<PathBuf> = vec![];
     for (fp, entries) in measured.values() {
-        choices.add_measured(entries)?;
-        if let Some(path) = choices.db_path(fp) {
-            match db::merge_into(&path, fp, entries) {
-                Ok(()) => {
-                    if !paths.contains(&path) {
-                        paths.push(path);
-                    }
-                }
-                Err(e) => log::warn!("cannot write the tuning database {}: {e}", path.display()),
+        if let Some(path) = choices.store(fp, entries)? {
+            if !paths.contains(&path) {
+                paths.push(path);
             }
         }
     }
-    choices.reload()?;
     report.databases = paths;
     report.elapsed = start.elapsed();
     log::info!("tuned {} of {} keys in {:.1} s", report.keys.iter().filter(|k| k.status == KeyStatus::Tuned).count(), total, report.elapsed.as_secs_f64());
