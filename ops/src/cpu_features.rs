@@ -29,6 +29,9 @@ pub struct CpuFeatures {
     pub amx_tile: bool,
     pub amx_int8: bool,
     pub amx_bf16: bool,
+    /// The vendor is Intel (CPUID's "GenuineIntel"): some kernels' defaults differ
+    /// between Intel and AMD cores of the same instruction set.
+    pub intel: bool,
     /// Arm Advanced SIMD.
     pub neon: bool,
     /// Arm 8-bit dot products (`sdot`/`udot`).
@@ -65,7 +68,9 @@ impl CpuFeatures {
             // CPUID leaf 7, sub-leaf 0, EDX: AMX-BF16 (22), AMX-TILE (24), AMX-INT8 (25).
             // Leaf 7 exists when the maximum basic leaf (leaf 0's EAX) reaches it.
             use std::arch::x86_64::{__cpuid, __cpuid_count};
-            let edx = if __cpuid(0).eax >= 7 { __cpuid_count(7, 0).edx } else { 0 };
+            let leaf0 = __cpuid(0);
+            f.intel = (leaf0.ebx, leaf0.edx, leaf0.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e);
+            let edx = if leaf0.eax >= 7 { __cpuid_count(7, 0).edx } else { 0 };
             f.amx_bf16 = edx & (1 << 22) != 0;
             f.amx_tile = edx & (1 << 24) != 0;
             f.amx_int8 = edx & (1 << 25) != 0;

@@ -112,6 +112,11 @@ pub(crate) struct FlippedFilters {
     /// The blocked path's strip: about this many input floats (tile pixels times input
     /// channels) are read by every panel of a strip before the next strip starts.
     strip: usize,
+    /// The blocked path's reduction slice in steps (0: the whole reduction per tile).
+    /// Sliced, every tile of a run takes one slice of a panel's filters (kept in L1)
+    /// before the next slice starts, adding to the sums it stored for the slice before;
+    /// the next slice's filters are prefetched into L2 meanwhile.
+    kslice: usize,
 }
 
 /// [`FlippedFilters::strip`]'s default: 128 KiB of input, read from L2 by every panel (a
@@ -131,7 +136,7 @@ impl FlippedFilters {
         }
         // Channel blocks: about two per thread per image, whole panels.
         let per_task = panels.div_ceil(threads.max(1).div_ceil(p.batch.max(1)).max(1)).max(1);
-        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None, layout: Layout::default(), last_nr: nr, strip: STRIP_FLOATS }
+        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None, layout: Layout::default(), last_nr: nr, strip: STRIP_FLOATS, kslice: 0 }
     }
 
     /// The direct form (see the module docs); `p` must satisfy [`direct_applies`].
@@ -196,6 +201,12 @@ impl FlippedFilters {
     /// The blocked path's strip size in input floats (see [`STRIP_FLOATS`]).
     pub(crate) fn with_strip(self, floats: usize) -> FlippedFilters {
         FlippedFilters { strip: floats.max(1), ..self }
+    }
+
+    /// The blocked path's reduction slice in steps (see [`FlippedFilters::kslice`]; 0 or
+    /// at least the reduction: unsliced).
+    pub(crate) fn with_kslice(self, steps: usize) -> FlippedFilters {
+        FlippedFilters { kslice: if steps >= self.k { 0 } else { steps }, ..self }
     }
 
     /// `y = act([y +] conv(x) + bias)`.
@@ -376,18 +387,33 @@ impl FlippedFilters {
         };
         let tiles: Vec<_> = (i0..i1).map(tile_of).collect();
         let panels = self.m.div_ceil(nr);
+        let slice = if self.kslice == 0 { k } else { self.kslice };
+        // Later slices add to the sums the earlier ones stored (no bias, as a residual).
+        let zeros = [0f32; 32];
         for j in j0..j1 {
             let bpanel = self.data.as_ptr().add(j * k * nr);
             let width = if j + 1 == panels { self.last_nr } else { nr };
             let blocks = ((self.m - j * nr) / 8).min(width / 8);
             let ybase = t.y.add(j * (nr / 8) * px * 8);
-            for (xs, rows) in &tiles {
-                let store = BlockedStore { block_stride: px * 8, rows: *rows, blocks, bias: t.bias.as_ptr().add(j * nr), residual: t.residual, clamp: t.clamp };
-                isa.tile_rows_blocked(k, width, xs, t.pd.offs.as_ptr(), bpanel, ybase, &store);
-                if let Some(a) = t.act {
-                    for &r in rows.iter().take(mr).filter(|&&r| r != BlockedStore::SKIP) {
-                        for blk in 0..blocks {
-                            a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(ybase.add(blk * px * 8 + r), 8));
+            for k0 in (0..k).step_by(slice) {
+                let kl = slice.min(k - k0);
+                let last = k0 + kl == k;
+                if self.kslice != 0 {
+                    // The next slice of this panel, or the next panel's first.
+                    let next = if !last { Some(bpanel.add((k0 + kl) * width)) } else if j + 1 < panels { Some(bpanel.add(k * width)) } else { None };
+                    if let Some(next) = next {
+                        prefetch_l2(next, slice.min(k) * nr);
+                    }
+                }
+                for (xs, rows) in &tiles {
+                    let bias = if k0 == 0 { t.bias.as_ptr().add(j * nr) } else { zeros.as_ptr() };
+                    let store = BlockedStore { block_stride: px * 8, rows: *rows, blocks, bias, residual: t.residual || k0 > 0, clamp: if last { t.clamp } else { None } };
+                    isa.tile_rows_blocked(kl, width, xs, t.pd.offs.as_ptr().add(k0), bpanel.add(k0 * width), ybase, &store);
+                    if let (true, Some(a)) = (last, t.act) {
+                        for &r in rows.iter().take(mr).filter(|&&r| r != BlockedStore::SKIP) {
+                            for blk in 0..blocks {
+                                a.apply_slice_f32_fast(std::slice::from_raw_parts_mut(ybase.add(blk * px * 8 + r), 8));
+                            }
                         }
                     }
                 }
@@ -639,6 +665,18 @@ fn pad_row(p: &ConvProblem, pd: &Padded, xc: &[f32], r: usize, row: &mut [f32]) 
     row[..lo * e].fill(0.0);
     row[lo * e..hi * e].copy_from_slice(&xc[(ih as usize * iw_n + (lo as i64 - left) as usize) * e..][..(hi - lo) * e]);
     row[hi * e..].fill(0.0);
+}
+
+/// Asks for `floats` floats from `p` on into L2 (one request per cache line), where the
+/// CPU has such a hint; a hint, never a fault, whatever the address.
+fn prefetch_l2(p: *const f32, floats: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for i in (0..floats).step_by(16) {
+        // SAFETY: prefetches do not fault; the pointer is only formed, never read.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.wrapping_add(i) as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, floats);
 }
 
 /// What every task of [`FlippedFilters::run_blocked`] shares.

@@ -104,6 +104,33 @@ fn every_variant_matches_the_f64_reference() {
     }
 }
 
+/// An activation that is not a clamp runs once, after a tile's last reduction slice
+/// (the earlier slices store plain partial sums): LeakyRelu over a fused residual, on
+/// every variant (the slices of 72 and 144 steps cut this 288-step reduction).
+#[test]
+fn a_generic_activation_follows_the_last_slice() {
+    let (xd, wd) = ([1usize, 32, 9, 10], [24usize, 32, 3, 3]);
+    let (x, w, b, r) = (rand_f32(&xd, 81), rand_f32(&wd, 82), rand_f32(&[24], 83), rand_f32(&[1, 24, 9, 10], 84));
+    let conv = reference(&x, &w, Some(&b), 1, &[1, 1], &[1, 1], &[1, 1], &[9, 10]);
+    let want: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(v, r)| v + r).map(|v| if v < 0.0 { 0.1 * v } else { v }).collect();
+    let want = blocked(&want, &[1, 24, 9, 10]);
+    let attrs = [
+        ("pads", ints(&[1; 4])),
+        (RESIDUAL_ATTR, Attr::Int(1)),
+        (ACTIVATION_ATTR, Attr::String("LeakyRelu".into())),
+        (ACTIVATION_PARAMS_ATTR, Attr::Floats(vec![0.1])),
+        (super::INPUT_BLOCKED_ATTR, Attr::Int(1)),
+    ];
+    let op = op("ConvNchwc", &attrs, 4);
+    let (xin, rb) = (blocked_tensor(&x), blocked_tensor(&r));
+    let inputs = [Some(&xin), Some(&w), Some(&b), Some(&rb)];
+    let variants = run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap();
+    assert!(variants.iter().any(|(name, _)| name.contains("kslice")), "{:?}", variants.iter().map(|v| &v.0).collect::<Vec<_>>());
+    for (name, outs) in &variants {
+        assert_close(&outs[0], &want, 2e-5, &format!("LeakyRelu {name}"));
+    }
+}
+
 /// An infinity in the input reaches only the outputs whose windows cover it, on every
 /// depthwise variant of a strided window (0 * inf is NaN: a kernel that reads a column
 /// past a window's end, even weighed zero, spreads it).
