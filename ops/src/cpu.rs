@@ -52,6 +52,9 @@ pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor> 
 mod features;
 #[path = "cpu_gang.rs"]
 mod gang_impl;
+#[path = "cpu_aligned.rs"]
+mod aligned;
+pub use aligned::{Aligned, AlignedF32};
 pub use gang_impl::gang;
 pub use features::CpuFeatures;
 /// The f32 GEMM micro-kernels and the packed-operand GEMM built on them (kernels of
@@ -206,16 +209,19 @@ thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Lends `f` a per-thread f32 scratch buffer of at least `len` elements (contents
+/// Lends `f` a per-thread f32 scratch buffer of `len` elements starting on a cache line (contents
 /// unspecified). It grows once and is reused, so steady-state runs do not allocate.
 pub fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     SCRATCH.with(|s| {
         let taken = s.try_borrow_mut().ok().map(|mut b| std::mem::take(&mut *b));
         let mut buf = taken.unwrap_or_default();
-        if buf.len() < len {
-            buf.resize(len, 0.0);
+        // Slack to start on a cache line (vector loads of packed panels never split).
+        let want = len + aligned::LINE / 4;
+        if buf.len() < want {
+            buf.resize(want, 0.0);
         }
-        let r = f(&mut buf[..len]);
+        let start = buf.as_ptr().align_offset(aligned::LINE).min(aligned::LINE / 4);
+        let r = f(&mut buf[start..start + len]);
         if let Ok(mut b) = s.try_borrow_mut() {
             if b.len() < buf.len() {
                 *b = buf;

@@ -20,7 +20,8 @@ pub struct PackedA {
     pub isa: Isa,
     pub m: usize,
     pub k: usize,
-    data: Vec<f32>,
+    /// On cache lines.
+    data: cpu::AlignedF32,
 }
 
 impl PackedA {
@@ -37,7 +38,7 @@ impl PackedA {
                 }
             }
         }
-        PackedA { isa, m, k, data }
+        PackedA { isa, m, k, data: cpu::AlignedF32::from_vec(data) }
     }
 }
 

@@ -20,7 +20,7 @@ pub(crate) struct PackedIntMatMul {
     /// Words per row of A (k padded to the layout's word).
     tw: usize,
     /// `[n / CH blocks][tw][CH]` words.
-    w: Vec<u32>,
+    w: crate::cpu::Aligned<u32>,
     /// Per column: the sum of B's column (quads only: folds A's zero point out).
     col_sums: Vec<i32>,
     a_signed: bool,
@@ -58,7 +58,7 @@ impl PackedIntMatMul {
         let at = |col: usize, i: usize| if trans_b { bv[col * k + i] } else { bv[i * n + col] };
         let w = pack_constant(layout, n, 1, k, |col, _, i| at(col, i), |col| zb[if zb.len() == 1 { 0 } else { col }]);
         let col_sums = (0..n).map(|col| (0..k).map(|i| at(col, i)).sum()).collect();
-        Ok(PackedIntMatMul { isa, layout, k, n, tw: k.div_ceil(layout.per_word()), w, col_sums, a_signed: a == DType::I8 })
+        Ok(PackedIntMatMul { isa, layout, k, n, tw: k.div_ceil(layout.per_word()), w: crate::cpu::Aligned::from_vec(w), col_sums, a_signed: a == DType::I8 })
     }
 
     pub(crate) fn n(&self) -> usize {

@@ -98,7 +98,8 @@ pub(crate) struct FlippedFilters {
     isa: Isa,
     k: usize,
     m: usize,
-    data: Vec<f32>,
+    /// On cache lines (panels of 8 or 32 lanes: whole lines).
+    data: cpu::AlignedF32,
     /// Reduction slice.
     kc: usize,
     /// Output channels per task (a multiple of NR).
@@ -136,7 +137,7 @@ impl FlippedFilters {
         }
         // Channel blocks: about two per thread per image, whole panels.
         let per_task = panels.div_ceil(threads.max(1).div_ceil(p.batch.max(1)).max(1)).max(1);
-        FlippedFilters { isa, k, m, data, kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None, layout: Layout::default(), last_nr: nr, strip: STRIP_FLOATS, kslice: 0 }
+        FlippedFilters { isa, k, m, data: cpu::AlignedF32::from_vec(data), kc: kc.clamp(1, k.max(1)), nc: per_task * nr, padded: None, layout: Layout::default(), last_nr: nr, strip: STRIP_FLOATS, kslice: 0 }
     }
 
     /// The direct form (see the module docs); `p` must satisfy [`direct_applies`].
@@ -190,9 +191,9 @@ impl FlippedFilters {
         if layout.out_blocked && narrow < nr && rest <= narrow {
             // The last panel's lanes past `narrow` would be zeros: pack it narrow.
             let at = (f.m.div_ceil(nr) - 1) * f.k * nr;
-            let last: Vec<f32> = f.data[at..].chunks_exact(nr).flat_map(|row| row[..narrow].to_vec()).collect();
-            f.data.truncate(at);
-            f.data.extend(last);
+            let mut data = f.data[..at].to_vec();
+            data.extend(f.data[at..].chunks_exact(nr).flat_map(|row| row[..narrow].to_vec()));
+            f.data = cpu::AlignedF32::from_vec(data);
             f.last_nr = narrow;
         }
         f

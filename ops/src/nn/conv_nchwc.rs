@@ -243,7 +243,7 @@ struct Kernel {
 enum Form {
     Dense(FlippedFilters),
     /// Depthwise: per block, per tap, eight weights; the instruction set.
-    Depthwise { w: Vec<f32>, isa: Isa },
+    Depthwise { w: cpu::AlignedF32, isa: Isa },
 }
 
 impl Kernel {
@@ -267,7 +267,7 @@ impl Kernel {
             // A choice this CPU or shape cannot take (an artifact tuned elsewhere) falls
             // back to the default.
             let isa = Isa::from_code(get("isa", depthwise_isa(p).code())).filter(|i| depthwise_isas(p).contains(i)).unwrap_or(depthwise_isa(p));
-            Form::Depthwise { w: packed, isa }
+            Form::Depthwise { w: cpu::AlignedF32::from_vec(packed), isa }
         };
         Kernel { problem: p.clone(), form }
     }

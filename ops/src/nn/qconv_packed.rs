@@ -75,8 +75,8 @@ pub(super) struct PackedIntConv {
     tw: usize,
     /// Blocks of [`CH`] output channels per group.
     blocks: usize,
-    /// `[group][blocks][taps * tw][CH]` words.
-    w: Vec<u32>,
+    /// `[group][blocks][taps * tw][CH]` words, on cache lines.
+    w: crate::cpu::Aligned<u32>,
     /// `[tile][tap][PX]` word offsets of every output pixel's taps into one image and
     /// group of the repacked input, when they fit [`MAX_PLAN_OFFSETS`].
     offsets: Option<Vec<u32>>,
@@ -151,7 +151,7 @@ impl PackedIntConv {
             taps,
             tw,
             blocks: mg.div_ceil(CH),
-            w: packed,
+            w: crate::cpu::Aligned::from_vec(packed),
             offsets,
             row_sums,
             x_signed: x == DType::I8,
