@@ -157,6 +157,30 @@ pub fn par_ranges(n: usize, work_per_item: usize, f: impl Fn(usize, usize) + Syn
     });
 }
 
+/// Like [`par_ranges`], in one contiguous range per thread (claimed like any chunk, so
+/// a late thread's range is run by another): for loops whose neighbouring items share
+/// data (a convolution's tiles of one filter panel), which each thread then reads once.
+pub fn par_split(n: usize, work_per_item: usize, f: impl Fn(usize, usize) + Sync + Send) {
+    let total = n.saturating_mul(work_per_item.max(1));
+    let threads = threads().max(1);
+    if total < PAR_GRAIN || threads == 1 || n < 2 {
+        f(0, n);
+        return;
+    }
+    let size = n.div_ceil(threads.min(n));
+    let chunks = n.div_ceil(size);
+    let body = |c: usize| f(c * size, ((c + 1) * size).min(n));
+    if gang_impl::run(chunks, &body).is_some() {
+        return;
+    }
+    rayon::scope(|s| {
+        for c in 0..chunks {
+            let body = &body;
+            s.spawn(move |_| body(c));
+        }
+    });
+}
+
 /// Like [`par_ranges`] but hands each chunk its own disjoint slice of `out`
 /// (`out.len() == n * per_item`).
 pub fn par_chunks_mut<T: Send>(

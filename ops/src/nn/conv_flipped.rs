@@ -295,8 +295,8 @@ impl FlippedFilters {
 
     /// The blocked output: each (tile, output panel) pair is one unit of equal cost (the
     /// tile runs the whole reduction and stores its blocks with the epilogue in
-    /// registers). Units are ordered image, strip of tiles, panel, tile, and threads
-    /// take equal runs of them, so no thread waits on a larger share.
+    /// registers). Units are ordered image, strip of tiles, panel, tile, and each thread
+    /// takes one equal run of them, so no thread waits on a larger share.
     #[allow(clippy::too_many_arguments)]
     fn run_blocked(&self, p: &ConvProblem, pd: &Padded, source: &Source, bias: Option<&[f32]>, act: Option<UnaryKind>, residual: bool, y: &mut [f32]) {
         let (mr, nr) = (self.isa.mr(), self.isa.nr());
@@ -316,7 +316,9 @@ impl FlippedFilters {
         let out = SharedOut(y.as_mut_ptr());
         let per_image = tiles * panels;
         let tiles_px = p.geo.output_size();
-        cpu::par_ranges(p.batch * per_image, 2 * self.k * mr * nr, |u0, u1| {
+        // One run of units per thread: a thread then streams its own panels' filters
+        // only (finer chunks, claimed in turn, had both threads read most panels).
+        cpu::par_split(p.batch * per_image, 2 * self.k * mr * nr, |u0, u1| {
             let mut u = u0;
             while u < u1 {
                 // The run of units in one strip and one panel that starts at u.
