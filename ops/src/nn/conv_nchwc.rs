@@ -217,21 +217,29 @@ const STRIP_CANDIDATES: [u32; 8] = [4096, 8192, 16384, 32768, 65536, 131072, 262
 /// tile; see `FlippedFilters::kslice`), those shorter than the reduction.
 const KSLICE_CANDIDATES: [u32; 5] = [0, 72, 144, 288, 576];
 
-/// The reduction slice where the tuner has not chosen one: 144 steps (16 input channels
-/// of a 3x3 filter; 18 KiB of a 32-channel panel, which stays in L1) on Intel cores,
-/// whose tiles measured 20% faster with their filters in L1 than streamed from L2; the
-/// whole reduction on others (AMD Zen 4 and 5 measured it as fast or faster).
+/// The reduction slice where the tuner has not chosen one, on Intel cores: equal slices
+/// of at most 144 steps (144: 16 input channels of a 3x3 filter, 18 KiB of a 32-channel
+/// panel, which stays in L1), since their tiles measured 20% faster with the filters in
+/// L1 than streamed from L2; a reduction shorter than two slices runs whole (a slice
+/// costs a pass over the tile's sums: a ResNet stem's 147 steps cut 144 + 3 ran 20%
+/// slower). Elsewhere the whole reduction (AMD Zen 4 and 5 measured it as fast or
+/// faster).
 fn default_kslice(p: &ConvProblem) -> u32 {
-    if crate::cpu::CpuFeatures::get().intel && p.reduction() > 144 {
-        144
-    } else {
-        0
+    const MAX: usize = 144;
+    let k = p.reduction();
+    if !crate::cpu::CpuFeatures::get().intel || k < 2 * MAX {
+        return 0;
     }
+    k.div_ceil(k.div_ceil(MAX)) as u32
 }
 
 fn kslice_param(p: &ConvProblem) -> TuneParam {
-    let candidates = KSLICE_CANDIDATES.into_iter().filter(|&s| (s as usize) < p.reduction()).collect();
-    TuneParam { name: "kslice", default: default_kslice(p), candidates }
+    let default = default_kslice(p);
+    let mut candidates: Vec<u32> = KSLICE_CANDIDATES.into_iter().filter(|&s| (s as usize) < p.reduction()).collect();
+    if !candidates.contains(&default) {
+        candidates.push(default);
+    }
+    TuneParam { name: "kslice", default, candidates }
 }
 
 /// The prepared filters of one problem.
