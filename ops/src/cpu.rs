@@ -136,38 +136,27 @@ pub const PAR_GRAIN: usize = 1 << 14;
 /// Runs `f(start, end)` over `0..n` in chunks, in parallel when `n * work_per_item` is
 /// large enough to pay for it.
 pub fn par_ranges(n: usize, work_per_item: usize, f: impl Fn(usize, usize) + Sync + Send) {
-    let total = n.saturating_mul(work_per_item.max(1));
-    let threads = threads().max(1);
-    if total < PAR_GRAIN || threads == 1 || n < 2 {
-        f(0, n);
-        return;
-    }
-    let chunks = (threads * 4).min(n).min(total / (PAR_GRAIN / 4)).max(2);
-    let size = n.div_ceil(chunks);
-    let chunks = n.div_ceil(size);
-    let body = |c: usize| f(c * size, ((c + 1) * size).min(n));
-    if gang_impl::run(chunks, &body).is_some() {
-        return;
-    }
-    rayon::scope(|s| {
-        for c in 0..chunks {
-            let body = &body;
-            s.spawn(move |_| body(c));
-        }
-    });
+    par_chunks(n, work_per_item, |threads, total| (threads * 4).min(total / (PAR_GRAIN / 4)), f)
 }
 
 /// Like [`par_ranges`], in one contiguous range per thread (claimed like any chunk, so
 /// a late thread's range is run by another): for loops whose neighbouring items share
 /// data (a convolution's tiles of one filter panel), which each thread then reads once.
 pub fn par_split(n: usize, work_per_item: usize, f: impl Fn(usize, usize) + Sync + Send) {
+    par_chunks(n, work_per_item, |threads, _| threads, f)
+}
+
+/// `f` over `0..n` in about `chunks(threads, total work)` equal ranges (at least two,
+/// at most `n`), on the gang where the caller holds one, else as rayon tasks; serial
+/// when the work is too small or there is one thread.
+fn par_chunks(n: usize, work_per_item: usize, chunks: impl Fn(usize, usize) -> usize, f: impl Fn(usize, usize) + Sync + Send) {
     let total = n.saturating_mul(work_per_item.max(1));
     let threads = threads().max(1);
     if total < PAR_GRAIN || threads == 1 || n < 2 {
         f(0, n);
         return;
     }
-    let size = n.div_ceil(threads.min(n));
+    let size = n.div_ceil(chunks(threads, total).min(n).max(2));
     let chunks = n.div_ceil(size);
     let body = |c: usize| f(c * size, ((c + 1) * size).min(n));
     if gang_impl::run(chunks, &body).is_some() {
