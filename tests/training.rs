@@ -331,6 +331,70 @@ fn a_model_with_its_own_onnx_loss_trains_like_the_built_in_loss() {
     assert!(err.contains("no input 'y'") && err.contains("labels"), "{err}");
 }
 
+/// LARS against its rule in f64, three steps, on every device: the loss
+/// `sum(w * x) + sum(b * v)` has the gradients `x` and `v` exactly, so each step is
+/// `buf = momentum buf + r (g + wd w)`, `p -= lr buf`, with the trust ratio
+/// `r = trust |w| / (|g| + wd |w|)` for the matrix `w` and `r = 1` for the vector `b`
+/// (one-dimensional parameters take plain momentum SGD).
+#[test]
+fn lars_steps_follow_the_rule() {
+    use kiln::graph::{rng::Rng, Attr, GraphBuilder};
+    gpu_env();
+    let (lr, momentum, trust, wd) = (0.5f64, 0.9f64, 0.5f64, 0.1f64);
+    let (w0, b0) = (Rng::new(21).tensor(&[3, 5], 1.0).unwrap(), Rng::new(22).tensor(&[5], 1.0).unwrap());
+    let model = {
+        let mut g = GraphBuilder::new("lars");
+        let x = g.input("x", DType::F32, [3usize, 5]);
+        let v = g.input("v", DType::F32, [5usize]);
+        let (w, b) = (g.constant("w", w0.clone()), g.constant("b", b0.clone()));
+        let wx = g.node("Mul", &[w, x], &[]);
+        let bv = g.node("Mul", &[b, v], &[]);
+        let s1 = g.node("ReduceSum", &[wx], &[("keepdims", Attr::Int(0))]);
+        let s2 = g.node("ReduceSum", &[bv], &[("keepdims", Attr::Int(0))]);
+        let loss = g.node("Add", &[s1, s2], &[]);
+        g.output(loss);
+        kiln::train::Model { graph: g.finish().unwrap(), initializers: vec!["w".into(), "b".into()] }
+    };
+    let xs: Vec<Tensor> = (0..3).map(|k| Rng::new(30 + k).tensor(&[3, 5], 1.0).unwrap()).collect();
+    let vs: Vec<Tensor> = (0..3).map(|k| Rng::new(40 + k).tensor(&[5], 1.0).unwrap()).collect();
+    // The reference.
+    let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>().sqrt();
+    let step = |p: &mut Vec<f64>, buf: &mut Vec<f64>, g: &[f64], scaled: bool| {
+        let r = if scaled { trust * norm(p) / (norm(g) + wd * norm(p)) } else { 1.0 };
+        for i in 0..p.len() {
+            buf[i] = momentum * buf[i] + r * (g[i] + wd * p[i]);
+        }
+        for i in 0..p.len() {
+            p[i] -= lr * buf[i];
+        }
+    };
+    let (mut w, mut b) = (w0.to_f64_vec(), b0.to_f64_vec());
+    let (mut wbuf, mut bbuf) = (vec![0.0; 15], vec![0.0; 5]);
+    for k in 0..3 {
+        step(&mut w, &mut wbuf, &xs[k].to_f64_vec(), true);
+        step(&mut b, &mut bbuf, &vs[k].to_f64_vec(), false);
+    }
+    let types = [("x".to_string(), TensorType::new(DType::F32, vec![3, 5])), ("v".to_string(), TensorType::new(DType::F32, vec![5]))];
+    for device in [DeviceChoice::Cpu, DeviceChoice::Gpu] {
+        let mut opt = Optimizer::new(OptimizerKind::Lars { momentum: momentum as f32, trust: trust as f32 });
+        opt.weight_decay = wd as f32;
+        let mut opts = TrainOptions::new(Loss::ModelOutput { label: "v".into() }, opt, Schedule::constant(lr));
+        opts.device = device.clone();
+        let mut t = Trainer::new(&model, &types, opts).unwrap();
+        for k in 0..3 {
+            t.step(&[("x", &xs[k])], &vs[k]).unwrap();
+        }
+        for (name, want, start) in [("w", &w, &w0), ("b", &b, &b0)] {
+            let got = t.parameter(name).unwrap().unwrap().to_f64_vec();
+            // The moves, compared: each is a sizeable part of the value.
+            for (i, ((g, w), s)) in got.iter().zip(want.iter()).zip(start.to_f64_vec()).enumerate() {
+                let (moved, want_moved) = (g - s, w - s);
+                assert!((moved - want_moved).abs() <= 1e-5 * want_moved.abs().max(0.1), "{device:?} {name}[{i}]: moved {moved}, want {want_moved}");
+            }
+        }
+    }
+}
+
 /// A mixed-precision trainer of run `r` on the GPU after `steps` applied steps, each
 /// step's loss checked against PyTorch's f32 one (relative 1e-2); with the worst
 /// relative loss error and the count of skipped steps.
