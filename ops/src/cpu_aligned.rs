@@ -25,8 +25,10 @@ impl<T: Copy + Default> Aligned<T> {
         if v.as_ptr().align_offset(LINE) == 0 {
             return Aligned { buf: v, start: 0, len };
         }
-        let mut buf = vec![T::default(); len + LINE.div_ceil(std::mem::size_of::<T>().max(1))];
-        let start = buf.as_ptr().align_offset(LINE);
+        let slack = LINE.div_ceil(std::mem::size_of::<T>().max(1));
+        let mut buf = vec![T::default(); len + slack];
+        // (`align_offset` may answer "cannot": then the values start unaligned.)
+        let start = buf.as_ptr().align_offset(LINE).min(slack);
         buf[start..start + len].copy_from_slice(&v);
         Aligned { buf, start, len }
     }
