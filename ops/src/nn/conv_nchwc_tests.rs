@@ -5,7 +5,7 @@
 use super::super::conv::tests::reference;
 use crate::elementwise::{ACTIVATION_ATTR, ACTIVATION_PARAMS_ATTR};
 use crate::linalg::RESIDUAL_ATTR;
-use crate::testing::{as_inputs, assert_close, ints, rand_f32, run, run_cpu_variants, Case, Input};
+use crate::testing::{as_inputs, assert_close, cpu_params, ints, rand_f32, run, run_cpu_tuned, run_cpu_variants, tune, Case, Input};
 use kiln_graph::{Attr, Tensor};
 
 /// An op of domain `kiln` with `n_in` inputs.
@@ -33,6 +33,36 @@ fn blocked_tensor(t: &Tensor) -> Tensor {
     let d = t.dims();
     let v: Vec<f32> = blocked(&t.to_f64_vec(), d).into_iter().map(|x| x as f32).collect();
     Tensor::from_vec(&[d[0], d[1] / 8, d[2], d[3], 8], v).unwrap()
+}
+
+/// Winograd F(4x4, 3x3)'s tolerance, of the convolution's root mean square (at least 1;
+/// before a clamp or residual):
+/// its transforms scale the terms up (by up to 100 in `B^T d B`, 64 in `A^T m A`)
+/// before they cancel, so an output's error follows the size of the terms summed, not
+/// its own, and is 10-30 times the direct sum's (numpy, f32 at every stage, uniform
+/// data in [-1, 1]: the largest error over 200 tiles 1.5e-5 of the mean output at 16
+/// channels, 4.5e-5 at 256).
+const WINOGRAD_TOL: f64 = 1e-4;
+
+/// Compares a variant's output (by its name in `run_cpu_variants`) with `want`.
+/// `conv` is the convolution's f64 reference; `winograd_default`: whether the defaults
+/// (and so every variant that does not choose the algorithm) run Winograd.
+fn check_variant(variant: &str, winograd_default: bool, got: &Tensor, want: &[f64], conv: &[f64], what: &str) {
+    if variant == "algo=1" || (winograd_default && variant != "algo=0") {
+        assert_winograd_close(got, want, conv, what);
+    } else {
+        assert_close(got, want, 2e-5, what);
+    }
+}
+
+/// Whether the op's defaults at these inputs run Winograd.
+fn winograd_default(op: &dyn crate::Op, inputs: &[Input]) -> bool {
+    cpu_params(op, inputs).unwrap().iter().any(|p| p.name == "algo" && p.default == 1)
+}
+
+fn assert_winograd_close(got: &Tensor, want: &[f64], conv: &[f64], what: &str) {
+    let rms = (conv.iter().map(|w| w * w).sum::<f64>() / conv.len().max(1) as f64).sqrt();
+    assert_close(got, want, WINOGRAD_TOL * rms.max(1.0), what);
 }
 
 #[test]
@@ -94,12 +124,13 @@ fn every_variant_matches_the_f64_reference() {
             let inputs: Vec<Option<&Tensor>> = if residual { vec![Some(&xin), Some(&w), Some(&b), Some(&rb)] } else { vec![Some(&xin), Some(&w), Some(&b)] };
             let variants = run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap();
             assert!(variants.len() >= 3, "x{xd:?}: {:?}", variants.iter().map(|v| &v.0).collect::<Vec<_>>());
+            let winograd = winograd_default(op.as_ref(), &as_inputs(&inputs, &[1, 2]));
             for (name, outs) in &variants {
-                assert_close(&outs[0], &want, 2e-5, &format!("x{xd:?} w{wd:?} g{group} s{stride} d{dil} {name}, residual {residual}"));
+                check_variant(name, winograd, &outs[0], &want, &conv, &format!("x{xd:?} w{wd:?} g{group} s{stride} d{dil} {name}, residual {residual}"));
             }
             // Unprepared (weights not constant): packed per run.
             let y = run(op.as_ref(), &as_inputs(&inputs, &[]), &[]).unwrap().remove(0);
-            assert_close(&y, &want, 2e-5, &format!("x{xd:?} w{wd:?} unprepared, residual {residual}"));
+            check_variant("plain", winograd, &y, &want, &conv, &format!("x{xd:?} w{wd:?} unprepared, residual {residual}"));
         }
     }
 }
@@ -126,8 +157,56 @@ fn a_generic_activation_follows_the_last_slice() {
     let inputs = [Some(&xin), Some(&w), Some(&b), Some(&rb)];
     let variants = run_cpu_variants(op.as_ref(), &as_inputs(&inputs, &[1, 2])).unwrap();
     assert!(variants.iter().any(|(name, _)| name.contains("kslice")), "{:?}", variants.iter().map(|v| &v.0).collect::<Vec<_>>());
+    let winograd = winograd_default(op.as_ref(), &as_inputs(&inputs, &[1, 2]));
     for (name, outs) in &variants {
-        assert_close(&outs[0], &want, 2e-5, &format!("LeakyRelu {name}"));
+        check_variant(name, winograd, &outs[0], &want, &conv, &format!("LeakyRelu {name}"));
+    }
+}
+
+/// Winograd F(4x4, 3x3) at every block size and instruction set a tuner tries, forced
+/// with the algorithm:
+/// outputs that are not whole tiles, asymmetric pads, two images, a last panel of
+/// output channels narrower than NR, over a fused residual with a Clip and with a
+/// LeakyRelu after the output transform.
+#[test]
+fn winograd_at_every_block_size_matches_the_f64_reference() {
+    // x dims, w dims, pads.
+    let cases: Vec<(Vec<usize>, Vec<usize>, [i64; 4])> = vec![
+        (vec![2, 16, 13, 11], vec![40, 16, 3, 3], [1; 4]),      // edge tiles both ways, a narrow last panel
+        (vec![1, 64, 7, 7], vec![72, 64, 3, 3], [1, 0, 2, 1]),  // asymmetric pads, few tiles
+        (vec![1, 24, 9, 18], vec![32, 24, 3, 3], [0; 4]),       // no pads: 7x16
+        (vec![1, 128, 20, 21], vec![24, 128, 3, 3], [1; 4]),    // a long reduction, many tiles
+    ];
+    for (xd, wd, pads) in cases {
+        let (x, w, b) = (rand_f32(&xd, 91), rand_f32(&wd, 92), rand_f32(&[wd[0]], 93));
+        let out: Vec<usize> = (0..2).map(|d| xd[2 + d] + pads[d] as usize + pads[2 + d] as usize - 2).collect();
+        let yd = vec![xd[0], wd[0], out[0], out[1]];
+        let r = rand_f32(&yd, 94);
+        let conv = reference(&x, &w, Some(&b), 1, &[1, 1], &[1, 1], &pads[..2], &out);
+        let clip: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(v, r)| (v + r).clamp(-0.5, 0.75)).collect();
+        let leaky: Vec<f64> = conv.iter().zip(r.to_f64_vec()).map(|(v, r)| v + r).map(|v| if v < 0.0 { 0.1 * v } else { v }).collect();
+        for (act, params, want) in [("Clip", vec![-0.5, 0.75], clip), ("LeakyRelu", vec![0.1], leaky)] {
+            let want = blocked(&want, &yd);
+            let attrs = [
+                ("pads", ints(&pads)),
+                (RESIDUAL_ATTR, Attr::Int(1)),
+                (ACTIVATION_ATTR, Attr::String(act.into())),
+                (ACTIVATION_PARAMS_ATTR, Attr::Floats(params)),
+                (super::INPUT_BLOCKED_ATTR, Attr::Int(1)),
+            ];
+            let op = op("ConvNchwc", &attrs, 4);
+            let (xin, rb) = (blocked_tensor(&x), blocked_tensor(&r));
+            let inputs = as_inputs(&[Some(&xin), Some(&w), Some(&b), Some(&rb)], &[1, 2]);
+            let params = cpu_params(op.as_ref(), &inputs).unwrap();
+            let blocks = &params.iter().find(|p| p.name == "tiles").expect("a tiles parameter").candidates;
+            assert!(params.iter().any(|p| p.name == "algo" && p.candidates.contains(&1)), "x{xd:?}: Winograd offered");
+            let isas = &params.iter().find(|p| p.name == "isa").expect("an isa parameter").candidates;
+            let forced = blocks.iter().map(|&t| ("tiles", t)).chain(isas.iter().map(|&i| ("isa", i)));
+            for (name, value) in forced {
+                let y = run_cpu_tuned(op.as_ref(), &inputs, Some(&tune(&[("algo", 1), (name, value)]))).unwrap().remove(0);
+                assert_winograd_close(&y, &want, &conv, &format!("x{xd:?} w{wd:?} pads {pads:?} {act} Winograd, {name} {value}"));
+            }
+        }
     }
 }
 

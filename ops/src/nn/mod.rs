@@ -35,6 +35,7 @@ mod conv_cpu;
 mod conv_depthwise8;
 mod conv_flipped;
 mod conv_nchwc;
+mod conv_nchwc_winograd;
 mod conv_packed;
 mod conv_winograd;
 mod embed_layer_norm;

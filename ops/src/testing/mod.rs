@@ -61,32 +61,41 @@ pub fn run(op: &dyn Op, inputs: &[Input], tunes: &[TuneValues]) -> Result<Vec<Te
 /// entry, one at a time (the others at their defaults). Returns `(variant name,
 /// outputs)` pairs; the candidate name is `param=value`.
 pub fn run_cpu_variants(op: &dyn Op, inputs: &[Input]) -> Result<Vec<(String, Vec<Tensor>)>> {
+    let mut out = vec![("plain".to_string(), run_cpu_tuned(op, inputs, None)?), ("defaults".to_string(), run_cpu_tuned(op, inputs, Some(&TuneValues::default()))?)];
+    for p in cpu_params(op, inputs)? {
+        for &c in &p.candidates {
+            out.push((format!("{}={c}", p.name), run_cpu_tuned(op, inputs, Some(&tune(&[(p.name, c)])))?));
+        }
+    }
+    Ok(out)
+}
+
+/// The tunable parameters `op`'s CPU kernel declares at these inputs.
+pub fn cpu_params(op: &dyn Op, inputs: &[Input]) -> Result<Vec<crate::TuneParam>> {
+    let types: Vec<Option<TensorType>> = inputs.iter().map(|x| x.tensor().map(|t| TensorType::of(t))).collect();
+    let args: Vec<Option<Arg>> =
+        types.iter().zip(inputs).map(|(ty, x)| ty.as_ref().map(|ty| Arg { ty, value: x.known_value() })).collect();
+    let out_types = op.infer(&args)?;
+    let kernel = op.cpu().ok_or_else(|| OpError::Unsupported(format!("{} has no CPU kernel", op.name())))?;
+    Ok(kernel.params(&args, &out_types))
+}
+
+/// Runs `op`'s CPU kernel at these inputs: `prepare`d with `tune` (the kernel itself
+/// where it prepares nothing), or unprepared when `tune` is None.
+pub fn run_cpu_tuned(op: &dyn Op, inputs: &[Input], tune: Option<&TuneValues>) -> Result<Vec<Tensor>> {
     let types: Vec<Option<TensorType>> = inputs.iter().map(|x| x.tensor().map(|t| TensorType::of(t))).collect();
     let args: Vec<Option<Arg>> =
         types.iter().zip(inputs).map(|(ty, x)| ty.as_ref().map(|ty| Arg { ty, value: x.known_value() })).collect();
     let out_types = op.infer(&args)?;
     let tensors: Vec<Option<&Tensor>> = inputs.iter().map(Input::tensor).collect();
     let kernel = op.cpu().ok_or_else(|| OpError::Unsupported(format!("{} has no CPU kernel", op.name())))?;
-    let run_with = |k: &dyn crate::CpuKernel| -> Result<Vec<Tensor>> {
-        let mut outs: Vec<Tensor> = out_types.iter().map(|t| Tensor::zeros(t.dtype, &t.dims)).collect();
-        k.run(&tensors, &mut outs)?;
-        Ok(outs)
+    let prepared = match tune {
+        Some(t) => kernel.prepare(&args, &out_types, t)?,
+        None => None,
     };
-    let prepared = |tune: &TuneValues| -> Result<Vec<Tensor>> {
-        match kernel.prepare(&args, &out_types, tune)? {
-            Some(k) => run_with(k.as_ref()),
-            None => run_with(kernel),
-        }
-    };
-    let mut out = vec![("plain".to_string(), run_with(kernel)?), ("defaults".to_string(), prepared(&TuneValues::default())?)];
-    for p in kernel.params(&args, &out_types) {
-        for &c in &p.candidates {
-            let mut tune = TuneValues::default();
-            tune.0.insert(p.name.to_string(), c);
-            out.push((format!("{}={c}", p.name), prepared(&tune)?));
-        }
-    }
-    Ok(out)
+    let mut outs: Vec<Tensor> = out_types.iter().map(|t| Tensor::zeros(t.dtype, &t.dims)).collect();
+    prepared.as_deref().unwrap_or(kernel).run(&tensors, &mut outs)?;
+    Ok(outs)
 }
 
 /// Inputs from optional tensors: `None` is omitted, indices in `consts` are constants,
