@@ -981,10 +981,66 @@ impl Session {
                 Dev::Gpu(k) => StepDevice::Gpu(self.gpus[k].0.clone()),
             })
             .collect();
-        let report = tune::tune_steps(&self.graph, &self.ops, &spec, &devices, &self.choices, opts, progress)?;
+        let mut report = tune::tune_steps(&self.graph, &self.ops, &spec, &devices, &self.choices, opts, progress)?;
         // Plans built before are rebuilt with the new choices on their next run.
         self.plans.lock().map_err(|_| poisoned())?.clear();
+        if matches!(self.backend, Backend::Cpu) {
+            self.check_in_model(inputs, &mut report)?;
+        }
         Ok(report)
+    }
+
+    /// Keeps the CPU choices tuned now that also pay inside the model (see
+    /// `tune::in_model`): the model is profiled with them and with the defaults, twice
+    /// each in turn, and a choice whose node is not faster with it returns to the
+    /// defaults, in the report, the session and its database.
+    fn check_in_model(&self, inputs: &[(&str, &Tensor)], report: &mut TuneReport) -> Result<()> {
+        let changed: Vec<usize> = (0..report.keys.len()).filter(|&i| report.keys[i].status == tune::KeyStatus::Tuned && !report.keys[i].values.is_empty()).collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let entry = |k: &tune::KeyReport, tuned: bool| tune::TuneEntry {
+            values: if tuned { k.values.clone() } else { Default::default() },
+            default_ms: k.default_ms,
+            best_ms: if tuned { k.best_ms } else { k.default_ms },
+            summary: k.summary.clone(),
+        };
+        let set = |tuned: bool| -> Result<()> {
+            let entries = changed.iter().map(|&i| (report.keys[i].key.clone(), entry(&report.keys[i], tuned))).collect();
+            self.choices.add_measured(&entries)?;
+            self.plans.lock().map_err(|_| poisoned())?.clear();
+            Ok(())
+        };
+        // About a quarter of a second of runs per profile.
+        let t = Instant::now();
+        self.profile_on_pool(inputs, 1)?;
+        let runs = (0.25 / t.elapsed().as_secs_f64().max(1e-6)).clamp(3.0, 50.0) as usize;
+        let (mut with, mut without) = (HashMap::new(), HashMap::new());
+        for _ in 0..2 {
+            // Ends with the choices in place.
+            for tuned in [false, true] {
+                set(tuned)?;
+                self.profile_on_pool(inputs, 1)?;
+                let into = if tuned { &mut with } else { &mut without };
+                for p in self.profile_on_pool(inputs, runs)? {
+                    *into.entry(p.node).or_insert(0.0) += p.seconds;
+                }
+            }
+        }
+        let mut reverted = std::collections::BTreeMap::new();
+        for l in tune::losing_choices(&report.keys, &changed, &with, &without) {
+            let k = &mut report.keys[l.index];
+            log::info!("{}: {} not kept: {:.4} ms in the model with it, {:.4} ms without", k.summary, tune::values_text(&k.values), l.with * 500.0, l.without * 500.0);
+            k.rejected.push((tune::values_text(&k.values), format!("slower inside the model: {:.4} ms with it, {:.4} ms without", l.with * 500.0, l.without * 500.0)));
+            k.values.clear();
+            k.best_ms = k.default_ms;
+            reverted.insert(k.key.clone(), entry(k, false));
+        }
+        if !reverted.is_empty() {
+            self.choices.store(self.choices.cpu_device(), &reverted)?;
+            self.plans.lock().map_err(|_| poisoned())?.clear();
+        }
+        Ok(())
     }
 
     /// The fingerprint of the session's device (its GPU, else the CPU at the session's

@@ -9,12 +9,14 @@
 //!   defaults) and its untuned keys;
 //! - [`measure`], [`cpu_bench`], [`gpu_bench`], [`tuner`]: timing variants, checking
 //!   them against the default, and the descent over parameters;
+//! - [`in_model`]: which CPU choices also pay inside the whole model;
 //! - [`report`]: what tuning reports.
 mod choices;
 mod cpu_bench;
 pub mod db;
 mod gpu_bench;
 mod hash;
+mod in_model;
 mod key;
 mod measure;
 mod report;
@@ -30,5 +32,6 @@ pub use report::{values_text, KeyReport, KeyStatus, TuneOptions, TuneProgress, T
 pub use tuner::TIE;
 
 pub(crate) use choices::Choices;
+pub(crate) use in_model::losing_choices;
 pub(crate) use step::{cpu_key, gpu_key};
 pub(crate) use tuner::{tune_steps, StepDevice};
