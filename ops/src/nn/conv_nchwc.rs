@@ -86,7 +86,10 @@ impl ConvNchwc {
             Some(k) if k.problem == p => k,
             Some(k) => return Err(OpError::input(0, format!("the filters were prepared for {:?}, not for input {:?}", k.problem, x.dims()))),
             None => {
-                built = Kernel::new(&p, w.as_slice()?, self.input_blocked, &TuneValues::default());
+                // Filters that change between runs: the direct form (Winograd's filter
+                // transform would be paid on every run).
+                let direct = TuneValues([("algo".to_string(), ALGO_DIRECT)].into_iter().collect());
+                built = Kernel::new(&p, w.as_slice()?, self.input_blocked, &direct);
                 &built
             }
         };

@@ -46,9 +46,10 @@ const WINOGRAD_TOL: f64 = 1e-4;
 
 /// Compares a variant's output (by its name in `run_cpu_variants`) with `want`.
 /// `conv` is the convolution's f64 reference; `winograd_default`: whether the defaults
-/// (and so every variant that does not choose the algorithm) run Winograd.
+/// (and so every prepared variant that does not choose the algorithm) run Winograd;
+/// unprepared runs ("plain") are direct.
 fn check_variant(variant: &str, winograd_default: bool, got: &Tensor, want: &[f64], conv: &[f64], what: &str) {
-    if variant == "algo=1" || (winograd_default && variant != "algo=0") {
+    if variant == "algo=1" || (winograd_default && variant != "algo=0" && variant != "plain") {
         assert_winograd_close(got, want, conv, what);
     } else {
         assert_close(got, want, 2e-5, what);
