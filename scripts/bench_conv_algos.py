@@ -17,6 +17,7 @@ Usage:
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def conv_ms(kiln, path, threads, force):
         env["KILN_FORCE_TUNE"] = f"algo={force}"
     out = subprocess.run([kiln, "bench", path, "--device", "cpu", "--threads", str(threads), "--profile", "--json", "--no-tuning"],
                          capture_output=True, text=True, env=env, check=True).stdout
-    times = [p["ms"] for p in json.loads(out)["profile"] if p["node"].startswith("conv3x3_")]
+    times = [p["ms"] for p in json.loads(out)["profile"] if re.fullmatch(r"conv3x3_\d+", p["node"])]
     return sum(times) / len(times)
 
 

@@ -256,14 +256,15 @@ const ALGO_DIRECT: u32 = 0;
 const ALGO_WINOGRAD: u32 = 1;
 
 /// The dense form's algorithm where the tuner has not chosen one: Winograd where it
-/// applies, its tiles are mostly whole (at least 70% of their outputs inside: 14x14
-/// is, 13x13 and 7x7 are not), each thread gets at least eight of them, and the
-/// transformed filters (four times the plain ones; each thread passes over them once
-/// per block) stay within 4 MiB. Measured on an Intel Xeon with AVX-512, two threads,
-/// against the direct form: 56x56 and 28x28 at 32-128 channels 1.8-2.1x faster; 7x7 at
-/// 512 channels 2.2x slower, 13x13 at 64 -> 256 1.26x slower; 14x14 at 256 (9 MiB of
-/// transformed filters) 1.35x faster alone but 1.5x slower inside ResNet-18, where
-/// its filters come from memory.
+/// applies, at least half of its tiles' outputs are inside the image, each thread gets
+/// at least eight tiles, and the transformed filters (four times the plain ones; each
+/// thread passes over them once per block, from memory inside a model) come to at most
+/// 128 KiB per tile of a thread. Measured on an Intel Xeon with AVX-512, two threads
+/// (`scripts/bench_conv_algos.py`, and per node inside ResNet-18 and SqueezeNet):
+/// 56x56 and 28x28 at 32-128 channels 1.8-2.2x faster (at most 100 KiB per tile);
+/// 48 -> 192 at 13x13 (160 KiB) 1.4x faster alone, no faster inside SqueezeNet; 64 -> 256 at
+/// 13x13 (300 KiB) and 256 channels at 14x14 (1.2 MiB) faster alone but slower inside
+/// the models; 512 at 7x7 1.9x slower even alone.
 fn default_algo(p: &ConvProblem, input_blocked: bool) -> u32 {
     if !winograd::applies(p, input_blocked) || p.in_channels < 16 {
         return ALGO_DIRECT;
@@ -271,8 +272,9 @@ fn default_algo(p: &ConvProblem, input_blocked: bool) -> u32 {
     let [_, oh, ow] = p.geo.output;
     let tiles = oh.div_ceil(4) * ow.div_ceil(4);
     let whole = (oh * ow) as f64 / (16 * tiles) as f64;
+    let per_thread = p.batch * tiles / cpu::threads().max(1);
     let filters = 36 * p.in_channels * p.out_channels * 4;
-    if whole >= 0.7 && p.batch * tiles >= 8 * cpu::threads() && filters <= 4 << 20 {
+    if whole >= 0.5 && per_thread >= 8 && filters <= per_thread * (128 << 10) {
         ALGO_WINOGRAD
     } else {
         ALGO_DIRECT
