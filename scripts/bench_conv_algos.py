@@ -3,7 +3,7 @@
 
 For each shape it writes a small model (a 1x1 convolution, so that the 3x3 one reads
 a blocked input, then the 3x3 convolution with bias and Relu; or a chain of N of them
-with --chain N) and times it with `kiln bench --profile`, forcing each algorithm in
+with --chain N, the first CIN -> COUT, the others COUT -> COUT) and times it with `kiln bench --profile`, forcing each algorithm in
 turn (`KILN_FORCE_TUNE=algo=0` direct, `algo=1` Winograd F(4x4, 3x3)) and alternating
 them over --rounds. Prints the median milliseconds per run of the 3x3 convolutions
 (their mean in a chain), each algorithm's and their ratio, and which one Kiln's
