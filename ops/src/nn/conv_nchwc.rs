@@ -10,8 +10,10 @@
 //! Kernels: an ungrouped convolution is the flipped direct GEMM of `conv_flipped` (the
 //! micro-kernel's vector lanes along output channels, its broadcast rows along pixels
 //! read in place from the padded input, eight floats apart when it is blocked) storing
-//! its tiles as blocks, without a transpose; a depthwise one (blocked input) slides
-//! eight lanes of taps over a zero-padded copy of each block (`blocked8`).
+//! its tiles as blocks, without a transpose, or, for a 3x3 stride-1 one over a blocked
+//! input with enough tiles per thread, Winograd F(4x4, 3x3) (`conv_nchwc_winograd`); a
+//! depthwise one (blocked input) slides eight lanes of taps over a zero-padded copy of
+//! each block (`blocked8`).
 use super::blocked8::{self, MAX_TAPS};
 use super::conv::{check_bias, Conv};
 use super::conv_cpu::{ConvProblem, SharedOut};
