@@ -1011,22 +1011,35 @@ impl Session {
             self.plans.lock().map_err(|_| poisoned())?.clear();
             Ok(())
         };
-        // About a quarter of a second of runs per profile.
-        let t = Instant::now();
-        self.profile_on_pool(inputs, 1)?;
-        let runs = (0.25 / t.elapsed().as_secs_f64().max(1e-6)).clamp(3.0, 50.0) as usize;
-        let (mut with, mut without) = (HashMap::new(), HashMap::new());
-        for _ in 0..2 {
-            // Ends with the choices in place.
-            for tuned in [false, true] {
-                set(tuned)?;
-                self.profile_on_pool(inputs, 1)?;
-                let into = if tuned { &mut with } else { &mut without };
-                for p in self.profile_on_pool(inputs, runs)? {
-                    *into.entry(p.node).or_insert(0.0) += p.seconds;
+        let measure = || -> Result<(HashMap<String, f64>, HashMap<String, f64>)> {
+            // About a quarter of a second of runs per profile.
+            let t = Instant::now();
+            self.profile_on_pool(inputs, 1)?;
+            let runs = (0.25 / t.elapsed().as_secs_f64().max(1e-6)).clamp(3.0, 50.0) as usize;
+            let (mut with, mut without) = (HashMap::new(), HashMap::new());
+            for _ in 0..2 {
+                // Ends with the choices in place.
+                for tuned in [false, true] {
+                    set(tuned)?;
+                    self.profile_on_pool(inputs, 1)?;
+                    let into = if tuned { &mut with } else { &mut without };
+                    for p in self.profile_on_pool(inputs, runs)? {
+                        *into.entry(p.node).or_insert(0.0) += p.seconds;
+                    }
                 }
             }
-        }
+            Ok((with, without))
+        };
+        let (with, without) = match measure() {
+            Ok(m) => m,
+            Err(e) => {
+                // A model profiles can't time per node (one that runs in stages): the
+                // choices stay as measured alone.
+                log::info!("tuned choices not checked inside the model: {e}");
+                set(true)?;
+                return Ok(());
+            }
+        };
         let mut reverted = std::collections::BTreeMap::new();
         for l in tune::losing_choices(&report.keys, &changed, &with, &without) {
             let k = &mut report.keys[l.index];
