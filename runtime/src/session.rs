@@ -1033,18 +1033,21 @@ impl Session {
         let (with, without) = match measure() {
             Ok(m) => m,
             Err(e) => {
-                // A model profiles can't time per node (one that runs in stages): the
-                // choices stay as measured alone.
+                // A model whose nodes a profile cannot time (one that runs in stages):
+                // the choices stay as measured alone.
                 log::info!("tuned choices not checked inside the model: {e}");
                 set(true)?;
                 return Ok(());
             }
         };
+        // Milliseconds per run from the seconds summed over the two rounds.
+        let ms = |summed: f64| summed / 2.0 * 1e3;
         let mut reverted = std::collections::BTreeMap::new();
         for l in tune::losing_choices(&report.keys, &changed, &with, &without) {
             let k = &mut report.keys[l.index];
-            log::info!("{}: {} not kept: {:.4} ms in the model with it, {:.4} ms without", k.summary, tune::values_text(&k.values), l.with * 500.0, l.without * 500.0);
-            k.rejected.push((tune::values_text(&k.values), format!("slower inside the model: {:.4} ms with it, {:.4} ms without", l.with * 500.0, l.without * 500.0)));
+            let why = format!("slower inside the model: {:.4} ms with it, {:.4} ms without", ms(l.with), ms(l.without));
+            log::info!("{}: {} not kept: {why}", k.summary, tune::values_text(&k.values));
+            k.rejected.push((tune::values_text(&k.values), why));
             k.values.clear();
             k.best_ms = k.default_ms;
             reverted.insert(k.key.clone(), entry(k, false));
