@@ -1,7 +1,8 @@
 //! The CPU side shared by the recurrent ops: the input projection `X W^T` of every time
 //! step and direction as one batched matrix product (the linalg product, the `gemm`
-//! crate), biases folded into it, then per step and direction the recurrent product of
-//! every batch row at once and the cell's gates ([`Cell::step`]). f32 accumulates in
+//! crate), biases folded into it, then per step the recurrent product of every batch
+//! row at once and the cell's gates ([`Cell::step`]); a bidirectional op runs its two
+//! directions' steps as two tasks, in parallel where there are threads. f32 accumulates in
 //! f32 as onnxruntime does; f64 runs the same code in f64 (the widened reference of the
 //! cross-device tests); f16 and bf16 go through f32.
 use super::common::{sequence_lengths, Activation, Cell, Dims, Recurrent, B, INITIAL_C, INITIAL_H, P, R, SEQ_LENS, W, X};
@@ -12,6 +13,7 @@ use crate::linalg::product::{BatchedProduct, Layout};
 use crate::{OpError, Result};
 use kiln_graph::{DType, Element, Tensor};
 use std::ops::{Add, Mul, Neg, Sub};
+use std::sync::Mutex;
 
 /// The float types the recurrence computes in.
 pub(crate) trait Real: Element + Default + PartialOrd + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Neg<Output = Self> {
@@ -194,6 +196,25 @@ pub(crate) fn add_into<T: Real>(dst: &mut [T], src: &[T]) {
     dst.iter_mut().zip(src).for_each(|(d, s)| *d = *d + *s);
 }
 
+/// What one direction's steps write: its state, its scratch, its outputs `[seq][batch][hidden]`
+/// (by time, not by step) and how its steps ended.
+struct DirState<'a, T> {
+    h: &'a mut [T],
+    c: &'a mut [T],
+    gates: &'a mut [T],
+    extra: &'a mut [T],
+    y: &'a mut [T],
+    result: Result<()>,
+}
+
+/// `xs` in `n` chunks of `len`, or `n` empty slices when `xs` is empty (a cell without a
+/// cell state).
+fn chunks_or_empty<T>(xs: &mut [T], len: usize, n: usize) -> impl Iterator<Item = &mut [T]> {
+    let empty = xs.is_empty();
+    let mut chunks = xs.chunks_mut(len.max(1));
+    (0..n).map(move |_| if empty { &mut [][..] } else { chunks.next().unwrap_or(&mut []) })
+}
+
 /// Runs a recurrent op on tensors of any of its dtypes.
 pub(crate) fn run<C: Cell>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], outputs: &mut [Tensor], prepared: Prepared) -> Result<()> {
     match cpu::input(inputs, X)?.dtype() {
@@ -263,17 +284,17 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
     let rows = seq * batch;
     let state = batch * hidden;
     let has_c = C::SPEC.has_cell_state;
-    // Scratch: the projection, per direction h (and c), the step's gates and extra
-    // rows, and Rb (zeros without B).
-    let sizes = [dirs * rows * gh, dirs * state, if has_c { dirs * state } else { 0 }, batch * gh, state, dirs * gh];
+    // Scratch: the projection, per direction h (and c), gates, extra rows and outputs
+    // of every step, and Rb (zeros without B).
+    let sizes = [dirs * rows * gh, dirs * state, if has_c { dirs * state } else { 0 }, dirs * batch * gh, dirs * state, dirs * rows * hidden, dirs * gh];
     let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s)).ok_or_else(|| OpError::invalid(format!("{name}: scratch size overflows")))?;
     T::with_scratch(total, |buf| -> Result<()> {
         let (xw, rest) = buf.split_at_mut(sizes[0]);
         let (hs, rest) = rest.split_at_mut(sizes[1]);
         let (cs, rest) = rest.split_at_mut(sizes[2]);
         let (gates, rest) = rest.split_at_mut(sizes[3]);
-        let (extra, rb) = rest.split_at_mut(sizes[4]);
-
+        let (extra, rest) = rest.split_at_mut(sizes[4]);
+        let (ys, rb) = rest.split_at_mut(sizes[5]);
         // X W^T for every direction: W[d] is read transposed through strides.
         let p = BatchedProduct {
             batch: vec![dirs],
@@ -321,32 +342,33 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
                 _ => dst.fill(T::default()),
             }
         }
-        let mut y = match outputs.first_mut() {
-            Some(t) => {
-                let y = t.as_mut_slice::<T>()?;
-                y.fill(T::default());
-                Some(y)
-            }
-            None => None,
-        };
+        // The directions are independent: each runs its steps as one task, on its own
+        // state, scratch and outputs ([`DirState`]), in parallel where there are threads.
         let per_dir = op.attrs.activations.len() / dirs;
-        let mut step_rows: Vec<Option<usize>> = vec![None; batch];
-        let mut times = vec![0usize; batch];
-        let mut rq_rows = vec![true; batch];
-        for s in 0..seq {
-            for (b, keep) in rq_rows.iter_mut().enumerate() {
-                *keep = s <= lens[b];
-            }
-            for d in 0..dirs {
-                let forward = op.attrs.direction.is_forward(d);
+        let parts = hs
+            .chunks_mut(state)
+            .zip(chunks_or_empty(cs, state, dirs))
+            .zip(gates.chunks_mut(batch * gh).zip(extra.chunks_mut(state)))
+            .zip(ys.chunks_mut(rows * hidden))
+            .map(|(((h, c), (gates, extra)), y)| Mutex::new(DirState { h, c, gates, extra, y, result: Ok(()) }))
+            .collect::<Vec<_>>();
+        let run_dir = |d: usize| {
+            let mut guard = parts[d].lock().unwrap_or_else(|e| e.into_inner());
+            let part = &mut *guard;
+            let mut step_rows: Vec<Option<usize>> = vec![None; batch];
+            let mut times = vec![0usize; batch];
+            let mut rq_rows = vec![true; batch];
+            let forward = op.attrs.direction.is_forward(d);
+            for s in 0..seq {
+                for (b, keep) in rq_rows.iter_mut().enumerate() {
+                    *keep = s <= lens[b];
+                }
                 for b in 0..batch {
                     step_rows[b] = (s < lens[b]).then(|| {
                         times[b] = if forward { s } else { lens[b] - 1 - s };
                         dims.x_row(times[b], b)
                     });
                 }
-                let h = &mut hs[d * state..(d + 1) * state];
-                let c = if has_c { &mut cs[d * state..(d + 1) * state] } else { &mut cs[..0] };
                 let mut st = Step {
                     ctx: StepCtx {
                         dims,
@@ -361,15 +383,33 @@ fn run_typed<C: Cell, T: Real>(op: &Recurrent<C>, inputs: &[Option<&Tensor>], ou
                         acts: &op.attrs.activations[d * per_dir..(d + 1) * per_dir],
                         clip: op.attrs.clip.map(T::of),
                     },
-                    h,
-                    c,
-                    gates: &mut *gates,
-                    extra: &mut *extra,
+                    h: &mut *part.h,
+                    c: &mut *part.c,
+                    gates: &mut *part.gates,
+                    extra: &mut *part.extra,
                 };
-                op.cell.step(&mut st)?;
-                if let Some(y) = y.as_deref_mut() {
-                    for b in (0..batch).filter(|&b| step_rows[b].is_some()) {
-                        y[dims.y_offset(times[b], d, b)..][..hidden].copy_from_slice(&st.h[b * hidden..(b + 1) * hidden]);
+                if let Err(e) = op.cell.step(&mut st) {
+                    part.result = Err(e);
+                    return;
+                }
+                for b in (0..batch).filter(|&b| step_rows[b].is_some()) {
+                    part.y[(times[b] * batch + b) * hidden..][..hidden].copy_from_slice(&part.h[b * hidden..(b + 1) * hidden]);
+                }
+            }
+        };
+        // A step's work, in multiply-adds: its recurrent product.
+        cpu::par_ranges(dirs, seq * batch * gh * hidden, |d0, d1| (d0..d1).for_each(run_dir));
+        for part in parts {
+            let part = part.into_inner().unwrap_or_else(|e| e.into_inner());
+            part.result?;
+        }
+        if let Some(y) = outputs.first_mut() {
+            let y = y.as_mut_slice::<T>()?;
+            y.fill(T::default());
+            for d in 0..dirs {
+                for b in 0..batch {
+                    for t in 0..lens[b] {
+                        y[dims.y_offset(t, d, b)..][..hidden].copy_from_slice(&ys[((d * seq + t) * batch + b) * hidden..][..hidden]);
                     }
                 }
             }
