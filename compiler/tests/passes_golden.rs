@@ -292,7 +292,9 @@ fn fuse_gelu() {
     let k2 = c(&mut b, "k2", 0.797_884_6);
     let r = b.node("Mul", &[s, k2], &[]);
     let th = b.node("Tanh", &[r], &[]);
-    let one2 = c(&mut b, "one2", 1.0);
+    // A one-element constant of x's rank (as tf2onnx folds them) counts as a scalar
+    // where x's rank is inferred (x here is an intermediate value without a declared type).
+    let one2 = b.constant("one2", Tensor::from_vec(&[1, 1], vec![1.0f32]).unwrap());
     let u = b.node("Add", &[one2, th], &[]);
     let half2 = c(&mut b, "half2", 0.5);
     let hx = b.node("Mul", &[half2, g1], &[]);

@@ -32,8 +32,7 @@ fn scalar(g: &Graph, v: ValueId, x_rank: Option<usize>) -> Option<f64> {
 }
 
 /// The nodes computing `end` from `x` and scalar constants alone, or None.
-fn region(g: &Graph, prod: &[Option<NodeId>], x: ValueId, end: NodeId) -> Option<BTreeSet<NodeId>> {
-    let rank = g.values[x].ty.as_ref().map(|t| t.shape.0.len());
+fn region(g: &Graph, prod: &[Option<NodeId>], x: ValueId, rank: Option<usize>, end: NodeId) -> Option<BTreeSet<NodeId>> {
     let mut set = BTreeSet::new();
     let mut todo = vec![end];
     let mut reads_x = false;
@@ -57,8 +56,7 @@ fn region(g: &Graph, prod: &[Option<NodeId>], x: ValueId, end: NodeId) -> Option
 
 /// The expression's values at `points` (node order is topological), or None when an
 /// input is missing.
-fn evaluate(g: &Graph, set: &BTreeSet<NodeId>, x: ValueId, end: NodeId, points: &[f64]) -> Option<Vec<f64>> {
-    let rank = g.values[x].ty.as_ref().map(|t| t.shape.0.len());
+fn evaluate(g: &Graph, set: &BTreeSet<NodeId>, x: ValueId, rank: Option<usize>, end: NodeId, points: &[f64]) -> Option<Vec<f64>> {
     points
         .iter()
         .map(|&p| {
@@ -103,7 +101,10 @@ fn gelu_form(points: &[f64], ys: &[f64]) -> Option<bool> {
 }
 
 /// Replaces GELU expressions with Gelu nodes; returns how many.
-pub fn fuse_gelu(g: &mut Graph, _cx: &mut PassContext) -> usize {
+pub fn fuse_gelu(g: &mut Graph, cx: &mut PassContext) -> usize {
+    // Ranks as inferred (a constant like [1, 1, 1] is a scalar only where x has at least
+    // its rank).
+    let ranks: Vec<Option<usize>> = cx.types(g).iter().map(|t| t.as_ref().map(|t| t.shape.rank())).collect();
     let uses = use_counts(g);
     let prod = producers(g);
     let mut readers: Vec<Vec<NodeId>> = vec![vec![]; g.values.len()];
@@ -147,7 +148,7 @@ pub fn fuse_gelu(g: &mut Graph, _cx: &mut PassContext) -> usize {
                 if g.values[x].ty.as_ref().is_some_and(|ty| ty.dtype != DType::F32) {
                     return None;
                 }
-                let set = region(g, &prod, x, end)?;
+                let set = region(g, &prod, x, ranks.get(x).copied().flatten(), end)?;
                 // Intermediate results must be read inside the expression only.
                 let private = set.iter().filter(|&&n| n != end).all(|&n| {
                     let v = g.nodes[n].outputs[0];
@@ -156,7 +157,7 @@ pub fn fuse_gelu(g: &mut Graph, _cx: &mut PassContext) -> usize {
                 if !private || set.iter().any(|n| taken.contains(n)) {
                     return None;
                 }
-                let ys = evaluate(g, &set, x, end, &points)?;
+                let ys = evaluate(g, &set, x, ranks.get(x).copied().flatten(), end, &points)?;
                 gelu_form(&points, &ys).map(|tanh| (set, x, end, tanh))
             })
         });
