@@ -227,13 +227,17 @@ impl CpuKernel for Binary {
         if kind == BinaryKind::Equal && n == 2 && cpu::input(inputs, 0)?.dtype() == DType::String {
             return super::equal_string::run(cpu::input(inputs, 0)?, cpu::input(inputs, 1)?, out);
         }
-        let mut acc = cpu::input(inputs, 0)?.clone();
+        let first = cpu::input(inputs, 0)?;
         if n == 1 {
             // Variadic op of one input: a copy (Mean of one is itself).
-            *out = acc.reshaped(out.dims())?;
+            *out = first.clone().reshaped(out.dims())?;
             return Ok(());
         }
+        // The running result of a variadic op's first inputs (never a copy of input 0:
+        // cloning a tensor of the plan's arena copies it).
+        let mut partial: Option<Tensor> = None;
         for i in 1..n {
+            let acc = partial.as_ref().unwrap_or(first);
             let b = cpu::input(inputs, i)?;
             let converted;
             let b = if kind.mixed_rhs() && b.dtype() != acc.dtype() {
@@ -243,12 +247,12 @@ impl CpuKernel for Binary {
                 b
             };
             if i + 1 == n {
-                kind.step(&acc, b, out)?;
+                kind.step(acc, b, out)?;
             } else {
                 let dims = broadcast_shapes(&[acc.dims(), b.dims()])?;
                 let mut tmp = Tensor::try_zeros(out.dtype(), &dims)?;
-                kind.step(&acc, b, &mut tmp)?;
-                acc = tmp;
+                kind.step(acc, b, &mut tmp)?;
+                partial = Some(tmp);
             }
         }
         if kind.averages() {
