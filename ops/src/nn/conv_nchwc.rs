@@ -178,19 +178,24 @@ impl CpuKernel for ConvNchwc {
         self.compute(inputs, true, &mut outputs[0], None)
     }
 
-    /// The instruction set.
+    /// The instruction set; for a dense convolution also the algorithm where Winograd
+    /// applies, and the block sizes of the default algorithm only (the tuner tries the
+    /// other algorithm at its default sizes: a size the running algorithm ignores would
+    /// be measured as noise, and a noise winner stored).
     fn params(&self, inputs: &[Option<Arg>], _outputs: &[TensorType]) -> Vec<TuneParam> {
         let Some(p) = self.constant_problem(inputs) else { return vec![] };
         if p.group == 1 {
             let isa = Isa::best();
-            let mut params = vec![
-                TuneParam { name: "isa", default: isa.code(), candidates: Isa::available().into_iter().map(Isa::code).collect() },
-                TuneParam { name: "strip", default: default_strip(&p) as u32, candidates: STRIP_CANDIDATES.to_vec() },
-                kslice_param(&p),
-            ];
+            let algo = default_algo(&p, self.input_blocked);
+            let mut params = vec![TuneParam { name: "isa", default: isa.code(), candidates: Isa::available().into_iter().map(Isa::code).collect() }];
             if winograd::applies(&p, self.input_blocked) {
-                params.push(TuneParam { name: "algo", default: default_algo(&p, self.input_blocked), candidates: vec![ALGO_DIRECT, ALGO_WINOGRAD] });
-                params.push(TuneParam { name: "tiles", default: winograd::default_tiles(&p, isa, cpu::threads()) as u32, candidates: vec![8, 16, 32, 64, 128] });
+                params.push(TuneParam { name: "algo", default: algo, candidates: vec![ALGO_DIRECT, ALGO_WINOGRAD] });
+            }
+            if algo == ALGO_WINOGRAD {
+                params.push(TuneParam { name: "tiles", default: winograd::default_tiles(&p, isa, cpu::threads()) as u32, candidates: TILES_CANDIDATES.to_vec() });
+            } else {
+                params.push(TuneParam { name: "strip", default: default_strip(&p) as u32, candidates: STRIP_CANDIDATES.to_vec() });
+                params.push(kslice_param(&p));
             }
             params
         } else {
@@ -219,6 +224,9 @@ impl ConvNchwc {
         self.problem(x.dims(), w.dims()).ok()
     }
 }
+
+/// The Winograd form's blocks of tiles a tuner tries (see `winograd::default_tiles`).
+pub(super) const TILES_CANDIDATES: [u32; 5] = [8, 16, 32, 64, 128];
 
 /// The dense form's strip sizes a tuner tries (input floats; see [`STRIP_FLOATS`]):
 /// 16 KiB to 1 MiB, then a whole image per strip.

@@ -199,7 +199,7 @@ fn winograd_at_every_block_size_matches_the_f64_reference() {
             let (xin, rb) = (blocked_tensor(&x), blocked_tensor(&r));
             let inputs = as_inputs(&[Some(&xin), Some(&w), Some(&b), Some(&rb)], &[1, 2]);
             let params = cpu_params(op.as_ref(), &inputs).unwrap();
-            let blocks = &params.iter().find(|p| p.name == "tiles").expect("a tiles parameter").candidates;
+            let blocks = &super::TILES_CANDIDATES;
             assert!(params.iter().any(|p| p.name == "algo" && p.candidates.contains(&1)), "x{xd:?}: Winograd offered");
             let isas = &params.iter().find(|p| p.name == "isa").expect("an isa parameter").candidates;
             let forced = blocks.iter().map(|&t| ("tiles", t)).chain(isas.iter().map(|&i| ("isa", i)));
