@@ -194,7 +194,7 @@ impl CpuKernel for ConvNchwc {
             if algo == ALGO_WINOGRAD {
                 params.push(TuneParam { name: "tiles", default: winograd::default_tiles(&p, isa, cpu::threads()) as u32, candidates: TILES_CANDIDATES.to_vec() });
             } else {
-                params.push(TuneParam { name: "strip", default: default_strip(&p) as u32, candidates: STRIP_CANDIDATES.to_vec() });
+                params.push(strip_param(&p, isa));
                 params.push(kslice_param(&p));
             }
             params
@@ -230,7 +230,10 @@ pub(super) const TILES_CANDIDATES: [u32; 5] = [8, 16, 32, 64, 128];
 
 /// The dense form's strip sizes a tuner tries (input floats; see [`STRIP_FLOATS`]):
 /// 16 KiB to 1 MiB, then a whole image per strip.
-const STRIP_CANDIDATES: [u32; 8] = [4096, 8192, 16384, 32768, 65536, 131072, 262144, 1 << 30];
+const STRIP_CANDIDATES: [u32; 8] = [4096, 8192, 16384, 32768, 65536, 131072, 262144, WHOLE_IMAGE_STRIP as u32];
+
+/// A strip size larger than any image: one strip per image.
+const WHOLE_IMAGE_STRIP: usize = 1 << 30;
 
 /// The dense form's reduction slices a tuner tries (steps; 0: the whole reduction per
 /// tile; see `FlippedFilters::kslice`), those shorter than the reduction.
@@ -259,12 +262,30 @@ fn default_kslice(p: &ConvProblem) -> u32 {
 /// [`STRIP_FLOATS`], whose strips stay in L2 while every panel reads them.
 fn default_strip(p: &ConvProblem) -> usize {
     let image = p.in_channels * p.geo.input_size();
-    if image <= WHOLE_IMAGE_FLOATS { image.max(STRIP_FLOATS) } else { STRIP_FLOATS }
+    if image <= WHOLE_IMAGE_FLOATS { WHOLE_IMAGE_STRIP } else { STRIP_FLOATS }
 }
 
 /// The largest input image (floats) [`default_strip`] takes whole: 512 KiB, half the
 /// smallest L2 of the x86 cores measured (1 MiB on AMD Zen 4 and 5).
 const WHOLE_IMAGE_FLOATS: usize = 131072;
+
+/// The strip sizes that make different strips (tiles per strip) for `isa`'s tiles,
+/// the default first among those of its size.
+fn strip_param(p: &ConvProblem, isa: Isa) -> TuneParam {
+    let default = default_strip(p) as u32;
+    let mr = isa.mr();
+    let tiles = p.geo.output_size().div_ceil(mr).max(1);
+    let per_strip = |s: u32| (s as usize / (p.in_channels * mr).max(1)).clamp(1, tiles);
+    let mut seen = vec![per_strip(default)];
+    let mut candidates = vec![default];
+    for s in STRIP_CANDIDATES {
+        if !seen.contains(&per_strip(s)) {
+            seen.push(per_strip(s));
+            candidates.push(s);
+        }
+    }
+    TuneParam { name: "strip", default, candidates }
+}
 
 fn kslice_param(p: &ConvProblem) -> TuneParam {
     let default = default_kslice(p);
