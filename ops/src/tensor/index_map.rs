@@ -193,11 +193,17 @@ impl IndexMap {
         let rank = dims.len();
         let inner = dims[rank - 1];
         let inner_t = &tables[rank - 1];
-        let contiguous = inner_t.iter().enumerate().all(|(k, &v)| v != FILL && v == inner_t[0] + k as i64);
+        // The inner dim as `t[o] = t[0] + o / k`: a contiguous run (k = 1), or each
+        // element repeated k times (integer nearest upsampling).
+        let repeat = inner_t.iter().take_while(|&&v| v == inner_t[0]).count().max(1);
+        let runs = inner_t.iter().enumerate().all(|(o, &v)| v != FILL && v == inner_t[0] + (o / repeat) as i64);
         let base = self.base as i64;
         let (dims, tables) = (&dims, &tables);
         cpu::par_chunks_mut(dst, inner, 1, |row0, part| {
-            for (r, row) in part.chunks_mut(inner).enumerate() {
+            // The source offset of the row written last, when it was copied from the
+            // input: a row with the same source (upsampling, Expand, Tile) copies it.
+            let mut last: Option<(i64, usize)> = None;
+            for r in 0..part.len() / inner {
                 let mut rem = row0 + r;
                 let mut off = base;
                 let mut valid = true;
@@ -210,11 +216,29 @@ impl IndexMap {
                         off += t;
                     }
                 }
+                if let Some((_, prev)) = last.filter(|&(o, _)| valid && o == off) {
+                    part.copy_within(prev * inner..(prev + 1) * inner, r * inner);
+                    continue;
+                }
+                let row = &mut part[r * inner..(r + 1) * inner];
+                last = valid.then_some((off, r));
                 if !valid {
                     row.fill(fill);
-                } else if contiguous {
+                } else if runs && repeat == 1 {
                     let s = (off + inner_t[0]) as usize;
                     row.copy_from_slice(&src[s..s + inner]);
+                } else if runs && repeat == 2 && inner % 2 == 0 {
+                    // Twice each (2x nearest upsampling), in pairs the compiler vectorises.
+                    let s = (off + inner_t[0]) as usize;
+                    for (pair, &v) in row.chunks_exact_mut(2).zip(&src[s..s + inner / 2]) {
+                        pair[0] = v;
+                        pair[1] = v;
+                    }
+                } else if runs {
+                    let s = (off + inner_t[0]) as usize;
+                    for (group, &v) in row.chunks_mut(repeat).zip(&src[s..]) {
+                        group.fill(v);
+                    }
                 } else {
                     for (o, &t) in row.iter_mut().zip(inner_t) {
                         *o = if t == FILL { fill } else { src[(off + t) as usize] };

@@ -519,6 +519,24 @@ mod tests {
         assert_close(&out[0], &[0.125, 1.375, 2.625, 3.875]);
     }
 
+    /// Integer upsampling by 2 and by 3 along the last axis, and rows repeated along the
+    /// one before (the copy paths of the gather), against the formula.
+    #[test]
+    fn nearest_integer_upsampling() {
+        let x = iota_f32(&[2, 3, 4]);
+        for (sh, sw) in [(2usize, 2usize), (3, 3), (1, 2), (2, 1)] {
+            let op = make("Resize", 13, &[], 3, 1).unwrap();
+            let sc = f32s(&[3], &[1.0, sh as f32, sw as f32]);
+            let out = run(op.as_ref(), &as_inputs(&[Some(&x), None, Some(&sc)], &[2]), &[]).unwrap();
+            assert_eq!(out[0].dims(), &[2, 3 * sh, 4 * sw]);
+            let want: Vec<f64> = (0..2 * 3 * sh * 4 * sw).map(|i| {
+                let (b, r, c) = (i / (3 * sh * 4 * sw), i / (4 * sw) % (3 * sh), i % (4 * sw));
+                ((b * 3 + r / sh) * 4 + c / sw) as f64
+            }).collect();
+            assert_close(&out[0], &want);
+        }
+    }
+
     #[test]
     fn nearest_align_corners_and_tf_crop() {
         let x = iota_f32(&[1, 3, 5]);
