@@ -257,8 +257,9 @@ fn default_kslice(p: &ConvProblem) -> u32 {
 
 /// The dense form's strip where the tuner has not chosen one: the whole image where its
 /// input is at most [`WHOLE_IMAGE_FLOATS`], so that every panel's filters stream once
-/// per image (MobileNetV2's 7x7 layers, 1.2 MB of filters over 180 KiB of input,
-/// measured 1.15-1.3x faster so; magika's 5x1 layer, 2.6 MB over 512 KiB, 1.05x), else
+/// per image (MobileNetV2's 7x7 layers, 1.2 MB of filters over 180 KiB of input:
+/// 1.15-1.3x faster alone, about 8% inside the model; magika's 5x1 layer, 2.6 MB over
+/// 512 KiB: 1.08x inside the model), else
 /// [`STRIP_FLOATS`], whose strips stay in L2 while every panel reads them.
 fn default_strip(p: &ConvProblem) -> usize {
     let image = p.in_channels * p.geo.input_size();
